@@ -1,0 +1,5 @@
+import sys
+
+from cron.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""The command group, its error contract and the lazily built runtime.
+
+Exit codes: 0 ok (also "skipped: already running"), 1 failure, 2 usage error.
+User mistakes and unreachable databases print one line, never a traceback;
+unexpected errors print one line and leave the traceback in the log.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+from sqlalchemy.exc import DBAPIError
+
+from outbox.db import is_connection_lost
+from outbox.errors import CronboxError
+from outbox.execution import describe
+from outbox.runtime import Runtime, open_runtime
+
+log = logging.getLogger("cronbox")
+PROG = "python -m cron"
+
+
+class CommandFailed(click.ClickException):
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class Group(click.Group):
+    """Turns cronbox and database errors into one-line CommandFailed, under any entry point."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except CronboxError as exc:
+            raise CommandFailed(str(exc), exc.exit_code) from exc
+        except DBAPIError as exc:
+            if is_connection_lost(exc) or "can't connect" in str(exc.orig).lower():
+                raise CommandFailed(f"database unreachable: {describe(exc.orig)}") from exc
+            log.exception("database error")
+            raise CommandFailed(f"database error: {describe(exc.orig)}") from exc
+        except Exception as exc:
+            log.exception("internal error")
+            raise CommandFailed(f"internal error: {describe(exc)} (traceback in the cronbox log)") from exc
+
+
+class State:
+    """ctx.obj: builds the runtime only for commands that need the database (not for --help)."""
+
+    def __init__(self):
+        self._runtime: Runtime | None = None
+
+    def runtime(self, *, migrate: bool = True) -> Runtime:
+        if self._runtime is None:
+            self._runtime = open_runtime(role="cron", migrate=migrate)
+        return self._runtime
+
+    def close(self):
+        if self._runtime is not None:
+            self._runtime.dispose()
+
+
+def runtime(migrate: bool = True) -> Runtime:
+    return click.get_current_context().find_object(State).runtime(migrate=migrate)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.pass_context
+def cli(ctx):
+    """cronbox: outbox, job queue and sealed files run from cron."""
+    state = ctx.ensure_object(State)
+    ctx.call_on_close(state.close)
+
+
+def group(name: str, help_text: str) -> click.Group:
+    sub = Group(name, help=help_text)
+    cli.add_command(sub)
+    return sub
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m cron`: one line for any error, meaningful exit code."""
+    from cron import commands  # noqa: F401  (registers the commands)
+
+    try:
+        result = cli.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()} (see `{PROG} --help`)", err=True)
+        return 2
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("error: aborted", err=True)
+        return 1
+    except (KeyboardInterrupt, EOFError):
+        click.echo("error: interrupted", err=True)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

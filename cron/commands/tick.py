@@ -1,0 +1,18 @@
+import click
+
+from cron.cli import cli, runtime
+from cron.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
+
+
+@cli.command()
+@click.option("--max-time", type=click.FloatRange(min=1), default=DEFAULT_MAX_TIME, show_default=True,
+              help="Stop claiming work so the run ends within this many seconds.")
+@click.option("--no-linger", is_flag=True, help="Exit as soon as nothing is due instead of polling until --max-time.")
+@click.option("--memory", type=click.FloatRange(min=8), default=DEFAULT_MEMORY_MB, show_default=True,
+              help="Stop claiming work when the process's RSS passes this many MB.")
+@click.pass_context
+def tick(ctx, max_time, no_linger, memory):
+    """Run everything due (outbox relay), then keep polling until --max-time. Install this in cron."""
+    report = run_tick(runtime(), max_time=max_time, linger=not no_linger, memory_mb=memory)
+    click.echo(report.summary())
+    ctx.exit(report.exit_code)

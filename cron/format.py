@@ -1,0 +1,47 @@
+"""Small text helpers for command output."""
+from __future__ import annotations
+
+from datetime import datetime
+
+import click
+
+from outbox.durations import parse_duration
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in headers]] + [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
+
+
+class Duration(click.ParamType):
+    """A click parameter taking 90s / 5m / 48h / 7d; value in seconds."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()

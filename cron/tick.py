@@ -1,0 +1,67 @@
+"""The tick: the one cron line users install. Lock, then relay (and later stages), then linger."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from outbox import clock, deliveries
+from outbox.budget import Budget
+from outbox.db import in_transaction
+from outbox.relay import Relay
+from outbox.resources import peak_rss_kb
+from outbox.runner import RunResult, record_run, run_loop
+from outbox.runtime import Runtime
+
+log = logging.getLogger("cronbox")
+
+DEFAULT_MAX_TIME = 50.0
+DEFAULT_MEMORY_MB = 96.0
+LOCK_SLACK = 60  # the lock connection's wait_timeout: above --max-time + 60 s
+
+
+@dataclass
+class TickReport:
+    skipped: bool
+    result: RunResult | None = None
+    relay: Relay | None = None
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.skipped or self.result is None else self.result.exit_code
+
+    def summary(self) -> str:
+        if self.skipped:
+            return "skipped: tick already running"
+        stats = self.relay.stats
+        line = (f"tick: delivered {stats.delivered}, retried {stats.retried}, deferred {stats.deferred}, "
+                f"dead {stats.dead} in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
+        if self.result.error:
+            line += f"; error: {self.result.error}"
+        return line
+
+
+def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bool = True,
+             memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
+    lock = runtime.lock("tick", hold_seconds=int(max_time) + LOCK_SLACK + 30)
+    if not lock.acquire():
+        log.info("skipped: tick already running")
+        return TickReport(skipped=True)
+    started = clock.monotonic()
+    try:
+        budget = Budget(max_time=max_time, memory_mb=memory_mb)
+        relay = Relay(runtime, before_batch=lock.ensure)
+        stages = [relay.run]
+
+        def counts() -> dict:
+            backlog = in_transaction(runtime.sessions, lambda s: deliveries.backlog(s, clock.utcnow()))
+            return {"delivered": relay.stats.delivered, "retried": relay.stats.retried, "dead": relay.stats.dead,
+                    "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
+
+        result = record_run(runtime.sessions, "tick",
+                            lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
+        report = TickReport(skipped=False, result=result, relay=relay, seconds=clock.monotonic() - started)
+        (log.error if result.exit_code else log.info)(report.summary())
+        return report
+    finally:
+        lock.release()

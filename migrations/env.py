@@ -1,0 +1,48 @@
+"""Alembic environment (from Alembic's generic template).
+
+Our version table is `cronbox_alembic_version` and only `cronbox_*` tables are
+ours: the host app shares the database and may have its own Alembic history.
+"""
+from alembic import context
+
+import outbox.models  # noqa: F401  (registers the outbox tables)
+from outbox.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+VERSION_TABLE = "cronbox_alembic_version"
+
+
+def include_name(name, type_, parent_names):
+    if type_ == "table":
+        return bool(name) and name.startswith("cronbox_") and name != VERSION_TABLE
+    return True
+
+
+def _configure(**kwargs):
+    context.configure(
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        include_name=include_name,
+        compare_type=True,
+        **kwargs,
+    )
+
+
+def run_migrations_offline():
+    _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online():
+    connection = config.attributes["connection"]
+    _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

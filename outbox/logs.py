@@ -1,0 +1,91 @@
+"""Operator logs: one line per event, in <instance>/logs/cronbox-YYYY-MM-DD.log (UTC dates).
+
+Shared-host operators read these through File Manager, so lines are short and
+carry ids and a trace id, never PHI, phone numbers, message bodies or tokens
+(see `mask_phone` / `mask_secret`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+LOGGER = "cronbox"
+
+
+class DailyFileHandler(logging.Handler):
+    """Appends to the day's file, switching files at UTC midnight even in a long run."""
+
+    def __init__(self, folder: Path, prefix: str = "cronbox"):
+        super().__init__()
+        self.folder = folder
+        self.prefix = prefix
+        self._day: str | None = None
+        self._stream = None
+
+    def _file_for(self, day: str):
+        if day != self._day:
+            if self._stream is not None:
+                self._stream.close()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"{self.prefix}-{day}.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+            self._day = day
+        return self._stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            day = datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%d")
+            self._file_for(day).write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+            self._day = None
+        super().close()
+
+
+class UtcFormatter(logging.Formatter):
+    converter = time.gmtime
+
+    def __init__(self):
+        super().__init__("%(asctime)s.%(msecs)03dZ %(levelname)s [%(process)d] %(message)s", "%Y-%m-%dT%H:%M:%S")
+
+
+def configure_logging(logs_dir: Path, *, level: int = logging.INFO) -> logging.Logger:
+    """Attach the daily file handler once per folder (idempotent: commands and the app both call it)."""
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(level)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        if isinstance(handler, DailyFileHandler):
+            if handler.folder == logs_dir:
+                return logger
+            logger.removeHandler(handler)
+            handler.close()
+    handler = DailyFileHandler(logs_dir)
+    handler.setFormatter(UtcFormatter())
+    logger.addHandler(handler)
+    return logger
+
+
+def mask_phone(number: str | None) -> str:
+    """+989121234567 -> +98*******567: enough to tell numbers apart, not to dial one."""
+    if not number:
+        return ""
+    digits = str(number)
+    if len(digits) <= 5:
+        return "*" * len(digits)
+    return digits[:3] + "*" * (len(digits) - 6) + digits[-3:]
+
+
+def mask_secret(secret: str | None) -> str:
+    if not secret:
+        return ""
+    return "****" + (secret[-2:] if len(secret) > 12 else "")

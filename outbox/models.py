@@ -1,0 +1,106 @@
+"""Tables of the outbox: events, their per-consumer deliveries, run heartbeats.
+
+Every table is prefixed `cronbox_` because the host app shares the database.
+Times are naive UTC (see clock.py). Schema changes go through migrations/ only;
+tests/test_migrations.py checks that these models and the migrations agree.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Microsecond precision on MySQL (plain DATETIME truncates to seconds, which would
+# make "oldest due age" and latency numbers meaningless).
+UtcDateTime = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+# BIGINT ids on MySQL; SQLite only auto-increments a column declared INTEGER PRIMARY KEY.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+# Statuses of a delivery. `pending` covers new, retrying and leased (claim_token set).
+PENDING, DONE, DEAD, SKIPPED = "pending", "done", "dead", "skipped"
+# Statuses that hold back later deliveries of the same key for the same consumer.
+HOLDING = (PENDING, DEAD)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class OutboxEvent(Base):
+    __tablename__ = "cronbox_events"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    type: Mapped[str] = mapped_column(String(191))
+    key: Mapped[str | None] = mapped_column(String(191))
+    payload: Mapped[str] = mapped_column(LongText)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # When deliveries may first be attempted (record(..., delay=)).
+    available_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # Set once the relay has made this event's delivery rows. No "last id seen"
+    # cursor anywhere: an event committed late (a gap) is still NULL here and is
+    # picked up by the next pass.
+    fanned_out_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "fanned_out_at", "id"),)
+
+
+class Delivery(Base):
+    __tablename__ = "cronbox_deliveries"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(Id, ForeignKey("cronbox_events.id"))
+    consumer: Mapped[str] = mapped_column(String(191))
+    # Copied from the event so the ordering check needs no join.
+    key: Mapped[str | None] = mapped_column(String(191))
+    status: Mapped[str] = mapped_column(String(16), default=PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("event_id", "consumer"),
+        # The claim scan: due pending rows in id order.
+        Index(None, "status", "next_attempt_at", "id"),
+        # The per-key ordering check: an earlier holding delivery of this key?
+        Index(None, "consumer", "key", "status", "event_id"),
+    )
+
+
+class Heartbeat(Base):
+    """One row per run of tick / outbox publish / queue work: what it did and how it ended."""
+
+    __tablename__ = "cronbox_heartbeats"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    command: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    outcome: Mapped[str] = mapped_column(String(32), default="running")
+    delivered: Mapped[int] = mapped_column(Integer, default=0)
+    retried: Mapped[int] = mapped_column(Integer, default=0)
+    dead: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_failed: Mapped[int] = mapped_column(Integer, default=0)
+    backlog: Mapped[int | None] = mapped_column(Integer)
+    peak_rss_kb: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(1000))
+
+    __table_args__ = (Index(None, "started_at"),)

@@ -1,0 +1,93 @@
+"""A process's view of cronbox: settings, engine, sessions, handlers and locks.
+
+Built once by each command (role "cron": one pooled connection, plus one for a
+run lock) or by create_app() (role "web").
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from sqlalchemy.engine import Engine
+
+from . import claiming
+from .consumers import CONSUMERS, ConsumerRegistry
+from .db import is_mysql, make_engine, server_version, session_factory, supports_skip_locked
+from .errors import HandlerImportError, SettingsError
+from .locks import RunLock, run_lock
+from .logs import configure_logging
+from .migrate import ensure_schema
+from .settings import Settings, load_settings
+
+log = logging.getLogger("cronbox")
+
+
+class Runtime:
+    def __init__(self, settings: Settings, *, role: str = "cron", consumers: ConsumerRegistry | None = None):
+        self.settings = settings
+        self.role = role
+        self.engine: Engine = make_engine(settings, role=role)
+        self.sessions = session_factory(self.engine)
+        self.consumers = consumers if consumers is not None else CONSUMERS
+        self._lock_engine: Engine | None = None
+        self._claim_mode: str | None = None
+
+    @property
+    def is_mysql(self) -> bool:
+        return is_mysql(self.engine)
+
+    def claim_mode(self) -> str:
+        """The claim path for this server: asked once, then cached."""
+        if self._claim_mode is None:
+            if not self.is_mysql:
+                self._claim_mode = claiming.SQLITE
+            else:
+                wanted = self.settings.claim_mode
+                available = supports_skip_locked(server_version(self.engine))
+                if wanted == "skip-locked" and not available:
+                    raise SettingsError("CRONBOX_CLAIM_MODE=skip-locked, but this server has no SKIP LOCKED "
+                                        "(needs MySQL 8.0.1+ or MariaDB 10.6+); use auto or token")
+                if wanted == "token" or not available:
+                    self._claim_mode = claiming.TOKEN
+                else:
+                    self._claim_mode = claiming.SKIP_LOCKED
+        return self._claim_mode
+
+    def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
+        if self._lock_engine is None:
+            self._lock_engine = make_engine(self.settings, role="lock") if self.is_mysql else self.engine
+        return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds)
+
+    def ensure_schema(self) -> None:
+        ensure_schema(self.settings, self.engine, lambda purpose: self.lock(purpose))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self._lock_engine is not None and self._lock_engine is not self.engine:
+            self._lock_engine.dispose()
+
+
+def load_handlers(settings: Settings) -> list[str]:
+    """Import the modules named in CRONBOX_HANDLERS (they register consumers, jobs, tasks)."""
+    root = str(settings.app_root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    for module in settings.handlers:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # whatever the module raised on import: report it in one line
+            raise HandlerImportError(
+                f"CRONBOX_HANDLERS: could not import {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return list(settings.handlers)
+
+
+def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrate: bool = True) -> Runtime:
+    settings = settings or load_settings()
+    configure_logging(settings.logs_dir)
+    load_handlers(settings)
+    runtime = Runtime(settings, role=role)
+    if migrate:
+        runtime.ensure_schema()
+    return runtime

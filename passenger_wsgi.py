@@ -1,0 +1,1 @@
+from app import application  # noqa: F401  (Passenger looks for `application`)

@@ -1,0 +1,19 @@
+"""Flask blueprints: downloads, health, web-cron, operator console (added by their issues)."""
+from __future__ import annotations
+
+from flask import Flask, current_app
+
+from outbox.runtime import Runtime
+
+
+def runtime() -> Runtime:
+    """The app's cronbox runtime; migrates a fresh SQLite database on first use."""
+    rt: Runtime = current_app.extensions["cronbox"]
+    if not current_app.extensions.get("cronbox.schema_checked"):
+        rt.ensure_schema()
+        current_app.extensions["cronbox.schema_checked"] = True
+    return rt
+
+
+def register_blueprints(app: Flask) -> None:
+    """Each web feature registers its blueprint here."""
