@@ -1,0 +1,145 @@
+"""Fixtures: every database test runs on SQLite and on MariaDB (both claim paths).
+
+MariaDB tests need TEST_MYSQL_URL (e.g. mysql+pymysql://root:@127.0.0.1/test).
+Without it, or with the server unreachable, they are skipped with the reason
+shown in the summary (-rs); with CRONBOX_REQUIRE_MYSQL=1 (as in CI) that is a
+failure instead. Each test gets its own database `cronbox_test_<random>`,
+dropped afterwards: nothing assumes `test` is empty.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import settings as hypothesis_settings
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from outbox.consumers import ConsumerRegistry
+from outbox.migrate import upgrade
+from outbox.runtime import Runtime
+from outbox.settings import load_settings
+
+APP_ROOT = Path(__file__).resolve().parent.parent
+MYSQL_URL = os.environ.get("TEST_MYSQL_URL")
+REQUIRE_MYSQL = os.environ.get("CRONBOX_REQUIRE_MYSQL") == "1"
+
+BACKENDS = ["sqlite", "mysql-skip-locked", "mysql-token"]
+MYSQL_BACKENDS = ["mysql-skip-locked", "mysql-token"]
+
+hypothesis_settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def _unavailable(reason: str):
+    if REQUIRE_MYSQL:
+        pytest.fail(f"MariaDB required (CRONBOX_REQUIRE_MYSQL=1) but {reason}")
+    pytest.skip(f"MariaDB tests skipped: {reason}")
+
+
+@pytest.fixture(scope="session")
+def mysql_admin():
+    """A server-level engine for creating and dropping test databases."""
+    if not MYSQL_URL:
+        _unavailable("TEST_MYSQL_URL is not set")
+    engine = create_engine(MYSQL_URL, poolclass=NullPool, connect_args={"ssl_disabled": True})
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:
+        _unavailable(f"{make_url(MYSQL_URL).render_as_string(hide_password=True)} unreachable: {exc}")
+    yield engine
+    engine.dispose()
+
+
+@dataclass
+class Database:
+    backend: str
+    url: str
+    claim_mode: str
+    name: str | None = None
+
+    @property
+    def is_mysql(self) -> bool:
+        return self.backend.startswith("mysql")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def database(backend, tmp_path, request):
+    if backend == "sqlite":
+        yield Database(backend, f"sqlite:///{tmp_path / 'instance' / 'cronbox.db'}", "auto")
+        return
+    admin = request.getfixturevalue("mysql_admin")
+    name = f"cronbox_test_{secrets.token_hex(6)}"
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))
+    url = make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield Database(backend, url, backend.removeprefix("mysql-"), name)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+
+
+@pytest.fixture
+def env(database, tmp_path) -> dict[str, str]:
+    """Settings for this test as environment variables (also handed to subprocesses)."""
+    return {
+        "DATABASE_URL": database.url,
+        "CRONBOX_INSTANCE": str(tmp_path / "instance"),
+        "CRONBOX_CLAIM_MODE": database.claim_mode,
+        "CRONBOX_LEASE_MARGIN": "0",
+        "CRONBOX_HANDLERS": "",
+    }
+
+
+@pytest.fixture
+def settings(env):
+    return load_settings(environ=env)
+
+
+@pytest.fixture
+def registry():
+    return ConsumerRegistry()
+
+
+@pytest.fixture
+def runtime(settings, registry, database):
+    rt = Runtime(settings, consumers=registry)
+    upgrade(settings, rt.engine)
+    yield rt
+    rt.dispose()
+
+
+def child_env(env: dict[str, str], **extra: str) -> dict[str, str]:
+    """Environment for a cronbox subprocess: nothing of ours leaks in but what the test sets."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")}
+    return {**keep, **env, "PYTHONPATH": str(APP_ROOT), **extra}
+
+
+def run_cli(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120, **extra: str):
+    """Run `python -m cron ARGS` as cron would: another working directory, our settings only."""
+    return subprocess.run(
+        [sys.executable, "-m", "cron", *args],
+        env=child_env(env, **extra), cwd=str(cwd or Path("/")), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def start_cli(env: dict[str, str], *args: str, cwd: Path | None = None, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cron", *args],
+        env=child_env(env, **extra), cwd=str(cwd or Path("/")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )

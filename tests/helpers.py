@@ -1,0 +1,37 @@
+"""Small helpers shared by the tests."""
+from __future__ import annotations
+
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+import cron.commands  # noqa: F401
+from cron.cli import cli
+from outbox.budget import Budget
+from outbox.models import Delivery, OutboxEvent
+from outbox.relay import Relay
+
+
+def relay(runtime, *, max_time: float = 30, batch_size: int = 100):
+    """One relay run until nothing is due; returns its stats."""
+    r = Relay(runtime, batch_size=batch_size)
+    r.run(Budget(max_time=max_time, memory_mb=None))
+    return r.stats
+
+
+def deliveries(runtime, **where) -> list[Delivery]:
+    with runtime.sessions() as session:
+        query = select(Delivery).order_by(Delivery.id)
+        for name, value in where.items():
+            query = query.where(getattr(Delivery, name) == value)
+        return list(session.scalars(query))
+
+
+def count_events(runtime) -> int:
+    with runtime.sessions() as session:
+        return session.scalar(select(func.count()).select_from(OutboxEvent))
+
+
+def invoke(env: dict, *args: str):
+    """Run a cron command in-process (shares clock.frozen with the test)."""
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result

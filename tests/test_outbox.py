@@ -1,0 +1,321 @@
+"""The outbox on every backend: record, fan-out, retries, dead, ordering, operator commands."""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+
+import outbox
+from outbox import clock
+from outbox.consumers import consumer
+from outbox.errors import PayloadError
+from outbox.relay import Relay
+from tests.helpers import count_events, deliveries, invoke, relay
+
+T0 = datetime(2026, 11, 30, 12, 0, 0)
+
+effects_meta = MetaData()
+effects = Table("test_effects", effects_meta, Column("id", Integer, primary_key=True),
+                Column("consumer", String(64)), Column("event_id", Integer))
+
+
+@pytest.fixture
+def effects_table(runtime):
+    effects_meta.create_all(runtime.engine)
+    return effects
+
+
+def effect_counts(runtime) -> Counter:
+    with runtime.sessions() as s:
+        return Counter({(c, e): n for c, e, n in s.execute(
+            select(effects.c.consumer, effects.c.event_id, func.count()).group_by(effects.c.consumer,
+                                                                                 effects.c.event_id))})
+
+
+def test_rollback_leaves_no_event_and_commit_is_delivered(runtime, registry):
+    seen = []
+
+    @consumer("note", name="seen", registry=registry)
+    def on_note(event, ctx):
+        seen.append((event.type, event.payload, ctx.attempt))
+
+    with runtime.sessions() as session:
+        outbox.record(session, "note", {"n": 1})
+        session.rollback()
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "note", {"n": 2})
+    stats = relay(runtime)
+    assert seen == [("note", {"n": 2}, 1)]
+    assert count_events(runtime) == 1
+    assert stats.delivered == 1
+    [row] = deliveries(runtime)
+    assert row.status == "done" and row.attempts == 1 and row.claim_token is None
+
+
+def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
+    with runtime.sessions() as session:
+        with pytest.raises(PayloadError, match=r"payload\['when'\] is a datetime"):
+            outbox.record(session, "note", {"ok": 1, "when": datetime(2026, 1, 1)})
+        assert not session.new
+        session.commit()
+    assert count_events(runtime) == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"type": ""}, "event type"), ({"type": "x" * 192}, "event type"), ({"key": 5}, "event key"),
+    ({"delay": -1}, "delay"), ({"delay": "soon"}, "delay"),
+])
+def test_bad_record_arguments(runtime, kwargs, message):
+    args = {"type": "note", **kwargs}
+    with runtime.sessions() as session:
+        with pytest.raises(PayloadError, match=message):
+            outbox.record(session, args.pop("type"), {}, **args)
+        assert not session.new
+
+
+def test_consumer_writes_commit_with_the_ack(runtime, registry, effects_table):
+    @consumer("order", name="writer", registry=registry)
+    def writer(event, ctx):
+        ctx.session.execute(insert(effects).values(consumer="writer", event_id=event.id))
+
+    with runtime.sessions.begin() as session:
+        event = outbox.record(session, "order", {"id": 1})
+    relay(runtime)
+    relay(runtime)  # nothing left: the effect is not applied again
+    assert effect_counts(runtime) == Counter({("writer", event.id): 1})
+
+
+def test_delay_postpones_the_first_attempt(runtime, registry):
+    seen = []
+    consumer("later", name="later", registry=registry)(lambda event, ctx: seen.append(event.id))
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "later", {}, delay=timedelta(minutes=5))
+        relay(runtime)
+        assert seen == []
+        clock.advance(301)
+        relay(runtime)
+    assert len(seen) == 1
+
+
+def test_three_consumers_one_failing(runtime, registry, env, effects_table):
+    """The failing consumer backs off, dies, holds its key for itself only; retry and skip repair it."""
+    calls = Counter()
+    broken = {"on": True}
+
+    def make(name):
+        def fn(event, ctx):
+            calls[name] += 1
+            ctx.session.execute(insert(effects).values(consumer=name, event_id=event.id))
+        return fn
+
+    consumer("order.placed", name="ledger", registry=registry)(make("ledger"))
+    consumer("order.placed", name="mailer", registry=registry)(make("mailer"))
+
+    @consumer("order.placed", name="sms", max_attempts=3, backoff=10, registry=registry)
+    def sms(event, ctx):
+        calls["sms"] += 1
+        if broken["on"]:
+            raise RuntimeError("gateway down")
+        ctx.session.execute(insert(effects).values(consumer="sms", event_id=event.id))
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            first = outbox.record(session, "order.placed", {"n": 1}, key="order:1")
+        relay(runtime)
+        assert calls == Counter(ledger=1, mailer=1, sms=1)
+        [failing] = deliveries(runtime, consumer="sms")
+        assert failing.status == "pending" and failing.attempts == 1
+        assert failing.last_error == "RuntimeError: gateway down"
+        first_wait = (failing.next_attempt_at - T0).total_seconds()
+        assert 8 <= first_wait <= 12
+
+        # A second event of the same key: the healthy consumers get it, sms holds it back.
+        with runtime.sessions.begin() as session:
+            second = outbox.record(session, "order.placed", {"n": 2}, key="order:1")
+        relay(runtime)
+        assert calls == Counter(ledger=2, mailer=2, sms=1)
+
+        clock.advance(first_wait + 0.01)
+        relay(runtime)
+        [failing, held] = deliveries(runtime, consumer="sms")
+        assert failing.attempts == 2 and held.attempts == 0
+        second_wait = (failing.next_attempt_at - clock.utcnow()).total_seconds()
+        assert second_wait > first_wait  # backoff grows
+
+        clock.advance(second_wait + 0.01)
+        relay(runtime)
+        [failing, held] = deliveries(runtime, consumer="sms")
+        assert failing.status == "dead" and failing.attempts == 3 and held.status == "pending"
+        assert calls == Counter(ledger=2, mailer=2, sms=3)
+
+        # Dead holds the key, even much later; other keys still flow for sms.
+        clock.advance(3600)
+        with runtime.sessions.begin() as session:
+            other = outbox.record(session, "order.placed", {"n": 3}, key="order:2")
+        broken["on"] = False
+        relay(runtime)
+        assert calls["sms"] == 4
+        assert [d.status for d in deliveries(runtime, consumer="sms")] == ["dead", "pending", "done"]
+
+        status = invoke(env, "outbox", "status")
+        assert status.exit_code == 0, status.output
+        sms_line = next(line for line in status.output.splitlines() if line.startswith("sms"))
+        assert sms_line.split()[-5:-1] == ["1", "1", "1", "1"]  # pending, due, dead, blocked keys
+        assert f"order:1  #{failing.id} (dead)  1 waiting" in status.output
+        dead = invoke(env, "outbox", "dead")
+        assert str(failing.id) in dead.output and "RuntimeError: gateway down" in dead.output
+
+        retried = invoke(env, "outbox", "retry", str(failing.id))
+        assert retried.exit_code == 0 and "1 deliveries pending again" in retried.output
+        relay(runtime)
+        assert [d.status for d in deliveries(runtime, consumer="sms")] == ["done", "done", "done"]
+        assert effect_counts(runtime) == Counter(
+            {(c, e.id): 1 for c in ("ledger", "mailer", "sms") for e in (first, second, other)})
+
+        # Skip: a dead delivery given up on releases the key.
+        broken["on"] = True
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "order.placed", {"n": 4}, key="order:3")
+            outbox.record(session, "order.placed", {"n": 5}, key="order:3")
+        for _ in range(3):
+            relay(runtime)
+            clock.advance(3600)
+        poisoned, waiting = deliveries(runtime, consumer="sms")[-2:]
+        assert poisoned.status == "dead" and waiting.status == "pending" and waiting.attempts == 0
+        broken["on"] = False
+        skipped = invoke(env, "outbox", "skip", str(poisoned.id))
+        assert skipped.exit_code == 0 and "1 deliveries skipped" in skipped.output
+        relay(runtime)
+        poisoned, waiting = deliveries(runtime, consumer="sms")[-2:]
+        assert poisoned.status == "skipped" and waiting.status == "done"
+
+
+def test_per_key_order_holds_across_retries_while_others_flow(runtime, registry):
+    order: list[tuple[str | None, int]] = []
+    fail_once = {2}
+
+    @consumer("step", name="ordered", backoff=[5], registry=registry)
+    def ordered(event, ctx):
+        n = event.payload["n"]
+        if event.key == "k" and n in fail_once:
+            fail_once.discard(n)
+            raise RuntimeError("transient")
+        order.append((event.key, n))
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            for n in range(1, 6):
+                outbox.record(session, "step", {"n": n}, key="k")
+            outbox.record(session, "step", {"n": 1}, key="j")
+            outbox.record(session, "step", {"n": 1})
+        relay(runtime)
+        # k:1 delivered, k:2 failed and holds k:3..5; j and the keyless event flow.
+        assert order == [("k", 1), ("j", 1), (None, 1)]
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "step", {"n": 2}, key="j")
+            outbox.record(session, "step", {"n": 2})
+        relay(runtime)
+        assert order[3:] == [("j", 2), (None, 2)]
+        clock.advance(6)
+        relay(runtime)
+    assert [n for key, n in order if key == "k"] == [1, 2, 3, 4, 5]
+
+
+def test_permanent_failure_and_retry_later(runtime, registry):
+    @consumer("p", name="perm", registry=registry)
+    def perm(event, ctx):
+        raise outbox.PermanentFailure("invalid address")
+
+    attempts = []
+
+    @consumer("p", name="later", max_attempts=2, registry=registry)
+    def later(event, ctx):
+        attempts.append(ctx.attempt)
+        if len(attempts) < 4:
+            raise outbox.RetryLater(30, "rate limited")
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "p", {})
+        relay(runtime)
+        [dead] = deliveries(runtime, consumer="perm")
+        assert dead.status == "dead" and dead.attempts == 1 and "invalid address" in dead.last_error
+        for _ in range(4):
+            clock.advance(31)
+            relay(runtime)
+    [done] = deliveries(runtime, consumer="later")
+    # Three RetryLater answers used no attempt: every call was attempt 1, and it is done.
+    assert attempts == [1, 1, 1, 1] and done.status == "done"
+
+
+def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
+    consumer("e", name="here", registry=registry)(lambda event, ctx: None)
+    consumer("e", name="gone", registry=registry)(lambda event, ctx: None)
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "e", {})
+    Relay(runtime).fan_out()  # rows for both consumers
+    registry.remove("gone")  # e.g. a deploy where this process lacks the module
+    relay(runtime)
+    by_name = {d.consumer: d for d in deliveries(runtime)}
+    assert by_name["here"].status == "done"
+    assert by_name["gone"].status == "pending" and by_name["gone"].attempts == 0
+
+
+def test_event_for_a_type_without_consumers_is_fanned_out_and_prunable(runtime, registry, env):
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "nobody.listens", {})
+        relay(runtime)
+        assert deliveries(runtime) == []
+        clock.advance(8 * 86400)
+        result = invoke(env, "outbox", "prune", "--older-than", "7d")
+    assert result.exit_code == 0 and "1 events" in result.output
+    assert count_events(runtime) == 0
+
+
+def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, env, monkeypatch):
+    from cron.commands import outbox_cmds
+
+    monkeypatch.setattr(outbox_cmds, "PRUNE_BATCH", 3)
+    consumer("x", name="ok", registry=registry)(lambda event, ctx: None)
+
+    @consumer("y", name="bad", max_attempts=1, registry=registry)
+    def bad(event, ctx):
+        raise RuntimeError("no")
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            for _ in range(7):
+                outbox.record(session, "x", {})
+            outbox.record(session, "y", {})  # dead: kept
+        relay(runtime)
+        clock.advance(3 * 86400)
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "x", {})  # recent: kept
+        relay(runtime)
+        clock.advance(5 * 86400)
+        result = invoke(env, "outbox", "prune", "--older-than", "7d")
+    assert result.exit_code == 0, result.output
+    assert "7 events" in result.output
+    assert count_events(runtime) == 2
+    assert {d.consumer: d.status for d in deliveries(runtime)} == {"bad": "dead", "ok": "done"}
+
+
+def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effects_table):
+    """A consumer that outlives its lease while another run re-claims the delivery must not apply twice."""
+    from outbox import deliveries as store
+
+    @consumer("slow", name="slow", registry=registry)
+    def slow(event, ctx):
+        ctx.session.execute(insert(effects).values(consumer="slow", event_id=event.id))
+        # Stand-in for "the lease expired and another run claimed it": the token is no longer ours.
+        ctx.session.execute(store.D.update().values(claim_token="another-run"))
+
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "slow", {})
+    stats = relay(runtime)
+    assert stats.lease_lost == 1 and stats.delivered == 0
+    assert effect_counts(runtime) == Counter()

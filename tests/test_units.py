@@ -1,0 +1,128 @@
+"""Pure functions: payload checks, backoff, durations, settings, lock names."""
+from __future__ import annotations
+
+import math
+import random
+from datetime import date, datetime
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outbox.backoff import Backoff
+from outbox.db import supports_skip_locked
+from outbox.durations import parse_duration
+from outbox.errors import PayloadError, RegistrationError, SettingsError
+from outbox.locks import lock_name
+from outbox.payload import dump_payload, load_payload
+from outbox.settings import load_settings
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_any_json_value_round_trips(value):
+    assert load_payload(dump_payload(value)) == value
+
+
+@pytest.mark.parametrize("payload, where", [
+    ({"when": datetime(2026, 1, 1)}, "payload['when'] is a datetime"),
+    ({"a": [1, {"b": Decimal("1.5")}]}, "payload['a'][1]['b'] is a Decimal"),
+    ({"d": date(2026, 1, 1)}, "payload['d'] is a date"),
+    ({1: "x"}, "payload has a key 1 of type int"),
+    ({"x": {"y"}}, "payload['x'] is a set"),
+    ({"x": math.nan}, "payload['x'] is nan"),
+    (object(), "payload is a object"),
+])
+def test_non_json_payload_names_the_offending_key(payload, where):
+    with pytest.raises(PayloadError) as info:
+        dump_payload(payload)
+    assert where in str(info.value)
+
+
+def test_exponential_backoff_grows_with_jitter_and_caps():
+    policy = Backoff.of(5)
+    rng = random.Random(7)
+    delays = [policy.delay(n, rng) for n in range(1, 12)]
+    assert 4 <= delays[0] <= 6
+    # Doubling beats +-20% jitter until the cap: 5, 10, 20, ... 640 s.
+    assert all(later > earlier for earlier, later in zip(delays[:8], delays[1:8]))
+    assert max(delays) <= 900
+    assert delays[-1] >= 900 * 0.8
+
+
+def test_list_backoff_repeats_the_last_delay():
+    policy = Backoff.of([1, 10, 60])
+    assert [policy.delay(n) for n in (1, 2, 3, 4, 9)] == [1, 10, 60, 60, 60]
+
+
+@pytest.mark.parametrize("spec", ["5", -1, [], [1, -2], True, {"a": 1}])
+def test_bad_backoff_is_refused_at_registration(spec):
+    with pytest.raises(RegistrationError):
+        Backoff.of(spec)
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("5m", 300), ("48h", 172800), ("7d", 604800),
+                                           ("2w", 1209600), ("1.5h", 5400), (" 10 m ", 600)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "7x", "d7", "-1d", "1d2h"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("10.11.19-MariaDB-0+deb12u1", True), ("10.6.0-MariaDB", True), ("10.5.22-MariaDB-log", False),
+    ("10.3.39-MariaDB", False), ("8.0.36", True), ("8.0.0", False), ("5.7.44-log", False),
+])
+def test_skip_locked_support_by_server_version(version, expected):
+    assert supports_skip_locked(version) is expected
+
+
+def test_lock_names_are_prefixed_and_fit_mysql():
+    assert lock_name("shop", "tick") == "shop:tick"
+    long = lock_name("u" * 80, "tick")
+    assert len(long) <= 64 and long.endswith(":tick")
+    assert long != lock_name("v" * 80, "tick")
+
+
+def test_settings_defaults_resolve_against_the_app_root(tmp_path):
+    settings = load_settings(app_root=tmp_path, environ={})
+    assert settings.instance == tmp_path / "instance"
+    assert settings.database_url == f"sqlite:///{tmp_path / 'instance' / 'cronbox.db'}"
+    assert settings.claim_mode == "auto" and settings.lease_margin == 30 and settings.cron_interval == 1
+    assert settings.mysql_tls == "off" and settings.handlers == ()
+
+
+def test_dotenv_then_environment_and_relative_paths(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text(
+        "CRONBOX_INSTANCE=data/inst\nDATABASE_URL=sqlite:///db/x.db\nCRONBOX_HANDLERS= a.b , c \n"
+        "CRONBOX_LEASE_MARGIN=5\nCRONBOX_CLAIM_MODE=token\n"
+    )
+    monkeypatch.chdir("/")
+    settings = load_settings(app_root=tmp_path, environ={"CRONBOX_CLAIM_MODE": "skip-locked"})
+    assert settings.instance == tmp_path / "data" / "inst"
+    assert settings.database_url == f"sqlite:///{tmp_path / 'db' / 'x.db'}"
+    assert settings.handlers == ("a.b", "c")
+    assert settings.lease_margin == 5
+    assert settings.claim_mode == "skip-locked"  # the environment wins over .env
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("CRONBOX_CLAIM_MODE", "fast", "is not one of"),
+    ("CRONBOX_LEASE_MARGIN", "soon", "is not a number"),
+    ("CRONBOX_CRON_INTERVAL", "0", "must be at least 1"),
+    ("CRONBOX_MYSQL_TLS", "/nonexistent/ca.pem", "must be off, on"),
+])
+def test_bad_settings_say_which_and_why(tmp_path, name, value, message):
+    with pytest.raises(SettingsError, match=message) as info:
+        load_settings(app_root=tmp_path, environ={name: value})
+    assert name in str(info.value)
