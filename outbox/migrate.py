@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
@@ -23,7 +21,9 @@ SCHEMA_HEAD = "0001_outbox"
 VERSION_TABLE = "cronbox_alembic_version"
 
 
-def alembic_config(settings: Settings, connection=None) -> Config:
+def alembic_config(settings: Settings, connection=None):
+    from alembic.config import Config  # imported here: a routine tick never needs Alembic (~100 ms)
+
     config = Config()
     config.set_main_option("script_location", str(settings.app_root / "migrations"))
     config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
@@ -49,6 +49,8 @@ def _is_missing_table(exc: DBAPIError) -> bool:
 
 def upgrade(settings: Settings, engine: Engine) -> tuple[str | None, str]:
     """Upgrade to head; returns (revision before, revision after). Caller holds the migrate lock."""
+    from alembic import command
+
     before = current_revision(engine)
     with engine.begin() as connection:
         command.upgrade(alembic_config(settings, connection), "head")

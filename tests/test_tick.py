@@ -1,0 +1,217 @@
+"""The tick as cron runs it: real processes, crashes at every boundary, races, budgets."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+import outbox
+from cron.tick import run_tick
+from outbox.consumers import consumer
+from outbox.faults import CRASH_EXIT_CODE
+from outbox.models import Delivery, Heartbeat
+from tests.conftest import APP_ROOT, child_env, run_cli
+from tests.handlers.effects import effects, metadata as effects_metadata
+from tests.helpers import deliveries
+
+HANDLERS = "tests.handlers.effects"
+LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, and a little
+
+
+def record(runtime, event_type: str, count: int, **kwargs) -> list[int]:
+    with runtime.sessions.begin() as session:
+        events = [outbox.record(session, event_type, {"n": n}, **kwargs) for n in range(count)]
+        session.flush()
+        return [e.id for e in events]
+
+
+def heartbeats(runtime) -> list[Heartbeat]:
+    with runtime.sessions() as session:
+        return list(session.scalars(select(Heartbeat).order_by(Heartbeat.id)))
+
+
+def db_effects(runtime) -> Counter:
+    with runtime.sessions() as session:
+        return Counter(dict(session.execute(
+            select(effects.c.event_id, func.count()).group_by(effects.c.event_id)).all()))
+
+
+def unfinished(runtime) -> int:
+    with runtime.sessions() as session:
+        return session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
+
+
+@pytest.fixture
+def tick_env(env, runtime, tmp_path):
+    effects_metadata.create_all(runtime.engine)
+    return {**env, "CRONBOX_HANDLERS": HANDLERS, "TEST_EFFECTS_FILE": str(tmp_path / "effects.txt")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["after-claim", "in-handler", "before-ack-commit", "after-ack-commit"])
+def test_crash_at_every_boundary_loses_nothing_and_applies_once(runtime, tick_env, tmp_path, step):
+    ids = record(runtime, "work", 8)
+    rng = random.Random(f"{step}-{runtime.settings.database_url[:5]}")
+    crashes = 0
+    for nth in [rng.randint(1, 4) for _ in range(4)]:
+        proc = run_cli(tick_env, "tick", "--no-linger", "--max-time", "30", CRONBOX_CRASH_AT=f"{step}:{nth}")
+        assert proc.returncode in (0, CRASH_EXIT_CODE), proc.stdout + proc.stderr
+        crashes += proc.returncode == CRASH_EXIT_CODE
+        time.sleep(LEASE)  # the leases of what a crashed run held expire
+    for _ in range(3):
+        proc = run_cli(tick_env, "tick", "--no-linger")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        if unfinished(runtime) == 0:
+            break
+        time.sleep(LEASE)
+    assert crashes >= 2, "the fault was hardly injected"
+    assert unfinished(runtime) == 0
+    assert db_effects(runtime) == Counter({i: 1 for i in ids})  # database effects exactly once
+    seen = Counter(int(line) for line in (tmp_path / "effects.txt").read_text().split())
+    assert set(seen) == set(ids)  # external effects at least once
+
+
+@pytest.mark.slow
+def test_random_sigkills_lose_nothing(runtime, tick_env, tmp_path):
+    ids = record(runtime, "work", 60)
+    rng = random.Random(42)
+    env = child_env({**tick_env, "TEST_SLEEP": "0.01"})
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], env=env, cwd="/",
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.6, 1.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        time.sleep(LEASE)
+    for _ in range(5):
+        assert run_cli(tick_env, "tick", "--no-linger").returncode == 0
+        if unfinished(runtime) == 0:
+            break
+        time.sleep(LEASE)
+    assert unfinished(runtime) == 0
+    assert db_effects(runtime) == Counter({i: 1 for i in ids})
+    seen = Counter(int(line) for line in (tmp_path / "effects.txt").read_text().split())
+    assert set(seen) == set(ids)
+
+
+@pytest.mark.slow
+def test_a_consumer_that_kills_the_process_every_time_ends_dead(runtime, tick_env):
+    record(runtime, "poison", 1)
+    codes = []
+    for _ in range(6):
+        proc = run_cli(tick_env, "tick", "--no-linger")
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        time.sleep(LEASE)
+    assert codes == [9, 9, 9, 0]  # three attempts die with the process; the fourth claim gives up
+    [row] = deliveries(runtime)
+    assert row.status == "dead" and "never finished" in row.last_error
+
+
+def test_four_ticks_released_together_exactly_one_works(runtime, tick_env, tmp_path):
+    record(runtime, "block", 1)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    ready.mkdir()
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    env = child_env({**tick_env, "TEST_INSIDE_FILE": str(inside), "TEST_RELEASE_FILE": str(release)})
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.barrier_tick", str(ready), str(go), "tick", "--no-linger"],
+                              env=env, cwd=str(APP_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    try:
+        _wait_for(lambda: len(list(ready.iterdir())) == 4, "all four ticks at the barrier")
+        go.write_text("go")
+        # The winner sits in the blocking consumer, holding the lock, until the others are done.
+        _wait_for(lambda: sum(p.poll() is not None for p in procs) == 3, "three ticks to give up")
+        release.write_text("go")
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.returncode for p in procs]
+    assert codes == [0, 0, 0, 0], outputs
+    skipped = [out for out, err in outputs if out.strip() == "skipped: tick already running"]
+    worked = [out for out, err in outputs if out.startswith("tick: delivered 1")]
+    assert len(skipped) == 3 and len(worked) == 1, outputs
+    assert [h.command for h in heartbeats(runtime)] == ["tick"]
+    assert inside.read_text() in {str(p.pid) for p in procs}
+
+
+def _wait_for(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_lingering_tick_delivers_events_recorded_while_it_runs(runtime, registry):
+    seen = []
+    consumer("late", name="late", registry=registry)(lambda event, ctx: seen.append(event.payload["n"]))
+
+    def write_later():
+        time.sleep(1.0)
+        record(runtime, "late", 1)
+
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    started = time.monotonic()
+    report = run_tick(runtime, max_time=3, linger=True)
+    writer.join()
+    assert seen == [0]
+    assert report.result.stop_reason == "max-time" and report.exit_code == 0
+    assert time.monotonic() - started >= 2.5
+    [beat] = heartbeats(runtime)
+    assert beat.outcome == "max-time" and beat.delivered == 1 and beat.finished_at is not None
+
+
+def test_memory_limit_stops_claiming(runtime, registry):
+    consumer("m", name="m", registry=registry)(lambda event, ctx: None)
+    record(runtime, "m", 3)
+    report = run_tick(runtime, max_time=10, linger=True, memory_mb=8)  # any Python process is above 8 MB
+    assert report.result.stop_reason == "memory"
+    assert report.relay.stats.delivered == 0
+    assert all(d.claim_token is None for d in deliveries(runtime))
+
+
+def test_max_time_stops_claiming_and_releases_unstarted_leases(runtime, registry):
+    consumer("s", name="s", registry=registry)(lambda event, ctx: time.sleep(0.2))
+    record(runtime, "s", 40)
+    started = time.monotonic()
+    report = run_tick(runtime, max_time=2, linger=True)
+    took = time.monotonic() - started
+    assert report.result.stop_reason == "max-time"
+    assert 3 <= report.relay.stats.delivered < 40
+    assert took < 2.5
+    rows = deliveries(runtime)
+    assert all(d.claim_token is None for d in rows)  # nothing left leased
+    assert all(d.attempts == (1 if d.status == "done" else 0) for d in rows)  # released claims cost no attempt
+
+
+def test_sigterm_finishes_the_current_handler_and_exits_zero(runtime, tick_env, tmp_path):
+    record(runtime, "block", 1)
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "30"],
+                            env=child_env({**tick_env, "TEST_INSIDE_FILE": str(inside),
+                                           "TEST_RELEASE_FILE": str(release)}),
+                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(inside.exists, "the handler to start")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert proc.poll() is None  # still finishing the handler
+    release.write_text("go")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "delivered 1" in out and "stopped: signal" in out
+    [row] = deliveries(runtime)
+    assert row.status == "done"
