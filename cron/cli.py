@@ -12,7 +12,7 @@ import sys
 import click
 from sqlalchemy.exc import DBAPIError
 
-from outbox.db import is_connection_lost
+from outbox.db import is_unreachable
 from outbox.errors import CronboxError
 from outbox.execution import describe
 from outbox.runtime import Runtime, open_runtime
@@ -41,7 +41,7 @@ class Group(click.Group):
         except CronboxError as exc:
             raise CommandFailed(str(exc), exc.exit_code) from exc
         except DBAPIError as exc:
-            if is_connection_lost(exc) or "can't connect" in str(exc.orig).lower():
+            if is_unreachable(exc):
                 raise CommandFailed(f"database unreachable: {describe(exc.orig)}") from exc
             log.exception("database error")
             raise CommandFailed(f"database error: {describe(exc.orig)}") from exc
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()} (see `{PROG} --help`)", err=True)
+        where = exc.ctx.command_path if exc.ctx is not None else PROG
+        click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
         return 2
     except click.ClickException as exc:
         exc.show()

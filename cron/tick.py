@@ -50,7 +50,7 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
     started = clock.monotonic()
     try:
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
-        relay = Relay(runtime, before_batch=lock.ensure)
+        relay = Relay(runtime, before_batch=lock.check)
         stages = [relay.run]
 
         def counts() -> dict:

@@ -134,6 +134,12 @@ def is_connection_lost(exc: BaseException) -> bool:
     return "lost connection" in text_ or "gone away" in text_ or "connection refused" in text_
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """The database cannot be reached at all (as opposed to a statement failing)."""
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return is_connection_lost(exc) or "can't connect" in text_ or "unable to open database" in text_
+
+
 def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T], *, retries: int = 5) -> T:
     """Run `work(session)` in one short transaction, retrying it on lock conflicts.
 

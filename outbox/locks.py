@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from .db import database_name, is_mysql
+from .errors import LockLost
 from .settings import Settings
 
 log = logging.getLogger("cronbox")
@@ -146,6 +147,12 @@ class RunLock:
             return True
         log.error("lock %s is lost and could not be re-taken", self.name)
         return False
+
+    def check(self) -> None:
+        """ensure(), raising LockLost when the lock is gone for good: call before each batch."""
+        if not self.ensure():
+            raise LockLost(f"lock {self.name} lost (connection killed or server restarted) and not re-taken; "
+                           "stopped claiming")
 
     def release(self) -> None:
         self.backend.release()

@@ -16,7 +16,6 @@ from .budget import Budget
 from .consumers import Consumer
 from .context import Context, Event
 from .db import in_transaction
-from .errors import LockLost
 from .execution import PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, describe
 from .faults import crash_point
 from .payload import load_payload
@@ -41,7 +40,7 @@ class RelayStats:
 
 
 class Relay:
-    def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], bool] | None = None):
+    def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None):
         self.runtime = runtime
         self.sessions = runtime.sessions
         self.registry = runtime.consumers
@@ -55,8 +54,8 @@ class Relay:
         work = 0
         self._warn_unregistered()
         while budget.stop_reason() is None:
-            if self.before_batch is not None and not self.before_batch():
-                raise LockLost("the run lock was lost; stopped claiming")
+            if self.before_batch is not None:
+                self.before_batch()  # e.g. RunLock.check: raises LockLost
             fanned = self.fan_out()
             claimed = self.claim(budget.batch_size(self.batch_size))
             if not claimed and not fanned:

@@ -74,11 +74,9 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             if reason:
                 result.stop_reason = reason
                 break
-            if lock is not None and not lock.ensure():
-                result.stop_reason, result.exit_code = "lock-lost", 1
-                result.error = f"lock {lock.name} lost (connection killed or server restarted) and not re-taken"
-                break
             try:
+                if lock is not None:
+                    lock.check()
                 work = sum(stage(budget) for stage in stages)
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)

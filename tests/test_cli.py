@@ -1,0 +1,111 @@
+"""The command-line contract, through real processes: exit codes, one-line errors, no tracebacks."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import APP_ROOT, run_cli
+
+
+def one_line_error(proc) -> str:
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["nosuch"], 2, "No such command 'nosuch'"),
+    (["tick", "--bogus"], 2, "No such option '--bogus'. (see `python -m cron tick --help`)"),
+    (["tick", "--max-time", "soon"], 2, "'soon' is not a valid float"),
+    (["outbox", "retry"], 2, "give delivery ids or --all"),
+    (["outbox", "retry", "7", "--all"], 2, "give delivery ids or --all"),
+    (["outbox", "retry", "x"], 2, "'x' is not a valid integer range"),
+    (["outbox", "skip"], 2, "Missing argument"),
+    (["outbox", "prune", "--older-than", "7x"], 2, "is not a duration"),
+    (["outbox", "retry", "424242"], 1, "unknown dead delivery id(s): 424242"),
+    (["outbox", "skip", "5", "6"], 1, "unknown skippable delivery id(s): 5, 6"),
+])
+def test_user_mistakes_give_one_line_and_an_exit_code(env, runtime, args, code, message):
+    proc = run_cli(env, *args)
+    assert proc.returncode == code
+    assert message in one_line_error(proc)
+
+
+def test_help_everywhere(env):
+    for args in (["--help"], ["tick", "--help"], ["outbox", "--help"], ["outbox", "prune", "--help"]):
+        proc = run_cli(env, *args)
+        assert proc.returncode == 0 and "Usage:" in proc.stdout
+
+
+def test_bad_handler_module(env, runtime):
+    proc = run_cli({**env, "CRONBOX_HANDLERS": "no.such.module"}, "tick")
+    assert proc.returncode == 1
+    assert "CRONBOX_HANDLERS: could not import 'no.such.module'" in one_line_error(proc)
+
+
+def test_handler_module_that_raises_on_import(env, runtime, tmp_path):
+    (tmp_path / "broken_handlers.py").write_text("raise RuntimeError('missing API key')\n")
+    proc = run_cli({**env, "CRONBOX_HANDLERS": "broken_handlers"}, "tick", PYTHONPATH=f"{APP_ROOT}:{tmp_path}")
+    assert proc.returncode == 1
+    assert "RuntimeError: missing API key" in one_line_error(proc)
+
+
+def test_bad_setting(env):
+    proc = run_cli({**env, "CRONBOX_CLAIM_MODE": "turbo"}, "outbox", "status")
+    assert proc.returncode == 1
+    assert "CRONBOX_CLAIM_MODE='turbo'" in one_line_error(proc)
+
+
+@pytest.mark.parametrize("url", ["mysql+pymysql://root:@127.0.0.1:1/nowhere",
+                                 "sqlite:////nonexistent-dir/sub/x.db"])
+def test_unreachable_database(env, tmp_path, url):
+    proc = run_cli({**env, "DATABASE_URL": url, "CRONBOX_INSTANCE": str(tmp_path / "i")}, "outbox", "status")
+    assert proc.returncode == 1
+    assert "database unreachable" in one_line_error(proc)
+
+
+def test_tick_from_any_working_directory_uses_the_app_roots_dotenv(tmp_path):
+    """Cron starts us in $HOME with nothing set: .env in the app root must still be found."""
+    from tests.conftest import child_env
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "from outbox.settings import load_settings, APP_ROOT;"
+                           "s = load_settings(); print(s.app_root == APP_ROOT, s.instance)"],
+                          env={k: v for k, v in child_env({}).items() if not k.startswith("CRONBOX")},
+                          cwd=str(tmp_path), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "True"
+
+
+def test_status_and_dead_on_an_empty_outbox(env, runtime):
+    proc = run_cli(env, "outbox", "status")
+    assert proc.returncode == 0 and "events not yet fanned out: 0" in proc.stdout
+    proc = run_cli(env, "outbox", "dead")
+    assert proc.returncode == 0 and "no dead deliveries" in proc.stdout
+
+
+def test_migrate_twice_and_the_flask_mount(env, database):
+    proc = run_cli(env, "migrate")
+    assert proc.returncode == 0 and "-> 0001_outbox" in proc.stdout
+    proc = run_cli(env, "migrate")
+    assert proc.returncode == 0 and "already at 0001_outbox" in proc.stdout
+    import subprocess
+    import sys
+    from tests.conftest import child_env
+
+    flask = subprocess.run([sys.executable, "-m", "flask", "--app", "app", "cron", "outbox", "status"],
+                           env=child_env(env), cwd=str(APP_ROOT), capture_output=True, text=True)
+    assert flask.returncode == 0, flask.stderr
+    assert "events not yet fanned out: 0" in flask.stdout
+
+
+def test_demo_then_tick_delivers(env, database):
+    demo_env = {**env, "CRONBOX_HANDLERS": "cron.demo"}
+    if database.is_mysql:
+        assert run_cli(demo_env, "migrate").returncode == 0
+    proc = run_cli(demo_env, "demo", "--count", "2")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(demo_env, "tick", "--no-linger")
+    assert proc.returncode == 0 and "delivered 4" in proc.stdout, proc.stdout + proc.stderr

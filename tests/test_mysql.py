@@ -1,0 +1,207 @@
+"""What only a real MariaDB server can show: open transactions, killed lock connections,
+a short wait_timeout, the connection limit, lock-wait retries."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from sqlalchemy import create_engine, insert, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import NullPool
+
+import outbox
+from outbox.consumers import consumer
+from outbox.db import in_transaction, make_engine
+from outbox.locks import lock_name
+from tests.conftest import MYSQL_BACKENDS, child_env
+from tests.handlers.effects import metadata as effects_metadata
+from tests.helpers import deliveries, relay
+from tests.test_tick import HANDLERS, _wait_for, heartbeats, record
+
+pytestmark = pytest.mark.parametrize("backend", MYSQL_BACKENDS, indirect=True)
+
+
+def test_event_committed_late_is_delivered_and_the_open_transaction_never_blocks_the_relay(runtime, registry,
+                                                                                          settings):
+    seen = []
+    consumer("gap", name="gap", registry=registry)(lambda event, ctx: seen.append(event.payload["n"]))
+    other = make_engine(settings, role="web")
+    open_request = sessionmaker(other)()
+    try:
+        first = outbox.record(open_request, "gap", {"n": 1})
+        open_request.flush()  # id given, row locked, not committed: a gap for everyone else
+        with runtime.sessions.begin() as session:
+            second = outbox.record(session, "gap", {"n": 2})
+        assert second.id > first.id
+
+        finished = threading.Event()
+        worker = threading.Thread(target=lambda: (relay(runtime), finished.set()))
+        started = time.monotonic()
+        worker.start()
+        worker.join(timeout=10)
+        assert finished.is_set(), "the relay waited on the open transaction's locks"
+        assert time.monotonic() - started < 5
+        assert seen == [2]
+
+        open_request.commit()
+        relay(runtime)
+        assert seen == [2, 1]  # no "last id seen" cursor skipped the gap
+    finally:
+        open_request.close()
+        other.dispose()
+
+
+def _lock_holder(admin, database: str) -> int | None:
+    with admin.connect() as connection:
+        return connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": lock_name(database, "tick")}).scalar()
+
+
+@pytest.fixture
+def tick_env(env, runtime):
+    effects_metadata.create_all(runtime.engine)
+    return {**env, "CRONBOX_HANDLERS": HANDLERS}
+
+
+def _start_tick(tick_env, *args):
+    return subprocess.Popen([sys.executable, "-m", "cron", "tick", *args], env=child_env(tick_env), cwd="/",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_killed_lock_connection_is_retaken(runtime, tick_env, mysql_admin, database):
+    proc = _start_tick(tick_env, "--max-time", "5")
+    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    holder = _lock_holder(mysql_admin, database.name)
+    with mysql_admin.connect() as connection:
+        connection.execute(text(f"KILL {int(holder)}"))
+    _wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 10)
+    record(runtime, "ping", 1)  # and the tick still works
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    assert "delivered 1" in out
+    log = (runtime.settings.logs_dir).glob("cronbox-*.log")
+    assert any("re-taken" in path.read_text() for path in log)
+
+
+def test_killed_lock_connection_taken_by_another_stops_the_tick(runtime, tick_env, mysql_admin, database):
+    proc = _start_tick(tick_env, "--max-time", "20")
+    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    holder = _lock_holder(mysql_admin, database.name)
+    with mysql_admin.connect() as thief:
+        thief.execute(text(f"KILL {int(holder)}"))
+        got = thief.execute(text("SELECT GET_LOCK(:n, 5)"), {"n": lock_name(database.name, "tick")}).scalar()
+        assert got == 1
+        out, err = proc.communicate(timeout=30)
+        thief.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(database.name, "tick")})
+    assert proc.returncode == 1
+    assert "stopped: lock-lost" in out and "lost (connection killed or server restarted)" in out
+    logs = "".join(path.read_text() for path in runtime.settings.logs_dir.glob("cronbox-*.log"))
+    assert "is lost and could not be re-taken" in logs
+    [beat] = heartbeats(runtime)
+    assert beat.outcome == "lock-lost"
+
+
+@pytest.fixture
+def short_wait_timeout(mysql_admin):
+    with mysql_admin.connect() as connection:
+        previous = connection.execute(text("SELECT @@GLOBAL.wait_timeout")).scalar()
+        connection.execute(text("SET GLOBAL wait_timeout = 2"))
+    try:
+        yield
+    finally:
+        with mysql_admin.connect() as connection:
+            connection.execute(text(f"SET GLOBAL wait_timeout = {int(previous)}"))
+
+
+@pytest.fixture
+def limited_user(mysql_admin, database):
+    """A MySQL user allowed 2 connections at once, like a shared host's max_user_connections."""
+    user, password = f"cbx_{secrets.token_hex(4)}", secrets.token_hex(8)
+    with mysql_admin.connect() as connection:
+        connection.execute(text(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS 2"))
+        connection.execute(text(f"GRANT ALL ON {database.name}.* TO '{user}'@'%'"))
+    url = make_url(database.url).set(username=user, password=password).render_as_string(hide_password=False)
+    try:
+        yield user, url
+    finally:
+        with mysql_admin.connect() as connection:
+            connection.execute(text(f"DROP USER '{user}'@'%'"))
+
+
+def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_connections(
+        runtime, tick_env, mysql_admin, short_wait_timeout, limited_user):
+    user, url = limited_user
+    seen_connections = []
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            with mysql_admin.connect() as connection:
+                seen_connections.append(connection.execute(
+                    text("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = :u"), {"u": user}).scalar())
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.monotonic()
+    proc = _start_tick({**tick_env, "DATABASE_URL": url}, "--max-time", "6")
+    try:
+        _wait_for(lambda: time.monotonic() - started >= 3, "second 3")
+        record(runtime, "ping", 1)  # recorded while the tick lingers, connections idle between polls
+        _wait_for(lambda: time.monotonic() - started >= 4, "second 4")
+        late = _start_tick(tick_env, "--no-linger")  # as root: the limited user has no third connection
+        late_out, late_err = late.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        stop.set()
+        sampler.join()
+    assert late.returncode == 0 and late_out.strip() == "skipped: tick already running", late_out + late_err
+    assert proc.returncode == 0, out + err
+    assert "delivered 1" in out and "stopped: max-time" in out
+    assert max(seen_connections) == 2  # lock + work, never more (the server would refuse a third: 1226)
+    assert [d.status for d in deliveries(runtime)] == ["done"]
+
+
+def test_lock_wait_timeouts_are_retried(runtime):
+    """1205 (lock wait timeout) inside in_transaction is retried, then succeeds once the lock is free."""
+    from outbox.models import Heartbeat
+
+    with runtime.sessions.begin() as session:
+        session.execute(insert(Heartbeat).values(command="x", host="h", pid=1, started_at=text("NOW(6)"),
+                                                 outcome="ok", delivered=0, retried=0, dead=0, jobs_done=0,
+                                                 jobs_failed=0))
+    holder_engine = create_engine(runtime.settings.database_url, poolclass=NullPool,
+                                  connect_args={"ssl_disabled": True})
+    holder = holder_engine.connect()
+    holder.begin()
+    holder.execute(text("UPDATE cronbox_heartbeats SET pid = 2"))  # holds the row lock
+    threading.Timer(1.5, lambda: (holder.commit(), holder.close())).start()
+    attempts = []
+
+    def work(session):
+        attempts.append(1)
+        session.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+        session.execute(text("UPDATE cronbox_heartbeats SET pid = 3"))
+
+    in_transaction(runtime.sessions, work)
+    assert len(attempts) >= 2
+    with runtime.sessions() as session:
+        assert session.execute(text("SELECT pid FROM cronbox_heartbeats")).scalar() == 3
+    holder_engine.dispose()
+
+
+def test_lock_conflicts_are_retried_a_bounded_number_of_times(runtime):
+    attempts = []
+
+    def always_deadlocks(session):
+        attempts.append(1)
+        raise OperationalError("UPDATE ...", {}, Exception(1213, "Deadlock found when trying to get lock"))
+
+    with pytest.raises(OperationalError):
+        in_transaction(runtime.sessions, always_deadlocks, retries=3)
+    assert len(attempts) == 4
