@@ -319,3 +319,25 @@ def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effect
     stats = relay(runtime)
     assert stats.lease_lost == 1 and stats.delivered == 0
     assert effect_counts(runtime) == Counter()
+
+
+def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_on(runtime, registry, effects_table):
+    import time as _time
+
+    @consumer("t", name="sleepy", timeout=0.3, backoff=[60], registry=registry)
+    def sleepy(event, ctx):
+        ctx.session.execute(insert(effects).values(consumer="sleepy", event_id=event.id))
+        if event.payload["slow"]:
+            _time.sleep(5)
+
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "t", {"slow": True})
+        outbox.record(session, "t", {"slow": False})
+    started = _time.monotonic()
+    stats = relay(runtime)
+    assert _time.monotonic() - started < 3
+    slow, quick = deliveries(runtime)
+    assert slow.status == "pending" and slow.attempts == 1 and "HandlerTimeout" in slow.last_error
+    assert quick.status == "done"
+    assert stats.retried == 1 and stats.delivered == 1
+    assert effect_counts(runtime) == Counter({("sleepy", quick.event_id): 1})  # the interrupted write rolled back

@@ -1,0 +1,32 @@
+"""Consumers for the benchmarks (CRONBOX_HANDLERS=bench.handlers)."""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+
+import outbox
+
+metadata = MetaData()
+rows = Table("bench_rows", metadata, Column("id", Integer, primary_key=True), Column("event_id", Integer),
+             Column("note", String(32)))
+latencies = Table("bench_latency", metadata, Column("id", Integer, primary_key=True), Column("seconds", Float))
+
+
+@outbox.consumer("bench.noop", name="bench.noop")
+def noop(event, ctx):
+    """No database effect: its ack is batched with others."""
+
+
+@outbox.consumer("bench.write", name="bench.write")
+def write(event, ctx):
+    """One row through ctx.session: committed together with the ack."""
+    ctx.session.execute(insert(rows).values(event_id=event.id, note="x"))
+
+
+@outbox.consumer("bench.latency", name="bench.latency")
+def latency(event, ctx):
+    """commit -> consumer latency: the payload carries the wall time just after commit was requested."""
+    ctx.session.execute(insert(latencies).values(seconds=time.time() - event.payload["committed_at"]))
+
+
