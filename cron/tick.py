@@ -34,8 +34,8 @@ class TickReport:
         if self.skipped:
             return "skipped: tick already running"
         stats = self.relay.stats
-        line = (f"tick: delivered {stats.delivered}, retried {stats.retried}, deferred {stats.deferred}, "
-                f"dead {stats.dead} in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
+        line = (f"tick: delivered {stats.done}, retried {stats.retried}, deferred {stats.deferred}, "
+                f"dead {stats.gave_up} in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
         if self.result.error:
             line += f"; error: {self.result.error}"
         return line
@@ -55,7 +55,7 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
 
         def counts() -> dict:
             backlog = in_transaction(runtime.sessions, lambda s: deliveries.backlog(s, clock.utcnow()))
-            return {"delivered": relay.stats.delivered, "retried": relay.stats.retried, "dead": relay.stats.dead,
+            return {"delivered": relay.stats.done, "retried": relay.stats.retried, "dead": relay.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
 
         result = record_run(runtime.sessions, "tick",

@@ -33,6 +33,7 @@ class Claimed:
     consumer: str
     attempts: int
     claim_token: str
+    lease_until: datetime
     event_id: int
     event_type: str
     key: str | None
@@ -126,14 +127,15 @@ def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, li
     if not ids:
         return []
     rows = session.execute(
-        select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, E.c.id.label("event_id"), E.c.type,
+        select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
+               E.c.type,
                E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
         .join(E, E.c.id == D.c.event_id)
         .where(D.c.id.in_(ids))
         .order_by(D.c.id)
     ).all()
-    return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.event_id, r.type, r.key, r.payload,
-                    r.trace_id, r.created_at) for r in rows]
+    return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.lease_until, r.event_id, r.type, r.key,
+                    r.payload, r.trace_id, r.created_at) for r in rows]
 
 
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
@@ -157,6 +159,14 @@ def reschedule(session: Session, delivery_id: int, token: str, *, next_at: datet
         values["attempts"] = D.c.attempts - 1
     result = session.execute(
         update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING).values(values)
+    )
+    return result.rowcount == 1
+
+
+def extend(session: Session, delivery_id: int, token: str, lease_until: datetime) -> bool:
+    result = session.execute(
+        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING)
+        .values(lease_until=lease_until)
     )
     return result.rowcount == 1
 

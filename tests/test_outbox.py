@@ -49,7 +49,7 @@ def test_rollback_leaves_no_event_and_commit_is_delivered(runtime, registry):
     stats = relay(runtime)
     assert seen == [("note", {"n": 2}, 1)]
     assert count_events(runtime) == 1
-    assert stats.delivered == 1
+    assert stats.done == 1
     [row] = deliveries(runtime)
     assert row.status == "done" and row.attempts == 1 and row.claim_token is None
 
@@ -317,7 +317,7 @@ def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effect
     with runtime.sessions.begin() as session:
         outbox.record(session, "slow", {})
     stats = relay(runtime)
-    assert stats.lease_lost == 1 and stats.delivered == 0
+    assert stats.lease_lost == 1 and stats.done == 0
     assert effect_counts(runtime) == Counter()
 
 
@@ -339,5 +339,38 @@ def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_
     slow, quick = deliveries(runtime)
     assert slow.status == "pending" and slow.attempts == 1 and "HandlerTimeout" in slow.last_error
     assert quick.status == "done"
-    assert stats.retried == 1 and stats.delivered == 1
+    assert stats.retried == 1 and stats.done == 1
     assert effect_counts(runtime) == Counter({("sleepy", quick.event_id): 1})  # the interrupted write rolled back
+
+
+def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runtime, registry, settings):
+    """Leases are 1 s; the batch's third item waits 1.2 s. Another run claims it meanwhile: the first
+    run must notice before starting it (its lease can't be extended) and leave it to the other."""
+    import time as _time
+
+    from outbox.consumers import ConsumerRegistry
+    from outbox.runtime import Runtime
+
+    runs = []
+    other_registry = ConsumerRegistry()
+    other = Runtime(settings, consumers=other_registry)
+    consumer("slow", name="slow", timeout=1, registry=other_registry)(
+        lambda event, ctx: runs.append(("other", event.payload["n"])))
+
+    @consumer("slow", name="slow", timeout=1, registry=registry)
+    def slow(event, ctx):
+        runs.append(("first", event.payload["n"]))
+        _time.sleep(0.6)
+        if event.payload["n"] == 1:
+            relay(other)  # the third item's lease has run out by now: the other run takes it
+
+    try:
+        with runtime.sessions.begin() as session:
+            for n in range(3):
+                outbox.record(session, "slow", {"n": n})
+        stats = relay(runtime)
+    finally:
+        other.dispose()
+    assert sorted(runs) == [("first", 0), ("first", 1), ("other", 2)]
+    assert stats.done == 2 and stats.lease_lost == 1
+    assert [d.status for d in deliveries(runtime)] == ["done", "done", "done"]

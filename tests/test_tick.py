@@ -180,7 +180,7 @@ def test_memory_limit_stops_claiming(runtime, registry):
     record(runtime, "m", 3)
     report = run_tick(runtime, max_time=10, linger=True, memory_mb=8)  # any Python process is above 8 MB
     assert report.result.stop_reason == "memory"
-    assert report.relay.stats.delivered == 0
+    assert report.relay.stats.done == 0
     assert all(d.claim_token is None for d in deliveries(runtime))
 
 
@@ -191,7 +191,7 @@ def test_max_time_stops_claiming_and_releases_unstarted_leases(runtime, registry
     report = run_tick(runtime, max_time=2, linger=True)
     took = time.monotonic() - started
     assert report.result.stop_reason == "max-time"
-    assert 3 <= report.relay.stats.delivered < 40
+    assert 3 <= report.relay.stats.done < 40
     assert took < 2.5
     rows = deliveries(runtime)
     assert all(d.claim_token is None for d in rows)  # nothing left leased

@@ -27,10 +27,10 @@ def publish(ctx, max_time):
     relay = Relay(rt)
     budget = Budget(max_time=max_time, memory_mb=None)
     result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
-                        lambda: {"delivered": relay.stats.delivered, "retried": relay.stats.retried,
-                                 "dead": relay.stats.dead})
+                        lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
+                                 "dead": relay.stats.gave_up})
     s = relay.stats
-    click.echo(f"publish: delivered {s.delivered}, retried {s.retried}, deferred {s.deferred}, dead {s.dead} "
+    click.echo(f"publish: delivered {s.done}, retried {s.retried}, deferred {s.deferred}, dead {s.gave_up} "
                f"(stopped: {result.stop_reason})")
     ctx.exit(result.exit_code)
 
