@@ -4,13 +4,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from outbox import clock, deliveries
+from outbox import clock, deliveries, jobstore
 from outbox.budget import Budget
 from outbox.db import in_transaction
 from outbox.relay import Relay
 from outbox.resources import peak_rss_kb
 from outbox.runner import RunResult, record_run, run_loop
 from outbox.runtime import Runtime
+from outbox.worker import Worker
 
 log = logging.getLogger("cronbox")
 
@@ -24,6 +25,7 @@ class TickReport:
     skipped: bool
     result: RunResult | None = None
     relay: Relay | None = None
+    worker: Worker | None = None
     seconds: float = 0.0
 
     @property
@@ -33,9 +35,10 @@ class TickReport:
     def summary(self) -> str:
         if self.skipped:
             return "skipped: tick already running"
-        stats = self.relay.stats
-        line = (f"tick: delivered {stats.done}, retried {stats.retried}, deferred {stats.deferred}, "
-                f"dead {stats.gave_up} in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
+        r, w = self.relay.stats, self.worker.stats
+        line = (f"tick: delivered {r.done}, retried {r.retried}, deferred {r.deferred}, dead {r.gave_up}; "
+                f"jobs done {w.done}, retried {w.retried}, deferred {w.deferred}, failed {w.gave_up} "
+                f"in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
         if self.result.error:
             line += f"; error: {self.result.error}"
         return line
@@ -51,16 +54,22 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
     try:
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
         relay = Relay(runtime, before_batch=lock.check)
-        stages = [relay.run]
+        worker = Worker(runtime, before_batch=lock.check)
+        # The relay first: its consumers often dispatch the jobs the worker then runs.
+        stages = [relay.run, worker.run]
 
         def counts() -> dict:
-            backlog = in_transaction(runtime.sessions, lambda s: deliveries.backlog(s, clock.utcnow()))
+            now = clock.utcnow()
+            backlog = in_transaction(runtime.sessions,
+                                     lambda s: deliveries.backlog(s, now) + jobstore.backlog(s, now))
             return {"delivered": relay.stats.done, "retried": relay.stats.retried, "dead": relay.stats.gave_up,
+                    "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
 
         result = record_run(runtime.sessions, "tick",
                             lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
-        report = TickReport(skipped=False, result=result, relay=relay, seconds=clock.monotonic() - started)
+        report = TickReport(skipped=False, result=result, relay=relay, worker=worker,
+                            seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:

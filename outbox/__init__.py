@@ -22,10 +22,13 @@ from .errors import (
     SettingsError,
 )
 from .events import record
+from .jobs import job
+from .pauses import ChannelPaused
 from .runtime import Runtime, open_runtime
 from .settings import Settings, load_settings
 
 __all__ = [
+    "ChannelPaused",
     "Context",
     "CronboxError",
     "Event",
@@ -38,6 +41,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "consumer",
+    "job",
     "load_settings",
     "open_runtime",
     "record",

@@ -14,8 +14,9 @@ SAFETY = 3  # multiples of the average handler time kept in reserve
 
 
 class Budget:
-    def __init__(self, *, max_time: float | None, memory_mb: float | None):
+    def __init__(self, *, max_time: float | None, memory_mb: float | None, max_handled: int | None = None):
         self.started = clock.monotonic()
+        self.max_handled = max_handled
         self.max_time = max_time
         self.memory_kb = memory_mb * 1024 if memory_mb else None
         self.handled = 0
@@ -46,6 +47,8 @@ class Budget:
         """Why the run must not start another handler, or None."""
         if self.signalled:
             return self.signalled
+        if self.max_handled is not None and self.handled >= self.max_handled:
+            return "max-jobs"
         if self.max_time is not None and self.elapsed() + SAFETY * self.average >= self.max_time:
             return "max-time"
         if self.memory_kb is not None:
@@ -56,7 +59,9 @@ class Budget:
         return None
 
     def batch_size(self, largest: int) -> int:
-        """How many items to claim now: no more than fit in the time left."""
+        """How many items to claim now: no more than fit in the time left or the --max-jobs left."""
+        if self.max_handled is not None:
+            largest = max(1, min(largest, self.max_handled - self.handled))
         if self.max_time is None or self.average <= 0:
             return largest
         fits = int((self.remaining() - SAFETY * self.average) / self.average)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
-from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from .claiming import claim
+from .db import insert_ignore
 from .consumers import ConsumerRegistry
 from .models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
@@ -40,16 +40,6 @@ class Claimed:
     payload: str
     trace_id: str
     created_at: datetime
-
-
-def insert_ignore(session: Session, table, rows: list[dict]) -> None:
-    """INSERT that silently skips rows whose unique key exists (both dialects)."""
-    if not rows:
-        return
-    if session.get_bind().dialect.name == "sqlite":
-        session.execute(sqlite.insert(table).on_conflict_do_nothing(), rows)
-    else:
-        session.execute(mysql.insert(table).prefix_with("IGNORE"), rows)
 
 
 def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: int) -> tuple[int, int]:
@@ -81,7 +71,8 @@ def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: 
         for event in events
         for consumer in registry.for_type(event.type)
     ]
-    insert_ignore(session, D, rows)
+    if rows:
+        insert_ignore(session, D, rows)
     session.execute(
         update(E).where(E.c.id.in_([e.id for e in events]), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now)
     )

@@ -27,6 +27,7 @@ class Outcome:
     error: str | None = None  # "ExceptionClass: message", never the payload
     traceback: str | None = None
     retry_in: float | None = None  # RetryLater's delay
+    raised: BaseException | None = None  # the RetryLater itself (a ChannelPaused carries its channel)
 
     @property
     def ok(self) -> bool:
@@ -59,7 +60,7 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
         return Outcome(TIMEOUT, time.monotonic() - started, f"HandlerTimeout: no result after {timeout:g}s",
                        _trace(exc))
     except RetryLater as exc:
-        return Outcome(RETRY_LATER, time.monotonic() - started, describe(exc), None, exc.seconds)
+        return Outcome(RETRY_LATER, time.monotonic() - started, describe(exc), None, exc.seconds, exc)
     except PermanentFailure as exc:
         return Outcome(PERMANENT, time.monotonic() - started, describe(exc), _trace(exc))
     except Exception as exc:  # the handler's own failure, whatever it is: record it, retry later

@@ -104,3 +104,99 @@ class Heartbeat(Base):
     error: Mapped[str | None] = mapped_column(String(1000))
 
     __table_args__ = (Index(None, "started_at"),)
+
+
+# ---- the job queue -------------------------------------------------------------------
+
+# Job statuses. `available_at` is when a job may be claimed: its due time while
+# ready, its lease expiry while reserved, NULL once finished. Claims therefore
+# scan one index range (queue, available_at <= now) that finished rows never enter.
+READY, RESERVED, JOB_DONE, FAILED = "ready", "reserved", "done", "failed"
+
+
+class Job(Base):
+    __tablename__ = "cronbox_jobs"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(64))
+    handler: Mapped[str] = mapped_column(String(191))
+    payload: Mapped[str] = mapped_column(LongText)
+    status: Mapped[str] = mapped_column(String(16), default=READY)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    available_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    # Set while the job is waiting or running; cleared when it finishes or fails for
+    # good, which frees the key for the next dispatch (NULLs never collide).
+    unique_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    retry_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    reserved_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(String(1000))
+    error_class: Mapped[str | None] = mapped_column(String(191))
+    traceback: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index(None, "queue", "available_at", "id"),
+        Index(None, "status", "finished_at"),
+    )
+
+
+class Notification(Base):
+    """In-app notifications written by the notification channel (usually inside a job's ctx.session)."""
+
+    __tablename__ = "cronbox_notifications"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    recipient: Mapped[str] = mapped_column(String(191))
+    kind: Mapped[str] = mapped_column(String(64))
+    title: Mapped[str] = mapped_column(String(255))
+    body: Mapped[str] = mapped_column(Text)
+    data: Mapped[str | None] = mapped_column(Text)
+    # The job's idempotency key: a re-run of the same job cannot notify twice.
+    dedupe_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    read_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "recipient", "read_at", "id"), Index(None, "created_at"))
+
+
+class SendAttempt(Base):
+    """Every attempt of a channel to send something: what the provider answered, never the content."""
+
+    __tablename__ = "cronbox_send_attempts"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(32))
+    idempotency_key: Mapped[str] = mapped_column(String(191))
+    recipient_masked: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(32))  # sent, rejected, retry, paused, unknown, found
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    provider_status: Mapped[str | None] = mapped_column(String(64))
+    provider_id: Mapped[str | None] = mapped_column(String(191))
+    detail: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "idempotency_key"), Index(None, "created_at"))
+
+
+class RateWindow(Base):
+    """Fixed-window counters shared by every worker on every host (one row per bucket and window)."""
+
+    __tablename__ = "cronbox_rate_windows"
+
+    bucket: Mapped[str] = mapped_column(String(64), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix seconds
+    used: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ChannelPause(Base):
+    """A channel that must not send until `paused_until` (out of credit, bad credentials)."""
+
+    __tablename__ = "cronbox_channel_pauses"
+
+    channel: Mapped[str] = mapped_column(String(32), primary_key=True)
+    paused_until: Mapped[datetime] = mapped_column(UtcDateTime)
+    reason: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)

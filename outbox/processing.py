@@ -59,6 +59,13 @@ class Processor:
     def _sql_extend(self, session, item, lease_until: datetime) -> bool: raise NotImplementedError
     def _describe(self, item) -> str: raise NotImplementedError
 
+    def _before_call(self, item, handler) -> Outcome | None:
+        """A gate before the handler (jobs: channel pauses, rate limits); an Outcome skips the call."""
+        return None
+
+    def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:
+        """Extra writes in the transaction that reschedules a RetryLater (jobs: record a channel pause)."""
+
     def _retry_later_at(self, item, handler, outcome: Outcome, now: datetime) -> datetime | None:
         """When a RetryLater item runs again; None means give up instead (jobs: retry_until)."""
         return now + timedelta(seconds=outcome.retry_in or 0)
@@ -99,8 +106,10 @@ class Processor:
         crash_point("after-claim")
         ctx = Context(attempt=item.attempts, trace_id=item.trace_id, idempotency_key=f"{self.kind}-{item.id}",
                       sessions=self.sessions)
-        outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
-        budget.record(outcome.seconds)
+        outcome = self._before_call(item, handler)
+        if outcome is None:
+            outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
+            budget.record(outcome.seconds)
         if outcome.ok and not ctx.session_used:
             quiet_acks.append(item)
             return True
@@ -178,7 +187,11 @@ class Processor:
         if outcome.kind == RETRY_LATER:
             next_at = self._retry_later_at(item, handler, outcome, now)
             if next_at is not None:
-                in_transaction(self.sessions, lambda s: self._sql_reschedule(s, item, next_at, None, True))
+                def reschedule(session):
+                    self._on_retry_later(session, item, handler, outcome, now)
+                    return self._sql_reschedule(session, item, next_at, None, True)
+
+                in_transaction(self.sessions, reschedule)
                 self.stats.deferred += 1
                 self._log(item, handler, "retry-later", outcome)
                 return

@@ -15,6 +15,7 @@ from . import claiming
 from .consumers import CONSUMERS, ConsumerRegistry
 from .db import is_mysql, make_engine, server_version, session_factory, supports_skip_locked
 from .errors import HandlerImportError, SettingsError
+from .jobs import JOBS, JobRegistry
 from .locks import RunLock, run_lock
 from .logs import configure_logging
 from .migrate import ensure_schema
@@ -24,12 +25,14 @@ log = logging.getLogger("cronbox")
 
 
 class Runtime:
-    def __init__(self, settings: Settings, *, role: str = "cron", consumers: ConsumerRegistry | None = None):
+    def __init__(self, settings: Settings, *, role: str = "cron", consumers: ConsumerRegistry | None = None,
+                 jobs: JobRegistry | None = None):
         self.settings = settings
         self.role = role
         self.engine: Engine = make_engine(settings, role=role)
         self.sessions = session_factory(self.engine)
         self.consumers = consumers if consumers is not None else CONSUMERS
+        self.jobs = jobs if jobs is not None else JOBS
         self._lock_engine: Engine | None = None
         self._claim_mode: str | None = None
 
@@ -53,6 +56,12 @@ class Runtime:
                 else:
                     self._claim_mode = claiming.SKIP_LOCKED
         return self._claim_mode
+
+    def default_queues(self) -> list[str]:
+        """Queues a worker drains without --queue: CRONBOX_QUEUES (priority order), then any other
+        queue of a registered job in registration order."""
+        configured = list(self.settings.queues)
+        return configured + [q for q in self.jobs.queues() if q not in configured]
 
     def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
         if self._lock_engine is None:

@@ -28,6 +28,7 @@ class Settings:
     instance: Path
     database_url: str
     handlers: tuple[str, ...]
+    queues: tuple[str, ...]
     claim_mode: str
     lease_margin: float
     cron_interval: int
@@ -85,6 +86,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         instance=instance,
         database_url=database_url,
         handlers=handlers,
+        queues=tuple(q.strip() for q in (get("CRONBOX_QUEUES") or "").split(",") if q.strip()),
         claim_mode=claim_mode,
         lease_margin=_number(get, "CRONBOX_LEASE_MARGIN", 30.0, float, minimum=0),
         cron_interval=_number(get, "CRONBOX_CRON_INTERVAL", 1, int, minimum=1),

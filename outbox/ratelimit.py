@@ -1,0 +1,59 @@
+"""Rate limits shared by every worker on every host: fixed-window counters in the database.
+
+`acquire()` runs in its own short transaction before a job starts: one row per
+(bucket, window), `UPDATE ... SET used = used + 1 WHERE used < limit`. The row
+lock serialises concurrent workers for an instant; the rowcount says whether
+this job may go. Over the limit, the job waits via RetryLater until the window
+ends, using no attempt.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from .db import insert_ignore
+from .errors import RegistrationError
+from .models import RateWindow
+
+R = RateWindow.__table__
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smh])\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600}
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    bucket: str
+    limit: int
+    per_seconds: int
+
+    @classmethod
+    def parse(cls, spec: str, *, bucket: str) -> "RateLimit":
+        """"10/s", "100/m", "5/10s", "1000/h"."""
+        match = _SPEC.match(spec or "")
+        if not match or int(match.group(1)) < 1:
+            raise RegistrationError(f"rate limit {spec!r} must look like 10/s, 100/m, 5/10s or 1000/h")
+        count, multiple, unit = match.groups()
+        return cls(bucket[:64], int(count), int(multiple or 1) * _UNIT[unit])
+
+    def acquire(self, session: Session, now: datetime) -> float | None:
+        """Take one slot; None when allowed, else the seconds until the window ends."""
+        stamp = calendar.timegm(now.timetuple()) + now.microsecond / 1e6
+        window = int(stamp // self.per_seconds) * self.per_seconds
+        insert_ignore(session, R, {"bucket": self.bucket, "window_start": window, "used": 0})
+        taken = session.execute(
+            update(R).where(R.c.bucket == self.bucket, R.c.window_start == window, R.c.used < self.limit)
+            .values(used=R.c.used + 1)
+        ).rowcount
+        if taken == 1:
+            return None
+        return max(window + self.per_seconds - stamp, 0.05)
+
+
+def prune(session: Session, before: datetime) -> int:
+    cutoff = calendar.timegm(before.timetuple())
+    return session.execute(delete(R).where(R.c.window_start < cutoff)).rowcount

@@ -1,0 +1,340 @@
+"""The job queue on every backend: dispatch, unique jobs, retries, RetryLater, failures, priority, limits."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import func, insert, select
+
+import outbox
+from outbox import clock
+from outbox.budget import Budget
+from outbox.consumers import consumer
+from outbox.errors import PayloadError
+from outbox.jobs import JobRegistry, job
+from outbox.models import Job, Notification
+from outbox.runtime import Runtime
+from outbox.worker import Worker
+from tests.helpers import invoke, relay
+
+T0 = datetime(2026, 11, 30, 12, 0, 0)
+
+
+@pytest.fixture
+def jobs():
+    return JobRegistry()
+
+
+@pytest.fixture
+def rt(settings, registry, jobs, runtime):
+    """The migrated runtime, with a fresh job registry."""
+    runtime.jobs = jobs
+    return runtime
+
+
+def work(rt, queues=None, **budget):
+    worker = Worker(rt, queues)
+    worker.run(Budget(max_time=budget.pop("max_time", 30), memory_mb=budget.pop("memory_mb", None), **budget))
+    return worker.stats
+
+
+def all_jobs(rt) -> list[Job]:
+    with rt.sessions() as session:
+        return list(session.scalars(select(Job).order_by(Job.id)))
+
+
+def test_rolled_back_dispatch_leaves_no_job_committed_runs_once(rt, jobs):
+    seen = []
+
+    @job("mail", name="mail", registry=jobs)
+    def mail(payload, ctx):
+        seen.append((payload, ctx.attempt, ctx.idempotency_key.startswith("job-")))
+
+    with rt.sessions() as session:
+        mail.dispatch(session, {"to": "a"})
+        session.rollback()
+    with rt.sessions.begin() as session:
+        job_id = mail.dispatch(session, {"to": "b"})
+    assert isinstance(job_id, int)
+    stats = work(rt)
+    work(rt)
+    assert seen == [({"to": "b"}, 1, True)]
+    assert stats.done == 1
+    [row] = all_jobs(rt)
+    assert row.status == "done" and row.available_at is None and row.claim_token is None
+
+
+def test_non_json_payload_is_refused_at_dispatch(rt, jobs):
+    @job(name="x", registry=jobs)
+    def x(payload, ctx):
+        pass
+
+    with rt.sessions() as session:
+        with pytest.raises(PayloadError, match=r"payload\['at'\] is a datetime"):
+            x.dispatch(session, {"at": datetime.now()})
+        session.commit()
+    assert all_jobs(rt) == []
+
+
+def test_unique_dispatch_is_a_no_op_that_keeps_the_callers_transaction(rt, jobs):
+    @job("sms", name="otp", unique=True, registry=jobs)
+    def otp(payload, ctx):
+        pass
+
+    with rt.sessions() as session:
+        first = otp.dispatch(session, {"user": 1})
+        assert first is not None
+        assert otp.dispatch(session, {"user": 1}) is None  # same payload: same default key
+        session.execute(select(1))  # the transaction is still usable
+        session.commit()
+    with rt.sessions() as session:
+        assert otp.dispatch(session, {"user": 1}) is None  # committed one is pending
+        assert otp.dispatch(session, {"user": 2}, unique_key="user:2") is not None
+        session.rollback()
+    assert len(all_jobs(rt)) == 1
+    work(rt)
+    with rt.sessions.begin() as session:  # the key is free once the job finished
+        assert otp.dispatch(session, {"user": 1}) is not None
+    assert [j.status for j in all_jobs(rt)] == ["done", "ready"]
+
+
+def test_unique_key_is_freed_when_the_job_fails_for_good(rt, jobs):
+    @job(name="fragile", tries=1, registry=jobs)
+    def fragile(payload, ctx):
+        raise RuntimeError("boom")
+
+    with rt.sessions.begin() as session:
+        fragile.dispatch(session, {}, unique_key="k")
+    work(rt)
+    with rt.sessions.begin() as session:
+        assert fragile.dispatch(session, {}, unique_key="k") is not None
+
+
+def test_backoff_then_failed_with_error_class_message_traceback_and_trace(rt, jobs):
+    @job(name="flaky", tries=3, backoff=5, registry=jobs)
+    def flaky(payload, ctx):
+        raise ConnectionError("gateway timeout")
+
+    with clock.frozen(T0):
+        with rt.sessions.begin() as session:
+            flaky.dispatch(session, {})
+        waits = []
+        for _ in range(3):
+            work(rt)
+            [row] = all_jobs(rt)
+            if row.status == "failed":
+                break
+            waits.append((row.available_at - clock.utcnow()).total_seconds())
+            clock.advance(waits[-1] + 0.001)
+    assert len(waits) == 2 and 4 <= waits[0] <= 6 and 8 <= waits[1] <= 12
+    assert row.status == "failed" and row.attempts == 3
+    assert row.error_class == "ConnectionError" and row.last_error == "ConnectionError: gateway timeout"
+    assert "Traceback" in row.traceback and "gateway timeout" in row.traceback
+    assert len(row.trace_id) == 16
+
+
+def test_list_backoff(rt, jobs):
+    @job(name="listed", tries=4, backoff=[1, 30, 300], registry=jobs)
+    def listed(payload, ctx):
+        raise RuntimeError("no")
+
+    with clock.frozen(T0):
+        with rt.sessions.begin() as session:
+            listed.dispatch(session, {})
+        waits = []
+        for _ in range(3):
+            work(rt)
+            [row] = all_jobs(rt)
+            waits.append(round((row.available_at - clock.utcnow()).total_seconds()))
+            clock.advance(waits[-1])
+    assert waits == [1, 30, 300]
+
+
+def test_retry_later_uses_no_attempt_and_stops_at_retry_until(rt, jobs):
+    calls = []
+
+    @job(name="throttled", tries=2, retry_until=timedelta(minutes=10), registry=jobs)
+    def throttled(payload, ctx):
+        calls.append(ctx.attempt)
+        raise outbox.RetryLater(120, "flood wait")
+
+    with clock.frozen(T0):
+        with rt.sessions.begin() as session:
+            throttled.dispatch(session, {})
+        for _ in range(10):
+            work(rt)
+            [row] = all_jobs(rt)
+            if row.status == "failed":
+                break
+            assert row.attempts == 0  # RetryLater refunded the attempt
+            clock.advance(121)
+    assert calls == [1, 1, 1, 1, 1]  # 5 x 121 s < 10 min; the 5th would wait past retry_until
+    assert row.status == "failed" and "retry_until has passed" in row.last_error
+
+
+def test_permanent_failure_fails_at_once(rt, jobs):
+    @job(name="invalid", tries=5, registry=jobs)
+    def invalid(payload, ctx):
+        raise outbox.PermanentFailure("invalid number")
+
+    with rt.sessions.begin() as session:
+        invalid.dispatch(session, {})
+    work(rt)
+    [row] = all_jobs(rt)
+    assert row.status == "failed" and row.attempts == 1 and row.error_class == "PermanentFailure"
+
+
+def test_timeout_stops_a_sleeping_job_and_counts_the_attempt(rt, jobs):
+    @job(name="sleepy", tries=2, timeout=0.3, backoff=[60], registry=jobs)
+    def sleepy(payload, ctx):
+        ctx.session.execute(insert(Notification).values(recipient="u", kind="k", title="t", body="b",
+                                                        created_at=clock.utcnow()))
+        time.sleep(5)
+
+    with rt.sessions.begin() as session:
+        sleepy.dispatch(session, {})
+    started = time.monotonic()
+    stats = work(rt)
+    assert time.monotonic() - started < 3
+    [row] = all_jobs(rt)
+    assert row.status == "ready" and row.attempts == 1 and "HandlerTimeout" in row.last_error
+    assert stats.retried == 1
+    with rt.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Notification)) == 0  # rolled back
+
+
+def test_ctx_session_writes_commit_with_the_ack(rt, jobs):
+    @job("notifications", name="notify", registry=jobs)
+    def notify(payload, ctx):
+        ctx.session.add(Notification(recipient=payload["to"], kind="welcome", title="Hi", body="...",
+                                     dedupe_key=ctx.idempotency_key, created_at=clock.utcnow()))
+
+    with rt.sessions.begin() as session:
+        notify.dispatch(session, {"to": "user-1"})
+    work(rt)
+    work(rt)
+    with rt.sessions() as session:
+        assert session.scalars(select(Notification.recipient)).all() == ["user-1"]
+
+
+def test_consumers_dispatch_jobs_atomically_with_their_ack(rt, jobs, registry):
+    attempts = []
+
+    @job("sms", name="sms", registry=jobs)
+    def sms(payload, ctx):
+        pass
+
+    @consumer("order.paid", name="dispatcher", backoff=[0], registry=registry)
+    def dispatcher(event, ctx):
+        sms.dispatch(ctx.session, {"order": event.payload["id"]})
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("fails after dispatching")  # the dispatch must roll back with it
+
+    with rt.sessions.begin() as session:
+        outbox.record(session, "order.paid", {"id": 9})
+    relay(rt)  # fails once (backoff 0), then succeeds in the same run
+    assert len(attempts) == 2
+    assert [j.payload for j in all_jobs(rt)] == ['{"order":9}']  # the failed attempt's dispatch rolled back
+
+
+def test_strict_priority_order(rt, jobs):
+    order = []
+
+    @job("sms", name="sms", registry=jobs)
+    def sms(payload, ctx):
+        order.append(("sms", payload))
+
+    @job("notifications", name="note", registry=jobs)
+    def note(payload, ctx):
+        order.append(("note", payload))
+        if payload == 0:
+            sms.dispatch(ctx.session, 99)  # arrives while notifications run: it goes next
+
+    with rt.sessions.begin() as session:
+        for n in range(3):
+            note.dispatch(session, n)
+            sms.dispatch(session, n)
+    worker = Worker(rt, ["sms", "notifications"], batch_size=1)
+    worker.run(Budget(max_time=30, memory_mb=None))
+    assert order == [("sms", 0), ("sms", 1), ("sms", 2), ("note", 0), ("sms", 99), ("note", 1), ("note", 2)]
+
+
+def test_jobs_of_unregistered_handlers_wait(rt, jobs, settings):
+    @job(name="known", registry=jobs)
+    def known(payload, ctx):
+        pass
+
+    other = JobRegistry()
+
+    @job(name="elsewhere", registry=other)
+    def elsewhere(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        known.dispatch(session, {})
+        elsewhere.dispatch(session, {})
+    work(rt, ["default"])
+    assert [j.status for j in all_jobs(rt)] == ["done", "ready"]
+
+
+def test_rate_limit_shared_via_the_database_defers_without_attempts(rt, jobs):
+    ran = []
+
+    @job("sms", name="limited", rate_limit="2/m", registry=jobs)
+    def limited(payload, ctx):
+        ran.append(payload)
+
+    with clock.frozen(T0):
+        with rt.sessions.begin() as session:
+            for n in range(5):
+                limited.dispatch(session, n)
+        stats = work(rt)
+        assert ran == [0, 1] and stats.deferred == 3
+        assert all(j.attempts == 0 for j in all_jobs(rt) if j.status == "ready")
+        clock.advance(60)
+        work(rt)
+        assert ran == [0, 1, 2, 3]
+        clock.advance(60)
+        work(rt)
+    assert ran == [0, 1, 2, 3, 4]
+
+
+def test_a_channel_pause_makes_its_jobs_wait_without_attempts(rt, jobs):
+    sent = []
+
+    @job("sms", name="send", channel="sms", registry=jobs)
+    def send(payload, ctx):
+        if payload == "credit-gone":
+            raise outbox.ChannelPaused("sms", 600, "out of credit")
+        sent.append(payload)
+
+    with clock.frozen(T0):
+        with rt.sessions.begin() as session:
+            send.dispatch(session, "credit-gone")
+            send.dispatch(session, "hello")
+        stats = work(rt)
+        assert sent == [] and stats.deferred == 2
+        assert all(j.attempts == 0 and j.status == "ready" for j in all_jobs(rt))
+        clock.advance(601)
+        with rt.sessions.begin() as session:
+            session.execute(Job.__table__.delete().where(Job.payload == '"credit-gone"'))
+        work(rt)
+    assert sent == ["hello"]
+
+
+def test_max_jobs_and_memory_limits(rt, jobs):
+    @job(name="n", registry=jobs)
+    def n(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        for i in range(5):
+            n.dispatch(session, i)
+    stats = work(rt, max_handled=2)
+    assert stats.done == 2
+    assert all(j.claim_token is None for j in all_jobs(rt))  # the rest released, not leased
+    stats = work(rt, memory_mb=8)
+    assert stats.done == 0
+    assert [j.attempts for j in all_jobs(rt)] == [1, 1, 0, 0, 0]
