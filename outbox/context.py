@@ -23,8 +23,10 @@ class Event:
 
 
 class Context:
-    def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, sessions: sessionmaker[Session]):
+    def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, sessions: sessionmaker[Session],
+                 settings=None):
         self.attempt = attempt
+        self.settings = settings  # the run's Settings (channels read their configuration here)
         self.trace_id = trace_id
         self.idempotency_key = idempotency_key
         self._sessions = sessions

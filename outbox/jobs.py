@@ -40,7 +40,7 @@ class JobHandler:
     timeout: float
     unique: bool
     retry_until: float | None  # seconds after dispatch during which RetryLater may postpone the job
-    rate_limit: RateLimit | None = None
+    rate_limit: RateLimit | Callable | None = None  # or fn(settings) -> RateLimit | None, read per run
     channel: str | None = None  # jobs wait while this channel is paused (outbox.pauses)
 
     @property
@@ -152,6 +152,8 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         raise RegistrationError(f"retry_until must be a positive number of seconds, not {retry_until!r}")
     policy = Backoff.of(backoff)
     limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
+    if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
+        raise RegistrationError("rate_limit must be like '10/s', a RateLimit, or a function of the settings")
 
     def register(fn: Callable) -> Callable:
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"

@@ -105,7 +105,7 @@ class Processor:
             return True
         crash_point("after-claim")
         ctx = Context(attempt=item.attempts, trace_id=item.trace_id, idempotency_key=f"{self.kind}-{item.id}",
-                      sessions=self.sessions)
+                      sessions=self.sessions, settings=self.runtime.settings)
         outcome = self._before_call(item, handler)
         if outcome is None:
             outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)

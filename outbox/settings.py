@@ -8,7 +8,7 @@ The environment wins over `.env` so tests and one-off runs can override a value.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -39,6 +39,13 @@ class Settings:
     trusted_proxies: int
     mysql_tls: str
     pool_recycle: int
+    # Every value from .env and the environment, for settings a module parses itself
+    # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
+    raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = (self.raw.get(name) or "").strip()
+        return value or default
 
     @property
     def is_sqlite(self) -> bool:
@@ -97,6 +104,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         trusted_proxies=_number(get, "CRONBOX_TRUSTED_PROXIES", 0, int, minimum=0),
         mysql_tls=mysql_tls,
         pool_recycle=_number(get, "CRONBOX_POOL_RECYCLE", 15, int, minimum=1),
+        raw=dict(values),
     )
 
 

@@ -86,10 +86,11 @@ class Worker(Processor):
                 wait = pauses.remaining(session, handler.channel, now)
                 if wait is not None:
                     return wait, f"channel {handler.channel} is paused"
-            if handler.rate_limit is not None:
-                wait = handler.rate_limit.acquire(session, now)
+            limit = handler.rate_limit(self.runtime.settings) if callable(handler.rate_limit) else handler.rate_limit
+            if limit is not None:
+                wait = limit.acquire(session, now)
                 if wait is not None:
-                    return wait, f"rate limit {handler.rate_limit.bucket} reached"
+                    return wait, f"rate limit {limit.bucket} reached"
             return None
 
         waiting = in_transaction(self.sessions, gate)
@@ -102,6 +103,13 @@ class Worker(Processor):
         if isinstance(outcome.raised, pauses.ChannelPaused):
             pause = outcome.raised
             pauses.pause(session, pause.channel, pause.seconds, pause.pause_reason, now)
+            from .channels.alerts import admin_alert  # here: importing channels registers their jobs
+
+            admin_alert(session, self.runtime.settings, key=f"channel-paused:{pause.channel}",
+                        subject=f"{pause.channel} channel paused",
+                        body=f"The {pause.channel} channel stopped sending for {pause.seconds:.0f}s: "
+                             f"{pause.pause_reason}. Jobs wait and resume by themselves.",
+                        skip_channel=pause.channel)
 
     def _retry_later_at(self, item, handler, outcome: Outcome, now: datetime) -> datetime | None:
         next_at = now + timedelta(seconds=outcome.retry_in or 0)

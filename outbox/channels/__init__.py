@@ -1,0 +1,15 @@
+"""Delivery channels run as jobs: SMS (Kavenegar, Twilio, log), e-mail (SMTP), in-app notifications.
+
+Dispatch from your code or a consumer, inside your transaction:
+
+    from outbox.channels import send_sms, send_email, notify
+    send_sms.dispatch(session, {"to": "+989121234567", "text": "Your code is 4711"})
+
+Importing this package registers the jobs `cronbox.sms` (queue "sms"),
+`cronbox.email` (queue "mail") and `cronbox.notify` (queue "notifications").
+Numbers, addresses and message bodies never reach the logs in clear.
+"""
+from .alerts import admin_alert
+from .jobs import notify, send_email, send_sms
+
+__all__ = ["admin_alert", "notify", "send_email", "send_sms"]

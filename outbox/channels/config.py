@@ -1,0 +1,109 @@
+"""Channel settings, read from the run's Settings (.env, then the environment).
+
+| setting | default | meaning |
+| CRONBOX_SMS_DRIVER | log | log, kavenegar or twilio |
+| CRONBOX_SMS_SENDER | - | Kavenegar line number / Twilio From number |
+| CRONBOX_KAVENEGAR_API_KEY, CRONBOX_KAVENEGAR_URL | -, https://api.kavenegar.com | |
+| CRONBOX_TWILIO_ACCOUNT_SID, CRONBOX_TWILIO_AUTH_TOKEN, CRONBOX_TWILIO_URL | -, -, https://api.twilio.com | |
+| CRONBOX_SMS_RATE, CRONBOX_MAIL_RATE | - | shared rate limits, e.g. 5/s, 100/m |
+| CRONBOX_CHANNEL_TIMEOUT | 10 | seconds for each network step |
+| CRONBOX_CHANNEL_PAUSE | 900 | seconds a channel waits after "out of credit" / "bad credentials" |
+| CRONBOX_SMTP_HOST, _PORT, _USER, _PASSWORD, _SECURITY | -, 587, -, -, starttls | security: starttls, ssl or none |
+| CRONBOX_MAIL_FROM | - | From address |
+| CRONBOX_ADMIN_PHONE, CRONBOX_ADMIN_EMAIL | - | where admin alerts go |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outbox.errors import SettingsError
+from outbox.ratelimit import RateLimit
+
+SMS_DRIVERS = ("log", "kavenegar", "twilio")
+SMTP_SECURITY = ("starttls", "ssl", "none")
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    sms_driver: str
+    sms_sender: str | None
+    kavenegar_api_key: str | None
+    kavenegar_url: str
+    twilio_sid: str | None
+    twilio_token: str | None
+    twilio_url: str
+    sms_rate: RateLimit | None
+    mail_rate: RateLimit | None
+    timeout: float
+    pause_seconds: float
+    smtp_host: str | None
+    smtp_port: int
+    smtp_user: str | None
+    smtp_password: str | None
+    smtp_security: str
+    mail_from: str | None
+    admin_phone: str | None
+    admin_email: str | None
+
+
+def channel_config(settings) -> ChannelConfig:
+    """Parsed once per Settings object (kept on it: Settings is frozen, so it cannot change under us)."""
+    cached = settings.__dict__.get("_channel_config")
+    if cached is None:
+        cached = _parse(settings)
+        object.__setattr__(settings, "_channel_config", cached)
+    return cached
+
+
+def _parse(settings) -> ChannelConfig:
+    get = settings.get
+    driver = (get("CRONBOX_SMS_DRIVER") or "log").lower()
+    if driver not in SMS_DRIVERS:
+        raise SettingsError(f"CRONBOX_SMS_DRIVER={driver!r} is not one of {', '.join(SMS_DRIVERS)}")
+    security = (get("CRONBOX_SMTP_SECURITY") or "starttls").lower()
+    if security not in SMTP_SECURITY:
+        raise SettingsError(f"CRONBOX_SMTP_SECURITY={security!r} is not one of {', '.join(SMTP_SECURITY)}")
+    return ChannelConfig(
+        sms_driver=driver,
+        sms_sender=get("CRONBOX_SMS_SENDER"),
+        kavenegar_api_key=get("CRONBOX_KAVENEGAR_API_KEY"),
+        kavenegar_url=(get("CRONBOX_KAVENEGAR_URL") or "https://api.kavenegar.com").rstrip("/"),
+        twilio_sid=get("CRONBOX_TWILIO_ACCOUNT_SID"),
+        twilio_token=get("CRONBOX_TWILIO_AUTH_TOKEN"),
+        twilio_url=(get("CRONBOX_TWILIO_URL") or "https://api.twilio.com").rstrip("/"),
+        sms_rate=_rate(get, "CRONBOX_SMS_RATE", "channel:sms"),
+        mail_rate=_rate(get, "CRONBOX_MAIL_RATE", "channel:mail"),
+        timeout=_float(get, "CRONBOX_CHANNEL_TIMEOUT", 10.0),
+        pause_seconds=_float(get, "CRONBOX_CHANNEL_PAUSE", 900.0),
+        smtp_host=get("CRONBOX_SMTP_HOST"),
+        smtp_port=int(_float(get, "CRONBOX_SMTP_PORT", 465.0 if security == "ssl" else 587.0)),
+        smtp_user=get("CRONBOX_SMTP_USER"),
+        smtp_password=get("CRONBOX_SMTP_PASSWORD"),
+        smtp_security=security,
+        mail_from=get("CRONBOX_MAIL_FROM"),
+        admin_phone=get("CRONBOX_ADMIN_PHONE"),
+        admin_email=get("CRONBOX_ADMIN_EMAIL"),
+    )
+
+
+def _rate(get, name: str, bucket: str) -> RateLimit | None:
+    spec = get(name)
+    if spec is None:
+        return None
+    try:
+        return RateLimit.parse(spec, bucket=bucket)
+    except Exception:
+        raise SettingsError(f"{name}={spec!r} must look like 5/s, 100/m or 1000/h") from None
+
+
+def _float(get, name: str, default: float) -> float:
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be positive")
+    return value

@@ -1,0 +1,303 @@
+"""SMS and e-mail channels against real local servers (HTTP fakes of Kavenegar/Twilio, aiosmtpd)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import datetime, timedelta
+
+import pytest
+from aiosmtpd.controller import Controller
+from sqlalchemy import select
+
+from outbox import clock
+from outbox.budget import Budget
+from outbox.channels import notify, send_email, send_sms
+from outbox.channels.jobs import add_notification
+from outbox.consumers import ConsumerRegistry
+from outbox.jobs import JOBS
+from outbox.models import ChannelPause, Job, Notification, SendAttempt
+from outbox.runtime import Runtime
+from outbox.settings import load_settings
+from outbox.worker import Worker
+from tests.fake_providers import API_KEY, TWILIO_SID, TWILIO_TOKEN, Providers
+
+T0 = datetime(2026, 11, 30, 12, 0, 0)
+SECRET_TEXT = "Your code is 4711-SECRET"
+
+
+@pytest.fixture
+def providers():
+    with Providers(slow_seconds=1.5) as p:
+        yield p
+
+
+def make_runtime(env, runtime, **channel_env) -> Runtime:
+    settings = load_settings(environ={**env, "CRONBOX_CHANNEL_TIMEOUT": "0.5", "CRONBOX_SMS_SENDER": "10004346",
+                                      "CRONBOX_ADMIN_EMAIL": "ops@example.com", **channel_env})
+    return Runtime(settings, consumers=ConsumerRegistry(), jobs=JOBS)
+
+
+@pytest.fixture(params=["kavenegar", "twilio"])
+def sms_rt(request, env, runtime, providers):
+    driver = request.param
+    extra = ({"CRONBOX_SMS_DRIVER": "kavenegar", "CRONBOX_KAVENEGAR_URL": providers.url,
+              "CRONBOX_KAVENEGAR_API_KEY": API_KEY} if driver == "kavenegar" else
+             {"CRONBOX_SMS_DRIVER": "twilio", "CRONBOX_TWILIO_URL": providers.url,
+              "CRONBOX_TWILIO_ACCOUNT_SID": TWILIO_SID, "CRONBOX_TWILIO_AUTH_TOKEN": TWILIO_TOKEN})
+    rt = make_runtime(env, runtime, **extra)
+    rt.driver = driver
+    yield rt
+    rt.dispose()
+
+
+def work(rt, queues=("sms",)):
+    worker = Worker(rt, list(queues))
+    worker.run(Budget(max_time=30, memory_mb=None))
+    return worker.stats
+
+
+def dispatch_sms(rt, to: str) -> int:
+    with rt.sessions.begin() as session:
+        return send_sms.dispatch(session, {"to": to, "text": SECRET_TEXT})
+
+
+def job(rt, job_id: int) -> Job:
+    with rt.sessions() as session:
+        return session.get(Job, job_id)
+
+
+def outcomes(rt) -> list[str]:
+    with rt.sessions() as session:
+        return list(session.scalars(select(SendAttempt.outcome).order_by(SendAttempt.id)))
+
+
+def test_sent_masked_in_logs_attempt_recorded(sms_rt, providers, caplog):
+    caplog.set_level("INFO", logger="cronbox")
+    job_id = dispatch_sms(sms_rt, "+989120000000")
+    assert work(sms_rt).done == 1
+    assert job(sms_rt, job_id).status == "done"
+    assert outcomes(sms_rt) == ["sent"]
+    [form] = providers.sends(sms_rt.driver)
+    assert SECRET_TEXT in form.values()
+    if sms_rt.driver == "kavenegar":
+        assert form["localid"].isdigit() and form["sender"] == "10004346"
+    text = caplog.text
+    assert "+98*******000" in text
+    assert "9120000000" not in text and SECRET_TEXT not in text and API_KEY not in text and TWILIO_TOKEN not in text
+    with sms_rt.sessions() as session:
+        attempt = session.scalars(select(SendAttempt)).one()
+    assert attempt.recipient_masked == "+98*******000" and attempt.provider_id
+
+
+def test_invalid_number_fails_at_once(sms_rt, providers):
+    job_id = dispatch_sms(sms_rt, "+989121111111")
+    work(sms_rt)
+    row = job(sms_rt, job_id)
+    assert row.status == "failed" and row.attempts == 1 and row.error_class == "PermanentFailure"
+    assert outcomes(sms_rt) == ["rejected"]
+
+
+def test_throttled_waits_without_an_attempt(sms_rt, providers):
+    with clock.frozen(T0):
+        job_id = dispatch_sms(sms_rt, "+989124444290")
+        stats = work(sms_rt)
+        row = job(sms_rt, job_id)
+    assert stats.deferred == 1 and row.status == "ready" and row.attempts == 0
+    assert (row.available_at - T0).total_seconds() == pytest.approx(30, abs=1)  # Retry-After
+    assert outcomes(sms_rt) == ["retry-later"]
+
+
+def test_server_error_retries_with_backoff(sms_rt, providers):
+    with clock.frozen(T0):
+        job_id = dispatch_sms(sms_rt, "+989125555000")
+        stats = work(sms_rt)
+        row = job(sms_rt, job_id)
+    assert stats.retried == 1 and row.status == "ready" and row.attempts == 1
+    assert "HTTP 500" in row.last_error and row.available_at > T0
+    assert outcomes(sms_rt) == ["not-sent"]
+
+
+def test_out_of_credit_pauses_the_channel_and_alerts_once(sms_rt, providers):
+    with clock.frozen(T0):
+        first = dispatch_sms(sms_rt, "+989124444180")
+        second = dispatch_sms(sms_rt, "+989120000000")
+        stats = work(sms_rt)
+        assert stats.deferred == 2 and stats.done == 0
+        assert len(providers.sends(sms_rt.driver)) == 1  # the second job waited without calling the provider
+        assert all(job(sms_rt, i).attempts == 0 and job(sms_rt, i).status == "ready" for i in (first, second))
+        with sms_rt.sessions() as session:
+            pause = session.get(ChannelPause, "sms")
+            alerts = session.scalars(select(Job).where(Job.handler == "cronbox.email")).all()
+        assert pause.paused_until == T0 + timedelta(seconds=900)
+        assert len(alerts) == 1 and alerts[0].unique_key == "cronbox.email:alert:channel-paused:sms"
+        assert "ops@example.com" in alerts[0].payload and "sms channel paused" in alerts[0].payload
+        clock.advance(901)
+        with sms_rt.sessions.begin() as session:
+            session.execute(Job.__table__.delete().where(Job.id == first))
+        assert work(sms_rt).done == 1
+    assert job(sms_rt, second).status == "done"
+
+
+def test_timeout_is_an_unknown_outcome_and_never_resent_blindly(sms_rt, providers):
+    with clock.frozen(clock.utcnow()):  # real time: Twilio's lookup compares with the server's clock
+        job_id = dispatch_sms(sms_rt, "+989129999999")
+        work(sms_rt)
+        row = job(sms_rt, job_id)
+        assert row.status == "ready" and row.attempts == 1 and "OutcomeUnknown" in row.last_error
+        clock.advance(3600)
+        work(sms_rt)
+    assert job(sms_rt, job_id).status == "done"
+    assert len(providers.sends(sms_rt.driver)) == 1  # looked up, found, not sent again
+    assert outcomes(sms_rt) == ["unknown", "found"]
+
+
+def test_twilio_lookup_failure_fails_as_outcome_unknown_and_alerts(env, runtime, providers):
+    rt = make_runtime(env, runtime, CRONBOX_SMS_DRIVER="twilio", CRONBOX_TWILIO_URL=providers.url,
+                      CRONBOX_TWILIO_ACCOUNT_SID=TWILIO_SID, CRONBOX_TWILIO_AUTH_TOKEN=TWILIO_TOKEN)
+    try:
+        with clock.frozen(clock.utcnow()):
+            job_id = dispatch_sms(rt, "+989129999999")
+            work(rt)
+            providers.lookups_fail = True
+            clock.advance(3600)
+            work(rt)
+        row = job(rt, job_id)
+        assert row.status == "failed" and "outcome unknown" in row.last_error
+        assert len(providers.sends("twilio")) == 1
+        with rt.sessions() as session:
+            alerts = session.scalars(select(Job).where(Job.handler == "cronbox.email")).all()
+        assert len(alerts) == 1 and "outcome unknown" in alerts[0].payload
+    finally:
+        rt.dispose()
+
+
+def test_wrong_credentials_pause(env, runtime, providers, caplog):
+    caplog.set_level("INFO", logger="cronbox")
+    rt = make_runtime(env, runtime, CRONBOX_SMS_DRIVER="kavenegar", CRONBOX_KAVENEGAR_URL=providers.url,
+                      CRONBOX_KAVENEGAR_API_KEY="wrong-key")
+    try:
+        job_id = dispatch_sms(rt, "+989120000000")
+        work(rt)
+        assert job(rt, job_id).attempts == 0
+        with rt.sessions() as session:
+            assert "invalid API key" in session.get(ChannelPause, "sms").reason
+        assert "channel sms paused" in caplog.text
+        assert "wrong-key" not in caplog.text + str(job(rt, job_id).last_error)
+    finally:
+        rt.dispose()
+
+
+def test_log_driver_and_shared_rate_limit(env, runtime, caplog):
+    caplog.set_level("INFO", logger="cronbox")
+    rt = make_runtime(env, runtime, CRONBOX_SMS_RATE="1/m")
+    try:
+        with clock.frozen(T0):
+            first = dispatch_sms(rt, "+989120000000")
+            second = dispatch_sms(rt, "+989120000001")
+            stats = work(rt)
+        assert stats.done == 1 and stats.deferred == 1
+        assert job(rt, first).status == "done" and job(rt, second).attempts == 0
+        assert "sms (log driver) to=+98*******000 chars=24" in caplog.text and SECRET_TEXT not in caplog.text
+    finally:
+        rt.dispose()
+
+
+def test_bad_payload_fails_the_job_permanently(env, runtime):
+    rt = make_runtime(env, runtime)
+    try:
+        with rt.sessions.begin() as session:
+            job_id = send_sms.dispatch(session, {"to": "", "text": "x"})
+        work(rt)
+        assert job(rt, job_id).status == "failed" and "'to' must be a non-empty string" in job(rt, job_id).last_error
+    finally:
+        rt.dispose()
+
+
+def test_notifications_are_written_exactly_once(env, runtime):
+    rt = make_runtime(env, runtime)
+    try:
+        with rt.sessions.begin() as session:
+            notify.dispatch(session, {"to": "patient-7", "kind": "appointment", "title": "Booked", "body": "See you"})
+        work(rt, ["notifications"])
+        with rt.sessions.begin() as session:  # a repeated run of the same job adds nothing
+            add_notification(session, recipient="patient-7", kind="appointment", title="Booked", body="See you",
+                             dedupe_key="job-1")
+        with rt.sessions() as session:
+            rows = session.scalars(select(Notification)).all()
+        assert [(n.recipient, n.title, n.dedupe_key) for n in rows] == [("patient-7", "Booked", "job-1")]
+    finally:
+        rt.dispose()
+
+
+# ---- e-mail -------------------------------------------------------------------------
+
+class Mailbox:
+    def __init__(self):
+        self.messages = []
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if address.startswith("nobody@"):
+            return "550 5.1.1 no such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append(envelope.content.decode("utf8", errors="replace"))
+        return "250 Message accepted"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def smtp_server():
+    mailbox = Mailbox()
+    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    yield controller, mailbox
+    controller.stop()
+
+
+def dispatch_mail(rt, to: str) -> int:
+    with rt.sessions.begin() as session:
+        return send_email.dispatch(session, {"to": to, "subject": "Your results", "text": "Attached soon."})
+
+
+def test_email_is_delivered_over_smtp(env, runtime, smtp_server, caplog):
+    caplog.set_level("INFO", logger="cronbox")
+    controller, mailbox = smtp_server
+    rt = make_runtime(env, runtime, CRONBOX_SMTP_HOST="127.0.0.1", CRONBOX_SMTP_PORT=str(controller.port),
+                      CRONBOX_SMTP_SECURITY="none", CRONBOX_MAIL_FROM="clinic@example.com")
+    try:
+        job_id = dispatch_mail(rt, "patient@example.org")
+        assert work(rt, ["mail"]).done == 1
+        [message] = mailbox.messages
+        assert "Subject: Your results" in message and f"Message-ID: <job-{job_id}." in message
+        assert outcomes(rt) == ["sent"]
+        assert "patient@example.org" not in caplog.text and "to=p***@example.org" in caplog.text
+    finally:
+        rt.dispose()
+
+
+def test_email_refused_recipient_fails_and_refused_connection_retries(env, runtime, smtp_server):
+    controller, mailbox = smtp_server
+    rt = make_runtime(env, runtime, CRONBOX_SMTP_HOST="127.0.0.1", CRONBOX_SMTP_PORT=str(controller.port),
+                      CRONBOX_SMTP_SECURITY="none", CRONBOX_MAIL_FROM="clinic@example.com")
+    closed = make_runtime(env, runtime, CRONBOX_SMTP_HOST="127.0.0.1", CRONBOX_SMTP_PORT=str(free_port()),
+                          CRONBOX_SMTP_SECURITY="none", CRONBOX_MAIL_FROM="clinic@example.com")
+    try:
+        refused = dispatch_mail(rt, "nobody@example.org")
+        work(rt, ["mail"])
+        assert job(rt, refused).status == "failed" and "(550)" in job(rt, refused).last_error
+        later = dispatch_mail(closed, "patient@example.org")
+        work(closed, ["mail"])
+        row = job(closed, later)
+        assert row.status == "ready" and row.attempts == 1 and "could not connect" in row.last_error
+        assert outcomes(rt) == ["rejected", "not-sent"]
+        assert mailbox.messages == []
+    finally:
+        rt.dispose()
+        closed.dispose()
