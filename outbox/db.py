@@ -46,9 +46,42 @@ def make_engine(settings: Settings, *, role: str = "cron", url: str | None = Non
 def _pool_args(role: str) -> dict:
     if role == "lock":
         return {"poolclass": NullPool}
+    # Reset on return is done by _reset_on_return below.
     if role == "cron":
-        return {"pool_size": 1, "max_overflow": 0, "pool_timeout": 30}
-    return {"pool_size": 2, "max_overflow": 2, "pool_timeout": 10}
+        return {"pool_size": 1, "max_overflow": 0, "pool_timeout": 30, "pool_reset_on_return": None}
+    return {"pool_size": 2, "max_overflow": 2, "pool_timeout": 10, "pool_reset_on_return": None}
+
+
+def _reset_on_return(dbapi_connection, record, reset_state) -> None:
+    """Roll back a returned connection only if a statement ran since its last COMMIT/ROLLBACK.
+
+    The pool's default ROLLBACK on every return costs a round trip after each
+    committed transaction (SQLAlchemy cannot tell a committed connection from a
+    dirty one); a web request recording one event would pay 4 round trips, not 3.
+    """
+    if reset_state.terminate_only or record.info.get(_CLEAN):
+        return
+    dbapi_connection.rollback()
+    record.info[_CLEAN] = True
+
+
+_CLEAN = "cronbox_clean"
+
+
+def _track_cleanliness(engine: Engine) -> None:
+    event.listen(engine, "reset", _reset_on_return)
+
+    def clean(connection, *args):
+        if not connection.invalidated:  # an invalidated connection is discarded, never reused
+            connection.info[_CLEAN] = True
+
+    def dirty(connection, *args):
+        if not connection.invalidated:
+            connection.info[_CLEAN] = False
+
+    event.listen(engine, "commit", clean)
+    event.listen(engine, "rollback", clean)
+    event.listen(engine, "before_cursor_execute", dirty)
 
 
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
@@ -70,6 +103,9 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
         **_pool_args(role),
     )
 
+    if role != "lock":
+        _track_cleanliness(engine)
+
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
         with dbapi_connection.cursor() as cursor:
@@ -82,6 +118,8 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     if url not in ("sqlite://", "sqlite:///:memory:"):
         settings.instance.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": 30}, **_pool_args(role))
+    if role != "lock":
+        _track_cleanliness(engine)
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection, _record):

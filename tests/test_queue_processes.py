@@ -68,7 +68,8 @@ def start_workers(job_env, count: int, *args) -> list[subprocess.Popen]:
 @pytest.mark.parametrize("workers", [2, 4])
 def test_concurrent_workers_drain_1000_jobs_without_overlap(runtime, job_env, tmp_path, workers):
     dispatch(runtime, test_jobs.record_run.job, 1000)
-    procs = start_workers(job_env, workers)
+    # 3 ms per job: the drain outlasts a worker's start-up, so all of them compete for jobs.
+    procs = start_workers({**job_env, "TEST_SLEEP": "0.003"}, workers)
     outputs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0] * workers, outputs
     assert all("stopped: empty" in out for out, _ in outputs), outputs
