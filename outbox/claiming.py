@@ -26,6 +26,7 @@ from sqlalchemy import Select, Table, select, update
 from sqlalchemy.orm import Session
 
 SKIP_LOCKED, TOKEN, SQLITE = "skip-locked", "token", "sqlite"
+TOKEN_RACE_RETRIES = 5
 
 
 def claim(session: Session, table: Table, candidates: Select, claimable, values: dict, *, mode: str,
@@ -60,11 +61,18 @@ def claim(session: Session, table: Table, candidates: Select, claimable, values:
             session.execute(update(table).where(id_col.in_(ids)).values(values))
         return ids
     if mode == TOKEN:
-        found = list(session.scalars(candidates))
-        if not found:
-            return []
-        session.execute(update(table).where(id_col.in_(found), claimable).values(values))
-        return list(session.scalars(
-            select(id_col).where(id_col.in_(found), table.c.claim_token == token).order_by(id_col)
-        ))
+        # Losing the race for every candidate is not "nothing due": the winner's rows are no
+        # longer claimable, so reading again gets the next ones. Without this a worker run
+        # with --stop-when-empty would exit while its peer still has a queue to share.
+        for _ in range(TOKEN_RACE_RETRIES):
+            found = list(session.scalars(candidates))
+            if not found:
+                return []
+            session.execute(update(table).where(id_col.in_(found), claimable).values(values))
+            won = list(session.scalars(
+                select(id_col).where(id_col.in_(found), table.c.claim_token == token).order_by(id_col)
+            ))
+            if won:
+                return won
+        return []
     raise ValueError(f"unknown claim mode {mode!r}")
