@@ -30,3 +30,26 @@ def latency(event, ctx):
     ctx.session.execute(insert(latencies).values(seconds=time.time() - event.payload["committed_at"]))
 
 
+
+
+# ---- jobs (bench_queue) --------------------------------------------------------------
+
+_counter = None
+
+
+@outbox.job("bench", name="bench.job.noop", timeout=30)
+def job_noop(payload, ctx):
+    """Nothing at all: the queue's own cost."""
+
+
+@outbox.job("bench", name="bench.job.bump", timeout=30)
+def job_bump(payload, ctx):
+    """The peer harness's job body: one autocommit UPDATE on its own MariaDB connection."""
+    global _counter
+    import pymysql
+
+    if _counter is None:
+        _counter = pymysql.connect(host="127.0.0.1", user="root", password="", database="test", autocommit=True,
+                                   ssl_disabled=True)
+    with _counter.cursor() as cursor:
+        cursor.execute("UPDATE bench_counter SET n = n + 1 WHERE name = 'cronbox-bench'")

@@ -45,9 +45,11 @@ def _raise_timeout(signum, frame):
 
 def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
     use_timer = timeout > 0 and threading.current_thread() is threading.main_thread()
-    previous = None
     if use_timer:
-        previous = signal.signal(signal.SIGALRM, _raise_timeout)
+        # Installed once and left in place (it only acts while our timer is armed): swapping
+        # handlers around every call cost two syscalls per job.
+        if signal.getsignal(signal.SIGALRM) is not _raise_timeout:
+            signal.signal(signal.SIGALRM, _raise_timeout)
         signal.setitimer(signal.ITIMER_REAL, timeout)
     started = time.monotonic()
     try:
@@ -65,9 +67,6 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
         return Outcome(PERMANENT, time.monotonic() - started, describe(exc), _trace(exc))
     except Exception as exc:  # the handler's own failure, whatever it is: record it, retry later
         return Outcome(ERROR, time.monotonic() - started, describe(exc), _trace(exc))
-    finally:
-        if use_timer:
-            signal.signal(signal.SIGALRM, previous)
     return Outcome(OK, time.monotonic() - started)
 
 

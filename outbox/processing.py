@@ -40,6 +40,27 @@ class RunStats:
     fanned: int = 0  # relay only: events fanned out to deliveries
 
 
+class QuietAcks:
+    """Finished items whose handlers wrote nothing: acked together in one statement, before the
+    earliest of their leases runs out."""
+
+    def __init__(self):
+        self.items: list = []
+        self.earliest_lease: datetime | None = None
+
+    def add(self, item) -> None:
+        self.items.append(item)
+        if self.earliest_lease is None or item.lease_until < self.earliest_lease:
+            self.earliest_lease = item.lease_until
+
+    def take(self) -> list:
+        items, self.items, self.earliest_lease = self.items, [], None
+        return items
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 class Processor:
     kind = "item"  # "delivery" / "job", for log lines
 
@@ -72,7 +93,7 @@ class Processor:
 
     # -- the loop ------------------------------------------------------------------
     def process(self, claimed: list, budget: Budget) -> int:
-        quiet_acks: list = []  # handlers that wrote nothing: acked together
+        quiet_acks = QuietAcks()
         handled = 0
         for index, item in enumerate(claimed):
             if index and budget.stop_reason() is not None:
@@ -89,12 +110,12 @@ class Processor:
         self._flush(quiet_acks)
         return handled
 
-    def _run_one(self, item, quiet_acks: list, budget: Budget) -> bool:
+    def _run_one(self, item, quiet_acks: QuietAcks, budget: Budget) -> bool:
         handler = self._handler(item)
         if handler is None:  # not registered here any more: give the lease back
             self._release([item])
             return False
-        if quiet_acks and self._outlasts(handler, min(q.lease_until for q in quiet_acks)):
+        if quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease):
             self._flush(quiet_acks)  # ack them while their leases still hold, or another run repeats them
         if not self._lease_covers(item, handler):
             return False
@@ -111,7 +132,7 @@ class Processor:
             outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
             budget.record(outcome.seconds)
         if outcome.ok and not ctx.session_used:
-            quiet_acks.append(item)
+            quiet_acks.add(item)
             return True
         if outcome.ok:
             outcome = self._ack_with_session(item, handler, ctx, outcome)
@@ -158,11 +179,10 @@ class Processor:
         self._log(item, handler, "done", outcome)
         return outcome
 
-    def _flush(self, quiet_acks: list, *, best_effort: bool = False) -> None:
+    def _flush(self, quiet_acks: QuietAcks, *, best_effort: bool = False) -> None:
         if not quiet_acks:
             return
-        items = list(quiet_acks)
-        quiet_acks.clear()
+        items = quiet_acks.take()
         ids = [item.id for item in items]
         crash_point("before-ack-commit")
         try:
