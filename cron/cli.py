@@ -51,10 +51,12 @@ class Group(click.Group):
 
 
 class State:
-    """ctx.obj: builds the runtime only for commands that need the database (not for --help)."""
+    """ctx.obj: builds the runtime only for commands that need the database (not for --help).
+    A runtime handed in (one-off runs inside the tick) is used as is and not closed."""
 
-    def __init__(self):
-        self._runtime: Runtime | None = None
+    def __init__(self, runtime: Runtime | None = None):
+        self._runtime = runtime
+        self._owned = runtime is None
 
     def runtime(self, *, migrate: bool = True) -> Runtime:
         if self._runtime is None:
@@ -62,7 +64,7 @@ class State:
         return self._runtime
 
     def close(self):
-        if self._runtime is not None:
+        if self._runtime is not None and self._owned:
             self._runtime.dispose()
 
 
@@ -84,12 +86,13 @@ def group(name: str, help_text: str) -> click.Group:
     return sub
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m cron`: one line for any error, meaningful exit code."""
+def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> int:
+    """Entry point of `python -m cron`: one line for any error, meaningful exit code.
+    `runtime`: run inside an existing process (one-off runs from the tick) instead of opening one."""
     from cron import commands  # noqa: F401  (registers the commands)
 
     try:
-        result = cli.main(args=argv, prog_name=PROG, standalone_mode=False)
+        result = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=State(runtime))
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:

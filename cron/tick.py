@@ -4,6 +4,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from cron import builtin  # noqa: F401  (registers the built-in tasks)
+from cron.once import OnceStage
+from cron.schedule import Scheduler
 from outbox import clock, deliveries, jobstore
 from outbox.budget import Budget
 from outbox.db import in_transaction
@@ -26,6 +29,8 @@ class TickReport:
     result: RunResult | None = None
     relay: Relay | None = None
     worker: Worker | None = None
+    scheduler: Scheduler | None = None
+    once: OnceStage | None = None
     seconds: float = 0.0
 
     @property
@@ -37,7 +42,8 @@ class TickReport:
             return "skipped: tick already running"
         r, w = self.relay.stats, self.worker.stats
         line = (f"tick: delivered {r.done}, retried {r.retried}, deferred {r.deferred}, dead {r.gave_up}; "
-                f"jobs done {w.done}, retried {w.retried}, deferred {w.deferred}, failed {w.gave_up} "
+                f"jobs done {w.done}, retried {w.retried}, deferred {w.deferred}, failed {w.gave_up}; "
+                f"tasks {self.scheduler.ran}, one-off runs {self.once.ran} "
                 f"in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
         if self.result.error:
             line += f"; error: {self.result.error}"
@@ -51,12 +57,15 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
         log.info("skipped: tick already running")
         return TickReport(skipped=True)
     started = clock.monotonic()
+    runtime.shared_lock_connection = lock.connection  # one-off commands lock on it (no third connection)
     try:
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
+        scheduler, once = Scheduler(runtime), OnceStage(runtime)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
-        # The relay first: its consumers often dispatch the jobs the worker then runs.
-        stages = [relay.run, worker.run]
+        # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
+        # the jobs the worker then runs).
+        stages = [scheduler.run, once.run, relay.run, worker.run]
 
         def counts() -> dict:
             now = clock.utcnow()
@@ -68,9 +77,10 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
 
         result = record_run(runtime.sessions, "tick",
                             lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
-        report = TickReport(skipped=False, result=result, relay=relay, worker=worker,
-                            seconds=clock.monotonic() - started)
+        report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
+                            once=once, seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:
+        runtime.shared_lock_connection = None
         lock.release()

@@ -116,7 +116,7 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
 
 def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     if url not in ("sqlite://", "sqlite:///:memory:"):
-        settings.instance.mkdir(parents=True, exist_ok=True)
+        settings.private_dir()
     engine = create_engine(url, connect_args={"timeout": 30}, **_pool_args(role))
     if role != "lock":
         _track_cleanliness(engine)

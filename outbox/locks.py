@@ -37,13 +37,22 @@ def lock_name(database: str, purpose: str) -> str:
 
 
 class MySQLLock:
-    def __init__(self, engine: Engine, purpose: str, *, hold_seconds: int):
+    """GET_LOCK on its own connection, or on a borrowed one: a command run inside the tick takes its
+    lock on the tick's lock connection (MySQL allows several named locks per connection), so a
+    one-off `migrate` costs no third connection."""
+
+    def __init__(self, engine: Engine, purpose: str, *, hold_seconds: int, borrowed: Connection | None = None):
         self.engine = engine
         self.name = lock_name(database_name(engine), purpose)
         self.hold_seconds = max(int(hold_seconds), 60)
+        self.borrowed = borrowed
         self.connection: Connection | None = None
 
     def _take(self) -> bool:
+        if self.borrowed is not None:
+            got = self.borrowed.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
+            self.connection = self.borrowed if got == 1 else None
+            return got == 1
         connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
             # Survive long handlers and lingering: the server must not close this
@@ -76,6 +85,8 @@ class MySQLLock:
         return owned == 1
 
     def retake(self) -> bool:
+        if self.borrowed is not None:
+            return False  # the owner of the connection re-takes its own lock; ours died with it
         self._discard()
         try:
             return self._take()
@@ -93,6 +104,9 @@ class MySQLLock:
         self._discard()
 
     def _discard(self) -> None:
+        if self.connection is not None and self.connection is self.borrowed:
+            self.connection = None
+            return
         if self.connection is not None:
             try:
                 self.connection.invalidate()
@@ -104,7 +118,7 @@ class MySQLLock:
 
 class FileLock:
     def __init__(self, settings: Settings, purpose: str):
-        settings.locks_dir.mkdir(parents=True, exist_ok=True)
+        settings.private_dir("locks")
         self.name = purpose
         self.path = settings.locks_dir / f"{purpose}.lock"
         self._lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
@@ -157,8 +171,14 @@ class RunLock:
     def release(self) -> None:
         self.backend.release()
 
+    @property
+    def connection(self) -> Connection | None:
+        """The MySQL connection holding the lock (None on SQLite)."""
+        return getattr(self.backend, "connection", None)
 
-def run_lock(settings: Settings, lock_engine: Engine, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
+
+def run_lock(settings: Settings, lock_engine: Engine, purpose: str, *, hold_seconds: int = 3600,
+             borrowed: Connection | None = None) -> RunLock:
     if is_mysql(lock_engine):
-        return RunLock(MySQLLock(lock_engine, purpose, hold_seconds=hold_seconds))
+        return RunLock(MySQLLock(lock_engine, purpose, hold_seconds=hold_seconds, borrowed=borrowed))
     return RunLock(FileLock(settings, purpose))

@@ -29,7 +29,7 @@ class DailyFileHandler(logging.Handler):
         if day != self._day:
             if self._stream is not None:
                 self._stream.close()
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             path = self.folder / f"{self.prefix}-{day}.log"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)

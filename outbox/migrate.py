@@ -17,7 +17,7 @@ from .settings import Settings
 
 log = logging.getLogger("cronbox")
 
-SCHEMA_HEAD = "0002_queue"
+SCHEMA_HEAD = "0003_ops"
 VERSION_TABLE = "cronbox_alembic_version"
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from .db import insert_ignore
@@ -54,6 +54,22 @@ class RateLimit:
         return max(window + self.per_seconds - stamp, 0.05)
 
 
+def at_most_every(session: Session, bucket: str, seconds: float, now: datetime) -> float | None:
+    """A sliding "not more often than every `seconds`" gate: None when allowed (and recorded), else
+    the seconds to wait. One row (window_start 0) holds the last start in milliseconds; the
+    guarded UPDATE lets exactly one of two simultaneous callers through."""
+    stamp = int((calendar.timegm(now.timetuple()) + now.microsecond / 1e6) * 1000)
+    gap = int(seconds * 1000)
+    insert_ignore(session, R, {"bucket": bucket[:64], "window_start": 0, "used": 0})
+    taken = session.execute(update(R).where(R.c.bucket == bucket[:64], R.c.window_start == 0,
+                                            R.c.used <= stamp - gap).values(used=stamp)).rowcount
+    if taken == 1:
+        return None
+    last = session.scalar(select(R.c.used).where(R.c.bucket == bucket[:64], R.c.window_start == 0)) or 0
+    return max((last + gap - stamp) / 1000, 0.05)
+
+
 def prune(session: Session, before: datetime) -> int:
+    """Old fixed windows (the sliding gates' rows, window_start 0, stay)."""
     cutoff = calendar.timegm(before.timetuple())
-    return session.execute(delete(R).where(R.c.window_start < cutoff)).rowcount
+    return session.execute(delete(R).where(R.c.window_start < cutoff, R.c.window_start > 0)).rowcount

@@ -29,12 +29,15 @@ class Runtime:
                  jobs: JobRegistry | None = None):
         self.settings = settings
         self.role = role
+        settings.private_dir()  # logs, locks, keys and the run-once inbox live here, 0700
         self.engine: Engine = make_engine(settings, role=role)
         self.sessions = session_factory(self.engine)
         self.consumers = consumers if consumers is not None else CONSUMERS
         self.jobs = jobs if jobs is not None else JOBS
         self._lock_engine: Engine | None = None
         self._claim_mode: str | None = None
+        # Set by the tick while it holds its lock: locks of commands run inside it share that connection.
+        self.shared_lock_connection = None
 
     @property
     def is_mysql(self) -> bool:
@@ -66,7 +69,8 @@ class Runtime:
     def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
         if self._lock_engine is None:
             self._lock_engine = make_engine(self.settings, role="lock") if self.is_mysql else self.engine
-        return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds)
+        return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds,
+                        borrowed=self.shared_lock_connection)
 
     def ensure_schema(self) -> None:
         ensure_schema(self.settings, self.engine, lambda purpose: self.lock(purpose))
@@ -94,7 +98,7 @@ def load_handlers(settings: Settings) -> list[str]:
 
 def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrate: bool = True) -> Runtime:
     settings = settings or load_settings()
-    configure_logging(settings.logs_dir)
+    configure_logging(settings.private_dir("logs"))
     load_handlers(settings)
     runtime = Runtime(settings, role=role)
     if migrate:

@@ -59,6 +59,16 @@ class Settings:
     def locks_dir(self) -> Path:
         return self.instance / "locks"
 
+    def private_dir(self, *parts: str) -> Path:
+        """A folder under the instance folder, created 0700 (the instance holds the database, keys and
+        logs: nobody else on a shared host may read it)."""
+        path = self.instance.joinpath(*parts)
+        for folder in [self.instance, *[self.instance.joinpath(*parts[:i + 1]) for i in range(len(parts))]]:
+            if not folder.is_dir():
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                folder.chmod(0o700)  # mkdir's mode is filtered by the umask
+        return path
+
 
 def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     root = Path(app_root or APP_ROOT).resolve()

@@ -30,7 +30,7 @@ class Worker(Processor):
                  before_batch: Callable[[], None] | None = None):
         super().__init__(runtime)
         self.registry: JobRegistry = runtime.jobs
-        self.queues = queues or runtime.default_queues()
+        self.fixed_queues = queues  # None: the runtime's default order, re-read each run
         self.batch_size = batch_size
         self.before_batch = before_batch
 
@@ -43,6 +43,10 @@ class Worker(Processor):
                 return self._run(budget)
             finally:
                 self.sessions = self.runtime.sessions
+
+    @property
+    def queues(self) -> list[str]:
+        return self.fixed_queues or self.runtime.default_queues()
 
     def _run(self, budget: Budget) -> int:
         handled = 0

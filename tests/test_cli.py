@@ -88,9 +88,9 @@ def test_status_and_dead_on_an_empty_outbox(env, runtime):
 
 def test_migrate_twice_and_the_flask_mount(env, database):
     proc = run_cli(env, "migrate")
-    assert proc.returncode == 0 and "-> 0002_queue" in proc.stdout
+    assert proc.returncode == 0 and "-> 0003_ops" in proc.stdout
     proc = run_cli(env, "migrate")
-    assert proc.returncode == 0 and "already at 0002_queue" in proc.stdout
+    assert proc.returncode == 0 and "already at 0003_ops" in proc.stdout
     import subprocess
     import sys
     from tests.conftest import child_env

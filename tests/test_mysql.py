@@ -205,3 +205,21 @@ def test_lock_conflicts_are_retried_a_bounded_number_of_times(runtime):
     with pytest.raises(OperationalError):
         in_transaction(runtime.sessions, always_deadlocks, retries=3)
     assert len(attempts) == 4
+
+
+def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, tick_env, limited_user):
+    """The command's lock is taken on the tick's lock connection: with max_user_connections=2 a
+    third connection would be refused (1226) and the request would fail."""
+    from cron import once
+
+    user, url = limited_user
+    with runtime.sessions.begin() as session:
+        once.add(session, ["migrate"], source="cli")
+    proc = subprocess.run([sys.executable, "-m", "cron", "tick", "--no-linger"],
+                          env=child_env({**tick_env, "DATABASE_URL": url}), cwd="/", capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "one-off runs 1" in proc.stdout
+    with runtime.sessions() as session:
+        [row] = once.listing(session, 5)
+    assert row.status == "done" and row.exit_code == 0

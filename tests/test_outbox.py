@@ -277,9 +277,9 @@ def test_event_for_a_type_without_consumers_is_fanned_out_and_prunable(runtime, 
 
 
 def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, env, monkeypatch):
-    from cron.commands import outbox_cmds
+    from cron import retention
 
-    monkeypatch.setattr(outbox_cmds, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(retention, "BATCH", 3)
     consumer("x", name="ok", registry=registry)(lambda event, ctx: None)
 
     @consumer("y", name="bad", max_attempts=1, registry=registry)

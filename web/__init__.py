@@ -17,3 +17,7 @@ def runtime() -> Runtime:
 
 def register_blueprints(app: Flask) -> None:
     """Each web feature registers its blueprint here."""
+    from web import health, webcron
+
+    app.register_blueprint(health.bp)
+    app.register_blueprint(webcron.bp)

@@ -1,13 +1,12 @@
 """`outbox ...`: publish, status, dead, retry, skip, prune."""
 from __future__ import annotations
 
-from datetime import timedelta
-
 import click
 
 from cron.cli import group, runtime
 from cron.format import DURATION, age, table
-from outbox import clock, deliveries, heartbeat
+from cron.retention import prune_outbox
+from outbox import clock, deliveries
 from outbox.budget import Budget
 from outbox.db import in_transaction
 from outbox.errors import UnknownIds
@@ -15,7 +14,6 @@ from outbox.relay import Relay
 from outbox.runner import record_run, run_loop
 
 outbox = group("outbox", "The transactional outbox: relay, inspect and repair deliveries.")
-PRUNE_BATCH = 500
 
 
 @outbox.command()
@@ -118,13 +116,3 @@ def prune(older_than):
     rt = runtime()
     events, beats = prune_outbox(rt, older_than)
     click.echo(f"prune: {events} events and {beats} heartbeats deleted")
-
-
-def prune_outbox(rt, older_than: float) -> tuple[int, int]:
-    cutoff = clock.utcnow() - timedelta(seconds=older_than)
-    events = beats = 0
-    while batch := in_transaction(rt.sessions, lambda s: deliveries.prune(s, cutoff, PRUNE_BATCH)):
-        events += batch
-    while batch := in_transaction(rt.sessions, lambda s: heartbeat.prune(s, cutoff, PRUNE_BATCH)):
-        beats += batch
-    return events, beats

@@ -1,26 +1,20 @@
 """`queue ...`: work, status, failed, retry, forget, flush, prune."""
 from __future__ import annotations
 
-from datetime import timedelta
-
 import click
-from sqlalchemy import delete
 
 from cron.cli import group, runtime
 from cron.format import DURATION, age, table
-from outbox import clock, jobstore, ratelimit
+from cron.retention import flush_failed, prune_queue
+from outbox import clock, jobstore
 from outbox.budget import Budget
 from outbox.db import in_transaction
 from outbox.errors import UnknownIds
 from outbox.jobs import QUEUE_NAME
-from outbox.models import FAILED, JOB_DONE, Notification, SendAttempt
 from outbox.runner import record_run, run_loop
 from outbox.worker import Worker
 
 queue = group("queue", "The job queue: run workers, inspect and repair jobs.")
-BATCH = 500
-SEND_ATTEMPTS_KEPT = timedelta(days=30)
-READ_NOTIFICATIONS_KEPT = timedelta(days=90)
 
 
 def _queue_list(text: str | None) -> list[str] | None:
@@ -128,11 +122,7 @@ def forget(ids):
 @click.option("--older-than", type=DURATION, default=None, help="Only failed jobs older than this (e.g. 10d).")
 def flush(older_than):
     """Delete failed jobs (all, or those that failed before --older-than)."""
-    rt = runtime()
-    before = clock.utcnow() - timedelta(seconds=older_than) if older_than is not None else None
-    total = 0
-    while batch := in_transaction(rt.sessions, lambda s: jobstore.delete_finished(s, FAILED, before, BATCH)):
-        total += batch
+    total = flush_failed(runtime(), older_than)
     click.echo(f"flush: {total} failed jobs deleted")
 
 
@@ -141,21 +131,6 @@ def flush(older_than):
               help="Delete finished (done) jobs older than this.")
 def prune(older_than):
     """Delete done jobs older than --older-than, send attempts after 30 days, read notifications after
-    90 days and old rate-limit windows, in bounded batches."""
+    90 days and old rate-limit windows, in bounded batches (cron/retention.py lists every rule)."""
     counts = prune_queue(runtime(), older_than)
     click.echo("prune: " + ", ".join(f"{n} {what}" for what, n in counts.items()) + " deleted")
-
-
-def prune_queue(rt, older_than: float) -> dict[str, int]:
-    now = clock.utcnow()
-    before = now - timedelta(seconds=older_than)
-    counts = {"done jobs": 0}
-    while batch := in_transaction(rt.sessions, lambda s: jobstore.delete_finished(s, JOB_DONE, before, BATCH)):
-        counts["done jobs"] += batch
-    A, N = SendAttempt.__table__, Notification.__table__
-    counts["send attempts"] = in_transaction(rt.sessions, lambda s: s.execute(
-        delete(A).where(A.c.created_at < now - SEND_ATTEMPTS_KEPT)).rowcount)
-    counts["read notifications"] = in_transaction(rt.sessions, lambda s: s.execute(
-        delete(N).where(N.c.read_at < now - READ_NOTIFICATIONS_KEPT)).rowcount)
-    counts["rate windows"] = in_transaction(rt.sessions, lambda s: ratelimit.prune(s, now - timedelta(days=1)))
-    return counts

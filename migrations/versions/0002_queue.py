@@ -84,7 +84,7 @@ def upgrade() -> None:
         "cronbox_rate_windows",
         sa.Column("bucket", sa.String(64), nullable=False),
         sa.Column("window_start", sa.BigInteger(), nullable=False),
-        sa.Column("used", sa.Integer(), nullable=False),
+        sa.Column("used", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("bucket", "window_start", name=op.f("pk_cronbox_rate_windows")),
     )
     op.create_table(

@@ -1,0 +1,78 @@
+"""Every table cronbox writes has a retention rule; they are all here.
+
+| what | kept | pruned by |
+|---|---|---|
+| delivered events and their deliveries | 7 days (`outbox prune --older-than`) | daily task, `outbox prune` |
+| dead / pending deliveries | until retried or skipped | never automatically |
+| run heartbeats | 7 days | with the outbox |
+| done jobs | 48 hours (`queue prune --older-than`) | daily task, `queue prune` |
+| failed jobs | until retried, forgotten or flushed | `queue flush` |
+| send attempts | 30 days | with the queue |
+| read in-app notifications | 90 days | with the queue |
+| rate-limit windows | 1 day | with the queue |
+| scheduler slot runs | 30 days | daily task |
+| one-off run requests | 30 days | daily task |
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import delete
+
+from outbox import clock, deliveries, heartbeat, jobstore, ratelimit
+from outbox.db import in_transaction
+from outbox.models import FAILED, JOB_DONE, Notification, SendAttempt
+
+BATCH = 500
+OUTBOX_KEPT = timedelta(days=7)
+DONE_JOBS_KEPT = timedelta(hours=48)
+SEND_ATTEMPTS_KEPT = timedelta(days=30)
+READ_NOTIFICATIONS_KEPT = timedelta(days=90)
+RATE_WINDOWS_KEPT = timedelta(days=1)
+OPS_KEPT = timedelta(days=30)
+
+
+def _batches(rt, work) -> int:
+    total = 0
+    while batch := in_transaction(rt.sessions, work):
+        total += batch
+    return total
+
+
+def prune_outbox(rt, older_than: float) -> tuple[int, int]:
+    cutoff = clock.utcnow() - timedelta(seconds=older_than)
+    return (_batches(rt, lambda s: deliveries.prune(s, cutoff, BATCH)),
+            _batches(rt, lambda s: heartbeat.prune(s, cutoff, BATCH)))
+
+
+def prune_queue(rt, older_than: float) -> dict[str, int]:
+    now = clock.utcnow()
+    before = now - timedelta(seconds=older_than)
+    A, N = SendAttempt.__table__, Notification.__table__
+    return {
+        "done jobs": _batches(rt, lambda s: jobstore.delete_finished(s, JOB_DONE, before, BATCH)),
+        "send attempts": in_transaction(rt.sessions, lambda s: s.execute(
+            delete(A).where(A.c.created_at < now - SEND_ATTEMPTS_KEPT)).rowcount),
+        "read notifications": in_transaction(rt.sessions, lambda s: s.execute(
+            delete(N).where(N.c.read_at < now - READ_NOTIFICATIONS_KEPT)).rowcount),
+        "rate windows": in_transaction(rt.sessions, lambda s: ratelimit.prune(s, now - RATE_WINDOWS_KEPT)),
+    }
+
+
+def flush_failed(rt, older_than: float | None) -> int:
+    before = clock.utcnow() - timedelta(seconds=older_than) if older_than is not None else None
+    return _batches(rt, lambda s: jobstore.delete_finished(s, FAILED, before, BATCH))
+
+
+def prune_ops(rt) -> dict[str, int]:
+    from cron import once, schedule  # here: both import the command line, which imports this module
+
+    before = clock.utcnow() - OPS_KEPT
+    return {"schedule runs": _batches(rt, lambda s: schedule.prune(s, before, BATCH)),
+            "one-off requests": _batches(rt, lambda s: once.prune(s, before, BATCH))}
+
+
+def prune_all(rt) -> dict[str, int]:
+    events, beats = prune_outbox(rt, OUTBOX_KEPT.total_seconds())
+    return {"events": events, "heartbeats": beats, **prune_queue(rt, DONE_JOBS_KEPT.total_seconds()),
+            **prune_ops(rt)}

@@ -1,0 +1,18 @@
+"""Run one slot of tests.race at a barrier: `python -m tests.barrier_schedule READY_DIR GO_FILE SLOT_ISO`."""
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from cron.schedule import TASKS, run_task
+from outbox.runtime import open_runtime
+import tests.handlers.tasks  # noqa: F401
+
+ready_dir, go_file, slot = Path(sys.argv[1]), Path(sys.argv[2]), datetime.fromisoformat(sys.argv[3])
+runtime = open_runtime()
+runtime.engine.connect().close()  # connect before the barrier
+(ready_dir / str(os.getpid())).write_text("ready")
+while not go_file.exists():
+    time.sleep(0.001)
+print(run_task(runtime, TASKS.get("tests.race"), slot))

@@ -1,0 +1,62 @@
+"""POST /cron/tick: the tick over HTTP, for hosts whose cron is coarse or missing.
+
+Call it from an external cron or uptime service with
+`Authorization: Bearer <CRONBOX_CRON_TOKEN>` (never in the URL). It runs a short
+tick inside the request (CRONBOX_WEB_TICK_MAX_TIME, 20 s; no lingering: a web
+worker is too precious to sleep in), refuses to start more often than every
+CRONBOX_WEB_TICK_INTERVAL seconds (30; shared through the database, so every web
+process agrees), never overlaps a running tick (same lock as the cron line), and
+answers with a JSON summary. With no token configured the endpoint does not exist.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, abort, jsonify
+
+from cron.tick import run_tick
+from outbox import clock
+from outbox.db import in_transaction
+from outbox.ratelimit import at_most_every
+from web import runtime
+from web.auth import bearer_matches
+
+bp = Blueprint("webcron", __name__)
+
+
+def _seconds(settings, name: str, default: float) -> float:
+    try:
+        return max(float(settings.get(name) or default), 1.0)
+    except ValueError:
+        return default
+
+
+@bp.post("/cron/tick")
+def tick():
+    rt = runtime()
+    if not rt.settings.cron_token:
+        abort(404)
+    if not bearer_matches(rt.settings.cron_token):
+        return _json({"error": "forbidden"}, 403)
+    interval = _seconds(rt.settings, "CRONBOX_WEB_TICK_INTERVAL", 30)
+    wait = in_transaction(rt.sessions, lambda s: at_most_every(s, "web-tick", interval, clock.utcnow()))
+    if wait is not None:
+        response = _json({"error": "too soon", "retry_after": round(wait, 1)}, 429)
+        response.headers["Retry-After"] = str(int(wait) + 1)
+        return response
+    report = run_tick(rt, max_time=_seconds(rt.settings, "CRONBOX_WEB_TICK_MAX_TIME", 20), linger=False,
+                      memory_mb=_seconds(rt.settings, "CRONBOX_WEB_TICK_MEMORY", 256))
+    if report.skipped:
+        return _json({"skipped": True, "reason": "tick already running"}, 200)
+    r, w = report.relay.stats, report.worker.stats
+    return _json({
+        "skipped": False, "stopped": report.result.stop_reason, "seconds": round(report.seconds, 3),
+        "delivered": r.done, "retried": r.retried, "dead": r.gave_up,
+        "jobs_done": w.done, "jobs_retried": w.retried, "jobs_failed": w.gave_up,
+        "tasks": report.scheduler.ran, "one_off_runs": report.once.ran, "error": report.result.error,
+    }, 200 if report.exit_code == 0 else 500)
+
+
+def _json(body: dict, status: int):
+    response = jsonify(body)
+    response.status_code = status
+    response.headers["Cache-Control"] = "no-store"
+    return response
