@@ -17,7 +17,7 @@ from .settings import Settings
 
 log = logging.getLogger("cronbox")
 
-SCHEMA_HEAD = "0001_outbox"
+SCHEMA_HEAD = "0002_storage"
 VERSION_TABLE = "cronbox_alembic_version"
 
 
