@@ -187,14 +187,18 @@ class Storage:
             writer.fill_from(stream)
             return writer.finish()
 
-    def add(self, session: Session, sealed: Sealed, *, owner: str, client: audit.Client = audit.CLI) -> str:
-        """Record a sealed file in the caller's session (not committed here); returns its id."""
+    def add(self, session: Session, sealed: Sealed, *, owner: str, client: audit.Client = audit.CLI,
+            actor: str | None = None) -> str:
+        """Record a sealed file in the caller's session (not committed here); returns its id.
+
+        `actor` names who uploaded it (an operator, "upload-token") for the audit entry.
+        """
         _text(owner, "the owner", 191)
         session.add(SealedFile(id=sealed.file_id, owner=owner, algorithm=sealed.algorithm, key_id=sealed.key_id,
                                wrapped_key=sealed.wrapped_key, meta=sealed.meta, size=sealed.size,
                                sealed_size=sealed.sealed_size, created_at=clock.utcnow()))
         audit.record(session, "put", "ok", file_id=sealed.file_id, subject=owner, bytes_sent=sealed.size,
-                     client=client, detail=sealed.algorithm)
+                     client=client, detail=sealed.algorithm + (f" by {actor}" if actor else ""))
         log.info("storage: sealed file %s (%d bytes, %s, key %s)", sealed.file_id, sealed.size, sealed.algorithm,
                  sealed.key_id)
         return sealed.file_id

@@ -17,3 +17,6 @@ def runtime() -> Runtime:
 
 def register_blueprints(app: Flask) -> None:
     """Each web feature registers its blueprint here."""
+    from . import files  # here, not at the top: web.files imports web.runtime
+
+    files.register(app)
