@@ -19,8 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.settings import Settings, load_settings
 
+from outbox.db import make_engine, session_factory
+
 from .errors import GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge, UnknownKey
+from .models import SealedFile
 from .service import OpenedFile, Sealed, Storage
+from .vault import valid_id
 
 _default: Storage | None = None
 
@@ -30,8 +34,6 @@ def configure(settings: Settings | None = None, sessions: sessionmaker[Session] 
     global _default
     settings = settings or load_settings()
     if sessions is None:
-        from outbox.db import make_engine, session_factory
-
         sessions = session_factory(make_engine(settings, role="cron"))
     _default = Storage(settings, sessions)
     return _default
@@ -62,9 +64,6 @@ def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None)
 
 def open_file(session: Session, file_id: str) -> OpenedFile:
     """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
-    from .models import SealedFile
-    from .vault import valid_id
-
     row = session.get(SealedFile, file_id) if valid_id(file_id) else None
     if row is None:
         raise NotFound(f"no file {file_id}")

@@ -53,21 +53,25 @@ def refusal(grant: Grant | None, now: datetime) -> str | None:
 
 @dataclass(frozen=True)
 class Decision:
-    """The read-only check before a download: which file, and whether this jti is a repeat."""
-
     grant: Grant
     file: SealedFile
-    repeat: bool  # the same jti was seen within the window: no new use will be counted
 
 
 def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Decision:
+    """The read-only check before a download; GrantInvalid with the reason when it cannot go ahead.
+
+    A used-up grant still serves a repeat of the token that took its last use (within the window):
+    the second half of an interrupted download is not a new use.
+    """
     grant = session.get(Grant, grant_id)
     reason = refusal(grant, now)
-    use = session.get(GrantUse, (grant_id, jti_hash)) if grant is not None else None
-    repeat = use is not None and use.last_at >= now - timedelta(seconds=SAME_USE_WINDOW)
-    if reason is not None and not (reason == "exhausted" and repeat):
+    if reason == "exhausted":
+        use = session.get(GrantUse, (grant_id, jti_hash))
+        if use is not None and use.last_at >= now - timedelta(seconds=SAME_USE_WINDOW):
+            reason = None
+    if reason is not None:
         raise GrantInvalid(reason)
-    return Decision(grant, session.get(SealedFile, grant.file_id), repeat)
+    return Decision(grant, session.get(SealedFile, grant.file_id))
 
 
 def _insert_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:

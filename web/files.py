@@ -81,8 +81,18 @@ def _client() -> audit.Client:
 
 
 def _audit(sessions, action: str, outcome: str, **fields) -> None:
-    """An audit entry in its own short transaction (refusals and body ends have no other)."""
+    """An audit entry in its own short transaction (refusals and body ends have no other), and a log line."""
     in_transaction(sessions, lambda s: audit.record(s, action, outcome, **fields))
+    _log(action, outcome, fields)
+
+
+def _log(action: str, outcome: str, fields: dict) -> None:
+    """One operator log line: opaque ids and a prefix of the jti's hash, never the token or a name."""
+    jti, byte_range = fields.get("jti"), fields.get("byte_range")
+    log.info("files: %s %s status=%s file=%s grant=%s jti#%s range=%s bytes=%s", action, outcome,
+             fields.get("status"), fields.get("file_id") or "-", fields.get("grant_id") or "-",
+             audit.jti_hash(jti)[:12] if jti else "-", f"{byte_range[0]}-{byte_range[1]}" if byte_range else "-",
+             fields.get("bytes_sent", "-"))
 
 
 def _within_files(path: str) -> bool:
@@ -191,12 +201,14 @@ def download(token: str):
         if method == "GET":
             now = clock.utcnow()
 
-            def count(session):
-                new_use = grants.count_use(session, claims.grant_id, jti_hash, now)
-                audit.record(session, "redeem", "granted" if new_use else "same-use", status=answer.status,
-                             byte_range=byte_range, detail=method, **fields)
+            def count(session) -> str:
+                outcome = "granted" if grants.count_use(session, claims.grant_id, jti_hash, now) else "same-use"
+                audit.record(session, "redeem", outcome, status=answer.status, byte_range=byte_range, detail=method,
+                             **fields)
+                return outcome
 
-            in_transaction(sessions, count)
+            _log("redeem", in_transaction(sessions, count), {"status": answer.status, "byte_range": byte_range,
+                                                               **fields})
         else:
             _audit(sessions, "redeem", "head", status=answer.status, byte_range=byte_range, detail=method, **fields)
     except GrantInvalid as refused:
