@@ -30,11 +30,15 @@ def machine() -> str:
 
 
 def write_section(key: str, title: str, command: str, body: str) -> None:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    replace_section(key, f"## {title}\n\n`{command}` — {stamp}, {machine()}\n\n{body.strip()}\n")
+
+
+def replace_section(key: str, markdown: str) -> None:
+    """Put `markdown` (starting with its "## " heading) between this section's markers."""
     DOC.parent.mkdir(exist_ok=True)
     text = DOC.read_text() if DOC.exists() else HEADER
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    section = (f"<!-- bench:{key} -->\n## {title}\n\n`{command}` — {stamp}, {machine()}\n\n{body.strip()}\n"
-               f"<!-- /bench:{key} -->")
+    section = f"<!-- bench:{key} -->\n{markdown.strip()}\n<!-- /bench:{key} -->"
     pattern = re.compile(rf"<!-- bench:{re.escape(key)} -->.*?<!-- /bench:{re.escape(key)} -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
     DOC.write_text(text)

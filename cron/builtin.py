@@ -1,10 +1,10 @@
-"""Tasks every installation runs from the tick: retention (daily) and the health check (every 5 minutes).
-
-(`storage sweep` joins them once sealed storage is installed.)
-"""
+"""Tasks every installation runs from the tick: retention (daily), the health check (every 5 minutes)
+and the sealed-storage sweep (hourly: orphaned files of uploads that never committed, ended grants,
+audit rows past their retention)."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import outbox.channels  # noqa: F401  (the alert jobs must be registered in every tick)
 from cron import schedule
@@ -12,12 +12,24 @@ from cron.health import alert_on, run_checks
 from cron.retention import prune_all
 
 log = logging.getLogger("cronbox")
+SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commit its file's row
 
 
 @schedule.cron("17 3 * * *", name="cronbox.prune")
 def prune(ctx):
     counts = prune_all(ctx.runtime)
     log.info("prune: %s", ", ".join(f"{n} {what}" for what, n in counts.items()))
+
+
+@schedule.every(hours=1, name="cronbox.storage_sweep")
+def storage_sweep(ctx):
+    import storage
+    from storage import maintenance
+
+    result = maintenance.sweep(storage.configure(ctx.runtime.settings, ctx.runtime.sessions),
+                               grace=SWEEP_GRACE.total_seconds())
+    log.info("storage sweep: %d orphaned and %d temporary files removed, %d grants and %d audit rows deleted",
+             result.orphans, result.temporary, result.grants, result.audit)
 
 
 @schedule.every(minutes=5, name="cronbox.health")

@@ -128,7 +128,7 @@ def _instance_check(folder) -> Check:
 
 def _key_checks(settings) -> list[Check]:
     """Master key files (sealed storage): present, readable, and readable by nobody else."""
-    folder = settings.instance / "keys"
+    folder = settings.key_folder
     if not folder.is_dir():
         return []
     checks = []

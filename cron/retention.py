@@ -12,6 +12,9 @@
 | rate-limit windows | 1 day | with the queue |
 | scheduler slot runs | 30 days | daily task |
 | one-off run requests | 30 days | daily task |
+| sealed files whose row never committed | 24 hours | hourly `storage sweep` task |
+| grants ended over 30 days ago, with their use rows | 30 days | hourly `storage sweep` task |
+| file access audit | 6 years (`CRONBOX_AUDIT_RETENTION`) | hourly `storage sweep` task |
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ ours: the host app shares the database and may have its own Alembic history.
 from alembic import context
 
 import outbox.models  # noqa: F401  (registers the outbox tables)
+import storage.models  # noqa: F401  (registers the sealed-storage tables)
 from outbox.models import Base
 
 config = context.config

@@ -14,12 +14,14 @@ from typing import Mapping
 
 from dotenv import dotenv_values
 
+from .durations import parse_duration
 from .errors import SettingsError
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 
 CLAIM_MODES = ("auto", "skip-locked", "token")
 TLS_MODES = ("off", "on")
+SEAL_ALGORITHMS = ("auto", "aes-256-gcm", "xchacha20-poly1305")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,13 @@ class Settings:
     trusted_proxies: int
     mysql_tls: str
     pool_recycle: int
+    # Sealed storage (storage/). Defaults keep older constructors of Settings working.
+    keys_dir: Path | None = None  # None: <instance>/keys
+    web_roots: tuple[Path, ...] = ()  # folders a web server serves: keys and sealed files must not be inside
+    upload_max: int = 256 * 1024 * 1024
+    url_max_ttl: int = 3600
+    seal_algorithm: str = "auto"
+    audit_retention_days: int = 2192
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -69,6 +78,15 @@ class Settings:
                 folder.chmod(0o700)  # mkdir's mode is filtered by the umask
         return path
 
+    @property
+    def sealed_dir(self) -> Path:
+        """Where sealed files live: <instance>/private/ (outside the web root)."""
+        return self.instance / "private"
+
+    @property
+    def key_folder(self) -> Path:
+        return self.keys_dir or self.instance / "keys"
+
 
 def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     root = Path(app_root or APP_ROOT).resolve()
@@ -98,6 +116,9 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
             f"CRONBOX_MYSQL_TLS={mysql_tls!r} must be off, on, or the path of a CA bundle file"
         )
     handlers = tuple(h.strip() for h in (get("CRONBOX_HANDLERS") or "").split(",") if h.strip())
+    seal_algorithm = (get("CRONBOX_SEAL_ALGORITHM") or "auto").lower()
+    if seal_algorithm not in SEAL_ALGORITHMS:
+        raise SettingsError(f"CRONBOX_SEAL_ALGORITHM={seal_algorithm!r} is not one of {', '.join(SEAL_ALGORITHMS)}")
     return Settings(
         app_root=root,
         instance=instance,
@@ -114,6 +135,12 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         trusted_proxies=_number(get, "CRONBOX_TRUSTED_PROXIES", 0, int, minimum=0),
         mysql_tls=mysql_tls,
         pool_recycle=_number(get, "CRONBOX_POOL_RECYCLE", 15, int, minimum=1),
+        keys_dir=_resolve(root, get("CRONBOX_KEYS")) if get("CRONBOX_KEYS") else None,
+        web_roots=_web_roots(root, get("CRONBOX_WEB_ROOT"), values.get("HOME")),
+        upload_max=_size(get, "CRONBOX_UPLOAD_MAX", 256 * 1024 * 1024),
+        url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
+        seal_algorithm=seal_algorithm,
+        audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
         raw=dict(values),
     )
 
@@ -131,6 +158,47 @@ def _absolute_sqlite_url(root: Path, url: str) -> str:
         if rest and rest != ":memory:" and not rest.startswith("file:"):
             return prefix + str(_resolve(root, rest))
     return url
+
+
+def _web_roots(root: Path, configured: str | None, home: str | None) -> tuple[Path, ...]:
+    """CRONBOX_WEB_ROOT (comma-separated) or cPanel's ~/public_html, plus the app's static folder."""
+    if configured:
+        roots = [_resolve(root, part.strip()) for part in configured.split(",") if part.strip()]
+    else:
+        roots = [Path(home).expanduser().resolve() / "public_html"] if home else []
+    return tuple(roots) + (root / "static",)
+
+
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+def _size(get, name: str, default: int) -> int:
+    """Bytes, with an optional K/M/G (binary) suffix: 256M, 2G, 1048576."""
+    raw = get(name)
+    if raw is None:
+        return default
+    text_ = raw.lower().removesuffix("ib").removesuffix("b")
+    unit = text_[-1:] if text_[-1:] in _SIZE_UNITS else ""
+    try:
+        value = int(float(text_[: len(text_) - len(unit)]) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a size (use e.g. 256M, 2G)") from None
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} must be at least 1 byte")
+    return value
+
+
+def _duration(get, name: str, default: float) -> float:
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = parse_duration(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from None
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} must be at least 1 second")
+    return value
 
 
 def _number(get, name: str, default, kind, *, minimum):

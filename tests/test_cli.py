@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from outbox.migrate import SCHEMA_HEAD
 from tests.conftest import APP_ROOT, run_cli
 
 
@@ -88,9 +89,9 @@ def test_status_and_dead_on_an_empty_outbox(env, runtime):
 
 def test_migrate_twice_and_the_flask_mount(env, database):
     proc = run_cli(env, "migrate")
-    assert proc.returncode == 0 and "-> 0003_ops" in proc.stdout
+    assert proc.returncode == 0 and f"-> {SCHEMA_HEAD}" in proc.stdout
     proc = run_cli(env, "migrate")
-    assert proc.returncode == 0 and "already at 0003_ops" in proc.stdout
+    assert proc.returncode == 0 and f"already at {SCHEMA_HEAD}" in proc.stdout
     import subprocess
     import sys
     from tests.conftest import child_env

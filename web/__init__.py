@@ -17,7 +17,8 @@ def runtime() -> Runtime:
 
 def register_blueprints(app: Flask) -> None:
     """Each web feature registers its blueprint here."""
-    from web import health, webcron
+    from web import files, health, webcron  # here, not at the top: they import web.runtime
 
     app.register_blueprint(health.bp)
     app.register_blueprint(webcron.bp)
+    files.register(app)

@@ -1,0 +1,70 @@
+"""The append-only audit trail of sealed files (table cronbox_file_audit).
+
+Who did what to which file, when, from where, and how it ended. Entries are
+added to the caller's session, so an audited action and its entry commit
+together (a refused download is audited in its own short transaction). The
+token itself is never stored: at most a hash of its random id (jti), enough
+to tie the entries of one link together.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from outbox import clock
+
+from .models import AuditEntry
+
+
+@dataclass(frozen=True)
+class Client:
+    """Where a request came from (client IP as resolved per CRONBOX_TRUSTED_PROXIES)."""
+
+    ip: str | None = None
+    user_agent: str | None = None
+
+
+CLI = Client(ip=None, user_agent="cron cli")
+
+
+def jti_hash(jti: str) -> str:
+    return hashlib.sha256(jti.encode("ascii", "replace")).hexdigest()[:32]
+
+
+def _cut(text: str | None, length: int) -> str | None:
+    return None if text is None else text[:length]
+
+
+def record(session: Session, action: str, outcome: str, *, status: int | None = None, file_id: str | None = None,
+           grant_id: str | None = None, subject: str | None = None, jti: str | None = None,
+           byte_range: tuple[int, int] | None = None, bytes_sent: int | None = None, client: Client | None = None,
+           detail: str | None = None) -> AuditEntry:
+    entry = AuditEntry(
+        at=clock.utcnow(), action=action, outcome=outcome[:32], status=status, file_id=file_id, grant_id=grant_id,
+        subject=_cut(subject, 191), jti_hash=jti_hash(jti) if jti else None,
+        range_start=byte_range[0] if byte_range else None, range_end=byte_range[1] if byte_range else None,
+        bytes_sent=bytes_sent, client_ip=_cut(client.ip, 45) if client else None,
+        user_agent=_cut(client.user_agent, 255) if client else None, detail=_cut(detail, 255),
+    )
+    session.add(entry)
+    return entry
+
+
+def recent(session: Session, *, file_id: str | None = None, limit: int = 100) -> list[AuditEntry]:
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if file_id is not None:
+        query = query.where(AuditEntry.file_id == file_id)
+    return list(session.scalars(query))
+
+
+def prune(session: Session, cutoff: datetime, batch: int) -> int:
+    """Delete up to `batch` entries older than `cutoff`, oldest first (ids first: MySQL refuses LIMIT in IN)."""
+    ids = list(session.scalars(select(AuditEntry.id).where(AuditEntry.at < cutoff).order_by(AuditEntry.id)
+                               .limit(batch)))
+    if ids:
+        session.execute(delete(AuditEntry).where(AuditEntry.id.in_(ids)))
+    return len(ids)

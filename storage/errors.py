@@ -1,0 +1,48 @@
+"""Errors of sealed storage, under cronbox's one root (outbox.errors.CronboxError).
+
+The command line prints any of them as one line and exits 1; the web layer
+maps them to status codes (never a 500 for a client's mistake).
+"""
+from __future__ import annotations
+
+from outbox.errors import CronboxError
+
+
+class StorageError(CronboxError):
+    """Root of sealed-storage errors."""
+
+
+class IntegrityError(StorageError):
+    """A sealed file, its header, wrapped key or metadata failed authentication or is malformed.
+
+    Never served: a reader stops at the first failing chunk. `chunk` is the index
+    of the chunk that failed, when one did.
+    """
+
+    def __init__(self, message: str, *, chunk: int | None = None):
+        self.chunk = chunk
+        super().__init__(message if chunk is None else f"{message} (chunk {chunk})")
+
+
+class KeyFolderError(StorageError):
+    """The key folder is unsafe (readable by others, inside the web root) or unreadable."""
+
+
+class UnknownKey(StorageError):
+    """A row names a master key id that is not in the key folder."""
+
+
+class NotFound(StorageError):
+    """An id given by the caller (file, grant) does not exist."""
+
+
+class GrantInvalid(StorageError):
+    """A grant cannot be used (revoked, expired, exhausted)."""
+
+
+class TooLarge(StorageError):
+    """A stream was longer than the allowed upload size."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"the file is larger than the limit of {limit} bytes (CRONBOX_UPLOAD_MAX)")

@@ -1,0 +1,135 @@
+"""Grants (who may download which file, until when, how many times) and counting their uses.
+
+A use is counted per token id (jti), not per request and not per token text:
+a download manager's range requests, a resumed download or a malleable variant
+of the same token are one use as long as they come within SAME_USE_WINDOW of
+the previous request of that jti. Counting is two guarded statements in one
+short transaction, safe on every backend without SKIP LOCKED:
+
+1. INSERT the (grant, jti) use row, ignoring a duplicate key. On MySQL/MariaDB
+   `INSERT IGNORE` waits on a concurrent uncommitted insert of the same key, so
+   two simultaneous first requests of one jti cannot both count; SQLite
+   serialises writers (BEGIN IMMEDIATE) anyway.
+2. Only for a new use: `UPDATE grants SET uses = uses + 1 WHERE id = ? AND not
+   revoked AND not expired AND uses < max_uses`. A rowcount of 0 means the
+   grant was used up or revoked meanwhile; the caller rolls back, so the use
+   row goes too. No read-then-write race: the guard is in the UPDATE.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from .errors import GrantInvalid
+from .models import Grant, GrantUse, SealedFile
+
+SAME_USE_WINDOW = 120  # seconds since the previous request of the same jti
+MAX_EXPIRES_IN = 366 * 86400
+GRANT_RETENTION = timedelta(days=30)  # grants (and their use rows) kept after they end, then swept
+
+
+def new_id() -> str:
+    return secrets.token_hex(16)
+
+
+def refusal(grant: Grant | None, now: datetime) -> str | None:
+    """Why `grant` cannot start a new use now, or None when it can."""
+    if grant is None:
+        return "unknown-grant"
+    if grant.revoked_at is not None:
+        return "revoked"
+    if grant.expires_at <= now:
+        return "grant-expired"
+    if grant.max_uses is not None and grant.uses >= grant.max_uses:
+        return "exhausted"
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    grant: Grant
+    file: SealedFile
+
+
+def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Decision:
+    """The read-only check before a download; GrantInvalid with the reason when it cannot go ahead.
+
+    A used-up grant still serves a repeat of the token that took its last use (within the window):
+    the second half of an interrupted download is not a new use.
+    """
+    grant = session.get(Grant, grant_id)
+    reason = refusal(grant, now)
+    if reason == "exhausted":
+        use = session.get(GrantUse, (grant_id, jti_hash))
+        if use is not None and use.last_at >= now - timedelta(seconds=SAME_USE_WINDOW):
+            reason = None
+    if reason is not None:
+        raise GrantInvalid(reason)
+    return Decision(grant, session.get(SealedFile, grant.file_id))
+
+
+def _insert_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
+    values = {"grant_id": grant_id, "jti_hash": jti_hash, "first_at": now, "last_at": now, "requests": 1}
+    if session.get_bind().dialect.name == "sqlite":
+        statement = sqlite_insert(GrantUse).values(**values).on_conflict_do_nothing()
+    else:
+        statement = mysql_insert(GrantUse).values(**values).prefix_with("IGNORE")
+    return session.execute(statement).rowcount == 1
+
+
+def _take_use(session: Session, grant_id: str, now: datetime) -> bool:
+    result = session.execute(
+        update(Grant)
+        .where(Grant.id == grant_id, Grant.revoked_at.is_(None), Grant.expires_at > now,
+               or_(Grant.max_uses.is_(None), Grant.uses < Grant.max_uses))
+        .values(uses=Grant.uses + 1)
+        .execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
+def _touch_use(session: Session, grant_id: str, jti_hash: str, now: datetime, *, within: datetime | None) -> bool:
+    statement = update(GrantUse).where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash)
+    if within is not None:
+        statement = statement.where(GrantUse.last_at >= within)
+    result = session.execute(statement.values(last_at=now, requests=GrantUse.requests + 1)
+                             .execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
+def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
+    """Record this request; True if it started a new use, False if it joined the current one.
+
+    Raises GrantInvalid (the caller must roll back) when the grant cannot be used.
+    """
+    if _insert_use(session, grant_id, jti_hash, now):
+        if not _take_use(session, grant_id, now):
+            raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
+        return True
+    window_start = now - timedelta(seconds=SAME_USE_WINDOW)
+    if _touch_use(session, grant_id, jti_hash, now, within=window_start):
+        grant = session.get(Grant, grant_id, populate_existing=True)
+        reason = refusal(grant, now)
+        if reason is not None and reason != "exhausted":  # revoked or expired since the first request
+            raise GrantInvalid(reason)
+        return False
+    if not _take_use(session, grant_id, now):
+        raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
+    _touch_use(session, grant_id, jti_hash, now, within=None)
+    return True
+
+
+def prune(session: Session, now: datetime, batch: int) -> int:
+    """Delete up to `batch` grants that ended (expired or revoked) over GRANT_RETENTION ago, with their uses."""
+    cutoff = now - GRANT_RETENTION
+    ids = list(session.scalars(
+        select(Grant.id).where(or_(Grant.expires_at < cutoff, Grant.revoked_at < cutoff)).limit(batch)))
+    if ids:
+        session.execute(delete(GrantUse).where(GrantUse.grant_id.in_(ids)))
+        session.execute(delete(Grant).where(Grant.id.in_(ids)))
+    return len(ids)

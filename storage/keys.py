@@ -1,0 +1,212 @@
+"""Master (encryption) keys and URL-signing keys, one small file each in the key folder.
+
+    <keys>/enc-0001-3f9a2c1b.key     32 random bytes, base64url, one line
+    <keys>/sig-0001-8e02d4a7.key
+
+The file name is the key id (stored in each file row as `key_id`). The
+sequence number orders keys of a kind: the highest encryption key is the
+active one (it wraps new data keys); signing keys are handed to itsdangerous
+oldest to newest, so the newest signs and older ones still verify links issued
+before a rotation. Encryption and signing keys never share material: a leaked
+signing key forges links (still checked against grants) but opens no file.
+
+Safety: the folder and every key file must belong to this account and be
+unreadable by group and others (a shared host has neighbours), and must not be
+inside a web root (a mis-configured server would serve them). Both are checked
+whenever keys are loaded, and by create_app() at start-up.
+
+Keys are generated on first use under a file lock (two web processes starting
+at once must not each make an "active" key), written to a temporary file,
+fsynced and linked into place, and announced loudly: a lost master key is lost
+PHI, so it must be backed up the moment it exists.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import re
+import secrets
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import filelock
+
+from outbox.settings import Settings
+
+from .errors import KeyFolderError, UnknownKey
+
+log = logging.getLogger("cronbox")
+
+ENCRYPTION, SIGNING = "enc", "sig"
+KEY_BYTES = 32
+_NAME = re.compile(r"^(enc|sig)-(\d{4,9})-([0-9a-f]{8})\.key$")
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str
+    id: str
+    sequence: int
+    material: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    folder: Path
+    encryption: dict[str, Key]
+    signing: tuple[Key, ...]  # oldest first
+    stamp: tuple  # folder_stamp() when read: any key file added, removed or rewritten changes it
+
+    @property
+    def active(self) -> Key:
+        return max(self.encryption.values(), key=lambda k: (k.sequence, k.id))
+
+    def master_key(self, key_id: str) -> bytes:
+        try:
+            return self.encryption[key_id].material
+        except KeyError:
+            raise UnknownKey(f"master key {key_id} is not in {self.folder} (restore it from your backup)") from None
+
+    @property
+    def signing_keys(self) -> list[bytes]:
+        return [key.material for key in self.signing]
+
+
+def check_outside_web_roots(path: Path, settings: Settings, what: str) -> None:
+    real = path.resolve()
+    for root in settings.web_roots:
+        root = root.resolve()
+        if real == root or real.is_relative_to(root):
+            raise KeyFolderError(f"{what} {real} is inside the web root {root}: a web server could serve it; "
+                                 "move it (CRONBOX_INSTANCE / CRONBOX_KEYS) outside every public folder")
+
+
+def _check_private(path: Path, what: str) -> None:
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        raise KeyFolderError(f"{what} {path} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o077:
+        fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
+        raise KeyFolderError(f"{what} {path} is accessible to group or others (mode {stat.S_IMODE(info.st_mode):o}); "
+                             f"run: chmod {fix} {path}")
+
+
+def check_key_folder(settings: Settings) -> None:
+    """Start-up check: refuse an unsafe key folder (one that does not exist yet is fine)."""
+    folder = settings.key_folder
+    check_outside_web_roots(folder, settings, "the key folder")
+    if folder.exists():
+        _read(folder)
+
+
+def _read(folder: Path) -> KeyRing:
+    _check_private(folder, "the key folder")
+    encryption: dict[str, Key] = {}
+    signing: list[Key] = []
+    for path in sorted(folder.iterdir()):
+        match = _NAME.match(path.name)
+        if not match:
+            continue
+        _check_private(path, "key file")
+        try:
+            material = base64.urlsafe_b64decode(path.read_text(encoding="ascii").strip() + "==")
+        except (ValueError, UnicodeDecodeError):
+            material = b""
+        if len(material) != KEY_BYTES:
+            raise KeyFolderError(f"key file {path} does not hold a base64 32-byte key")
+        key = Key(match.group(1), path.stem, int(match.group(2)), material)
+        if key.kind == ENCRYPTION:
+            encryption[key.id] = key
+        else:
+            signing.append(key)
+    signing.sort(key=lambda k: (k.sequence, k.id))
+    return KeyRing(folder, encryption, tuple(signing), _stamp(folder))
+
+
+def _stamp(folder: Path) -> tuple:
+    with os.scandir(folder) as entries:
+        return tuple(sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size, entry.inode())
+                            for entry in entries if _NAME.match(entry.name)))
+
+
+def folder_stamp(settings: Settings) -> tuple | None:
+    """Cheap fingerprint of the key files (one scandir): tells a running process to re-read them."""
+    try:
+        return _stamp(settings.key_folder)
+    except FileNotFoundError:
+        return None
+
+
+def _lock(folder: Path) -> filelock.FileLock:
+    return filelock.FileLock(str(folder / ".keys.lock"), timeout=60, mode=0o600)
+
+
+def load(settings: Settings, *, create: bool = True) -> KeyRing:
+    """The key ring; on first use (no encryption or no signing key yet) generate the missing ones."""
+    folder = settings.key_folder
+    check_outside_web_roots(folder, settings, "the key folder")
+    if not folder.exists():
+        if not create:
+            raise KeyFolderError(f"the key folder {folder} does not exist")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # the umask can only remove bits
+    ring = _read(folder)
+    if (ring.encryption and ring.signing) or not create:
+        return ring
+    with _lock(folder):
+        ring = _read(folder)
+        made = []
+        if not ring.encryption:
+            made.append(_write_new(folder, ENCRYPTION, ring))
+        if not ring.signing:
+            made.append(_write_new(folder, SIGNING, ring))
+        ring = _read(folder)
+    for key_id in made:
+        announce(folder, key_id)
+    return ring
+
+
+def new_key(settings: Settings, kind: str) -> str:
+    """Add a key of `kind` (it becomes the active encryption key / the signing key); returns its id."""
+    ring = load(settings)
+    with _lock(ring.folder):
+        key_id = _write_new(ring.folder, kind, _read(ring.folder))
+    announce(ring.folder, key_id)
+    return key_id
+
+
+def _write_new(folder: Path, kind: str, ring: KeyRing) -> str:
+    existing = ring.encryption.values() if kind == ENCRYPTION else ring.signing
+    sequence = max((k.sequence for k in existing), default=0) + 1
+    key_id = f"{kind}-{sequence:04d}-{secrets.token_hex(4)}"
+    final = folder / f"{key_id}.key"
+    temporary = folder / f".{key_id}.{secrets.token_hex(4)}.tmp"
+    text = base64.urlsafe_b64encode(os.urandom(KEY_BYTES)).rstrip(b"=") + b"\n"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(temporary, final)  # fails rather than replace an existing key
+    finally:
+        temporary.unlink()
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return key_id
+
+
+def announce(folder: Path, key_id: str) -> None:
+    what = "master (encryption) key" if key_id.startswith(ENCRYPTION) else "URL-signing key"
+    message = (f"NEW {what} {key_id} written to {folder}. BACK IT UP NOW, away from this server "
+               f"(password manager, offline copy): "
+               + ("without it every file sealed under it is lost for good." if key_id.startswith(ENCRYPTION)
+                  else "losing it only invalidates links already issued."))
+    log.warning("keys: %s", message)
+    print(f"cronbox: {message}", file=sys.stderr)

@@ -1,0 +1,353 @@
+"""`GET|HEAD /files/<token>` (signed download) and `POST /files` (streamed, sealed upload).
+
+A download passes, in order: the token's signature, age and `exp`; the grant
+(exists, not revoked, not expired, uses left, or a repeat of the same token
+within the same-use window); the sealed file's wrapped key, header and last
+chunk (so the promised length is proven before a header is sent); the Range.
+Only then is a use counted (in a short transaction, closed before the first
+byte) and the body streamed chunk by chunk, each authenticated before it is
+sent. A chunk failing after the headers went out raises inside the body, which
+makes any WSGI server drop the connection: the client sees a short response,
+never a complete-looking wrong file.
+
+Answers are deliberately dull: an expired but authentic link gets 410 "link
+expired"; every other refusal (tampered, future-dated, unknown, revoked, used
+up) the same 404. Every answer under /files carries no-store, nosniff,
+no-referrer and a sandboxing CSP. Each attempt is audited with its reason.
+
+Uploads are sealed while they arrive: a raw body is read from the WSGI input
+stream straight into the sealer, a multipart form's file part is written into
+a SealingWriter acting as Werkzeug's stream factory (otherwise Werkzeug would
+spill parts over 500 KiB to a plaintext temporary file). What the web server
+may buffer before Python sees the body is documented in the README.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+from hashlib import sha256
+from typing import Callable
+from urllib.parse import unquote
+
+from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
+from werkzeug.formparser import FormDataParser
+
+import storage as sealed_storage
+from outbox import clock
+from outbox.db import in_transaction
+from outbox.settings import Settings
+from storage import audit, grants
+from storage.errors import GrantInvalid, IntegrityError, StorageError, TooLarge, UnknownKey
+from storage.keys import check_key_folder
+from storage.service import OpenedFile, Storage
+from storage.tokens import TokenRefused
+
+from . import runtime
+from .client import client_ip
+from .disposition import content_disposition, content_type
+from .ranges import plan
+
+log = logging.getLogger("cronbox")
+bp = Blueprint("files", __name__)
+
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+}
+_PAGE = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title></head>"
+         "<body><h1>{title}</h1><p>{text}</p></body></html>\n")
+NOT_FOUND = _PAGE.format(title="Not found", text="There is nothing here.")
+EXPIRED = _PAGE.format(title="Link expired", text="This download link has expired. Ask for a new one.")
+UNAVAILABLE = _PAGE.format(title="File unavailable", text="This file cannot be served right now. "
+                                                           "The problem has been recorded.")
+# Werkzeug applies this both to each text field and to its parse buffer (fed 64 KiB at a time).
+MAX_FORM_FIELDS = 256 * 1024
+
+
+def _page(body: str, status: int) -> Response:
+    return Response(body, status=status, mimetype="text/html")
+
+
+def storage_for_app() -> Storage:
+    return current_app.extensions["cronbox.storage"]
+
+
+def _client() -> audit.Client:
+    return audit.Client(client_ip(request, storage_for_app().settings.trusted_proxies),
+                        request.headers.get("User-Agent"))
+
+
+def _audit(sessions, action: str, outcome: str, **fields) -> None:
+    """An audit entry in its own short transaction (refusals and body ends have no other), and a log line."""
+    in_transaction(sessions, lambda s: audit.record(s, action, outcome, **fields))
+    _log(action, outcome, fields)
+
+
+def _log(action: str, outcome: str, fields: dict) -> None:
+    """One operator log line: opaque ids and a prefix of the jti's hash, never the token or a name."""
+    jti, byte_range = fields.get("jti"), fields.get("byte_range")
+    log.info("files: %s %s status=%s file=%s grant=%s jti#%s range=%s bytes=%s", action, outcome,
+             fields.get("status"), fields.get("file_id") or "-", fields.get("grant_id") or "-",
+             audit.jti_hash(jti)[:12] if jti else "-", f"{byte_range[0]}-{byte_range[1]}" if byte_range else "-",
+             fields.get("bytes_sent", "-"))
+
+
+def _within_files(path: str) -> bool:
+    return path == "/files" or path.startswith("/files/")
+
+
+@bp.after_app_request
+def _security_headers(response: Response) -> Response:
+    if _within_files(request.path):
+        for name, value in SECURITY_HEADERS.items():
+            response.headers[name] = value
+    return response
+
+
+@bp.app_errorhandler(404)
+def _not_found(error: HTTPException):
+    """Route misses under /files (`/files/a/b`, encoded slashes) look like any refused token."""
+    return _page(NOT_FOUND, 404) if _within_files(request.path) else error
+
+
+# --- downloads -----------------------------------------------------------------------------------
+
+class DownloadBody:
+    """The WSGI body of one download: authenticated chunks, then an audit entry with the bytes sent.
+
+    `close()` is what every WSGI server calls when a response ends, completed,
+    aborted by the client or by an integrity error: it closes the file and
+    records how many bytes actually went out.
+    """
+
+    def __init__(self, opened: OpenedFile, start: int, stop: int, *, on_close: Callable[[int, str], None],
+                 on_integrity_error: Callable[[str], None]):
+        self._opened = opened
+        self._start, self._stop = start, stop
+        self._on_close = on_close
+        self._on_integrity_error = on_integrity_error
+        self.sent = 0
+        self.outcome = "aborted"
+        self._closed = False
+
+    def __iter__(self):
+        try:
+            for part in self._opened.iter_range(self._start, self._stop):
+                data = bytes(part)  # the reader reuses its buffer; the server may hold on to this
+                yield data
+                self.sent += len(data)  # counted once the server came back for more: it was written
+            self.outcome = "complete"
+        except IntegrityError as exc:
+            self.outcome = "integrity"
+            self._on_integrity_error(str(exc))
+            raise  # after the headers: the server must drop the connection
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._opened.close()
+        try:
+            self._on_close(self.sent, self.outcome)
+        except Exception:  # the bytes are gone either way; a lost audit line must not raise into the server
+            log.exception("files: could not record the end of a download")
+
+
+@bp.route("/files/<token>", methods=["GET", "HEAD"])
+def download(token: str):
+    st = storage_for_app()
+    sessions = runtime().sessions
+    client = _client()
+    method = request.method
+    try:
+        claims = st.tokens().verify(token)
+    except TokenRefused as refused:
+        status = 410 if refused.expired else 404
+        claims = refused.claims
+        _audit(sessions, "redeem", refused.reason, status=status, grant_id=claims.grant_id if claims else None,
+               jti=claims.jti if claims else None, client=client, detail=method)
+        return _page(EXPIRED, 410) if refused.expired else _page(NOT_FOUND, 404)
+
+    jti_hash = audit.jti_hash(claims.jti)
+    fields = {"grant_id": claims.grant_id, "jti": claims.jti, "client": client}
+    try:
+        decision = in_transaction(sessions, lambda s: grants.check(s, claims.grant_id, jti_hash, clock.utcnow()))
+    except GrantInvalid as refused:
+        _audit(sessions, "redeem", str(refused), status=404, detail=method, **fields)
+        return _page(NOT_FOUND, 404)
+    row = decision.file
+    fields.update(file_id=row.id, subject=decision.grant.subject)
+
+    try:
+        opened = st.open(row)
+    except (IntegrityError, UnknownKey) as exc:
+        st.report_integrity(row.id, str(exc))
+        _audit(sessions, "redeem", "integrity", status=500, detail=method, **fields)
+        return _page(UNAVAILABLE, 500)
+
+    try:
+        size = opened.size
+        answer = plan(request.headers.get("Range"), request.headers.get("If-Range"), opened.etag, size)
+        headers = {"Accept-Ranges": "bytes", "ETag": opened.etag, "X-Accel-Buffering": "no"}
+        if answer.status == 416:
+            opened.close()
+            _audit(sessions, "redeem", "unsatisfiable", status=416, detail=method, **fields)
+            return Response(None, status=416, headers={**headers, "Content-Range": answer.content_range(size),
+                                                       "Content-Length": "0"})
+        byte_range = (answer.start, answer.stop - 1) if answer.length else None
+        if method == "GET":
+            now = clock.utcnow()
+
+            def count(session) -> str:
+                outcome = "granted" if grants.count_use(session, claims.grant_id, jti_hash, now) else "same-use"
+                audit.record(session, "redeem", outcome, status=answer.status, byte_range=byte_range, detail=method,
+                             **fields)
+                return outcome
+
+            _log("redeem", in_transaction(sessions, count), {"status": answer.status, "byte_range": byte_range,
+                                                               **fields})
+        else:
+            _audit(sessions, "redeem", "head", status=answer.status, byte_range=byte_range, detail=method, **fields)
+    except GrantInvalid as refused:
+        opened.close()
+        _audit(sessions, "redeem", str(refused), status=404, detail=method, **fields)
+        return _page(NOT_FOUND, 404)
+    except BaseException:
+        opened.close()
+        raise
+
+    headers.update({
+        "Content-Type": content_type(opened.content_type),
+        "Content-Disposition": content_disposition(opened.name),
+        "Content-Length": str(answer.length),
+    })
+    if answer.status == 206:
+        headers["Content-Range"] = answer.content_range(size)
+    if method == "HEAD":
+        opened.close()
+        return Response(None, status=answer.status, headers=headers)
+
+    def on_close(sent: int, outcome: str) -> None:
+        _audit(sessions, "serve", outcome, status=answer.status, byte_range=byte_range, bytes_sent=sent, **fields)
+
+    body = DownloadBody(opened, answer.start, answer.stop, on_close=on_close,
+                        on_integrity_error=lambda error: st.report_integrity(row.id, error))
+    return Response(body, status=answer.status, headers=headers, direct_passthrough=True)
+
+
+# --- uploads -------------------------------------------------------------------------------------
+
+def bearer_upload_token(req: Request, settings: Settings) -> str | None:
+    """`Authorization: Bearer <CRONBOX_UPLOAD_TOKEN>`, compared in constant time (digests: equal lengths)."""
+    if not settings.upload_token:
+        return None
+    scheme, _, given = req.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return None
+    if hmac.compare_digest(sha256(given.strip().encode()).digest(), sha256(settings.upload_token.encode()).digest()):
+        return "upload-token"
+    return None
+
+
+# Who may upload: each authorizer returns a principal (recorded in the audit) or None. The operator
+# console adds its session check here (`upload_authorizers.append(...)`); it must bring CSRF
+# protection with it, which a bearer token, never sent automatically by a browser, does not need.
+upload_authorizers: list[Callable[[Request, Settings], str | None]] = [bearer_upload_token]
+
+
+def _json_error(message: str, status: int, **headers) -> Response:
+    response = jsonify(error=message)
+    response.status_code = status
+    response.headers.update(headers)
+    return response
+
+
+@bp.route("/files", methods=["POST"])
+def upload():
+    st = storage_for_app()
+    settings = st.settings
+    if not settings.upload_token and len(upload_authorizers) == 1:
+        return _page(NOT_FOUND, 404)  # no way to authorize an upload is configured: the endpoint is off
+    principal = next((who for who in (auth(request, settings) for auth in upload_authorizers) if who), None)
+    if principal is None:
+        return _json_error("authorization required", 401, **{"WWW-Authenticate": 'Bearer realm="cronbox"'})
+    limit = settings.upload_max
+    if request.content_length is not None and request.content_length > limit:
+        return _json_error(f"the file is larger than the limit of {limit} bytes", 413)
+    if request.content_length is None and "wsgi.input_terminated" not in request.environ:
+        return _json_error("send a Content-Length (or a chunked body)", 411)
+    client = _client()
+    try:
+        if request.mimetype == "multipart/form-data":
+            sealed, owner = _receive_form(st, limit)
+        else:
+            sealed, owner = _receive_body(st, limit)
+    except TooLarge as exc:
+        return _json_error(str(exc), 413)
+    except RequestEntityTooLarge:
+        return _json_error("a form field is too large", 413)
+    except ClientDisconnected:
+        return _json_error("the upload was interrupted", 400)
+    except (StorageError, ValueError) as exc:
+        return _json_error(str(exc), 400)
+    try:
+        file_id = in_transaction(runtime().sessions, lambda s: st.add(s, sealed, owner=owner, client=client,
+                                                                      actor=principal))
+    except BaseException:
+        st.discard(sealed)
+        raise
+    return jsonify(id=file_id, size=sealed.size), 201
+
+
+def _owner(value: str | None) -> str:
+    if not value:
+        raise StorageError("say whose file this is: X-Cronbox-Owner header (raw body) or an `owner` form field")
+    return value
+
+
+def _receive_body(st: Storage, limit: int):
+    """Raw body: the file's bytes; its name in X-Cronbox-Filename (percent-encoded UTF-8), type in Content-Type."""
+    owner = _owner(request.headers.get("X-Cronbox-Owner"))
+    name = unquote(request.headers.get("X-Cronbox-Filename", "upload"), errors="strict")
+    sealed = st.seal(request.stream, filename=name, content_type=request.mimetype or "application/octet-stream",
+                     limit=limit)
+    return sealed, owner
+
+
+def _receive_form(st: Storage, limit: int):
+    """multipart/form-data with one file part (sealed as it streams) and an `owner` field."""
+    writers = []
+
+    def stream_factory(total_content_length, content_type, filename, content_length=None):
+        if writers:
+            raise StorageError("send exactly one file per upload")
+        writer = st.writer(filename=filename or "upload", content_type=content_type or "application/octet-stream",
+                           limit=limit)
+        writers.append(writer)
+        return writer
+
+    parser = FormDataParser(stream_factory=stream_factory, max_form_memory_size=MAX_FORM_FIELDS,
+                            max_form_parts=32, silent=False)
+    try:
+        _stream, form, files = parser.parse(request.stream, request.mimetype, request.content_length,
+                                            request.mimetype_params)
+        if not writers or not files:
+            raise StorageError("no complete file part in the form")
+        owner = _owner(form.get("owner"))
+        sealed = writers[0].finish()
+    except BaseException:
+        for writer in writers:
+            writer.discard()
+        raise
+    return sealed, owner
+
+
+def register(app: Flask) -> None:
+    """Refuse to start with an unsafe key folder; make the app's Storage the module-level default."""
+    rt = app.extensions["cronbox"]
+    check_key_folder(rt.settings)
+    app.extensions["cronbox.storage"] = sealed_storage.configure(rt.settings, rt.sessions)
+    app.register_blueprint(bp)
