@@ -178,7 +178,7 @@ def test_a_cron_line_in_a_bare_environment_is_silent_and_logged(app, env, runtim
 
 
 @pytest.mark.parametrize("how", ["absolute symlink", "relative symlink chain", "symlinked folder",
-                                 "sh NAME from its folder"])
+                                 "sh NAME from its folder", "sh PATH, no execute bit"])
 def test_it_finds_its_app_folder_however_it_is_called(app, how):
     """The log lands in <app>/instance whatever the working directory and however the path winds."""
     app.python(".venv/bin/python", "venv")
@@ -201,9 +201,14 @@ def test_it_finds_its_app_folder_however_it_is_called(app, how):
         decoy = app.home / "decoy"  # a CDPATH (set in some logins) must not send `cd site` there
         (decoy / "site").mkdir(parents=True)
         env, command = {"CDPATH": str(decoy)}, "site/artisan_via_cron.sh"
-    else:
-        proc = subprocess.run([*bare(app, None, BARE_PATH), "/bin/sh", "artisan_via_cron.sh", "outbox", "--help"],
-                              cwd=str(app.root), capture_output=True, text=True, timeout=60)
+    else:  # the script read by sh: from its folder, or (an upload lost its x bit) by absolute path
+        if how == "sh PATH, no execute bit":
+            app.script.chmod(0o644)
+            command, cwd = str(app.script), app.home
+        else:
+            command, cwd = "artisan_via_cron.sh", app.root
+        proc = subprocess.run([*bare(app, None, BARE_PATH), "/bin/sh", command, "outbox", "--help"],
+                              cwd=str(cwd), capture_output=True, text=True, timeout=60)
         silent_success(proc)
         assert "Usage: python -m cron outbox" in app.log()
         return
