@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> in
         result = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=State(runtime))
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:  # no command at all: show what there is, then say so
+        click.echo(exc.ctx.get_help())
+        click.echo(f"error: no command given (see `{exc.ctx.command_path} --help`)", err=True)
+        return 2
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else PROG
         click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)

@@ -110,3 +110,9 @@ def test_demo_then_tick_delivers(env, database):
     assert proc.returncode == 0, proc.stderr
     proc = run_cli(demo_env, "tick", "--no-linger")
     assert proc.returncode == 0 and "delivered 4" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_no_command_prints_the_help_and_exits_2(env):
+    proc = run_cli(env)
+    assert proc.returncode == 2 and proc.stdout.startswith("Usage:") and "Commands:" in proc.stdout
+    assert one_line_error(proc) == "error: no command given (see `python -m cron --help`)"
