@@ -122,6 +122,31 @@ def _read(path: Path, size: int) -> tuple[list[str] | None, str | None]:
     return parse(lines[0])
 
 
+def migrate_from_file(runtime) -> bool:
+    """The tick found the schema behind the code: is there a ripe `migrate` request file? Then run it
+    now, before anything else (it cannot wait in the table: the table may not exist yet), record it
+    once the schema is there, archive the file. Without this, a deploy with a new migration would
+    leave a host without SSH with a tick that refuses to start and so never runs the request."""
+    inbox = runtime.settings.instance / "run-once"
+    for path in sorted(inbox.glob("*.cmd")) if inbox.is_dir() else []:
+        info = path.stat()
+        if time.time() - info.st_mtime < FILE_MIN_AGE or _read(path, info.st_size)[0] != ["migrate"]:
+            continue
+        started = clock.utcnow()
+        code, output = execute(runtime, ["migrate"])
+        log.info("once: migrate from file %s before the tick, exit code %s", path.name, code)
+        if code != 0:
+            return False  # the file stays: the error is in the cronbox log and the next tick tries again
+        request = in_transaction(runtime.sessions, lambda s: add(s, ["migrate"], source=f"file:{path.name}"))
+        in_transaction(runtime.sessions, lambda s: s.execute(update(Q).where(Q.c.id == request.id).values(
+            status="done", exit_code=code, output=output[:OUTPUT_MAX], started_at=started,
+            finished_at=clock.utcnow())))
+        runtime.settings.private_dir("run-once", "archive")
+        os.replace(path, inbox / "archive" / f"{request.id:06d}-{path.name}")
+        return True
+    return False
+
+
 def claim_next(session: Session) -> tuple[int, list[str]] | None:
     """Take the oldest pending request (status guard: each runs once even with two runners)."""
     row = session.execute(select(Q.c.id, Q.c.argv).where(Q.c.status == "pending").order_by(Q.c.id).limit(1)).first()

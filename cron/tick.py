@@ -5,11 +5,12 @@ import logging
 from dataclasses import dataclass
 
 from cron import builtin  # noqa: F401  (registers the built-in tasks)
-from cron.once import OnceStage
+from cron.once import OnceStage, migrate_from_file
 from cron.schedule import Scheduler
 from outbox import clock, deliveries, jobstore
 from outbox.budget import Budget
 from outbox.db import in_transaction
+from outbox.errors import SchemaError
 from outbox.relay import Relay
 from outbox.resources import peak_rss_kb
 from outbox.runner import RunResult, record_run, run_loop
@@ -50,6 +51,16 @@ class TickReport:
         return line
 
 
+def _check_schema(runtime: Runtime) -> None:
+    """The schema must match the code; a `migrate` request file may bring it there first."""
+    try:
+        runtime.ensure_schema()
+    except SchemaError:
+        if not migrate_from_file(runtime):
+            raise
+        runtime.ensure_schema()
+
+
 def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bool = True,
              memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
     lock = runtime.lock("tick", hold_seconds=int(max_time) + LOCK_SLACK + 30)
@@ -59,6 +70,7 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
     started = clock.monotonic()
     runtime.shared_lock_connection = lock.connection  # one-off commands lock on it (no third connection)
     try:
+        _check_schema(runtime)
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
         scheduler, once = Scheduler(runtime), OnceStage(runtime)
         relay = Relay(runtime, before_batch=lock.check)

@@ -19,7 +19,7 @@ import outbox
 from outbox.consumers import consumer
 from outbox.db import in_transaction, make_engine
 from outbox.locks import lock_name
-from tests.conftest import MYSQL_BACKENDS, child_env
+from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries, relay
 from tests.test_tick import HANDLERS, _wait_for, heartbeats, record
@@ -223,3 +223,21 @@ def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, ti
     with runtime.sessions() as session:
         [row] = once.listing(session, 5)
     assert row.status == "done" and row.exit_code == 0
+
+
+def test_a_migrate_request_file_lets_a_tick_bring_the_schema_up_first(env, database, tmp_path):
+    """No SSH: after a deploy whose code needs a newer schema, the tick refuses to run, unless the
+    operator dropped a `migrate` request file; then it migrates first and carries on."""
+    from tests.test_ops import write_cmd
+
+    proc = run_cli(env, "tick", "--no-linger")
+    assert proc.returncode == 1 and "run `python -m cron migrate`" in proc.stderr
+    inbox = tmp_path / "instance" / "run-once"
+    write_cmd(inbox, "deploy.cmd", b"migrate\n")
+    proc = run_cli(env, "tick", "--no-linger")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (inbox / "deploy.cmd").exists() and len(list((inbox / "archive").iterdir())) == 1
+    listed = run_cli(env, "once", "list")
+    assert "file:deploy.cmd" in listed.stdout and "done" in listed.stdout
+    shown = run_cli(env, "once", "show", "1")
+    assert "migrate: empty -> " in shown.stdout

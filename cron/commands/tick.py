@@ -13,6 +13,7 @@ from cron.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
 @click.pass_context
 def tick(ctx, max_time, no_linger, memory):
     """Run everything due (outbox relay, then queued jobs), then keep polling until --max-time. Install this in cron."""
-    report = run_tick(runtime(), max_time=max_time, linger=not no_linger, memory_mb=memory)
+    # The schema is checked under the tick lock, where a `migrate` request file can still fix it.
+    report = run_tick(runtime(migrate=False), max_time=max_time, linger=not no_linger, memory_mb=memory)
     click.echo(report.summary())
     ctx.exit(report.exit_code)
