@@ -15,7 +15,7 @@ log = logging.getLogger("cronbox")
 SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commit its file's row
 
 
-@schedule.cron("17 3 * * *", name="cronbox.prune")
+@schedule.every(days=1, name="cronbox.prune")  # at 00:00 UTC
 def prune(ctx):
     counts = prune_all(ctx.runtime)
     log.info("prune: %s", ", ".join(f"{n} {what}" for what, n in counts.items()))
@@ -23,6 +23,8 @@ def prune(ctx):
 
 @schedule.every(hours=1, name="cronbox.storage_sweep")
 def storage_sweep(ctx):
+    if not ctx.settings.sealed_dir.exists():
+        return  # nothing was ever sealed here: no orphans, grants or audit rows (and no crypto imports)
     import storage
     from storage import maintenance
 

@@ -6,6 +6,7 @@ unexpected errors print one line and leave the traceback in the log.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -31,7 +32,24 @@ class CommandFailed(click.ClickException):
 
 
 class Group(click.Group):
-    """Turns cronbox and database errors into one-line CommandFailed, under any entry point."""
+    """Turns cronbox and database errors into one-line CommandFailed, under any entry point.
+
+    `lazy` names subcommands imported only when used (Click's lazy-group pattern): the storage
+    commands pull in libsodium and `cryptography`, megabytes a tick never needs.
+    """
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            module, _, attribute = self.lazy[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:
@@ -72,7 +90,8 @@ def runtime(migrate: bool = True) -> Runtime:
     return click.get_current_context().find_object(State).runtime(migrate=migrate)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]},
+             lazy={"storage": "cron.commands.storage_cmds:storage"})
 @click.pass_context
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""

@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import secrets
 import shlex
 import time
 from contextlib import redirect_stderr, redirect_stdout
@@ -84,29 +85,45 @@ def add(session: Session, argv: list[str] | None, *, source: str, refused: str |
 
 
 def collect_files(runtime) -> int:
-    """Turn ripe *.cmd files into requests and archive them; returns how many were taken."""
+    """Turn ripe *.cmd files into requests; returns how many were taken. The caller holds the once lock."""
     inbox = runtime.settings.instance / "run-once"
-    if not inbox.is_dir():
-        return 0
-    archive = inbox / "archive"
     taken = 0
-    for path in sorted(inbox.glob("*.cmd")):
-        try:
-            info = path.stat()
-        except FileNotFoundError:
-            continue
-        if time.time() - info.st_mtime < FILE_MIN_AGE:
-            continue  # maybe still being written
-        argv, problem = _read(path, info.st_size)
-        runtime.settings.private_dir("run-once", "archive")
+    for path in ripe_files(inbox):
+        claimed = _take(runtime, path)
+        if claimed is None:
+            continue  # gone meanwhile
+        argv, problem = _read(claimed, claimed.stat().st_size)
         request = in_transaction(runtime.sessions, lambda s: add(s, argv, source=f"file:{path.name}",
                                                                  refused=problem))
-        target = archive / f"{request.id:06d}-{path.name}"
-        os.replace(path, target)
         log.info("once: request %s from file %s is %s%s", request.id, path.name, request.status,
                  f" ({request.reason})" if request.reason else "")
         taken += 1
     return taken
+
+
+def ripe_files(inbox: Path) -> list[Path]:
+    """*.cmd files old enough to be complete (File Manager may still be writing a younger one)."""
+    if not inbox.is_dir():
+        return []
+    ripe = []
+    for path in sorted(inbox.glob("*.cmd")):
+        try:
+            if time.time() - path.stat().st_mtime >= FILE_MIN_AGE:
+                ripe.append(path)
+        except FileNotFoundError:
+            continue
+    return ripe
+
+
+def _take(runtime, path: Path) -> Path | None:
+    """Move a request file into the archive before reading it: the rename is the claim."""
+    archive = runtime.settings.private_dir("run-once", "archive")
+    target = archive / f"{clock.utcnow():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}-{path.name}"
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:
+        return None
+    return target
 
 
 def _read(path: Path, size: int) -> tuple[list[str] | None, str | None]:
@@ -124,25 +141,21 @@ def _read(path: Path, size: int) -> tuple[list[str] | None, str | None]:
 
 def migrate_from_file(runtime) -> bool:
     """The tick found the schema behind the code: is there a ripe `migrate` request file? Then run it
-    now, before anything else (it cannot wait in the table: the table may not exist yet), record it
-    once the schema is there, archive the file. Without this, a deploy with a new migration would
-    leave a host without SSH with a tick that refuses to start and so never runs the request."""
-    inbox = runtime.settings.instance / "run-once"
-    for path in sorted(inbox.glob("*.cmd")) if inbox.is_dir() else []:
-        info = path.stat()
-        if time.time() - info.st_mtime < FILE_MIN_AGE or _read(path, info.st_size)[0] != ["migrate"]:
+    now, before anything else (it cannot wait in the table: the table may not exist yet), and record
+    it once the schema is there. Without this, a deploy with a new migration would leave a host
+    without SSH with a tick that refuses to start and so never runs the request. The caller holds
+    the tick lock; `migrate` takes its own."""
+    for path in ripe_files(runtime.settings.instance / "run-once"):
+        if _read(path, path.stat().st_size)[0] != ["migrate"]:
             continue
         started = clock.utcnow()
         code, output = execute(runtime, ["migrate"])
         log.info("once: migrate from file %s before the tick, exit code %s", path.name, code)
         if code != 0:
             return False  # the file stays: the error is in the cronbox log and the next tick tries again
+        _take(runtime, path)
         request = in_transaction(runtime.sessions, lambda s: add(s, ["migrate"], source=f"file:{path.name}"))
-        in_transaction(runtime.sessions, lambda s: s.execute(update(Q).where(Q.c.id == request.id).values(
-            status="done", exit_code=code, output=output[:OUTPUT_MAX], started_at=started,
-            finished_at=clock.utcnow())))
-        runtime.settings.private_dir("run-once", "archive")
-        os.replace(path, inbox / "archive" / f"{request.id:06d}-{path.name}")
+        _finish(runtime, request.id, "done", code, output, started=started)
         return True
     return False
 
@@ -190,26 +203,63 @@ def run_pending(runtime, budget: Budget | None = None) -> int:
     return ran
 
 
-def _finish(runtime, request_id: int, status: str, code: int, output: str) -> None:
+def _finish(runtime, request_id: int, status: str, code: int, output: str, *, started=None) -> None:
     if len(output) > OUTPUT_MAX:
         output = output[:OUTPUT_MAX // 2] + "\n[... output cut ...]\n" + output[-OUTPUT_MAX // 2:]
-    in_transaction(runtime.sessions, lambda s: s.execute(
-        update(Q).where(Q.c.id == request_id).values(status=status, exit_code=code, output=output,
-                                                     finished_at=clock.utcnow())))
+    values = {"status": status, "exit_code": code, "output": output, "finished_at": clock.utcnow()}
+    if started is not None:
+        values["started_at"] = started
+    in_transaction(runtime.sessions, lambda s: s.execute(update(Q).where(Q.c.id == request_id).values(values)))
+
+
+def fail_interrupted(session: Session) -> int:
+    """Requests left "running" by a process that died. Only call with the once lock held: then no
+    other runner exists, and every running row is a leftover."""
+    return session.execute(update(Q).where(Q.c.status == "running").values(
+        status="failed", reason="interrupted: the process running it stopped before it finished",
+        finished_at=clock.utcnow())).rowcount
 
 
 class OnceStage:
-    """The tick's stage: collect ripe files, then run what is pending."""
+    """The tick's stage: collect ripe files, then run what is pending, under the once lock (the same
+    one `once run` takes: the two never take the same file or request)."""
 
     def __init__(self, runtime):
         self.runtime = runtime
         self.ran = 0
 
     def run(self, budget: Budget) -> int:
-        collected = collect_files(self.runtime)
-        ran = run_pending(self.runtime, budget)
+        inbox = self.runtime.settings.instance / "run-once"
+        if not ripe_files(inbox) and not in_transaction(self.runtime.sessions, has_waiting):
+            return 0  # the common case, every second while lingering: no lock round trips
+        done = run_locked(self.runtime, budget)
+        if done is None:
+            return 0
+        collected, ran = done
         self.ran += ran
         return collected + ran
+
+
+def has_waiting(session: Session) -> bool:
+    return session.scalar(select(Q.c.id).where(Q.c.status.in_(("pending", "running"))).limit(1)) is not None
+
+
+def run_locked(runtime, budget: Budget | None = None) -> tuple[int, int] | None:
+    """(files collected, requests run) under the once lock, or None when another runner holds it."""
+    lock = runtime.lock("once")
+    if not lock.acquire():
+        return None
+    try:
+        return run_holding_lock(runtime, budget)
+    finally:
+        lock.release()
+
+
+def run_holding_lock(runtime, budget: Budget | None = None) -> tuple[int, int]:
+    interrupted = in_transaction(runtime.sessions, fail_interrupted)
+    if interrupted:
+        log.warning("once: %d requests were interrupted by a process that died; marked failed", interrupted)
+    return collect_files(runtime), run_pending(runtime, budget)
 
 
 def listing(session: Session, limit: int = 50):

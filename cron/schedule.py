@@ -27,7 +27,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
@@ -64,6 +63,8 @@ class Task:
         if self.every_seconds is not None:
             elapsed = int((now - EPOCH).total_seconds())
             return EPOCH + timedelta(seconds=elapsed - elapsed % self.every_seconds)
+        from croniter import croniter  # here: several MB a tick without cron-expression tasks never loads
+
         zone = ZoneInfo(self.tz or "UTC")
         local = now.replace(tzinfo=timezone.utc).astimezone(zone)
         # get_prev() is strictly before; step a second ahead so a slot exactly at `now` counts.
@@ -73,6 +74,8 @@ class Task:
     def next_after(self, now: datetime) -> datetime:
         if self.every_seconds is not None:
             return self.slot(now) + timedelta(seconds=self.every_seconds)
+        from croniter import croniter
+
         zone = ZoneInfo(self.tz or "UTC")
         local = now.replace(tzinfo=timezone.utc).astimezone(zone)
         return croniter(self.cron, local).get_next(datetime).astimezone(timezone.utc).replace(tzinfo=None)
@@ -120,6 +123,8 @@ def every(*, minutes: int = 0, hours: int = 0, days: int = 0, name: str | None =
 def cron(expression: str, *, tz: str | None = None, name: str | None = None, timeout: float = 600,
          registry: TaskRegistry | None = None):
     """Run on a cron expression (5 fields), in `tz` (an IANA name) or UTC."""
+    from croniter import croniter
+
     if not isinstance(expression, str) or len(expression.split()) != 5 or not croniter.is_valid(expression):
         raise RegistrationError(f"{expression!r} is not a valid 5-field cron expression")
     if tz is not None:

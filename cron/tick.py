@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from cron import builtin  # noqa: F401  (registers the built-in tasks)
 from cron.once import OnceStage, migrate_from_file
-from cron.schedule import Scheduler
+from cron.schedule import TASKS, Scheduler
 from outbox import clock, deliveries, jobstore
 from outbox.budget import Budget
 from outbox.db import in_transaction
@@ -51,6 +51,12 @@ class TickReport:
         return line
 
 
+def longest_timeout(runtime: Runtime) -> float:
+    """The longest any registered consumer, job or scheduled task may run."""
+    timeouts = [c.timeout for c in runtime.consumers.all()] + [j.timeout for j in runtime.jobs.all()]
+    return max(timeouts + [t.timeout for t in TASKS.all()], default=0.0)
+
+
 def _check_schema(runtime: Runtime) -> None:
     """The schema must match the code; a `migrate` request file may bring it there first."""
     try:
@@ -63,12 +69,14 @@ def _check_schema(runtime: Runtime) -> None:
 
 def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bool = True,
              memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
-    lock = runtime.lock("tick", hold_seconds=int(max_time) + LOCK_SLACK + 30)
+    # The lock connection idles while one handler or task runs: its wait_timeout must outlast the
+    # longest of them, or the server drops it (and the lock) mid-run.
+    lock = runtime.lock("tick", hold_seconds=int(max_time + LOCK_SLACK + longest_timeout(runtime)))
     if not lock.acquire():
         log.info("skipped: tick already running")
         return TickReport(skipped=True)
     started = clock.monotonic()
-    runtime.shared_lock_connection = lock.connection  # one-off commands lock on it (no third connection)
+    runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
         _check_schema(runtime)
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
@@ -94,5 +102,5 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:
-        runtime.shared_lock_connection = None
+        runtime.host_lock = None
         lock.release()

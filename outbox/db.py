@@ -33,6 +33,7 @@ T = TypeVar("T")
 LOCK_CONFLICTS = {1213, 1205}  # deadlock found; lock wait timeout exceeded
 CONNECTION_LOST = {2006, 2013, 2003, 2002, 1226, 1927, 1053, 4031}  # gone away, lost, can't connect, too many user connections, killed, shutdown, idle disconnect
 SQLITE_BUSY = ("database is locked", "database table is locked")
+CRON_WAIT_TIMEOUT = 3600  # seconds; see _session_setup
 
 
 def make_engine(settings: Settings, *, role: str = "cron", url: str | None = None) -> Engine:
@@ -110,6 +111,11 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     def _session_setup(dbapi_connection, _record):
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET SESSION time_zone = '+00:00'")
+            if role == "cron":
+                # A run holds its work connection across handlers; one that spends 25 s on the
+                # network must not find it closed by a host's 20 s wait_timeout (its ack would be
+                # lost and the work repeated). Cron processes are short-lived: nothing stays open.
+                cursor.execute(f"SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, {CRON_WAIT_TIMEOUT})")
 
     return engine
 
@@ -198,12 +204,19 @@ def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]
     safe to run again, which holds for our claim/ack statements (they are
     guarded by status and claim token).
     """
+    reconnected = False
     for attempt in range(retries + 1):
         try:
             with sessions.begin() as session:
                 return work(session)
-        except OperationalError as exc:
-            if attempt >= retries or not is_lock_conflict(exc):
+        except DBAPIError as exc:
+            if exc.connection_invalidated and not reconnected:
+                # The connection was found dead (killed, server restarted): one more try on a
+                # fresh one. Safe: our statements are guarded by status and claim token.
+                reconnected = True
+                log.warning("database connection lost (%s); retrying the transaction once", mysql_error_code(exc))
+                continue
+            if attempt >= retries or not isinstance(exc, OperationalError) or not is_lock_conflict(exc):
                 raise
             log.info("lock conflict (%s), retrying transaction (%d/%d)", mysql_error_code(exc) or "busy", attempt + 1, retries)
             time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))

@@ -79,16 +79,29 @@ def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: 
     return len(events), len(rows)
 
 
-def _claimable(now: datetime):
-    return and_(D.c.status == PENDING, or_(D.c.claim_token.is_(None), D.c.lease_until < now))
-
-
 def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, limit: int, mode: str,
               lease_margin: float) -> list[Claimed]:
-    """Claim up to `limit` due deliveries for consumers registered here; counts the attempt."""
+    """Claim due deliveries for consumers registered here; counts the attempt.
+
+    A delivery whose lease expired is claimed alone, before any fresh work: its run
+    died, perhaps because of it (a consumer that gets the process killed). Claimed
+    in a batch, it would count an attempt against every batch-mate each time it
+    kills the process again; alone, only the item in flight pays.
+    """
     consumers = registry.all()
     if not consumers or limit <= 0:
         return []
+    expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
+    fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
+    for claimable, size in ((expired, 1), (fresh, limit)):
+        claimed = _claim(session, consumers, claimable, size, now=now, mode=mode, lease_margin=lease_margin)
+        if claimed:
+            return claimed
+    return []
+
+
+def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
+           lease_margin: float) -> list[Claimed]:
     earlier = aliased(Delivery)
     held_back = exists().where(
         earlier.consumer == D.c.consumer,
@@ -98,12 +111,7 @@ def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, li
     )
     candidates = (
         select(D.c.id)
-        .where(
-            _claimable(now),
-            D.c.next_attempt_at <= now,
-            D.c.consumer.in_([c.name for c in consumers]),
-            or_(D.c.key.is_(None), ~held_back),
-        )
+        .where(claimable, D.c.consumer.in_([c.name for c in consumers]), or_(D.c.key.is_(None), ~held_back))
         .order_by(D.c.id)
         .limit(limit)
     )
@@ -114,13 +122,12 @@ def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, li
         "attempts": D.c.attempts + 1,
         "lease_until": case(leases, value=D.c.consumer, else_=max(leases.values())),
     }
-    ids = claim(session, D, candidates, _claimable(now), values, mode=mode, direct_lock=False)
+    ids = claim(session, D, candidates, claimable, values, mode=mode, direct_lock=False)
     if not ids:
         return []
     rows = session.execute(
         select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
-               E.c.type,
-               E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
+               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
         .join(E, E.c.id == D.c.event_id)
         .where(D.c.id.in_(ids))
         .order_by(D.c.id)
@@ -253,15 +260,8 @@ def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
                                    oldest_due_at=oldest if oldest is not None and oldest <= now else None)
     # A key is blocked when a dead delivery, or one that has failed before and waits to
     # retry, holds it and later deliveries of the key are waiting behind it.
-    later = aliased(Delivery)
     blocked = session.execute(
-        select(D.c.consumer, func.count(func.distinct(D.c.key)))
-        .where(
-            D.c.key.is_not(None),
-            or_(D.c.status == DEAD, and_(D.c.status == PENDING, D.c.attempts > 0, D.c.claim_token.is_(None))),
-            exists().where(later.consumer == D.c.consumer, later.key == D.c.key, later.status == PENDING,
-                           later.event_id > D.c.event_id),
-        )
+        select(D.c.consumer, func.count(func.distinct(D.c.key))).where(_holding_a_key(), _waiting_behind() > 0)
         .group_by(D.c.consumer)
     ).all()
     for name, count in blocked:
@@ -269,19 +269,26 @@ def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
     return out
 
 
+def _holding_a_key():
+    """A keyed delivery that is dead, or has failed before and waits to retry: it holds its key."""
+    return and_(D.c.key.is_not(None),
+                or_(D.c.status == DEAD, and_(D.c.status == PENDING, D.c.attempts > 0, D.c.claim_token.is_(None))))
+
+
+def _waiting_behind():
+    """How many later deliveries of the same consumer and key wait behind this one."""
+    later = aliased(Delivery)
+    return (select(func.count()).where(later.consumer == D.c.consumer, later.key == D.c.key,
+                                       later.status == PENDING, later.event_id > D.c.event_id)
+            .correlate(D).scalar_subquery())
+
+
 def blocked_keys(session: Session, limit: int = 50):
     """(consumer, key, holding delivery id, its status, deliveries waiting behind it)."""
-    later = aliased(Delivery)
-    waiting = (
-        select(func.count()).where(later.consumer == D.c.consumer, later.key == D.c.key, later.status == PENDING,
-                                   later.event_id > D.c.event_id)
-        .correlate(D).scalar_subquery()
-    )
+    waiting = _waiting_behind()
     return session.execute(
         select(D.c.consumer, D.c.key, D.c.id, D.c.status, waiting.label("waiting"))
-        .where(D.c.key.is_not(None),
-               or_(D.c.status == DEAD, and_(D.c.status == PENDING, D.c.attempts > 0, D.c.claim_token.is_(None))),
-               waiting > 0)
+        .where(_holding_a_key(), waiting > 0)
         .order_by(D.c.id)
         .limit(limit)
     ).all()

@@ -70,5 +70,9 @@ class PermanentFailure(Exception):
     """
 
 
-class HandlerTimeout(Exception):
-    """Raised inside a handler by the worker's timer when it runs past its `timeout`."""
+class HandlerTimeout(BaseException):
+    """Raised inside a handler by the worker's timer when it runs past its `timeout`.
+
+    A BaseException, like KeyboardInterrupt: a handler's own `except Exception:` must not
+    swallow it and run on past its lease with no timer left.
+    """

@@ -12,15 +12,15 @@ import os
 
 CRASH_EXIT_CODE = 86
 _hits: dict[str, int] = {}
+# Read once: a crash point sits on every item's path, and the variable is set before the process
+# starts (the tests run a fresh process per fault).
+_TARGET = os.environ.get("CRONBOX_CRASH_AT") or ""
+_STEP, _, _NTH = _TARGET.partition(":")
 
 
 def crash_point(step: str) -> None:
-    target = os.environ.get("CRONBOX_CRASH_AT")
-    if not target:
-        return
-    name, _, nth = target.partition(":")
-    if name != step:
+    if not _TARGET or step != _STEP:
         return
     _hits[step] = _hits.get(step, 0) + 1
-    if _hits[step] >= int(nth or 1):
+    if _hits[step] >= int(_NTH or 1):
         os._exit(CRASH_EXIT_CODE)

@@ -3,9 +3,8 @@
 ready --claim--> reserved --ack--> done
                           --retry--> ready (later) --...--> failed (tries used up / permanent)
 `available_at` is the due time of a ready job and the lease expiry of a reserved
-one; finished jobs have NULL there, so the claim scans one index range,
-(queue, available_at <= now), that finished rows never enter. A reserved job
-whose lease ran out is simply due again. Every change after the claim is
+one (NULL once finished); the claim reads one index range (queue, status,
+available_at <= now). A reserved job whose lease ran out is due again, alone. Every change after the claim is
 guarded by `claim_token`: rowcount 0 means the lease was lost.
 """
 from __future__ import annotations
@@ -40,17 +39,30 @@ class ClaimedJob:
 
 def claim_due(session: Session, registry: JobRegistry, queue: str, *, now: datetime, limit: int, mode: str,
               lease_margin: float) -> list[ClaimedJob]:
-    """Claim up to `limit` due jobs of one queue (handlers registered here only); counts the attempt.
+    """Claim due jobs of one queue (handlers registered here only); counts the attempt.
 
+    A reserved job whose lease expired is claimed alone, before fresh work: the
+    worker holding it died, perhaps because of it; claimed in a batch it would
+    count an attempt against every batch-mate each time it kills the worker again.
     The candidate query has no subquery, so on servers with SKIP LOCKED it locks
     directly: concurrent workers skip each other's rows instead of waiting.
     """
     handlers = [h for h in registry.all() if h.queue == queue]
     if not handlers or limit <= 0:
         return []
+    for status, size in ((RESERVED, 1), (READY, limit)):
+        claimed = _claim(session, handlers, queue, status, size, now=now, mode=mode, lease_margin=lease_margin)
+        if claimed:
+            return claimed
+    return []
+
+
+def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, now: datetime, mode: str,
+           lease_margin: float) -> list[ClaimedJob]:
+    claimable = and_(J.c.queue == queue, J.c.status == status, J.c.available_at <= now)
     candidates = (
         select(J.c.id)
-        .where(J.c.queue == queue, J.c.available_at <= now, J.c.handler.in_([h.name for h in handlers]))
+        .where(claimable, J.c.handler.in_([h.name for h in handlers]))
         .order_by(J.c.available_at, J.c.id)
         .limit(limit)
     )
@@ -63,7 +75,7 @@ def claim_due(session: Session, registry: JobRegistry, queue: str, *, now: datet
         "available_at": case(leases, value=J.c.handler, else_=max(leases.values())),
         "reserved_at": now,
     }
-    ids = claim(session, J, candidates, J.c.available_at <= now, values, mode=mode)
+    ids = claim(session, J, candidates, claimable, values, mode=mode)
     if not ids:
         return []
     rows = session.execute(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 
-import filelock
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
@@ -118,16 +117,19 @@ class MySQLLock:
 
 class FileLock:
     def __init__(self, settings: Settings, purpose: str):
+        import filelock  # here: only SQLite installations need it
+
         settings.private_dir("locks")
         self.name = purpose
         self.path = settings.locks_dir / f"{purpose}.lock"
         self._lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
+        self._timeout = filelock.Timeout
 
     def acquire(self) -> bool:
         try:
             self._lock.acquire(timeout=0)
             return True
-        except filelock.Timeout:
+        except self._timeout:
             return False
 
     def held(self) -> bool:

@@ -75,8 +75,9 @@ class Delivery(Base):
 
     __table_args__ = (
         UniqueConstraint("event_id", "consumer"),
-        # The claim scan: due pending rows in id order.
+        # The claim scans: due pending rows in id order; leases that expired.
         Index(None, "status", "next_attempt_at", "id"),
+        Index(None, "status", "lease_until"),
         # The per-key ordering check: an earlier holding delivery of this key?
         Index(None, "consumer", "key", "status", "event_id"),
     )
@@ -109,8 +110,8 @@ class Heartbeat(Base):
 # ---- the job queue -------------------------------------------------------------------
 
 # Job statuses. `available_at` is when a job may be claimed: its due time while
-# ready, its lease expiry while reserved, NULL once finished. Claims therefore
-# scan one index range (queue, available_at <= now) that finished rows never enter.
+# ready, its lease expiry while reserved, NULL once finished. Claims read one
+# index range: (queue, status, available_at <= now).
 READY, RESERVED, JOB_DONE, FAILED = "ready", "reserved", "done", "failed"
 
 
@@ -138,7 +139,7 @@ class Job(Base):
     traceback: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
-        Index(None, "queue", "available_at", "id"),
+        Index(None, "queue", "status", "available_at", "id"),
         Index(None, "status", "finished_at"),
     )
 

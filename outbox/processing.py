@@ -68,6 +68,7 @@ class Processor:
         self.runtime = runtime
         self.sessions = runtime.sessions
         self.stats = RunStats()
+        self._started = False  # has the current item's handler been called?
 
     # -- to implement --------------------------------------------------------------
     def _handler(self, item): raise NotImplementedError
@@ -99,13 +100,15 @@ class Processor:
             if index and budget.stop_reason() is not None:
                 self._release(claimed[index:])
                 break
+            self._started = False
             try:
                 if self._run_one(item, quiet_acks, budget):
                     handled += 1
             except BaseException:
-                # Database gone, or an interrupt: ack what finished, give back what never started.
+                # Database gone, or an interrupt: ack what finished, give back what never started
+                # (this item too, if it failed before its handler was called).
                 self._flush(quiet_acks, best_effort=True)
-                self._release(claimed[index + 1:], best_effort=True)
+                self._release(claimed[index + (1 if self._started else 0):], best_effort=True)
                 raise
         self._flush(quiet_acks)
         return handled
@@ -125,10 +128,14 @@ class Processor:
                                   "but never finished (process killed or lease expired)"))
             return True
         crash_point("after-claim")
-        ctx = Context(attempt=item.attempts, trace_id=item.trace_id, idempotency_key=f"{self.kind}-{item.id}",
+        # The random trace id makes the key unique for good: SQLite (and MySQL 5.7 after a restart)
+        # hands out a pruned row's id again, and keys outlive their rows (notifications, send attempts).
+        ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
+                      idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
                       sessions=self.sessions, settings=self.runtime.settings)
         outcome = self._before_call(item, handler)
         if outcome is None:
+            self._started = True
             outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
             budget.record(outcome.seconds)
         if outcome.ok and not ctx.session_used:
@@ -208,26 +215,37 @@ class Processor:
             next_at = self._retry_later_at(item, handler, outcome, now)
             if next_at is not None:
                 def reschedule(session):
+                    if not self._sql_reschedule(session, item, next_at, None, True):
+                        return False
                     self._on_retry_later(session, item, handler, outcome, now)
-                    return self._sql_reschedule(session, item, next_at, None, True)
+                    return True
 
-                in_transaction(self.sessions, reschedule)
-                self.stats.deferred += 1
-                self._log(item, handler, "retry-later", outcome)
+                if self._lease_held(in_transaction(self.sessions, reschedule), item, handler, outcome):
+                    self.stats.deferred += 1
+                    self._log(item, handler, "retry-later", outcome)
                 return
             outcome = Outcome(PERMANENT, outcome.seconds, f"{outcome.error}; retry_until has passed")
         if outcome.kind == PERMANENT or item.attempts >= handler.max_attempts:
             self._give_up(item, handler, outcome)
             return
         next_at = now + timedelta(seconds=handler.backoff.delay(item.attempts))
-        in_transaction(self.sessions, lambda s: self._sql_reschedule(s, item, next_at, outcome.error, False))
-        self.stats.retried += 1
-        self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
+        held = in_transaction(self.sessions, lambda s: self._sql_reschedule(s, item, next_at, outcome.error, False))
+        if self._lease_held(held, item, handler, outcome):
+            self.stats.retried += 1
+            self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
 
     def _give_up(self, item, handler, outcome: Outcome) -> None:
-        in_transaction(self.sessions, lambda s: self._sql_give_up(s, item, outcome, clock.utcnow()))
-        self.stats.gave_up += 1
-        self._log(item, handler, self.gave_up_word, outcome)
+        held = in_transaction(self.sessions, lambda s: self._sql_give_up(s, item, outcome, clock.utcnow()))
+        if self._lease_held(held, item, handler, outcome):
+            self.stats.gave_up += 1
+            self._log(item, handler, self.gave_up_word, outcome)
+
+    def _lease_held(self, held: bool, item, handler, outcome: Outcome) -> bool:
+        """A token-guarded update that matched nothing: another run holds the item now; say so."""
+        if not held:
+            self.stats.lease_lost += 1
+            self._log(item, handler, "lease-lost", outcome, "another run holds it now; this outcome is not recorded")
+        return held
 
     gave_up_word = "dead"
 

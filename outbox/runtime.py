@@ -6,6 +6,7 @@ run lock) or by create_app() (role "web").
 from __future__ import annotations
 
 import importlib
+import threading
 import logging
 import sys
 
@@ -36,8 +37,9 @@ class Runtime:
         self.jobs = jobs if jobs is not None else JOBS
         self._lock_engine: Engine | None = None
         self._claim_mode: str | None = None
-        # Set by the tick while it holds its lock: locks of commands run inside it share that connection.
-        self.shared_lock_connection = None
+        # While a tick holds its lock, commands it runs take their locks on the same connection. Per
+        # thread: a threaded web server may run two web ticks on one runtime.
+        self._local = threading.local()
 
     @property
     def is_mysql(self) -> bool:
@@ -66,11 +68,22 @@ class Runtime:
         configured = list(self.settings.queues)
         return configured + [q for q in self.jobs.queues() if q not in configured]
 
+    @property
+    def host_lock(self) -> RunLock | None:
+        """The lock of the run (a tick) inside which this thread now executes commands, if any."""
+        return getattr(self._local, "host_lock", None)
+
+    @host_lock.setter
+    def host_lock(self, lock: RunLock | None) -> None:
+        self._local.host_lock = lock
+
     def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
         if self._lock_engine is None:
             self._lock_engine = make_engine(self.settings, role="lock") if self.is_mysql else self.engine
+        host = self.host_lock
+        # Read the connection now: after a re-take the host lock holds a new one.
         return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds,
-                        borrowed=self.shared_lock_connection)
+                        borrowed=host.connection if host is not None else None)
 
     def ensure_schema(self) -> None:
         ensure_schema(self.settings, self.engine, lambda purpose: self.lock(purpose))

@@ -116,10 +116,14 @@ class Worker(Processor):
                         skip_channel=pause.channel)
 
     def _retry_later_at(self, item, handler, outcome: Outcome, now: datetime) -> datetime | None:
+        """RetryLater may postpone a job until its retry_until: the last wait is cut to that
+        deadline, and a RetryLater at or after it fails the job ("retry_until has passed")."""
         next_at = now + timedelta(seconds=outcome.retry_in or 0)
-        if item.retry_until is not None and next_at > item.retry_until:
-            return None  # fails: "retry_until has passed"
-        return next_at
+        if item.retry_until is None:
+            return next_at
+        if now >= item.retry_until:
+            return None
+        return min(next_at, item.retry_until)
 
     def _sql_ack(self, session, ids, token, now) -> int:
         return jobstore.ack(session, ids, token, now)

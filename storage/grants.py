@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, or_, select, update
-from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from outbox.db import insert_ignore
 from sqlalchemy.orm import Session
 
 from .errors import GrantInvalid
@@ -76,11 +75,7 @@ def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Deci
 
 def _insert_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
     values = {"grant_id": grant_id, "jti_hash": jti_hash, "first_at": now, "last_at": now, "requests": 1}
-    if session.get_bind().dialect.name == "sqlite":
-        statement = sqlite_insert(GrantUse).values(**values).on_conflict_do_nothing()
-    else:
-        statement = mysql_insert(GrantUse).values(**values).prefix_with("IGNORE")
-    return session.execute(statement).rowcount == 1
+    return insert_ignore(session, GrantUse.__table__, values).rowcount == 1
 
 
 def _take_use(session: Session, grant_id: str, now: datetime) -> bool:

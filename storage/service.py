@@ -39,6 +39,11 @@ MAX_TYPE = 127
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def owner_text(owner) -> str:
+    """An owner reference: opaque text (never a name), checked the same way everywhere."""
+    return _text(owner, "the owner", 191)
+
+
 def _text(value, what: str, limit: int) -> str:
     if not isinstance(value, str) or not value or len(value) > limit or _CONTROL.search(value):
         raise StorageError(f"{what} must be non-empty text of at most {limit} characters without control characters")
@@ -193,7 +198,7 @@ class Storage:
 
         `actor` names who uploaded it (an operator, "upload-token") for the audit entry.
         """
-        _text(owner, "the owner", 191)
+        owner_text(owner)
         session.add(SealedFile(id=sealed.file_id, owner=owner, algorithm=sealed.algorithm, key_id=sealed.key_id,
                                wrapped_key=sealed.wrapped_key, meta=sealed.meta, size=sealed.size,
                                sealed_size=sealed.sealed_size, created_at=clock.utcnow()))
@@ -208,7 +213,7 @@ class Storage:
         self.vault.remove(sealed.file_id)
 
     def put(self, session: Session, stream, *, filename: str, content_type: str, owner: str) -> str:
-        _text(owner, "the owner", 191)
+        owner_text(owner)
         sealed = self.seal(stream, filename=filename, content_type=content_type)
         return self.add(session, sealed, owner=owner)
 

@@ -66,9 +66,10 @@ def job(rt, job_id: int) -> Job:
         return session.get(Job, job_id)
 
 
-def outcomes(rt) -> list[str]:
+def outcomes(rt, *, with_sending: bool = False) -> list[str]:
     with rt.sessions() as session:
-        return list(session.scalars(select(SendAttempt.outcome).order_by(SendAttempt.id)))
+        found = list(session.scalars(select(SendAttempt.outcome).order_by(SendAttempt.id)))
+    return found if with_sending else [o for o in found if o != "sending"]
 
 
 def test_sent_masked_in_logs_attempt_recorded(sms_rt, providers, caplog):
@@ -84,8 +85,9 @@ def test_sent_masked_in_logs_attempt_recorded(sms_rt, providers, caplog):
     text = caplog.text
     assert "+98*******000" in text
     assert "9120000000" not in text and SECRET_TEXT not in text and API_KEY not in text and TWILIO_TOKEN not in text
+    assert outcomes(sms_rt, with_sending=True) == ["sending", "sent"]
     with sms_rt.sessions() as session:
-        attempt = session.scalars(select(SendAttempt)).one()
+        attempt = session.scalars(select(SendAttempt).where(SendAttempt.outcome == "sent")).one()
     assert attempt.recipient_masked == "+98*******000" and attempt.provider_id
 
 
@@ -149,6 +151,38 @@ def test_timeout_is_an_unknown_outcome_and_never_resent_blindly(sms_rt, provider
     assert job(sms_rt, job_id).status == "done"
     assert len(providers.sends(sms_rt.driver)) == 1  # looked up, found, not sent again
     assert outcomes(sms_rt) == ["unknown", "found"]
+
+
+def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, providers, monkeypatch):
+    """No socket timeout this time: the job's own timer interrupts the POST (as a SIGKILL would):
+    only the "sending" row tells the next attempt that the message may be out."""
+    from outbox.jobs import JOBS
+
+    monkeypatch.setitem(JOBS._by_name, "cronbox.sms", _replace(JOBS.get("cronbox.sms"), timeout=0.3))
+    slow = make_runtime_like(sms_rt, CRONBOX_CHANNEL_TIMEOUT="5")
+    try:
+        with clock.frozen(clock.utcnow()):
+            job_id = dispatch_sms(slow, "+989129999999")
+            work(slow)
+            row = job(slow, job_id)
+            assert row.status == "ready" and "HandlerTimeout" in row.last_error
+            assert outcomes(slow, with_sending=True) == ["sending"]
+            clock.advance(3600)
+            work(slow)
+        assert job(slow, job_id).status == "done"
+        assert len(providers.sends(sms_rt.driver)) == 1
+        assert outcomes(slow) == ["found"]
+    finally:
+        slow.dispose()
+
+
+def make_runtime_like(rt, **extra) -> Runtime:
+    return Runtime(load_settings(environ={**rt.settings.raw, **extra}), consumers=ConsumerRegistry(), jobs=JOBS)
+
+
+def _replace(handler, **changes):
+    from dataclasses import replace
+    return replace(handler, **changes)
 
 
 def test_twilio_lookup_failure_fails_as_outcome_unknown_and_alerts(env, runtime, providers):
@@ -219,12 +253,16 @@ def test_notifications_are_written_exactly_once(env, runtime):
         with rt.sessions.begin() as session:
             notify.dispatch(session, {"to": "patient-7", "kind": "appointment", "title": "Booked", "body": "See you"})
         work(rt, ["notifications"])
+        with rt.sessions() as session:
+            [row] = session.scalars(select(Notification)).all()
+            trace = session.scalars(select(Job.trace_id)).one()
+        assert row.dedupe_key == f"job-1-{trace}"
         with rt.sessions.begin() as session:  # a repeated run of the same job adds nothing
             add_notification(session, recipient="patient-7", kind="appointment", title="Booked", body="See you",
-                             dedupe_key="job-1")
+                             dedupe_key=row.dedupe_key)
         with rt.sessions() as session:
             rows = session.scalars(select(Notification)).all()
-        assert [(n.recipient, n.title, n.dedupe_key) for n in rows] == [("patient-7", "Booked", "job-1")]
+        assert [(n.recipient, n.title) for n in rows] == [("patient-7", "Booked")]
     finally:
         rt.dispose()
 
@@ -275,7 +313,7 @@ def test_email_is_delivered_over_smtp(env, runtime, smtp_server, caplog):
         job_id = dispatch_mail(rt, "patient@example.org")
         assert work(rt, ["mail"]).done == 1
         [message] = mailbox.messages
-        assert "Subject: Your results" in message and f"Message-ID: <job-{job_id}." in message
+        assert "Subject: Your results" in message and f"Message-ID: <job-{job_id}-{job(rt, job_id).trace_id}@" in message
         assert outcomes(rt) == ["sent"]
         assert "patient@example.org" not in caplog.text and "to=p***@example.org" in caplog.text
     finally:

@@ -241,3 +241,26 @@ def test_a_migrate_request_file_lets_a_tick_bring_the_schema_up_first(env, datab
     assert "file:deploy.cmd" in listed.stdout and "done" in listed.stdout
     shown = run_cli(env, "once", "show", "1")
     assert "migrate: empty -> " in shown.stdout
+
+
+def test_a_handler_longer_than_the_servers_wait_timeout_keeps_the_work_connection(
+        runtime, tick_env, short_wait_timeout, tmp_path):
+    """wait_timeout=2 (as on many shared hosts, 20 s); handlers of 3 s. The worker's held
+    connection must survive them: no 'connection lost', every job run exactly once."""
+    from tests.handlers import jobs as test_jobs
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with runtime.sessions.begin() as session:
+        for n in range(2):
+            test_jobs.slow.job.dispatch(session, {"n": n})
+    proc = subprocess.run([sys.executable, "-m", "cron", "queue", "work", "--stop-when-empty"],
+                          env=child_env({**tick_env, "CRONBOX_HANDLERS": "tests.handlers.jobs", "TEST_SLEEP": "3",
+                                         "TEST_RUNS_DIR": str(runs)}),
+                          cwd="/", capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 jobs (2 done" in proc.stdout
+    lines = [line for path in runs.iterdir() for line in path.read_text().splitlines()]
+    assert sorted(line.split()[0] for line in lines) == ["0", "1"]
+    logs = "".join(p.read_text() for p in runtime.settings.logs_dir.glob("cronbox-*.log"))
+    assert "connection lost" not in logs

@@ -164,8 +164,10 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     assert by_source["file:c-garbage.cmd"].status == "refused" and "not UTF-8" in by_source["file:c-garbage.cmd"].reason
     assert by_source["file:d-quote.cmd"].status == "refused" and "cannot parse" in by_source["file:d-quote.cmd"].reason
     assert "file:e-young.cmd" not in by_source and (inbox / "e-young.cmd").exists()
-    assert sorted(p.name.split("-", 1)[1] for p in (inbox / "archive").iterdir()) == [
-        "a-migrate.cmd", "b-evil.cmd", "c-garbage.cmd", "d-quote.cmd"]
+    archived = sorted(p.name for p in (inbox / "archive").iterdir())
+    for original in ("a-migrate.cmd", "b-evil.cmd", "c-garbage.cmd", "d-quote.cmd"):
+        assert sum(name.endswith(f"-{original}") for name in archived) == 1
+    assert len(archived) == 4
     run_tick(runtime, max_time=10, linger=False, memory_mb=4096)
     assert len(requests(runtime)) == 4  # nothing runs twice
 
@@ -353,3 +355,25 @@ def test_web_cron_token_rate_limit_and_no_overlap(client_for, runtime, registry)
         assert answer.status_code == 200 and answer.json == {"skipped": True, "reason": "tick already running"}
     finally:
         lock.release()
+
+
+def test_requests_left_running_by_a_dead_process_are_marked_failed(runtime):
+    with runtime.sessions.begin() as session:
+        session.add(OnceRequest(argv=json.dumps(["migrate"]), source="cli", status="running",
+                                requested_at=clock.utcnow(), started_at=clock.utcnow()))
+    assert once.run_locked(runtime) == (0, 0)
+    [row] = requests(runtime)
+    assert row.status == "failed" and "interrupted" in row.reason
+
+
+def test_a_busy_once_lock_skips_the_stage_and_the_command(runtime, env, settings):
+    write_cmd(settings.instance / "run-once", "a.cmd", b"queue status\n")
+    lock = runtime.lock("once")
+    assert lock.acquire()
+    try:
+        assert once.run_locked(runtime) is None
+        assert invoke(env, "once", "run").output.startswith("skipped: once run already running")
+        assert (settings.instance / "run-once" / "a.cmd").exists()
+    finally:
+        lock.release()
+    assert once.run_locked(runtime) == (1, 1)

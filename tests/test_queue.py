@@ -168,8 +168,11 @@ def test_retry_later_uses_no_attempt_and_stops_at_retry_until(rt, jobs):
             if row.status == "failed":
                 break
             assert row.attempts == 0  # RetryLater refunded the attempt
+            assert row.available_at <= T0 + timedelta(minutes=10)
             clock.advance(121)
-    assert calls == [1, 1, 1, 1, 1]  # 5 x 121 s < 10 min; the 5th would wait past retry_until
+    # Runs at 0, 121, 242, 363, 484 s; the wait after that is cut to the 600 s deadline; the run at
+    # 605 s asks to wait again after retry_until has passed: failed.
+    assert calls == [1, 1, 1, 1, 1, 1]
     assert row.status == "failed" and "retry_until has passed" in row.last_error
 
 
@@ -338,3 +341,21 @@ def test_max_jobs_and_memory_limits(rt, jobs):
     stats = work(rt, memory_mb=8)
     assert stats.done == 0
     assert [j.attempts for j in all_jobs(rt)] == [1, 1, 0, 0, 0]
+
+
+def test_idempotency_keys_stay_unique_when_pruned_ids_come_back(rt, jobs):
+    """SQLite gives a pruned row's id to the next row; keys (kept in notifications, send attempts)
+    must not repeat, or the new job's notification would be taken for the old one's."""
+    keys = []
+
+    @job("notifications", name="keyed", registry=jobs)
+    def keyed(payload, ctx):
+        keys.append(ctx.idempotency_key)
+
+    for _ in range(2):
+        with rt.sessions.begin() as session:
+            keyed.dispatch(session, {})
+        work(rt)
+        with rt.sessions.begin() as session:
+            session.execute(Job.__table__.delete())  # queue prune
+    assert len(set(keys)) == 2 and all(k.startswith("job-") for k in keys)

@@ -191,3 +191,54 @@ def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_
 def test_registry_of_the_test_module_is_the_global_one():
     """The subprocess handlers register in the process-wide registry (as CRONBOX_HANDLERS modules do)."""
     assert JOBS.get("jobs.record") is test_jobs.record_run.job
+
+
+@pytest.mark.slow
+def test_a_killer_job_in_a_batch_does_not_use_up_its_batch_mates(runtime, job_env):
+    """The poison job kills the worker at every attempt; the jobs claimed with it must not pay an
+    attempt per crash (they were never started), nor be failed with it."""
+    with runtime.sessions.begin() as session:
+        for n in range(3):
+            test_jobs.write.job.dispatch(session, {"n": n})
+        test_jobs.poison.job.dispatch(session, {"n": 99})
+        for n in range(3, 6):
+            test_jobs.write.job.dispatch(session, {"n": n})
+    codes = []
+    for _ in range(8):
+        proc = run_cli(job_env, "queue", "work", "--stop-when-empty")
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        time.sleep(LEASE)
+    assert codes[-1] == 0 and codes.count(9) == 3
+    rows = job_rows(runtime)
+    poison = next(r for r in rows if r.handler == "jobs.poison")
+    others = [r for r in rows if r.handler == "jobs.write"]
+    assert poison.status == "failed"
+    assert all(r.status == "done" for r in others)
+    assert max(r.attempts for r in others) <= 2  # the first crash's claim, then their own run
+
+
+def test_a_timeout_is_not_swallowed_by_the_handlers_own_except(runtime):
+    from outbox.jobs import JobRegistry, job
+    from outbox.worker import Worker
+    from outbox.budget import Budget
+
+    registry = JobRegistry()
+
+    @job(name="stubborn", timeout=0.3, tries=1, registry=registry)
+    def stubborn(payload, ctx):
+        try:
+            time.sleep(5)
+        except Exception:  # a handler's blanket except must not eat the timer
+            pass
+        time.sleep(5)
+
+    runtime.jobs = registry
+    with runtime.sessions.begin() as session:
+        stubborn.dispatch(session, {})
+    started = time.monotonic()
+    Worker(runtime).run(Budget(max_time=30, memory_mb=None))
+    assert time.monotonic() - started < 3
+    [row] = job_rows(runtime)
+    assert row.status == "failed" and "HandlerTimeout" in row.last_error

@@ -216,3 +216,22 @@ def test_sigterm_finishes_the_current_handler_and_exits_zero(runtime, tick_env, 
     assert "delivered 1" in out and "stopped: signal" in out
     [row] = deliveries(runtime)
     assert row.status == "done"
+
+
+@pytest.mark.slow
+def test_a_killer_consumer_in_a_batch_does_not_use_up_its_batch_mates(runtime, tick_env):
+    ids = record(runtime, "work", 2) + record(runtime, "poison", 1) + record(runtime, "work", 2)
+    codes = []
+    for _ in range(8):
+        proc = run_cli(tick_env, "tick", "--no-linger")
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        time.sleep(LEASE)
+    assert codes[-1] == 0 and codes.count(9) == 3
+    rows = deliveries(runtime)
+    assert [r.status for r in rows if r.consumer == "effects.poison"] == ["dead"]
+    others = [r for r in rows if r.consumer != "effects.poison"]
+    assert len(others) == 8 and all(r.status == "done" for r in others)
+    assert max(r.attempts for r in others) <= 2
+    assert db_effects(runtime) == Counter({i: 1 for i in ids if i != ids[2]})

@@ -23,9 +23,7 @@ may buffer before Python sees the body is documented in the README.
 """
 from __future__ import annotations
 
-import hmac
 import logging
-from hashlib import sha256
 from typing import Callable
 from urllib.parse import unquote
 
@@ -40,10 +38,11 @@ from outbox.settings import Settings
 from storage import audit, grants
 from storage.errors import GrantInvalid, IntegrityError, StorageError, TooLarge, UnknownKey
 from storage.keys import check_key_folder
-from storage.service import OpenedFile, Storage
+from storage.service import OpenedFile, Storage, owner_text
 from storage.tokens import TokenRefused
 
 from . import runtime
+from .auth import bearer_matches
 from .client import client_ip
 from .disposition import content_disposition, content_type
 from .ranges import plan
@@ -241,15 +240,8 @@ def download(token: str):
 # --- uploads -------------------------------------------------------------------------------------
 
 def bearer_upload_token(req: Request, settings: Settings) -> str | None:
-    """`Authorization: Bearer <CRONBOX_UPLOAD_TOKEN>`, compared in constant time (digests: equal lengths)."""
-    if not settings.upload_token:
-        return None
-    scheme, _, given = req.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return None
-    if hmac.compare_digest(sha256(given.strip().encode()).digest(), sha256(settings.upload_token.encode()).digest()):
-        return "upload-token"
-    return None
+    """`Authorization: Bearer <CRONBOX_UPLOAD_TOKEN>`, compared in constant time (web.auth)."""
+    return "upload-token" if bearer_matches(settings.upload_token) else None
 
 
 # Who may upload: each authorizer returns a principal (recorded in the audit) or None. The operator
@@ -296,6 +288,9 @@ def upload():
     try:
         file_id = in_transaction(runtime().sessions, lambda s: st.add(s, sealed, owner=owner, client=client,
                                                                       actor=principal))
+    except StorageError as exc:
+        st.discard(sealed)
+        return _json_error(str(exc), 400)
     except BaseException:
         st.discard(sealed)
         raise
@@ -303,9 +298,10 @@ def upload():
 
 
 def _owner(value: str | None) -> str:
+    """Checked before a byte is sealed, with the rule Storage.add applies (a bad owner is a 400, not a 500)."""
     if not value:
         raise StorageError("say whose file this is: X-Cronbox-Owner header (raw body) or an `owner` form field")
-    return value
+    return owner_text(value)
 
 
 def _receive_body(st: Storage, limit: int):

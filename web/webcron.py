@@ -10,6 +10,8 @@ answers with a JSON summary. With no token configured the endpoint does not exis
 """
 from __future__ import annotations
 
+import math
+
 from flask import Blueprint, abort, jsonify
 
 from cron.tick import run_tick
@@ -23,10 +25,13 @@ bp = Blueprint("webcron", __name__)
 
 
 def _seconds(settings, name: str, default: float) -> float:
+    """A positive, finite number of seconds from the settings, or the default (an operator's typo in
+    .env must not turn every call into a 500)."""
     try:
-        return max(float(settings.get(name) or default), 1.0)
+        value = float(settings.get(name) or default)
     except ValueError:
         return default
+    return max(value, 1.0) if math.isfinite(value) else default
 
 
 @bp.post("/cron/tick")

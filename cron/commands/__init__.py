@@ -1,2 +1,2 @@
-"""Importing this package registers every command on cron.cli.cli."""
-from cron.commands import demo, migrate, ops_cmds, outbox_cmds, queue_cmds, storage_cmds, tick  # noqa: F401
+"""Importing this package registers every command on cron.cli.cli (storage_cmds lazily: see cron.cli.Group)."""
+from cron.commands import demo, migrate, ops_cmds, outbox_cmds, queue_cmds, tick  # noqa: F401

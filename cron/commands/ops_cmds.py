@@ -106,16 +106,15 @@ def once_show(request_id):
 def once_run():
     """Collect *.cmd files and run pending requests now (what the tick does)."""
     rt = runtime()
-    lock = rt.lock("once")
+    lock = rt.lock("once")  # the tick's run-once stage takes the same lock
     if not lock.acquire():
         click.echo("skipped: once run already running")
         return
-    rt.shared_lock_connection = lock.connection
+    rt.host_lock = lock  # the commands it runs take their locks on this connection
     try:
-        collected = once_requests.collect_files(rt)
-        ran = once_requests.run_pending(rt)
+        collected, ran = once_requests.run_holding_lock(rt)
     finally:
-        rt.shared_lock_connection = None
+        rt.host_lock = None
         lock.release()
     click.echo(f"once: {collected} files collected, {ran} requests run")
 

@@ -59,6 +59,7 @@ def upgrade() -> None:
         "cronbox_deliveries",
         ["status", "next_attempt_at", "id"],
     )
+    op.create_index(op.f("ix_cronbox_deliveries_status_lease_until"), "cronbox_deliveries", ["status", "lease_until"])
     op.create_index(
         op.f("ix_cronbox_deliveries_consumer_key_status_event_id"),
         "cronbox_deliveries",

@@ -42,7 +42,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cronbox_jobs")),
         sa.UniqueConstraint("unique_key", name=op.f("uq_cronbox_jobs_unique_key")),
     )
-    op.create_index(op.f("ix_cronbox_jobs_queue_available_at_id"), "cronbox_jobs", ["queue", "available_at", "id"])
+    op.create_index(op.f("ix_cronbox_jobs_queue_status_available_at_id"), "cronbox_jobs",
+                    ["queue", "status", "available_at", "id"])
     op.create_index(op.f("ix_cronbox_jobs_status_finished_at"), "cronbox_jobs", ["status", "finished_at"])
 
     op.create_table(

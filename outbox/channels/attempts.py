@@ -37,6 +37,18 @@ def previous(ctx, channel: str) -> list[tuple[str, datetime]]:
     return rows
 
 
+def unknown_since(rows: list[tuple[str, datetime]]) -> datetime | None:
+    """When the first send with an unknown outcome went out: a "sending" row followed by "unknown",
+    or by nothing at all (the job timed out or the process was killed mid-request)."""
+    for index, (outcome, at) in enumerate(rows):
+        if outcome != "sending":
+            continue
+        following = rows[index + 1][0] if index + 1 < len(rows) else None
+        if following in (None, "sending", "unknown"):
+            return at
+    return None
+
+
 def mask_recipient(recipient: str) -> str:
     if "@" in recipient:
         name, _, domain = recipient.partition("@")

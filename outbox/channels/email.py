@@ -32,7 +32,7 @@ def build_message(config: ChannelConfig, ctx, *, to: str, subject: str, text: st
     message["Subject"] = subject
     message["Date"] = formatdate(usegmt=True)
     domain = config.mail_from.rpartition("@")[2] or "cronbox.invalid"
-    message["Message-ID"] = f"<{ctx.idempotency_key}.{ctx.trace_id}@{domain}>"
+    message["Message-ID"] = f"<{ctx.idempotency_key}@{domain}>"
     message.set_content(text)
     if html:
         message.add_alternative(html, subtype="html")

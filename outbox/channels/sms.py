@@ -30,7 +30,9 @@ def driver_for(config: ChannelConfig):
 
 
 def _send(ctx, provider: str, to: str, request, classify) -> None:
-    """POST, record the attempt, raise what the answer means."""
+    """POST, record the attempt, raise what the answer means. A "sending" row is committed first: if
+    the job times out or the process dies mid-request, the next attempt knows the outcome is unknown."""
+    attempts.record(ctx, channel=CHANNEL, recipient=to, outcome="sending", provider_status=provider)
     try:
         response = request()
     except OutcomeUnknown as exc:
@@ -90,7 +92,7 @@ class Kavenegar:
             raise ChannelPaused(CHANNEL, self.config.pause_seconds,
                                 "Kavenegar is not configured (CRONBOX_KAVENEGAR_API_KEY, CRONBOX_SMS_SENDER)")
         localid = self.localid(ctx)
-        if "unknown" in [o for o, _ in attempts.previous(ctx, CHANNEL)] and self._already_sent(ctx, to, localid):
+        if attempts.unknown_since(attempts.previous(ctx, CHANNEL)) and self._already_sent(ctx, to, localid):
             return
         _send(ctx, "kavenegar", to, lambda: http.request(
             "POST", self._url("send"), timeout=self.config.timeout,
@@ -163,8 +165,7 @@ class Twilio:
         if not (self.config.twilio_sid and self.config.twilio_token and self.config.sms_sender):
             raise ChannelPaused(CHANNEL, self.config.pause_seconds, "Twilio is not configured "
                                 "(CRONBOX_TWILIO_ACCOUNT_SID, CRONBOX_TWILIO_AUTH_TOKEN, CRONBOX_SMS_SENDER)")
-        earlier = attempts.previous(ctx, CHANNEL)
-        unknown_since = min((at for outcome, at in earlier if outcome == "unknown"), default=None)
+        unknown_since = attempts.unknown_since(attempts.previous(ctx, CHANNEL))
         if unknown_since is not None and self._already_sent(ctx, to, text, unknown_since):
             return
         _send(ctx, "twilio", to, lambda: http.request(

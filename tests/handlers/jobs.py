@@ -50,3 +50,11 @@ def block(payload, ctx):
     deadline = time.monotonic() + 60
     while not Path(os.environ["TEST_RELEASE_FILE"]).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+@outbox.job("default", name="jobs.slow", timeout=10)
+def slow(payload, ctx):
+    """Longer than the server's wait_timeout in the short-wait_timeout test, without touching the database."""
+    _pause()
+    with open(Path(os.environ["TEST_RUNS_DIR"]) / f"runs-{os.getpid()}.txt", "a") as out:
+        out.write(f"{payload['n']} {ctx.attempt} {os.getpid()} 0 0\n")
