@@ -377,3 +377,26 @@ def test_a_busy_once_lock_skips_the_stage_and_the_command(runtime, env, settings
     finally:
         lock.release()
     assert once.run_locked(runtime) == (1, 1)
+
+
+def test_health_queue_checks_age_and_failures(runtime):
+    from outbox.jobs import JobRegistry, job
+
+    registry = JobRegistry()
+
+    @job("sms", name="h.sms", tries=1, registry=registry)
+    def sms(payload, ctx):
+        raise RuntimeError("no")
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            sms.dispatch(session, {})
+        report = statuses(health.run_checks(runtime))
+        assert report["queue.sms"] == "ok" and report["queue.sms.failed"] == "ok"
+        clock.advance(3 * 3600)
+        assert statuses(health.run_checks(runtime))["queue.sms"] == "fail"  # waiting three hours
+        runtime.jobs = registry
+        from outbox.worker import Worker
+        Worker(runtime, ["sms"]).run(budget())
+        report = statuses(health.run_checks(runtime))
+    assert report["queue.sms"] == "ok" and report["queue.sms.failed"] == "warn"

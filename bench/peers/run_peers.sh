@@ -46,3 +46,4 @@ for n in $NS; do
 done
 
 $PY report.py "$OUT"
+PYTHONPATH="$APP_ROOT" $PY "$HERE/write_report.py" "$OUT"  # the "Peer job queues" section of docs/benchmarks.md
