@@ -91,7 +91,7 @@ def runtime(migrate: bool = True) -> Runtime:
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]},
-             lazy={"storage": "cron.commands.storage_cmds:storage"})
+             lazy={"storage": "cron.commands.storage_cmds:storage", "ops": "cron.commands.console_cmds:ops"})
 @click.pass_context
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""

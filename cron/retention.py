@@ -15,16 +15,19 @@
 | sealed files whose row never committed | 24 hours | hourly `storage sweep` task |
 | grants ended over 30 days ago, with their use rows | 30 days | hourly `storage sweep` task |
 | file access audit | 6 years (`CRONBOX_AUDIT_RETENTION`) | hourly `storage sweep` task |
+| console sessions | until logout, 2 h idle or 12 h | daily task |
+| console action log | as the file access audit (`CRONBOX_AUDIT_RETENTION`) | daily task |
 """
 from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from outbox import clock, deliveries, heartbeat, jobstore, ratelimit
 from outbox.db import in_transaction
-from outbox.models import FAILED, JOB_DONE, Notification, SendAttempt
+from outbox.models import (FAILED, JOB_DONE, OPS_SESSION_IDLE, Notification, OperatorAction, OperatorSession,
+                           SendAttempt)
 
 BATCH = 500
 OUTBOX_KEPT = timedelta(days=7)
@@ -70,9 +73,27 @@ def flush_failed(rt, older_than: float | None) -> int:
 def prune_ops(rt) -> dict[str, int]:
     from cron import once, schedule  # here: both import the command line, which imports this module
 
-    before = clock.utcnow() - OPS_KEPT
+    now = clock.utcnow()
+    before = now - OPS_KEPT
+    actions_before = now - timedelta(days=rt.settings.audit_retention_days)
     return {"schedule runs": _batches(rt, lambda s: schedule.prune(s, before, BATCH)),
-            "one-off requests": _batches(rt, lambda s: once.prune(s, before, BATCH))}
+            "one-off requests": _batches(rt, lambda s: once.prune(s, before, BATCH)),
+            "console sessions": in_transaction(rt.sessions, lambda s: prune_console_sessions(s, now)),
+            "console actions": _batches(rt, lambda s: prune_console_actions(s, actions_before))}
+
+
+def prune_console_sessions(session, now) -> int:
+    """Sessions past their end (the console deletes them at logout; this catches the abandoned ones)."""
+    S = OperatorSession.__table__
+    return session.execute(delete(S).where((S.c.expires_at <= now) | (S.c.seen_at <= now - OPS_SESSION_IDLE))).rowcount
+
+
+def prune_console_actions(session, before) -> int:
+    A = OperatorAction.__table__
+    ids = list(session.scalars(select(A.c.id).where(A.c.at < before).order_by(A.c.id).limit(BATCH)))
+    if ids:
+        session.execute(delete(A).where(A.c.id.in_(ids)))
+    return len(ids)
 
 
 def prune_all(rt) -> dict[str, int]:

@@ -204,14 +204,16 @@ def retry(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, 
     return result.rowcount, unknown
 
 
-def skip(session: Session, ids: list[int], now: datetime) -> tuple[int, list[int]]:
-    """Give up on dead or waiting deliveries (not ones leased right now), releasing their key."""
-    skippable = or_(D.c.status == DEAD, and_(D.c.status == PENDING, or_(D.c.claim_token.is_(None), D.c.lease_until < now)))
-    unknown = _missing(session, ids, skippable)
-    result = session.execute(
-        update(D).where(D.c.id.in_(ids), skippable)
-        .values(status=SKIPPED, claim_token=None, lease_until=None, finished_at=now)
-    )
+def skip(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, list[int]]:
+    """Give up on dead or waiting deliveries (not ones leased right now), releasing their key.
+    ids=None: every dead delivery (never all waiting ones: that would silently drop live work)."""
+    if ids is None:
+        query, unknown = update(D).where(D.c.status == DEAD), []
+    else:
+        skippable = or_(D.c.status == DEAD,
+                        and_(D.c.status == PENDING, or_(D.c.claim_token.is_(None), D.c.lease_until < now)))
+        query, unknown = update(D).where(D.c.id.in_(ids), skippable), _missing(session, ids, skippable)
+    result = session.execute(query.values(status=SKIPPED, claim_token=None, lease_until=None, finished_at=now))
     return result.rowcount, unknown
 
 

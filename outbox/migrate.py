@@ -17,7 +17,7 @@ from .settings import Settings
 
 log = logging.getLogger("cronbox")
 
-SCHEMA_HEAD = "0004_storage"
+SCHEMA_HEAD = "0005_console"
 VERSION_TABLE = "cronbox_alembic_version"
 
 

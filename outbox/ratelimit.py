@@ -53,6 +53,13 @@ class RateLimit:
             return None
         return max(window + self.per_seconds - stamp, 0.05)
 
+    def refund(self, session: Session, now: datetime) -> None:
+        """Give back a slot taken in the current window (a login that turned out right)."""
+        stamp = calendar.timegm(now.timetuple())
+        window = int(stamp // self.per_seconds) * self.per_seconds
+        session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window, R.c.used > 0)
+                        .values(used=R.c.used - 1))
+
 
 def at_most_every(session: Session, bucket: str, seconds: float, now: datetime) -> float | None:
     """A sliding "not more often than every `seconds`" gate: None when allowed (and recorded), else

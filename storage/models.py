@@ -60,7 +60,9 @@ class Grant(Base):
     uses: Mapped[int] = mapped_column(Integer, default=0)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
-    __table_args__ = (Index(None, "file_id"), Index(None, "expires_at"))
+    # The console lists grants newest first, all or by subject (a file's grants are few).
+    __table_args__ = (Index(None, "file_id"), Index(None, "expires_at"), Index(None, "created_at"),
+                      Index(None, "subject", "created_at"))
 
 
 class GrantUse(Base):
@@ -107,4 +109,6 @@ class AuditEntry(Base):
     user_agent: Mapped[str | None] = mapped_column(String(255))
     detail: Mapped[str | None] = mapped_column(String(255))
 
-    __table_args__ = (Index(None, "at"), Index(None, "file_id", "at"))
+    # The console filters by file, subject and outcome, newest first (keyset pages on id).
+    __table_args__ = (Index(None, "at"), Index(None, "file_id", "at"), Index(None, "file_id", "id"),
+                      Index(None, "subject", "id"), Index(None, "outcome", "id"))

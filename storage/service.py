@@ -286,15 +286,18 @@ class Storage:
                      detail=f"expires_in={int(expires_in)}s max_uses={max_uses}")
         return grant.id
 
-    def revoke(self, session: Session, grant_id: str) -> bool:
-        """Revoke a grant; False if it was already revoked. Links already issued stop working at once."""
+    def revoke(self, session: Session, grant_id: str, *, client: audit.Client = audit.CLI,
+               actor: str | None = None) -> bool:
+        """Revoke a grant; False if it was already revoked. Links already issued stop working at once.
+        `actor` names who revoked it (the console's operator) for the audit entry."""
         grant = session.get(Grant, grant_id) if valid_id(grant_id) else None
         if grant is None:
             raise NotFound(f"no grant {grant_id}")
         if grant.revoked_at is not None:
             return False
         grant.revoked_at = clock.utcnow()
-        audit.record(session, "revoke", "ok", file_id=grant.file_id, grant_id=grant.id, subject=grant.subject)
+        audit.record(session, "revoke", "ok", file_id=grant.file_id, grant_id=grant.id, subject=grant.subject,
+                     client=client, detail=f"by {actor}" if actor else None)
         return True
 
     def signed_url(self, grant_id: str, ttl: int = 300, *, session: Session | None = None,

@@ -129,11 +129,13 @@ def child_env(env: dict[str, str], **extra: str) -> dict[str, str]:
     return {**keep, **env, "PYTHONPATH": str(APP_ROOT), **extra}
 
 
-def run_cli(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120, **extra: str):
+def run_cli(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120,
+            input_text: str | None = None, **extra: str):
     """Run `python -m cron ARGS` as cron would: another working directory, our settings only."""
     return subprocess.run(
         [sys.executable, "-m", "cron", *args],
         env=child_env(env, **extra), cwd=str(cwd or Path("/")), capture_output=True, text=True, timeout=timeout,
+        input=input_text if input_text is not None else "",
     )
 
 

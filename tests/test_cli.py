@@ -22,7 +22,7 @@ def one_line_error(proc) -> str:
     (["outbox", "retry"], 2, "give delivery ids or --all"),
     (["outbox", "retry", "7", "--all"], 2, "give delivery ids or --all"),
     (["outbox", "retry", "x"], 2, "'x' is not a valid integer range"),
-    (["outbox", "skip"], 2, "Missing argument"),
+    (["outbox", "skip"], 2, "give delivery ids or --all"),
     (["outbox", "prune", "--older-than", "7x"], 2, "is not a duration"),
     (["outbox", "retry", "424242"], 1, "unknown dead delivery id(s): 424242"),
     (["outbox", "skip", "5", "6"], 1, "unknown skippable delivery id(s): 5, 6"),

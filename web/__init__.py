@@ -17,8 +17,11 @@ def runtime() -> Runtime:
 
 def register_blueprints(app: Flask) -> None:
     """Each web feature registers its blueprint here."""
-    from web import files, health, webcron  # here, not at the top: they import web.runtime
+    from web import files, health, ops, webcron  # here, not at the top: they import web.runtime
+    from cron.format import age
 
     app.register_blueprint(health.bp)
     app.register_blueprint(webcron.bp)
     files.register(app)
+    ops.register(app)  # after files: the console derives its cookie key from the storage keys
+    app.add_template_filter(age, "ago")

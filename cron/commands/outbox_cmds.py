@@ -97,12 +97,13 @@ def retry(ids, all_):
 
 
 @outbox.command()
-@click.argument("ids", nargs=-1, required=True, type=click.IntRange(min=1))
-def skip(ids):
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all", "all_", is_flag=True, help="Skip every dead delivery.")
+def skip(ids, all_):
     """Give up on deliveries (dead or waiting), releasing the keys they hold."""
+    wanted = _ids_or_all(ids, all_)
     rt = runtime()
-    skipped, unknown = in_transaction(rt.sessions, lambda s: deliveries.skip(s, list(dict.fromkeys(ids)),
-                                                                             clock.utcnow()))
+    skipped, unknown = in_transaction(rt.sessions, lambda s: deliveries.skip(s, wanted, clock.utcnow()))
     click.echo(f"skip: {skipped} deliveries skipped")
     if unknown:
         raise UnknownIds("skippable delivery", unknown)

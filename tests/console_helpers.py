@@ -1,0 +1,68 @@
+"""The operator console under Flask's test client: an app per test, a logged-in operator, CSRF tokens."""
+from __future__ import annotations
+
+import re
+
+from app import create_app
+from outbox.settings import load_settings
+from web.ops import credentials
+
+PASSWORD = "correct horse battery staple"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+GET_PAGES = ["/ops/", "/ops/outbox", "/ops/queues", "/ops/schedule", "/ops/once", "/ops/files", "/ops/activity",
+             "/ops/once/1"]
+POST_ACTIONS = ["/ops/outbox/retry", "/ops/outbox/skip", "/ops/queues/retry", "/ops/queues/forget",
+                "/ops/queues/flush", "/ops/schedule/run", "/ops/once", "/ops/files/revoke", "/ops/logout",
+                "/ops/logout-everywhere"]
+
+
+def make_app(env: dict, runtime=None, **extra):
+    application = create_app(load_settings(environ={**env, **extra}))
+    application.testing = True
+    if runtime is not None:  # consumers and jobs registered by the test
+        application.extensions["cronbox"].consumers = runtime.consumers
+    return application
+
+
+def csrf_token(html: str) -> str:
+    match = CSRF.search(html)
+    assert match, "no CSRF token in the page"
+    return match.group(1)
+
+
+class Operator:
+    """A browser-like client: keeps cookies, fetches a CSRF token from a page before each POST."""
+
+    def __init__(self, app, **environ):
+        self.app = app
+        self.client = app.test_client()
+        self.environ = environ
+
+    def get(self, path: str, **kwargs):
+        return self.client.get(path, environ_base=self.environ, **kwargs)
+
+    def token(self, page: str = "/ops/login") -> str:
+        return csrf_token(self.get(page).get_data(as_text=True))
+
+    def post(self, path: str, data: dict | None = None, *, page: str = "/ops/", csrf: bool = True, **kwargs):
+        form = dict(data or {})
+        if csrf:
+            form["csrf_token"] = self.token(page)
+        return self.client.post(path, data=form, environ_base=self.environ, **kwargs)
+
+    def set_up(self, password: str = PASSWORD):
+        page = self.get("/ops/setup").get_data(as_text=True)
+        token = credentials.token_file(self.app.extensions["cronbox"].settings).read_text().strip()
+        return self.client.post("/ops/setup", environ_base=self.environ,
+                                data={"csrf_token": csrf_token(page), "token": token, "password": password,
+                                      "confirm_password": password})
+
+    def log_in(self, password: str = PASSWORD):
+        return self.post("/ops/login", {"password": password}, page="/ops/login")
+
+
+def logged_in(app) -> Operator:
+    operator = Operator(app)
+    response = operator.set_up()
+    assert response.status_code == 303, response.get_data(as_text=True)
+    return operator

@@ -1,0 +1,445 @@
+"""The operator console (/ops/) route by route through Flask's test client, on SQLite and MariaDB.
+
+Browser tests (a real chromium) are in test_console_browser.py; the chart in test_console_chart.py.
+"""
+from __future__ import annotations
+
+import io
+import re
+import secrets
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy import func, select
+
+import outbox
+from cron import once as once_requests
+from outbox import clock
+from outbox.consumers import consumer
+from outbox.models import Delivery, Job, OnceRequest, OperatorAction, OperatorSession
+from storage import audit
+from storage.models import AuditEntry, Grant
+from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app
+from tests.helpers import relay
+from web.ops import credentials, throttle
+
+# The console does not care how jobs are claimed: one MariaDB mode is enough here.
+pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])
+T0 = datetime(2026, 11, 30, 12, 0, 0)
+
+
+@pytest.fixture
+def app(runtime, env):
+    application = make_app(env, runtime)
+    yield application
+    application.extensions["cronbox"].dispose()
+
+
+@pytest.fixture
+def operator(app) -> Operator:
+    return logged_in(app)
+
+
+def failed_job(runtime, *, queue: str = "sms", error: str = "gateway down") -> int:
+    now = clock.utcnow()
+    with runtime.sessions.begin() as session:
+        job = Job(queue=queue, handler="sms.send", payload='{"to": "+15550001111"}', status="failed", attempts=3,
+                  trace_id=secrets.token_hex(8), created_at=now, finished_at=now, last_error=error,
+                  error_class="RuntimeError")
+        session.add(job)
+        session.flush()
+        return job.id
+
+
+def job_status(runtime, job_id: int) -> str | None:
+    with runtime.sessions() as session:
+        job = session.get(Job, job_id)
+        return job.status if job else None
+
+
+def dead_deliveries(runtime, registry, count: int = 2) -> list[int]:
+    @consumer("order.paid", name="mailer", max_attempts=1, registry=registry)
+    def mailer(event, ctx):
+        raise RuntimeError("smtp refused")
+
+    with runtime.sessions.begin() as session:
+        for n in range(count):
+            outbox.record(session, "order.paid", {"n": n})
+    relay(runtime)
+    with runtime.sessions() as session:
+        return list(session.scalars(select(Delivery.id).where(Delivery.status == "dead").order_by(Delivery.id)))
+
+
+def delivery_status(runtime, delivery_id: int) -> str:
+    with runtime.sessions() as session:
+        return session.get(Delivery, delivery_id).status
+
+
+def actions_logged(runtime) -> list[tuple[str, str | None, str]]:
+    with runtime.sessions() as session:
+        return [(a.action, a.target, a.outcome) for a in
+                session.scalars(select(OperatorAction).order_by(OperatorAction.id))]
+
+
+def flashed(response, operator: Operator) -> str:
+    assert response.status_code == 303, response.get_data(as_text=True)[:500]
+    return operator.get(urlsplit(response.headers["Location"]).path).get_data(as_text=True)
+
+
+# ---- who may see what -------------------------------------------------------------------------
+
+def test_anonymous_requests_are_sent_to_login_or_refused(app, runtime):
+    failed = failed_job(runtime)
+    credentials.store_password(app.extensions["cronbox"].settings, PASSWORD, replace=False)
+    anonymous = Operator(app)
+    for path in GET_PAGES:
+        response = anonymous.get(path)
+        assert response.status_code == 302, path
+        assert response.headers["Location"].startswith("/ops/login?next=")
+    for path in POST_ACTIONS:  # a valid CSRF token from the login page, but no session
+        response = anonymous.post(path, {"id": str(failed), "all": "yes", "confirm": "yes", "task": "cronbox.health",
+                                         "command": "migrate", "grant": "ab" * 16}, page="/ops/login")
+        assert response.status_code == 401, path
+    assert job_status(runtime, failed) == "failed"
+    assert anonymous.get("/ops/login").status_code == 200
+    assert anonymous.get("/ops/static/ops.css").status_code == 200
+    assert anonymous.get("/ops/setup").status_code == 302  # a password exists: setup is closed
+
+
+def test_posts_without_a_valid_csrf_token_are_refused(operator, runtime):
+    failed = failed_job(runtime)
+    form = {"id": str(failed), "all": "yes", "confirm": "yes", "task": "cronbox.health", "command": "migrate",
+            "password": PASSWORD}
+    for path in POST_ACTIONS + ["/ops/login", "/ops/setup"]:
+        assert operator.post(path, form, csrf=False).status_code == 400, path
+        assert operator.post(path, {**form, "csrf_token": "forged"}, csrf=False).status_code == 400, path
+    other = Operator(operator.app)  # a token from another browser's session is no good either
+    stolen = other.token()
+    assert operator.post("/ops/queues/flush", {**form, "csrf_token": stolen}, csrf=False).status_code == 400
+    assert job_status(runtime, failed) == "failed"
+    assert operator.get("/ops/").status_code == 200  # still logged in
+
+
+def test_setup_needs_the_token_and_a_good_password_then_closes(app, runtime):
+    settings = app.extensions["cronbox"].settings
+    browser = Operator(app)
+    assert browser.get("/ops/login").headers["Location"] == "/ops/setup"
+    page = browser.get("/ops/setup").get_data(as_text=True)
+    token_file = credentials.token_file(settings)
+    token = token_file.read_text().strip()
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert token not in page and str(settings.instance) not in page
+
+    def attempt(**form):
+        return browser.post("/ops/setup", {"token": token, "password": PASSWORD, "confirm_password": PASSWORD,
+                                           **form}, page="/ops/setup")
+
+    assert attempt(token="wrong").status_code == 401
+    assert attempt(confirm_password="something else entirely").status_code == 400
+    assert attempt(password="short", confirm_password="short").status_code == 400
+    assert not credentials.hash_file(settings).exists()
+    response = attempt()
+    assert response.status_code == 303 and response.headers["Location"] == "/ops/"
+    assert browser.get("/ops/").status_code == 200
+    assert not token_file.exists()
+    assert credentials.hash_file(settings).stat().st_mode & 0o777 == 0o600
+    assert PASSWORD not in credentials.hash_file(settings).read_text()
+    assert Operator(app).get("/ops/setup").headers["Location"] == "/ops/login"
+    assert ("setup", None, "ok") in actions_logged(runtime) and ("setup", None, "wrong-token") in actions_logged(runtime)
+
+
+def test_a_hash_in_env_wins_and_setup_stays_closed(runtime, env):
+    application = make_app(env, runtime, CRONBOX_OPS_PASSWORD_HASH=credentials.make_hash("from the dotenv file"))
+    try:
+        browser = Operator(application)
+        assert browser.get("/ops/setup").headers["Location"] == "/ops/login"
+        assert browser.log_in(PASSWORD).status_code == 401
+        assert browser.log_in("from the dotenv file").status_code == 303
+        assert browser.get("/ops/").status_code == 200
+    finally:
+        application.extensions["cronbox"].dispose()
+
+
+def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
+    application = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        with clock.frozen(T0):
+            credentials.store_password(application.extensions["cronbox"].settings, PASSWORD, replace=False)
+            guesser = Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.9")
+            for _ in range(throttle.PER_CLIENT[0]):
+                response = guesser.log_in("guess")
+                assert response.status_code == 401 and "Wrong password." in response.get_data(as_text=True)
+            blocked = guesser.log_in("guess")
+            assert blocked.status_code == 429 and int(blocked.headers["Retry-After"]) > 0
+            assert guesser.log_in(PASSWORD).status_code == 429  # even the right one, while throttled
+            assert guesser.get("/ops/").status_code == 302
+            # Another client is not held back by this one; its right password gives its try back.
+            colleague = Operator(application, HTTP_X_FORWARDED_FOR="198.51.100.7")
+            for _ in range(throttle.PER_CLIENT[0] + 2):
+                assert colleague.log_in(PASSWORD).status_code == 303
+            clock.advance(throttle.PER_CLIENT[1])
+            assert guesser.log_in(PASSWORD).status_code == 303
+        outcomes = [o for action, _, o in actions_logged(runtime) if action == "login"]
+        assert outcomes.count("wrong-password") == throttle.PER_CLIENT[0] and outcomes.count("throttled") == 2
+    finally:
+        application.extensions["cronbox"].dispose()
+
+
+def test_logout_ends_the_session_on_the_server(operator, runtime):
+    cookie = operator.client.get_cookie("cronbox_ops")
+    assert cookie is not None
+    copy = Operator(operator.app)
+    copy.client.set_cookie("cronbox_ops", cookie.value)
+    assert copy.get("/ops/").status_code == 200  # the same cookie works in another browser...
+    assert operator.post("/ops/logout").status_code == 303
+    assert copy.get("/ops/").status_code == 302  # ...until logout deletes the session row
+    assert operator.get("/ops/").status_code == 302
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(OperatorSession)) == 0
+
+
+def test_sessions_end_when_idle_or_old(app):
+    with clock.frozen(T0):
+        operator = logged_in(app)
+        clock.advance(2 * 3600 - 60)
+        assert operator.get("/ops/").status_code == 200
+        clock.advance(2 * 3600 + 1)  # idle for longer than two hours
+        assert operator.get("/ops/").status_code == 302
+        busy = Operator(app)
+        assert busy.log_in().status_code == 303
+        for _ in range(11):  # active every hour: the idle limit never bites...
+            clock.advance(3600)
+            assert busy.get("/ops/").status_code == 200
+        clock.advance(3600)
+        assert busy.get("/ops/").status_code == 302  # ...but twelve hours after login the session ends
+
+
+def test_cookie_flags_and_security_headers(app):
+    browser = Operator(app)
+    browser.set_up()
+    response = browser.client.post("/ops/login", data={"csrf_token": browser.token(), "password": PASSWORD})
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" not in cookie
+    secure = Operator(app)
+    response = secure.client.get("/ops/login", base_url="https://console.example")
+    assert "Secure" in response.headers["Set-Cookie"]
+    page = browser.get("/ops/")
+    assert page.headers["Cache-Control"] == "no-store" and page.headers["X-Frame-Options"] == "DENY"
+    assert "script-src" not in page.headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    assert "<script" not in page.get_data(as_text=True)
+
+
+def test_secure_cookie_behind_a_trusted_proxy(runtime, env):
+    application = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        response = application.test_client().get("/ops/setup", headers={"X-Forwarded-Proto": "https"})
+        assert "Secure" in response.headers["Set-Cookie"]
+    finally:
+        application.extensions["cronbox"].dispose()
+
+
+def test_next_only_leads_inside_the_console(app):
+    browser = Operator(app)
+    browser.set_up()
+    for target, expected in [("//evil.example/ops/", "/ops/"), ("https://evil.example/ops/", "/ops/"),
+                             ("/elsewhere", "/ops/"), ("/ops/queues?queue=sms", "/ops/queues?queue=sms")]:
+        response = browser.client.post("/ops/login", data={"csrf_token": browser.token(), "password": PASSWORD,
+                                                           "next": target})
+        assert response.headers["Location"] == expected
+
+
+# ---- outbox ---------------------------------------------------------------------------------
+
+def test_outbox_retry_and_skip_one_or_all(operator, runtime, registry):
+    first, second = dead_deliveries(runtime, registry)
+    page = operator.get("/ops/outbox").get_data(as_text=True)
+    assert f'id="delivery-{first}"' in page and "smtp refused" in page and "mailer" in page
+
+    assert "1 deliveries pending again." in flashed(operator.post("/ops/outbox/retry", {"id": str(first)}), operator)
+    assert delivery_status(runtime, first) == "pending"
+
+    ask = operator.post("/ops/outbox/skip", {"id": str(second)})
+    assert ask.status_code == 200 and 'name="confirm" value="yes"' in ask.get_data(as_text=True)
+    assert delivery_status(runtime, second) == "dead"  # nothing happens before the confirmation
+    assert "1 deliveries skipped." in flashed(operator.post("/ops/outbox/skip", {"id": str(second), "confirm": "yes"}),
+                                              operator)
+    assert delivery_status(runtime, second) == "skipped"
+
+    relay(runtime)  # the retried one dies again (max_attempts=1)
+    assert "1 deliveries pending again." in flashed(operator.post("/ops/outbox/retry", {"all": "yes"}), operator)
+    relay(runtime)
+    assert "1 deliveries skipped." in flashed(operator.post("/ops/outbox/skip", {"all": "yes", "confirm": "yes"}),
+                                              operator)
+    assert delivery_status(runtime, first) == "skipped"
+    assert "Not changed" in flashed(operator.post("/ops/outbox/retry", {"id": "424242"}), operator)
+    assert operator.post("/ops/outbox/retry", {"id": "x"}).status_code == 400
+    logged = actions_logged(runtime)
+    assert ("outbox.retry", f"#{first}", "ok") in logged and ("outbox.skip", "all dead", "ok") in logged
+
+
+# ---- queues ---------------------------------------------------------------------------------
+
+def test_queue_retry_forget_and_flush(operator, runtime):
+    a, b, c = failed_job(runtime), failed_job(runtime, queue="mail", error="mailbox full"), failed_job(runtime)
+    page = operator.get("/ops/queues").get_data(as_text=True)
+    assert f'id="job-{a}"' in page and "RuntimeError: gateway down" in page
+    with runtime.sessions() as session:
+        assert session.get(Job, a).trace_id in page
+    assert "+15550001111" not in page  # payloads are never shown
+
+    assert "1 jobs queued again" in flashed(operator.post("/ops/queues/retry", {"id": str(a)}), operator)
+    assert job_status(runtime, a) == "ready"
+    only_mail = operator.get("/ops/queues?queue=mail").get_data(as_text=True)
+    assert f'id="job-{b}"' in only_mail and f'id="job-{c}"' not in only_mail
+
+    assert operator.post("/ops/queues/forget", {"id": str(b)}).status_code == 200  # the confirmation page
+    assert job_status(runtime, b) == "failed"
+    assert "1 failed jobs deleted." in flashed(operator.post("/ops/queues/forget", {"id": str(b), "confirm": "yes"}),
+                                               operator)
+    assert job_status(runtime, b) is None
+
+    assert "Flush" in operator.post("/ops/queues/flush").get_data(as_text=True)
+    assert job_status(runtime, c) == "failed"
+    assert "1 failed jobs deleted." in flashed(operator.post("/ops/queues/flush", {"confirm": "yes"}), operator)
+    assert job_status(runtime, c) is None and job_status(runtime, a) == "ready"
+
+    d = failed_job(runtime, queue="mail")
+    assert "0 jobs queued again" in flashed(operator.post("/ops/queues/retry", {"all": "yes", "queue": "sms"}),
+                                            operator)
+    assert "1 jobs queued again" in flashed(operator.post("/ops/queues/retry", {"all": "yes", "queue": "mail"}),
+                                            operator)
+    assert job_status(runtime, d) == "ready"
+    assert operator.get("/ops/queues?queue=bad name!").status_code == 400
+    assert [a for a, _, _ in actions_logged(runtime) if a.startswith("queue.")] == [
+        "queue.retry", "queue.forget", "queue.flush", "queue.retry", "queue.retry"]
+
+
+# ---- schedule and one-off runs --------------------------------------------------------------
+
+def test_schedule_run_now_and_one_off_requests(operator, runtime):
+    page = operator.get("/ops/schedule").get_data(as_text=True)
+    assert "cronbox.prune" in page and "cronbox.health" in page
+    response = operator.post("/ops/schedule/run", {"task": "cronbox.health"})
+    assert "cronbox.health will run at the next tick" in flashed(response, operator)
+    assert operator.post("/ops/schedule/run", {"task": "no.such.task"}).status_code == 400
+
+    assert "is pending" in flashed(operator.post("/ops/once", {"command": "python -m cron migrate"}), operator)
+    refused = flashed(operator.post("/ops/once", {"command": "demo --count 5"}), operator)
+    assert "Not queued" in refused and "not allowed" in refused
+    assert "Not queued" in flashed(operator.post("/ops/once", {"command": "migrate 'unclosed"}), operator)
+    assert operator.post("/ops/once", {"command": "x" * 501}).status_code == 400
+    with runtime.sessions() as session:
+        rows = session.scalars(select(OnceRequest).order_by(OnceRequest.id)).all()
+    assert [(r.argv, r.source, r.status) for r in rows] == [
+        ('["schedule", "run", "cronbox.health"]', "console:operator", "pending"),
+        ('["migrate"]', "console:operator", "pending")]
+    once_requests.run_holding_lock(runtime)
+    detail = operator.get(f"/ops/once/{rows[1].id}").get_data(as_text=True)
+    assert 'id="exit-code">0<' in detail and "migrate" in detail
+    assert operator.get("/ops/once/999999").status_code == 404
+    listing = operator.get("/ops/once").get_data(as_text=True)
+    assert f'id="once-{rows[0].id}"' in listing and f'id="once-{rows[1].id}"' in listing
+    assert ("once.add", "demo --count 5", "refused") in actions_logged(runtime)
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+def test_files_audit_filters_revoke_and_no_phi_in_the_page(operator, runtime):
+    store = operator.app.extensions["cronbox.storage"]
+    with runtime.sessions.begin() as session:
+        file_id = store.put(session, io.BytesIO(b"%PDF secret result"), filename="HIV-result-Jane-Doe.pdf",
+                            content_type="application/pdf", owner="patient:42")
+        grant_id = store.grant(session, file_id, "doctor:7", expires_in=3600)
+        other_grant = store.grant(session, file_id, "nurse:9", expires_in=3600)
+    url = store.signed_url(grant_id, ttl=300)
+    path = urlsplit(url).path
+    assert operator.client.get(path).status_code == 200
+    assert operator.client.get(path[:-3] + "xyz").status_code == 404  # a tampered link: audited refusal
+
+    page = operator.get("/ops/files").get_data(as_text=True)
+    for secret in ["HIV-result-Jane-Doe", "%PDF", path.rsplit("/", 1)[-1], PASSWORD,
+                   credentials.password_hash(operator.app.extensions["cronbox"].settings),
+                   operator.client.get_cookie("cronbox_ops").value]:
+        assert secret not in page
+    assert grant_id in page and "doctor:7" in page and file_id in page
+
+    by_subject = operator.get("/ops/files?subject=doctor:7").get_data(as_text=True)
+    assert grant_id in by_subject and other_grant not in by_subject
+    refused = operator.get("/ops/files?outcome=ok&subject=nurse:9").get_data(as_text=True)
+    assert "No audit entries match" not in refused  # the grant entry
+    assert "No audit entries match" in operator.get("/ops/files?outcome=nothing-like-this").get_data(as_text=True)
+    assert operator.get("/ops/files?file=" + "f" * 300).status_code == 400
+
+    assert "Revoke grant" in operator.post("/ops/files/revoke", {"grant": grant_id}).get_data(as_text=True)
+    assert "revoked." in flashed(operator.post("/ops/files/revoke", {"grant": grant_id, "confirm": "yes"}), operator)
+    assert operator.client.get(path).status_code == 404  # the link stops working at once
+    assert "already revoked" in flashed(operator.post("/ops/files/revoke", {"grant": grant_id, "confirm": "yes"}),
+                                        operator)
+    assert "No grant" in flashed(operator.post("/ops/files/revoke", {"grant": "zz", "confirm": "yes"}), operator)
+    with runtime.sessions() as session:
+        assert session.get(Grant, grant_id).revoked_at is not None
+        entry = session.scalars(select(AuditEntry).where(AuditEntry.action == "revoke")).one()
+        assert entry.detail == "by operator"
+    assert ("files.revoke", grant_id, "ok") in actions_logged(runtime)
+    assert ("files.revoke", grant_id, "already-revoked") in actions_logged(runtime)
+
+
+def test_file_names_only_when_the_operator_may_see_them(runtime, env):
+    application = make_app(env, runtime, CRONBOX_OPS_SHOW_FILE_NAMES="on")
+    try:
+        operator = logged_in(application)
+        store = application.extensions["cronbox.storage"]
+        with runtime.sessions.begin() as session:
+            file_id = store.put(session, io.BytesIO(b"x"), filename="scan-0042.pdf", content_type="application/pdf",
+                                owner="patient:42")
+            store.grant(session, file_id, "doctor:7")
+        assert "scan-0042.pdf" in operator.get("/ops/files").get_data(as_text=True)
+    finally:
+        application.extensions["cronbox"].dispose()
+
+
+def test_long_lists_are_paged_by_key(operator, runtime):
+    with runtime.sessions.begin() as session:
+        for n in range(120):
+            audit.record(session, "redeem", "bad-token", status=404, subject=f"s{n % 3}")
+    seen, path, pages = [], "/ops/files", 0
+    while path:
+        page = operator.get(path).get_data(as_text=True)
+        seen += re.findall(r'<td><a href="/ops/files\?subject=(s\d)">', page)
+        older = re.search(r'<a href="(/ops/files\?after=[^"]+)">Older', page)
+        path = older.group(1).replace("&amp;", "&") if older else None
+        pages += 1
+    assert pages == 3 and len(seen) == 120
+    by_subject = operator.get("/ops/files?subject=s1").get_data(as_text=True)
+    assert by_subject.count('href="/ops/files?subject=s1"') == 40
+    assert operator.get("/ops/files?after=not-a-cursor").status_code == 400
+    assert operator.get("/ops/activity?after=1~2").status_code == 400
+
+
+def test_every_action_lands_in_the_activity_page(operator, runtime):
+    failed = failed_job(runtime)
+    operator.post("/ops/queues/retry", {"id": str(failed)})
+    page = operator.get("/ops/activity").get_data(as_text=True)
+    assert "queue.retry" in page and f"#{failed}" in page and "setup" in page
+    with runtime.sessions() as session:
+        rows = session.scalars(select(OperatorAction)).all()
+    assert all(r.operator == "operator" and r.at is not None for r in rows)
+
+
+def test_retention_prunes_ended_sessions_and_old_actions(app, runtime):
+    from cron.retention import prune_ops
+
+    with clock.frozen(T0):
+        logged_in(app)  # one session, two actions (setup, and its login)
+        clock.advance(2 * 3600 + 1)
+        fresh = Operator(app)
+        assert fresh.log_in().status_code == 303
+        counts = prune_ops(runtime)
+        assert counts["console sessions"] == 1 and counts["console actions"] == 0
+        clock.advance(runtime.settings.audit_retention_days * 86400 + 1)
+        counts = prune_ops(runtime)
+        assert counts["console sessions"] == 1 and counts["console actions"] == 2
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(OperatorSession)) == 0

@@ -1,0 +1,207 @@
+"""The operator console in a real browser: Debian's chromium driven by Playwright, against the app served
+over real HTTP on loopback, with real ticks (`python -m cron tick` subprocesses) in between.
+
+Screenshots of every page are saved under test-artifacts/console/<backend>/ (CRONBOX_TEST_ARTIFACTS
+moves them). Without chromium the test skips with the reason; in CI (CI=1) that is a failure.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from werkzeug.serving import make_server
+
+from outbox import clock
+from outbox.models import Job
+from tests.conftest import APP_ROOT, run_cli
+from tests.console_helpers import PASSWORD, make_app
+from tests.handlers import jobs as test_jobs
+from tests.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
+from web.ops import credentials
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])
+
+
+def _need_browser():
+    problem = None
+    if not Path(CHROMIUM).exists():
+        problem = f"{CHROMIUM} is missing (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "the playwright package is not installed"
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests required in CI but {problem}")
+        pytest.skip(f"browser tests skipped: {problem}")
+
+
+@pytest.fixture
+def artifacts(backend) -> Path:
+    folder = Path(os.environ.get("CRONBOX_TEST_ARTIFACTS") or APP_ROOT / "test-artifacts") / "console" / backend
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def server(runtime, job_env):
+    """The app (consumers and jobs of tests.handlers.jobs) on a real loopback HTTP server."""
+    application = make_app(job_env, runtime, CRONBOX_HANDLERS="tests.handlers.jobs")
+    http = make_server("127.0.0.1", 0, application, threaded=True)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield application, f"http://127.0.0.1:{http.server_port}"
+    finally:
+        http.shutdown()
+        thread.join(10)
+        application.extensions["cronbox"].dispose()
+
+
+@pytest.fixture
+def page(backend):
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        tab = context.new_page()
+        tab.set_default_timeout(15000)
+        yield tab
+        context.close()
+        browser.close()
+
+
+def tick(job_env) -> None:
+    done = run_cli({**job_env, "CRONBOX_HANDLERS": "tests.handlers.jobs"}, "tick", "--no-linger", "--max-time", "60")
+    assert done.returncode == 0, done.stderr
+
+
+def fetch(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def labelled(page) -> bool:
+    """Every visible form control has a label (or an aria-label, for one-button forms)."""
+    return page.evaluate("""() => [...document.querySelectorAll('input:not([type=hidden]), button, select')]
+        .every(el => (el.labels && el.labels.length > 0) || el.getAttribute('aria-label') || el.innerText.trim())""")
+
+
+def shoot(page, artifacts: Path, name: str) -> None:
+    page.wait_for_load_state("load")  # a click only waits for the navigation to start
+    assert labelled(page), f"a control without a label on {name}"
+    assert page.evaluate("() => document.querySelectorAll('script').length") == 0
+    page.screenshot(path=str(artifacts / f"{name}.png"), full_page=True)
+
+
+def test_operator_walkthrough(server, page, runtime, job_env, artifacts):
+    app, base = server
+    settings = app.extensions["cronbox"].settings
+
+    # A fresh install sends the operator to setup, which wants the token from the instance folder.
+    page.goto(f"{base}/ops/")
+    assert page.url.endswith("/ops/setup")
+    shoot(page, artifacts, "setup")
+    page.get_by_label("Setup token").fill(credentials.token_file(settings).read_text().strip())
+    page.get_by_label("New password (at least 12 characters)").fill(PASSWORD)
+    page.get_by_label("New password again").fill(PASSWORD)
+    page.get_by_role("button", name="Set password").click()
+    assert page.url == f"{base}/ops/"
+    assert page.get_by_role("heading", name="Overview").is_visible()
+
+    # Log out and back in with the new password (a wrong one first).
+    page.get_by_role("button", name="Log out").click()
+    page.get_by_label("Operator password").fill("not the password")
+    page.get_by_role("button", name="Log in").click()
+    assert page.get_by_role("alert").inner_text() == "Wrong password."
+    shoot(page, artifacts, "login")
+    page.get_by_label("Operator password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    assert page.url == f"{base}/ops/"
+
+    # A failed job: seen, retried, gone after a tick (the job then succeeds).
+    dispatch(runtime, test_jobs.write.job, 1)
+    with runtime.sessions.begin() as session:
+        job = session.scalars(select(Job)).one()
+        job.status, job.available_at, job.attempts = "failed", None, 3
+        job.last_error, job.error_class, job.finished_at = "gateway timed out", "TimeoutError", clock.utcnow()
+        job_id, trace_id = job.id, job.trace_id
+    page.get_by_role("link", name="Queues").click()
+    row = page.locator(f"#job-{job_id}")
+    assert "TimeoutError: gateway timed out" in row.inner_text() and trace_id in row.inner_text()
+    shoot(page, artifacts, "queues")
+    row.get_by_role("button", name=f"Retry job {job_id}").click()
+    assert "1 jobs queued again" in page.get_by_role("status").inner_text()
+    tick(job_env)
+    page.reload()
+    assert page.locator(f"#job-{job_id}").count() == 0 and page.get_by_text("No failed jobs.").is_visible()
+    with runtime.sessions() as session:
+        assert session.get(Job, job_id).status == "done"
+
+    # migrate as a one-off run: pending, then its output after a tick.
+    page.get_by_role("link", name="One-off runs").click()
+    page.get_by_label("Command").fill("migrate")
+    page.get_by_role("button", name="Run at the next tick").click()
+    assert "is pending" in page.get_by_role("status").inner_text()
+    tick(job_env)
+    page.reload()
+    shoot(page, artifacts, "once")
+    page.locator("table a", has_text="#").first.click()
+    assert page.locator("#exit-code").inner_text() == "0"
+    assert page.locator("#output").inner_text().strip() == "migrate: already at 0005_console"
+    shoot(page, artifacts, "once-run")
+
+    # A grant revoked in the console: its link is refused at once.
+    store = app.extensions["cronbox.storage"]
+    with runtime.sessions.begin() as session:
+        file_id = store.put(session, io.BytesIO(b"%PDF lab result"), filename="lab.pdf",
+                            content_type="application/pdf", owner="patient:1")
+        grant_id = store.grant(session, file_id, "doctor:2")
+    link = store.signed_url(grant_id, ttl=600)
+    download = base + link[link.index("/files/"):]
+    assert fetch(download) == 200
+    page.get_by_role("link", name="Files").click()
+    shoot(page, artifacts, "files")
+    page.get_by_role("button", name=f"Revoke grant {grant_id}").click()
+    assert page.get_by_role("heading", name="Revoke grant?").is_visible()
+    shoot(page, artifacts, "confirm")
+    page.get_by_role("button", name="Revoke", exact=True).click()
+    assert f"Grant {grant_id} revoked." in page.get_by_role("status").inner_text()
+    assert fetch(download) == 404
+    assert "lab.pdf" not in page.content() and "/files/" not in page.content()
+
+    for name in ("Overview", "Outbox", "Schedule", "Activity"):
+        page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
+        shoot(page, artifacts, name.lower())
+    assert "files.revoke" in page.content() and "queue.retry" in page.content()
+
+    # Readable on a phone: nothing wider than the screen but the scrolling tables; keyboard first stop.
+    page.set_viewport_size({"width": 375, "height": 740})
+    page.get_by_role("navigation").get_by_role("link", name="Overview").click()
+    page.wait_for_load_state("load")
+    wide = page.evaluate("""() => [...document.querySelectorAll('body *')]
+        .filter(e => e.getBoundingClientRect().right > 376 && !e.closest('.scroll'))
+        .map(e => e.tagName + '.' + e.className + ' ' + e.textContent.slice(0, 40))""")
+    assert wide == [] and page.evaluate("() => document.documentElement.scrollWidth") <= 375
+    shoot(page, artifacts, "overview-phone")
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
+    assert sorted(p.name for p in artifacts.iterdir()) == sorted(
+        f"{n}.png" for n in ["setup", "login", "queues", "once", "once-run", "files", "confirm", "overview", "outbox",
+                             "schedule", "activity", "overview-phone"])

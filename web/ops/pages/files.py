@@ -1,0 +1,108 @@
+"""Files: the PHI access audit (filter by file, subject, outcome) and grants, with revoke.
+
+Never file contents, never a signed link or token. File names are sealed
+(they can be PHI themselves: "HIV test.pdf"), so they stay hidden unless
+CRONBOX_OPS_SHOW_FILE_NAMES=on says this operator may see them; then the
+names of the files on the page are unsealed, nothing else.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from flask import abort, current_app, render_template, request
+from sqlalchemy import select
+
+from outbox import clock
+from outbox.db import in_transaction
+from storage import audit
+from storage.errors import StorageError
+from storage.models import AuditEntry, Grant, SealedFile
+from web import runtime
+
+from .. import bp, paging
+from ..guard import act, client, confirm_page, confirmed, done
+
+A, G = AuditEntry.__table__, Grant.__table__
+FILTER_MAX = 191
+
+
+def _filter(name: str) -> str | None:
+    value = (request.args.get(name) or "").strip()
+    if len(value) > FILTER_MAX:
+        abort(400, description=f"the {name} filter is too long")
+    return value or None
+
+
+def show_names() -> bool:
+    return (current_app.extensions["cronbox"].settings.get("CRONBOX_OPS_SHOW_FILE_NAMES", "off") or "").lower() in (
+        "on", "1", "yes", "true")
+
+
+def _names(session, file_ids: set[str]) -> dict[str, str]:
+    if not show_names() or not file_ids:
+        return {}
+    st = current_app.extensions["cronbox.storage"]
+    names = {}
+    for row in session.scalars(select(SealedFile).where(SealedFile.id.in_(file_ids))):
+        try:
+            names[row.id] = st.describe(row)[0]
+        except (StorageError, ValueError):
+            names[row.id] = "(cannot unseal)"
+    return names
+
+
+def grant_state(grant, now: datetime) -> str:
+    if grant.revoked_at is not None:
+        return "revoked"
+    if grant.expires_at <= now:
+        return "expired"
+    if grant.max_uses is not None and grant.uses >= grant.max_uses:
+        return "used up"
+    return "active"
+
+
+@bp.get("/files")
+def files():
+    now = clock.utcnow()
+    file_id, subject, outcome = _filter("file"), _filter("subject"), _filter("outcome")
+    cursor = paging.parse_cursor(request.args.get("after"), (int,))
+    grants_cursor = paging.parse_cursor(request.args.get("grants_after"), (datetime, str))
+    entries = select(A.c.id, A.c.at, A.c.action, A.c.outcome, A.c.status, A.c.file_id, A.c.grant_id, A.c.subject,
+                     A.c.range_start, A.c.range_end, A.c.bytes_sent, A.c.client_ip, A.c.detail)
+    grant_rows = select(G.c.id, G.c.file_id, G.c.subject, G.c.created_at, G.c.expires_at, G.c.max_uses, G.c.uses,
+                        G.c.revoked_at)
+    if file_id:
+        entries, grant_rows = entries.where(A.c.file_id == file_id), grant_rows.where(G.c.file_id == file_id)
+    if subject:
+        entries, grant_rows = entries.where(A.c.subject == subject), grant_rows.where(G.c.subject == subject)
+    if outcome:
+        entries = entries.where(A.c.outcome == outcome)
+
+    def read(s):
+        audit_page = paging.page(s, entries, (A.c.id,), cursor)
+        grants_page = paging.page(s, grant_rows, (G.c.created_at, G.c.id), grants_cursor, size=20)
+        ids = {r.file_id for r in audit_page.rows if r.file_id} | {r.file_id for r in grants_page.rows}
+        return audit_page, grants_page, _names(s, ids)
+
+    audit_page, grants_page, names = in_transaction(runtime().sessions, read)
+    filters = {k: v for k, v in (("file", file_id), ("subject", subject), ("outcome", outcome)) if v}
+    return render_template("ops/files.html", page=audit_page, grants=grants_page, names=names, filters=filters,
+                           grant_state=grant_state, now=now, show_names=show_names())
+
+
+@bp.post("/files/revoke")
+def files_revoke():
+    grant_id = request.form.get("grant", "")
+    if not grant_id:
+        abort(400, description="say which grant")
+    if not confirmed():
+        return confirm_page("Revoke grant?", f"Revoke grant {grant_id}? Every link issued for it stops working "
+                                             "at once.", "Revoke")
+    st = current_app.extensions["cronbox.storage"]
+    who = audit.Client(client(), request.headers.get("User-Agent"))
+    try:
+        changed = act("files.revoke", grant_id, lambda s: st.revoke(s, grant_id, client=who, actor="operator"),
+                      outcome=lambda changed: "ok" if changed else "already-revoked")
+    except StorageError:
+        return done(f"No grant {grant_id}.", "ops.files")
+    return done(f"Grant {grant_id} revoked." if changed else f"Grant {grant_id} was already revoked.", "ops.files")

@@ -1,0 +1,61 @@
+"""One-off runs: ask for an allow-listed command (e.g. `migrate`); pending and finished runs with output."""
+from __future__ import annotations
+
+import json
+
+from flask import abort, render_template, request
+from sqlalchemy import select
+
+from cron import once as once_requests
+from outbox import clock
+from outbox.db import in_transaction
+from outbox.models import OnceRequest
+from web import runtime
+
+from .. import bp, paging
+from ..guard import act, done
+
+Q = OnceRequest.__table__
+COMMAND_MAX = 500
+
+
+def argv_text(argv_json: str) -> str:
+    try:
+        return " ".join(json.loads(argv_json)) or "-"
+    except ValueError:
+        return "?"
+
+
+@bp.get("/once")
+def once():
+    cursor = paging.parse_cursor(request.args.get("after"), (int,))
+    rows = select(Q.c.id, Q.c.argv, Q.c.source, Q.c.status, Q.c.exit_code, Q.c.reason, Q.c.requested_at,
+                  Q.c.finished_at)
+    page = in_transaction(runtime().sessions, lambda s: paging.page(s, rows, (Q.c.id,), cursor))
+    allowed = [" ".join(p) for p in once_requests.ALLOWED]
+    return render_template("ops/once.html", page=page, allowed=allowed, argv_text=argv_text, now=clock.utcnow(),
+                           command=request.args.get("command", ""))
+
+
+@bp.post("/once")
+def once_add():
+    text = request.form.get("command", "").strip()
+    if not text:
+        return done("Type a command, e.g. migrate.", "ops.once")
+    if len(text) > COMMAND_MAX:
+        abort(400, description=f"the command is longer than {COMMAND_MAX} characters")
+    argv, problem = once_requests.parse(text)
+    problem = problem or once_requests.allowed(argv or [])
+    if problem:
+        act("once.add", text[:255], lambda s: None, outcome=lambda _: "refused", detail=problem)
+        return done(f"Not queued: {problem}.", "ops.once")
+    row = act("once.add", text[:255], lambda s: once_requests.add(s, argv, source="console:operator"))
+    return done(f"One-off run #{row.id} is pending; the next tick runs it.", "ops.once")
+
+
+@bp.get("/once/<int:request_id>")
+def once_show(request_id: int):
+    row = in_transaction(runtime().sessions, lambda s: s.get(OnceRequest, request_id))
+    if row is None:
+        abort(404)
+    return render_template("ops/once_show.html", row=row, command=argv_text(row.argv), now=clock.utcnow())

@@ -1,0 +1,34 @@
+"""Overview: health checks, backlogs, queue depths, recent ticks and the 24-hour chart."""
+from __future__ import annotations
+
+from flask import render_template
+from sqlalchemy import select
+
+from cron.health import run_checks
+from outbox import clock, deliveries, jobstore
+from outbox.db import in_transaction
+from outbox.models import Heartbeat
+from web import runtime
+
+from .. import bp, chart
+
+RECENT_TICKS = 15
+
+
+@bp.get("/")
+def overview():
+    rt = runtime()
+    now = clock.utcnow()
+    report = run_checks(rt)
+
+    def read(s):
+        ticks = s.execute(select(Heartbeat).where(Heartbeat.command == "tick")
+                          .order_by(Heartbeat.started_at.desc(), Heartbeat.id.desc()).limit(RECENT_TICKS)).scalars().all()
+        return (deliveries.backlog(s, now), deliveries.unfanned_count(s), jobstore.status(s, now), list(ticks),
+                chart.series(s, now))
+
+    backlog, unfanned, queues, ticks, data = in_transaction(rt.sessions, read)
+    names = list(dict.fromkeys(rt.default_queues() + sorted(queues)))
+    queue_rows = [queues.get(n) or jobstore.QueueStatus(n) for n in names]
+    return render_template("ops/overview.html", report=report, backlog=backlog, unfanned=unfanned,
+                           queues=queue_rows, ticks=ticks, drawing=chart.draw(data), now=now)

@@ -1,0 +1,82 @@
+"""Queues: per queue ready / delayed / reserved / failed; failed jobs; retry, forget, flush."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from flask import abort, render_template, request
+from sqlalchemy import select
+
+from cron.retention import flush_failed
+from outbox import clock, jobstore
+from outbox.db import in_transaction
+from outbox.jobs import QUEUE_NAME
+from outbox.models import FAILED, Job
+from web import runtime
+
+from .. import actions, bp, paging
+from ..guard import act, client, confirm_page, confirmed, done, form_ids
+from .outbox import _targets, _unknown
+
+J = Job.__table__
+# Most recently failed first; served by the (status, finished_at) index (InnoDB and SQLite append the id).
+ORDER = (J.c.finished_at, J.c.id)
+
+
+def _queue_arg(value: str | None) -> str | None:
+    if not value:
+        return None
+    if not QUEUE_NAME.match(value):
+        abort(400, description="not a queue name")
+    return value
+
+
+@bp.get("/queues")
+def queues():
+    rt = runtime()
+    now = clock.utcnow()
+    only = _queue_arg(request.args.get("queue"))
+    cursor = paging.parse_cursor(request.args.get("after"), (datetime, int))
+    failed_rows = select(J.c.id, J.c.queue, J.c.handler, J.c.attempts, J.c.error_class, J.c.last_error, J.c.trace_id,
+                         J.c.finished_at).where(J.c.status == FAILED)
+    if only:
+        failed_rows = failed_rows.where(J.c.queue == only)
+    per_queue, page = in_transaction(rt.sessions, lambda s: (jobstore.status(s, now),
+                                                             paging.page(s, failed_rows, ORDER, cursor)))
+    names = list(dict.fromkeys(rt.default_queues() + sorted(per_queue)))
+    rows = [per_queue.get(n) or jobstore.QueueStatus(n) for n in names]
+    return render_template("ops/queues.html", queues=rows, page=page, only=only, now=now)
+
+
+@bp.post("/queues/retry")
+def queues_retry():
+    everything = request.form.get("all") == "yes"
+    only = _queue_arg(request.form.get("queue"))
+    ids = None if everything else form_ids()
+    if ids == []:
+        return done("Choose jobs to retry.", "ops.queues")
+    target = (f"all failed of {only}" if only else "all failed") if everything else _targets(ids)
+    count, unknown = act("queue.retry", target, lambda s: jobstore.retry_failed(s, ids, only, clock.utcnow()))
+    return done(f"{count} jobs queued again; the next tick runs them." + _unknown(unknown), "ops.queues")
+
+
+@bp.post("/queues/forget")
+def queues_forget():
+    ids = form_ids()
+    if not ids:
+        return done("Choose jobs to forget.", "ops.queues")
+    if not confirmed():
+        return confirm_page("Forget failed jobs?", f"Delete {len(ids)} failed job{'s' if len(ids) > 1 else ''} "
+                                                   f"({_targets(ids)}) for good? They will not run again.", "Forget")
+    count, unknown = act("queue.forget", _targets(ids), lambda s: jobstore.forget(s, ids))
+    return done(f"{count} failed jobs deleted." + _unknown(unknown), "ops.queues")
+
+
+@bp.post("/queues/flush")
+def queues_flush():
+    if not confirmed():
+        return confirm_page("Flush failed jobs?", "Delete every failed job, on every queue, for good? "
+                                                  "None of them will run again.", "Flush all failed jobs")
+    total = flush_failed(runtime(), None)  # in bounded batches, each its own transaction
+    in_transaction(runtime().sessions, lambda s: actions.record(s, "queue.flush", target="all failed",
+                                                                detail=f"{total} deleted", client_ip=client()))
+    return done(f"{total} failed jobs deleted.", "ops.queues")
