@@ -204,11 +204,15 @@ def retry(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, 
     return result.rowcount, unknown
 
 
-def skip(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, list[int]]:
+def skip(session: Session, ids: list[int] | None, now: datetime, *, upto: int | None = None
+         ) -> tuple[int, list[int]]:
     """Give up on dead or waiting deliveries (not ones leased right now), releasing their key.
-    ids=None: every dead delivery (never all waiting ones: that would silently drop live work)."""
+    ids=None: every dead delivery (never all waiting ones: that would silently drop live work), or
+    every dead one with an id up to `upto` (those the operator saw when confirming)."""
     if ids is None:
         query, unknown = update(D).where(D.c.status == DEAD), []
+        if upto is not None:
+            query = query.where(D.c.id <= upto)
     else:
         skippable = or_(D.c.status == DEAD,
                         and_(D.c.status == PENDING, or_(D.c.claim_token.is_(None), D.c.lease_until < now)))
@@ -220,6 +224,10 @@ def skip(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, l
 def _missing(session: Session, ids: list[int], condition) -> list[int]:
     found = set(session.scalars(select(D.c.id).where(D.c.id.in_(ids), condition)))
     return [i for i in ids if i not in found]
+
+
+def last_dead_id(session: Session) -> int | None:
+    return session.scalar(select(func.max(D.c.id)).where(D.c.status == DEAD))
 
 
 def dead(session: Session, limit: int = 200):

@@ -274,6 +274,7 @@ class OperatorSession(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     seen_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)  # absolute end, whatever the activity
+    password_fingerprint: Mapped[str] = mapped_column(String(16))  # of the password hash in force at login
     client_ip: Mapped[str | None] = mapped_column(String(45))
     user_agent: Mapped[str | None] = mapped_column(String(255))
 

@@ -53,10 +53,18 @@ class RateLimit:
             return None
         return max(window + self.per_seconds - stamp, 0.05)
 
-    def refund(self, session: Session, now: datetime) -> None:
-        """Give back a slot taken in the current window (a login that turned out right)."""
-        stamp = calendar.timegm(now.timetuple())
-        window = int(stamp // self.per_seconds) * self.per_seconds
+    def first_refusal(self, session: Session, now: datetime) -> bool:
+        """After acquire() refused: True for the first refusal in this window (the row's count then
+        goes one past the limit), so a caller can record a flood of refusals once, not each one."""
+        window = self.window_of(now)
+        return session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window,
+                                               R.c.used == self.limit).values(used=R.c.used + 1)).rowcount == 1
+
+    def window_of(self, now: datetime) -> int:
+        return int(calendar.timegm(now.timetuple()) // self.per_seconds) * self.per_seconds
+
+    def refund(self, session: Session, window: int) -> None:
+        """Give back a slot taken in `window` (window_of() at acquire time): a login that turned out right."""
         session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window, R.c.used > 0)
                         .values(used=R.c.used - 1))
 

@@ -48,6 +48,7 @@ class Settings:
     url_max_ttl: int = 3600
     seal_algorithm: str = "auto"
     audit_retention_days: int = 2192
+    ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -141,6 +142,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
         seal_algorithm=seal_algorithm,
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
+        ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
         raw=dict(values),
     )
 
@@ -212,3 +214,10 @@ def _number(get, name: str, default, kind, *, minimum):
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def _switch(get, name: str) -> bool:
+    value = (get(name) or "off").lower()
+    if value not in ("on", "off"):
+        raise SettingsError(f"{name}={value!r} must be on or off")
+    return value == "on"

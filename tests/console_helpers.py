@@ -5,7 +5,7 @@ import re
 
 from app import create_app
 from outbox.settings import load_settings
-from web.ops import credentials
+from cron.operator import credentials
 
 PASSWORD = "correct horse battery staple"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -24,7 +24,7 @@ from tests.conftest import APP_ROOT, run_cli
 from tests.console_helpers import PASSWORD, make_app
 from tests.handlers import jobs as test_jobs
 from tests.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
-from web.ops import credentials
+from cron.operator import credentials
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])

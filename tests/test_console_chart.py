@@ -41,7 +41,10 @@ def test_series_per_minute(runtime, beats):
     assert data.handled[0] == 5 and data.handled[1] == 40 and data.handled[1439] == 5 and sum(data.handled) == 50
     assert data.backlog[0] == 7 and data.backlog[1] == 40 and data.backlog[600] == 0 and data.backlog[1439] == 2
     assert data.backlog[2] is None and data.ticks[1] == 2 and data.ticks[2] == 0 and data.errors[1] == 1
-    assert data.minutes_without_tick == chart.MINUTES - 4
+    assert sum(data.missed()) == chart.MINUTES - 4
+    missed_every_5 = data.missed(5)  # cron every 5 minutes: only a quiet stretch of 5+ minutes is missed
+    assert missed_every_5[:6] == [False, False, False, False, False, False] and missed_every_5[6] is True
+    assert missed_every_5[600:605] == [False] * 5 and missed_every_5[605] is True
 
 
 def test_drawing_scales_and_marks_gaps(runtime, beats):
@@ -73,6 +76,18 @@ def test_the_overview_draws_it(runtime, env, beats):
                                              (199, 200), (201, 500), (12345, 20000)])
 def test_nice_ceiling(value, expected, backend):
     assert chart.nice_ceiling(value) == expected
+
+
+def test_small_counts_still_show_and_the_interval_sets_the_gaps(runtime, beats):
+    with runtime.sessions.begin() as s:
+        beat(s, START + timedelta(minutes=700), delivered=1, backlog=0)
+        beat(s, START + timedelta(minutes=800), delivered=400, backlog=0)
+    with clock.frozen(NOW), runtime.sessions() as session:
+        drawing = chart.draw(chart.series(session, clock.utcnow()), interval=5)
+    assert drawing.handled_max == 500 and "M700 100V99" in drawing.handled_path  # 1 of 500 still shows
+    # Ticks at minutes 0, 1, 600, 700, 800 and 1439: missed are 6-599, 605-699, 705-799 and 805-1438.
+    assert drawing.gap_path.count("M") == 594 + 95 + 95 + 634
+    assert "1,418 of 1,440 minutes without a tick in the 5 minutes before" in drawing.summary
 
 
 def test_an_empty_day(runtime):

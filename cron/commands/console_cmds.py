@@ -1,17 +1,22 @@
-"""`ops set-password`, `ops setup-token`, `ops logout-all`: the console's credentials without a browser.
+"""`ops set-password`, `ops setup-token`, `ops logout-all`, `ops unlock`: the console's credentials
+without a browser, e.g. from a cron line.
 
-Imported lazily (cron.cli.Group): it pulls in Werkzeug's password hashing,
-which a tick never needs.
+The password and token are files, so they are written even when the database
+is down; ending sessions and recording the action then follow on a best-effort
+basis, with a clear line when they could not. Imported lazily (cron.cli.Group):
+Werkzeug's password hashing is not something a tick needs.
 """
 from __future__ import annotations
 
 import sys
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from cron.cli import CommandFailed, Group, runtime
+from cron.operator import actions, credentials, sessions, throttle
 from outbox.db import in_transaction
-from web.ops import credentials, sessions
+from outbox.errors import CronboxError
 
 ops = Group("ops", help="The operator console's password and sessions.")
 
@@ -19,8 +24,23 @@ ops = Group("ops", help="The operator console's password and sessions.")
 def _read_password() -> str:
     if sys.stdin.isatty():
         return click.prompt("New operator password", hide_input=True, confirmation_prompt=True)
-    first = sys.stdin.readline().rstrip("\r\n")  # piped: one line (twice is not needed when nobody types)
-    return first
+    return sys.stdin.readline().rstrip("\r\n")  # piped: one line
+
+
+def _record(action: str, work=None, *, detail: str | None = None):
+    """Do `work` (database) and record the action as operator "cli"; None when the database failed."""
+    def run(s):
+        result = work(s) if work else None
+        return result, actions.record(s, action, operator="cli", detail=detail)
+
+    try:
+        result, row = in_transaction(runtime(migrate=False).sessions, run)
+    except (DBAPIError, CronboxError) as exc:
+        click.echo(f"ops: warning: {action} not recorded and sessions not ended ({type(exc).__name__}); "
+                   "run `ops logout-all` when the database is back", err=True)
+        return None
+    actions.log(row)
+    return result
 
 
 @ops.command("set-password")
@@ -36,29 +56,43 @@ def set_password(print_hash):
     if print_hash:
         click.echo(credentials.make_hash(password))
         return
-    settings = runtime().settings
+    settings = runtime(migrate=False).settings
     try:
         credentials.store_password(settings, password, replace=True)
     except credentials.CredentialError as exc:
         raise CommandFailed(str(exc)) from exc
-    ended = in_transaction(runtime().sessions, sessions.end_all)
-    click.echo(f"ops: password set in {credentials.hash_file(settings)}; {ended} console sessions ended")
+    ended = _record("set-password", sessions.end_all)
+    click.echo(f"ops: password set in {credentials.hash_file(settings)}"
+               + (f"; {ended} console sessions ended" if ended is not None else ""))
 
 
 @ops.command("setup-token")
 @click.option("--reset", is_flag=True, help="Also remove the password file, so the setup page can set a new one.")
 def setup_token(reset):
     """Write a one-time setup token to the instance folder (read it in File Manager, never in a log)."""
-    settings = runtime().settings
+    settings = runtime(migrate=False).settings
     try:
         path = credentials.new_setup_token(settings, reset=reset)
     except credentials.CredentialError as exc:
         raise CommandFailed(str(exc)) from exc
-    ended = in_transaction(runtime().sessions, sessions.end_all) if reset else 0
-    click.echo(f"ops: setup token written to {path}; open /ops/setup" + (f" ({ended} sessions ended)" if reset else ""))
+    ended = _record("setup-token", sessions.end_all if reset else None, detail="password removed" if reset else None)
+    click.echo(f"ops: setup token written to {path}; open /ops/setup"
+               + (f" ({ended} sessions ended)" if reset and ended is not None else ""))
 
 
 @ops.command("logout-all")
 def logout_all():
     """End every console session (e.g. after a lost laptop)."""
-    click.echo(f"ops: {in_transaction(runtime().sessions, sessions.end_all)} console sessions ended")
+    ended = _record("logout-everywhere", sessions.end_all)
+    if ended is None:
+        raise CommandFailed("the database could not be reached: no session was ended")
+    click.echo(f"ops: {ended} console sessions ended")
+
+
+@ops.command()
+def unlock():
+    """Clear the login throttle (after a flood of wrong passwords locked the operator out too)."""
+    cleared = _record("unlock", throttle.unlock)
+    if cleared is None:
+        raise CommandFailed("the database could not be reached: the throttle is unchanged")
+    click.echo(f"ops: login throttle cleared ({cleared} counters)")

@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("created_at", When, nullable=False),
         sa.Column("seen_at", When, nullable=False),
         sa.Column("expires_at", When, nullable=False),
+        sa.Column("password_fingerprint", sa.String(16), nullable=False),
         sa.Column("client_ip", sa.String(45), nullable=True),
         sa.Column("user_agent", sa.String(255), nullable=True),
         sa.PrimaryKeyConstraint("id_hash", name=op.f("pk_cronbox_ops_sessions")),

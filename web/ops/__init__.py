@@ -3,7 +3,7 @@
 What guards it, in the order a request meets it:
 - every POST carries a CSRF token (Flask-WTF), checked before anything else;
 - every page but login, setup and the stylesheet needs a live operator
-  session (web.ops.sessions: a row per login, ended by logout);
+  session (cron.operator.sessions: a row per login, ended by logout);
 - answers carry no-store, a strict Content-Security-Policy (no script at
   all, styles from our own stylesheet) and frame-ancestors 'none'.
 The session cookie is HttpOnly, SameSite=Lax and Secure whenever the request

@@ -30,9 +30,16 @@ class Series:
     ticks: list[int]
     errors: list[int]
 
-    @property
-    def minutes_without_tick(self) -> int:
-        return sum(1 for t in self.ticks if t == 0)
+    def missed(self, interval: int = 1) -> list[bool]:
+        """Per minute: no tick started in it nor in the `interval` - 1 minutes before (with cron every
+        5 minutes, four quiet minutes in five are expected, not missed)."""
+        out, last_tick = [], None
+        for minute, count in enumerate(self.ticks):
+            if count:
+                last_tick = minute
+            out.append(last_tick is None and minute >= interval - 1 or
+                       last_tick is not None and minute - last_tick >= interval)
+        return out
 
 
 def floor_minute(moment: datetime) -> datetime:
@@ -83,10 +90,12 @@ class Drawing:
 
 
 def _y(value: int, maximum: int) -> int:
-    return HEIGHT - round(value * HEIGHT / maximum)
+    """Height in SVG units; any work at all gets at least one unit, so a quiet minute is not lost."""
+    return HEIGHT - max(round(value * HEIGHT / maximum), 1 if value > 0 else 0)
 
 
-def draw(data: Series) -> Drawing:
+def draw(data: Series, interval: int = 1) -> Drawing:
+    """`interval`: minutes between cron runs (CRONBOX_CRON_INTERVAL)."""
     handled_max = nice_ceiling(max(data.handled))
     backlog_max = nice_ceiling(max((b for b in data.backlog if b is not None), default=0))
     bars = [f"M{x} {HEIGHT}V{_y(v, handled_max)}" for x, v in enumerate(data.handled) if v > 0]
@@ -97,7 +106,8 @@ def draw(data: Series) -> Drawing:
             continue
         line.append(f"{'L' if pen_down else 'M'}{x} {_y(value, backlog_max)}")
         pen_down = True
-    gaps = [f"M{x} {HEIGHT + 2}V{HEIGHT + 6}" for x, t in enumerate(data.ticks) if t == 0]
+    missed = data.missed(interval)
+    gaps = [f"M{x} {HEIGHT + 2}V{HEIGHT + 6}" for x, gap in enumerate(missed) if gap]
     errors = [f"M{x} 0V4" for x, e in enumerate(data.errors) if e > 0]
     marks = []
     for x in range(MINUTES):
@@ -105,10 +115,10 @@ def draw(data: Series) -> Drawing:
         if moment.minute == 0 and moment.hour % 3 == 0:
             marks.append((x, f"{moment:%H}:00"))
     return Drawing(handled_max, backlog_max, " ".join(bars), " ".join(line), " ".join(gaps), " ".join(errors),
-                   marks, _summary(data))
+                   marks, _summary(data, sum(missed), interval))
 
 
-def _summary(data: Series) -> str:
+def _summary(data: Series, missed: int, interval: int) -> str:
     total = sum(data.handled)
     parts = [f"Last 24 hours: {total:,} items handled"]
     if total:
@@ -120,7 +130,8 @@ def _summary(data: Series) -> str:
         peak_i, peak_b = max(seen, key=lambda item: item[1])
         parts.append(f"backlog {seen[-1][1]:,} at the last tick, peak {peak_b:,} at "
                      f"{data.start + timedelta(minutes=peak_i):%H:%M} UTC")
-    parts.append(f"{data.minutes_without_tick:,} of {MINUTES:,} minutes without a tick")
+    parts.append(f"{missed:,} of {MINUTES:,} minutes without a tick"
+                 + (f" in the {interval} minutes before" if interval > 1 else ""))
     failed = sum(data.errors)
     if failed:
         parts.append(f"{failed:,} failed runs")

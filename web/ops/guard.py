@@ -2,28 +2,29 @@
 from __future__ import annotations
 
 import logging
+import posixpath
 from typing import Callable, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from flask import Response, abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from cron.operator import actions, credentials, sessions
 from outbox import clock
 from outbox.db import in_transaction
 from outbox.errors import SchemaError
 from web import runtime
 from web.client import client_ip
 
-from . import actions, bp, csrf, sessions
-from .paging import BadCursor
+from . import bp, csrf
+from .paging import MAX_ID, BadCursor
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
 PUBLIC = {"ops.login", "ops.setup", "ops.static"}
 HEADERS = {
-    "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
@@ -47,8 +48,9 @@ def check_request():
         csrf.protect()  # raises CSRFError (400) without a valid token for this session
     if request.endpoint in PUBLIC:
         return None
+    fingerprint = credentials.fingerprint(settings())
     current = in_transaction(runtime().sessions,
-                             lambda s: sessions.check(s, session.get("ops"), clock.utcnow()))
+                             lambda s: sessions.check(s, session.get("ops"), clock.utcnow(), fingerprint))
     if current is None:
         if request.method in ("GET", "HEAD"):
             return redirect(url_for("ops.login", next=request.full_path.rstrip("?")))
@@ -60,6 +62,8 @@ def check_request():
 @bp.after_request
 def security_headers(response: Response) -> Response:
     response.headers.update(HEADERS)
+    if request.endpoint != "ops.static":  # the stylesheet may be cached; pages never
+        response.headers["Cache-Control"] = "no-store"
     return response
 
 
@@ -84,65 +88,13 @@ def schema_missing(error: SchemaError):
     return _error_page(503, "Database not ready", str(error))
 
 
-@bp.errorhandler(DBAPIError)
-def database_down(error: DBAPIError):
-    log.error("ops: database error: %s", type(error.orig).__name__)
+@bp.errorhandler(OperationalError)
+@bp.errorhandler(InterfaceError)
+def database_down(error):
+    """Connection-level trouble only: a statement refused for its data stays a 500 with its traceback."""
+    log.error("ops: database error: %s", type(getattr(error, "orig", error)).__name__)
     return _error_page(503, "Database unavailable", "The database did not answer. Try again in a minute; "
                                                     "if it lasts, check the database in cPanel.")
-
-
-def safe_next(target: str | None) -> str:
-    """Only a path inside the console: never another host (an open redirect after login)."""
-    default = url_for("ops.overview")
-    if not target:
-        return default
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not parts.path.startswith("/ops/") or "\\" in target:
-        return default
-    return target
-
-
-def act(action: str, target: str | None, work: Callable[[Session], T], *, detail: str | None = None,
-        outcome: Callable[[T], str] | None = None) -> T:
-    """Do an operator action and record it in the same transaction (both or neither)."""
-    ip = client()
-
-    def run(s: Session) -> T:
-        result = work(s)
-        actions.record(s, action, target=target, outcome=outcome(result) if outcome else "ok", detail=detail,
-                       client_ip=ip)
-        return result
-
-    return in_transaction(runtime().sessions, run)
-
-
-def form_ids(name: str = "id") -> list[int]:
-    """Positive integer ids from the form; 400 on anything else."""
-    values = request.form.getlist(name)
-    try:
-        ids = [int(v) for v in values]
-    except ValueError:
-        abort(400, description="ids must be numbers")
-    if any(i < 1 for i in ids) or len(ids) > 1000:
-        abort(400, description="ids must be positive numbers (at most 1000)")
-    return list(dict.fromkeys(ids))
-
-
-def confirmed() -> bool:
-    return request.form.get("confirm") == "yes"
-
-
-def confirm_page(title: str, message: str, button: str):
-    """The confirmation step of a destructive action: the same form again, with confirm=yes."""
-    fields = [(k, v) for k, values in request.form.lists() if k not in ("csrf_token", "confirm") for v in values]
-    back = safe_next(request.form.get("back") or request.referrer and urlsplit(request.referrer).path)
-    return render_template("ops/confirm.html", title=title, message=message, button=button, fields=fields,
-                           action=request.path, back=back)
-
-
-def done(message: str, endpoint: str, **values) -> Response:
-    flash(message)
-    return redirect(url_for(endpoint, **values), code=303)
 
 
 @bp.errorhandler(400)
@@ -153,3 +105,73 @@ def bad_request(error):
 @bp.errorhandler(404)
 def not_found(error):
     return _error_page(404, "Not found", "There is nothing here.")
+
+
+def safe_next(target: str | None) -> str:
+    """Only a plain path inside the console: never another host, never a header-breaking character."""
+    default = url_for("ops.overview")
+    if not target or len(target) > 500 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target) or "\\" in target:
+        return default
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or posixpath.normpath(parts.path) + "/" != parts.path.rstrip("/") + "/" \
+            or not parts.path.startswith("/ops/"):
+        return default
+    return target
+
+
+def page_link(name: str, value: str) -> str:
+    """This page's URL with its query string, `name` set to `value` (the pager's "Older" link)."""
+    query = [(k, v) for k, v in request.args.items(multi=True) if k != name] + [(name, value)]
+    return request.path + "?" + urlencode(query)
+
+
+bp.app_template_global("page_link")(page_link)
+
+
+def act(action: str, target: str | None, work: Callable[[Session], T] | None = None, *, detail: str | None = None,
+        outcome: Callable[[T], str] | str = "ok") -> T | None:
+    """Do an operator action and record it in the same transaction (both or neither); log it once committed."""
+    ip = client()
+    recorded = []
+
+    def run(s: Session):
+        result = work(s) if work is not None else None
+        recorded[:] = [actions.record(s, action, target=target, detail=detail, client_ip=ip,
+                                      outcome=outcome(result) if callable(outcome) else outcome)]
+        return result
+
+    result = in_transaction(runtime().sessions, run)
+    actions.log(recorded[0])
+    return result
+
+
+def form_ids(name: str = "id") -> list[int]:
+    """Positive integer ids from the form; 400 on anything else."""
+    values = request.form.getlist(name)
+    if len(values) > 1000:
+        abort(400, description="at most 1000 ids at a time")
+    try:
+        ids = [int(v) for v in values]
+    except ValueError:
+        abort(400, description="ids must be numbers")
+    if any(not 1 <= i <= MAX_ID for i in ids):
+        abort(400, description="ids must be positive numbers")
+    return list(dict.fromkeys(ids))
+
+
+def confirmed() -> bool:
+    return request.form.get("confirm") == "yes"
+
+
+def confirm_page(title: str, message: str, button: str, **extra: str):
+    """The confirmation step of a destructive action: the same form again (plus `extra`), with confirm=yes."""
+    fields = [(k, v) for k, values in request.form.lists() if k not in ("csrf_token", "confirm", *extra)
+              for v in values] + list(extra.items())
+    back = safe_next(request.form.get("back") or request.referrer and urlsplit(request.referrer).path)
+    return render_template("ops/confirm.html", title=title, message=message, button=button, fields=fields,
+                           action=request.path, back=back)
+
+
+def done(message: str, endpoint: str, **values) -> Response:
+    flash(message)
+    return redirect(url_for(endpoint, **values), code=303)

@@ -17,6 +17,7 @@ from sqlalchemy import and_, or_
 from sqlalchemy.orm import Session
 
 PAGE_SIZE = 50
+MAX_ID = 2**63 - 1  # BIGINT; a larger number is nobody's id (and SQLite cannot even bind it)
 _SEPARATOR = "~"
 
 
@@ -40,7 +41,10 @@ def parse_cursor(text: str | None, kinds: Sequence[type]) -> tuple | None:
     values = []
     try:
         for part, kind in zip(parts, kinds):
-            values.append(datetime.fromisoformat(part) if kind is datetime else kind(part))
+            value = datetime.fromisoformat(part) if kind is datetime else kind(part)
+            if kind is int and not 0 <= value <= MAX_ID:
+                raise ValueError("out of range")
+            values.append(value)
     except (ValueError, TypeError) as exc:
         raise BadCursor("the page cursor is malformed") from exc
     return tuple(values)

@@ -1,14 +1,29 @@
 """Login, logout and the first-run setup page."""
 from __future__ import annotations
 
+import logging
+
 from flask import Response, flash, redirect, render_template, request, session, url_for
 
+from cron.operator import credentials, sessions, throttle
 from outbox import clock
 from outbox.db import in_transaction
 from web import runtime
 
-from .. import actions, bp, credentials, sessions, throttle
-from ..guard import client, safe_next, settings
+from .. import bp
+from ..guard import act, client, safe_next, settings
+
+log = logging.getLogger("cronbox")
+
+
+def _take_try():
+    """A throttle slot for this client; the refusal is recorded once per window, not once per try (a
+    flood of refused tries must not grow the action log)."""
+    ip = client()
+    ticket = in_transaction(runtime().sessions, lambda s: throttle.take(s, ip, clock.utcnow()))
+    if ticket.wait is not None and ticket.first_refusal:
+        act("login", None, outcome="throttled", detail=f"further tries refused for {ticket.wait} s")
+    return ticket
 
 
 def _throttled(wait: int, template: str, **context):
@@ -20,19 +35,18 @@ def _throttled(wait: int, template: str, **context):
     return response
 
 
-def _start_session(action: str) -> None:
+def _start_session(action: str, ticket: throttle.Ticket) -> None:
     """A fresh session id (never reuse one from before the login) and a fresh CSRF token."""
-    ip, agent = client(), request.headers.get("User-Agent")
-    old = session.get("ops")
+    agent, old = request.headers.get("User-Agent"), session.get("ops")
+    fingerprint = credentials.fingerprint(settings())
+    ip = client()
 
     def work(s):
         sessions.end(s, old)
-        raw = sessions.start(s, clock.utcnow(), client_ip=ip, user_agent=agent)
-        throttle.give_back(s, ip, clock.utcnow())
-        actions.record(s, action, client_ip=ip)
-        return raw
+        throttle.give_back(s, ticket)
+        return sessions.start(s, clock.utcnow(), fingerprint=fingerprint, client_ip=ip, user_agent=agent)
 
-    raw = in_transaction(runtime().sessions, work)
+    raw = act(action, None, work)
     session.clear()
     session["ops"] = raw
 
@@ -45,28 +59,20 @@ def login():
     target = safe_next(request.values.get("next"))
     if request.method == "GET":
         return render_template("ops/login.html", next=target)
-    ip = client()
-    wait = in_transaction(runtime().sessions, lambda s: throttle.take(s, ip, clock.utcnow()))
-    if wait is not None:
-        in_transaction(runtime().sessions, lambda s: actions.record(s, "login", outcome="throttled", client_ip=ip))
-        return _throttled(wait, "ops/login.html", next=target)
+    ticket = _take_try()
+    if ticket.wait is not None:
+        return _throttled(ticket.wait, "ops/login.html", next=target)
     if not credentials.check_password(st, request.form.get("password", "")):
-        in_transaction(runtime().sessions, lambda s: actions.record(s, "login", outcome="wrong-password",
-                                                                    client_ip=ip))
+        act("login", None, outcome="wrong-password")
         return render_template("ops/login.html", next=target, error="Wrong password."), 401
-    _start_session("login")
+    _start_session("login", ticket)
     return redirect(target, code=303)
 
 
 @bp.post("/logout")
 def logout():
-    raw, ip = session.get("ops"), client()
-
-    def work(s):
-        sessions.end(s, raw)
-        actions.record(s, "logout", client_ip=ip)
-
-    in_transaction(runtime().sessions, work)
+    raw = session.get("ops")
+    act("logout", None, lambda s: sessions.end(s, raw))
     session.clear()
     flash("Logged out.")
     return redirect(url_for("ops.login"), code=303)
@@ -74,13 +80,7 @@ def logout():
 
 @bp.post("/logout-everywhere")
 def logout_everywhere():
-    ip = client()
-
-    def work(s):
-        count = sessions.end_all(s)
-        actions.record(s, "logout-everywhere", detail=f"{count} sessions ended", client_ip=ip)
-
-    in_transaction(runtime().sessions, work)
+    act("logout-everywhere", None, sessions.end_all, outcome=lambda count: "ok")
     session.clear()
     flash("Every console session has been ended.")
     return redirect(url_for("ops.login"), code=303)
@@ -92,24 +92,22 @@ def setup():
     st = settings()
     if credentials.is_configured(st):
         return redirect(url_for("ops.login"))
-    token_path = credentials.ensure_setup_token(st)
-    where = token_path.name if token_path else credentials.TOKEN_FILE
+    credentials.ensure_setup_token(st)
+    where = credentials.TOKEN_FILE
     if request.method == "GET":
         return render_template("ops/setup.html", token_file=where)
-    ip = client()
-    wait = in_transaction(runtime().sessions, lambda s: throttle.take(s, ip, clock.utcnow()))
-    if wait is not None:
-        return _throttled(wait, "ops/setup.html", token_file=where)
+    ticket = _take_try()
+    if ticket.wait is not None:
+        return _throttled(ticket.wait, "ops/setup.html", token_file=where)
     if not credentials.check_setup_token(st, request.form.get("token", "")):
-        in_transaction(runtime().sessions, lambda s: actions.record(s, "setup", outcome="wrong-token", client_ip=ip))
+        act("setup", None, outcome="wrong-token")
         return render_template("ops/setup.html", token_file=where, error="That is not the setup token."), 401
     try:
         credentials.validate_new_password(request.form.get("password", ""), request.form.get("confirm_password", ""))
         credentials.store_password(st, request.form["password"], replace=False)
     except credentials.CredentialError as exc:
-        in_transaction(runtime().sessions, lambda s: throttle.give_back(s, ip, clock.utcnow()))
+        in_transaction(runtime().sessions, lambda s: throttle.give_back(s, ticket))
         return render_template("ops/setup.html", token_file=where, error=f"Not set: {exc}."), 400
-    in_transaction(runtime().sessions, sessions.end_all)
-    _start_session("setup")
+    _start_session("setup", ticket)
     flash("Password set. Keep it in a password manager: the setup token is gone.")
     return redirect(url_for("ops.overview"), code=303)

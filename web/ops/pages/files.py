@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from outbox import clock
 from outbox.db import in_transaction
-from storage import audit
+from storage import audit, grants
 from storage.errors import StorageError
 from storage.models import AuditEntry, Grant, SealedFile
 from web import runtime
@@ -34,8 +34,7 @@ def _filter(name: str) -> str | None:
 
 
 def show_names() -> bool:
-    return (current_app.extensions["cronbox"].settings.get("CRONBOX_OPS_SHOW_FILE_NAMES", "off") or "").lower() in (
-        "on", "1", "yes", "true")
+    return current_app.extensions["cronbox"].settings.ops_show_file_names
 
 
 def _names(session, file_ids: set[str]) -> dict[str, str]:
@@ -51,14 +50,11 @@ def _names(session, file_ids: set[str]) -> dict[str, str]:
     return names
 
 
+STATES = {None: "active", "revoked": "revoked", "grant-expired": "expired", "exhausted": "used up"}
+
+
 def grant_state(grant, now: datetime) -> str:
-    if grant.revoked_at is not None:
-        return "revoked"
-    if grant.expires_at <= now:
-        return "expired"
-    if grant.max_uses is not None and grant.uses >= grant.max_uses:
-        return "used up"
-    return "active"
+    return STATES[grants.refusal(grant, now)]
 
 
 @bp.get("/files")
@@ -93,8 +89,8 @@ def files():
 @bp.post("/files/revoke")
 def files_revoke():
     grant_id = request.form.get("grant", "")
-    if not grant_id:
-        abort(400, description="say which grant")
+    if not grant_id or len(grant_id) > 64:
+        abort(400, description="say which grant (its id)")
     if not confirmed():
         return confirm_page("Revoke grant?", f"Revoke grant {grant_id}? Every link issued for it stops working "
                                              "at once.", "Revoke")

@@ -13,10 +13,13 @@ from outbox.models import OnceRequest
 from web import runtime
 
 from .. import bp, paging
-from ..guard import act, done
+from ..guard import act, confirm_page, confirmed, done
 
 Q = OnceRequest.__table__
 COMMAND_MAX = 500
+# Allow-listed commands that delete or rewrite stored data: the console asks before queueing them.
+DESTRUCTIVE = {("outbox", "skip"), ("outbox", "prune"), ("queue", "forget"), ("queue", "flush"),
+               ("queue", "prune"), ("storage", "rewrap"), ("storage", "sweep")}
 
 
 def argv_text(argv_json: str) -> str:
@@ -47,14 +50,20 @@ def once_add():
     argv, problem = once_requests.parse(text)
     problem = problem or once_requests.allowed(argv or [])
     if problem:
-        act("once.add", text[:255], lambda s: None, outcome=lambda _: "refused", detail=problem)
+        # Only the command's first words are kept: the rest is free text the operator typed.
+        act("once.add", " ".join((argv or text.split())[:2])[:64], outcome="refused", detail=problem)
         return done(f"Not queued: {problem}.", "ops.once")
+    if tuple(argv[:2]) in DESTRUCTIVE and not confirmed():
+        return confirm_page("Run this command?", f"“{' '.join(argv)}” deletes or changes stored data for good. "
+                                                 "Queue it for the next tick?", "Queue it")
     row = act("once.add", text[:255], lambda s: once_requests.add(s, argv, source="console:operator"))
     return done(f"One-off run #{row.id} is pending; the next tick runs it.", "ops.once")
 
 
 @bp.get("/once/<int:request_id>")
 def once_show(request_id: int):
+    if request_id > paging.MAX_ID:
+        abort(404)
     row = in_transaction(runtime().sessions, lambda s: s.get(OnceRequest, request_id))
     if row is None:
         abort(404)

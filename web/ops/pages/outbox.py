@@ -59,10 +59,18 @@ def outbox_skip():
         return done("Choose deliveries to skip.", "ops.outbox")
     if not confirmed():
         what = "every dead delivery" if everything else f"{len(ids)} deliver{'y' if len(ids) == 1 else 'ies'} ({_targets(ids)})"
-        return confirm_page("Skip deliveries?", f"Skip {what}? Their consumers will never receive these events, "
-                                                "and keys they hold are released.", "Skip")
+        message = (f"Skip {what}? Their consumers will never receive these events, and keys they hold are "
+                   "released.")
+        if not everything:
+            return confirm_page("Skip deliveries?", message, "Skip")
+        # "All" means all that were dead when the operator looked, not ones that died since.
+        upto = in_transaction(runtime().sessions, deliveries.last_dead_id)
+        if upto is None:
+            return done("No dead deliveries to skip.", "ops.outbox")
+        return confirm_page("Skip deliveries?", message, "Skip", upto=str(upto))
+    upto = form_ids("upto")[0] if everything and request.form.get("upto") else None
     skipped, unknown = act("outbox.skip", "all dead" if everything else _targets(ids),
-                           lambda s: deliveries.skip(s, ids, clock.utcnow()))
+                           lambda s: deliveries.skip(s, ids, clock.utcnow(), upto=upto))
     return done(f"{skipped} deliveries skipped." + _unknown(unknown), "ops.outbox")
 
 

@@ -31,4 +31,4 @@ def overview():
     names = list(dict.fromkeys(rt.default_queues() + sorted(queues)))
     queue_rows = [queues.get(n) or jobstore.QueueStatus(n) for n in names]
     return render_template("ops/overview.html", report=report, backlog=backlog, unfanned=unfanned,
-                           queues=queue_rows, ticks=ticks, drawing=chart.draw(data), now=now)
+                           queues=queue_rows, ticks=ticks, drawing=chart.draw(data, rt.settings.cron_interval), now=now)

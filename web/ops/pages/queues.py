@@ -6,15 +6,15 @@ from datetime import datetime
 from flask import abort, render_template, request
 from sqlalchemy import select
 
-from cron.retention import flush_failed
+from cron import once as once_requests
 from outbox import clock, jobstore
 from outbox.db import in_transaction
 from outbox.jobs import QUEUE_NAME
 from outbox.models import FAILED, Job
 from web import runtime
 
-from .. import actions, bp, paging
-from ..guard import act, client, confirm_page, confirmed, done, form_ids
+from .. import bp, paging
+from ..guard import act, confirm_page, confirmed, done, form_ids
 from .outbox import _targets, _unknown
 
 J = Job.__table__
@@ -73,10 +73,12 @@ def queues_forget():
 
 @bp.post("/queues/flush")
 def queues_flush():
+    """Queued as a one-off `queue flush` (bounded batches, its own output), not run inside this request:
+    a shared host may kill a long request half-way, and the run records what it deleted."""
     if not confirmed():
         return confirm_page("Flush failed jobs?", "Delete every failed job, on every queue, for good? "
-                                                  "None of them will run again.", "Flush all failed jobs")
-    total = flush_failed(runtime(), None)  # in bounded batches, each its own transaction
-    in_transaction(runtime().sessions, lambda s: actions.record(s, "queue.flush", target="all failed",
-                                                                detail=f"{total} deleted", client_ip=client()))
-    return done(f"{total} failed jobs deleted.", "ops.queues")
+                                                  "None of them will run again. The next tick does it.",
+                            "Flush all failed jobs")
+    row = act("queue.flush", "all failed", lambda s: once_requests.add(s, ["queue", "flush"],
+                                                                      source="console:operator"))
+    return done(f"Every failed job will be deleted at the next tick (one-off run #{row.id}).", "ops.once")

@@ -9,6 +9,7 @@ browsing does not turn every page view into a write.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,20 +39,25 @@ class Current:
         return self.id_hash[:8]
 
 
-def start(session: Session, now: datetime, *, client_ip: str | None, user_agent: str | None) -> str:
+def start(session: Session, now: datetime, *, fingerprint: str, client_ip: str | None,
+          user_agent: str | None) -> str:
     """A new session row; returns the raw id for the cookie (never stored)."""
     raw = secrets.token_urlsafe(32)
     session.add(OperatorSession(id_hash=_hash(raw), created_at=now, seen_at=now, expires_at=now + ABSOLUTE,
-                                client_ip=client_ip and client_ip[:45], user_agent=user_agent and user_agent[:255]))
+                                password_fingerprint=fingerprint, client_ip=client_ip and client_ip[:45],
+                                user_agent=user_agent and user_agent[:255]))
     return raw
 
 
-def check(session: Session, raw_id: str | None, now: datetime) -> Current | None:
-    """The live session for this cookie id, or None (unknown, idle too long, or past its end)."""
-    if not raw_id or not isinstance(raw_id, str) or len(raw_id) > 128:
+def check(session: Session, raw_id: str | None, now: datetime, fingerprint: str | None) -> Current | None:
+    """The live session for this cookie id, or None (unknown, idle too long, past its end, or logged in
+    under another password than the one in force now)."""
+    if not raw_id or not isinstance(raw_id, str) or len(raw_id) > 128 or fingerprint is None:
         return None
     row = session.get(OperatorSession, _hash(raw_id))
     if row is None or row.expires_at <= now or row.seen_at <= now - IDLE:
+        return None
+    if not hmac.compare_digest(row.password_fingerprint, fingerprint):
         return None
     if row.seen_at <= now - TOUCH_EVERY:
         session.execute(update(OperatorSession).where(OperatorSession.id_hash == row.id_hash).values(seen_at=now))

@@ -14,6 +14,7 @@ cron line): the setup page asks for a fresh token again. This module does not im
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 import logging
 import os
@@ -98,16 +99,20 @@ def make_hash(password: str) -> str:
 
 
 def _write_private(path: Path, text: str, *, replace: bool) -> bool:
-    """Write a 0600 file atomically; with replace=False, False if it already exists (first writer wins)."""
+    """Write a 0600 file atomically (temporary file, fsync, rename or link, fsync of the folder); with
+    replace=False, False if it already exists (first writer wins). A failure leaves no temporary file."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    data = text.encode("utf-8")
     try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         if replace:
             os.replace(temporary, path)
         else:
@@ -115,9 +120,20 @@ def _write_private(path: Path, text: str, *, replace: bool) -> bool:
                 os.link(temporary, path)
             except FileExistsError:
                 return False
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+        return True
     finally:
         temporary.unlink(missing_ok=True)
-    return True
+
+
+def fingerprint(settings: Settings) -> str | None:
+    """A short digest of the password hash in force (None when none is set); sessions keep it."""
+    stored = password_hash(settings)
+    return hashlib.sha256(stored.encode("utf-8")).hexdigest()[:16] if stored else None
 
 
 def store_password(settings: Settings, password: str, *, replace: bool) -> None:
