@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, text
@@ -38,6 +38,9 @@ class Report:
     status: str
     checked_at: datetime
     checks: list[Check]
+    # What the work checks read, for a caller that shows it too (the console's overview) without
+    # counting every failed job a second time. Not part of as_json().
+    queues: dict = field(default_factory=dict, repr=False)
 
     def as_json(self) -> dict:
         return {"status": self.status, "checked_at": self.checked_at.isoformat() + "Z",
@@ -52,6 +55,7 @@ def run_checks(runtime) -> Report:
     settings = runtime.settings
     interval = settings.cron_interval * 60
     checks: list[Check] = []
+    queues: dict = {}
     now = clock.utcnow()
     try:
         started = time.perf_counter()
@@ -60,17 +64,18 @@ def run_checks(runtime) -> Report:
             latency = (time.perf_counter() - started) * 1000
             checks.append(Check("database", _grade(latency, 250, 2000), f"reachable in {latency:.0f} ms",
                                 round(latency, 1)))
-            checks += _work_checks(session, now, interval)
+            work, queues = _work_checks(session, now, interval)
+            checks += work
     except Exception as exc:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
     checks.append(_instance_check(settings.instance))
     checks += _key_checks(settings)
     worst = max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
-    return Report(worst, now, checks)
+    return Report(worst, now, checks, queues)
 
 
-def _work_checks(session, now: datetime, interval: float) -> list[Check]:
+def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], dict]:
     checks = []
     last = session.execute(select(Heartbeat.started_at, Heartbeat.outcome).where(Heartbeat.command == "tick")
                            .order_by(Heartbeat.started_at.desc()).limit(1)).first()
@@ -95,13 +100,14 @@ def _work_checks(session, now: datetime, interval: float) -> list[Check]:
     checks.append(Check("outbox.dead", WARN if dead else OK, f"{dead} dead deliveries", dead))
     checks.append(Check("outbox.blocked", WARN if blocked else OK, f"{blocked} blocked keys", blocked))
 
-    for name, q in sorted(jobstore.status(session, now).items()):
+    queues = jobstore.status(session, now)
+    for name, q in sorted(queues.items()):
         age = (now - q.oldest_ready_at).total_seconds() if q.oldest_ready_at else 0
         grade = _grade(age, 2 * interval + 300, 6 * interval + 1800)
         checks.append(Check(f"queue.{name}", grade, f"{q.ready} ready, oldest {age:.0f}s, {q.delayed} delayed, "
                                                    f"{q.reserved} reserved", q.ready))
         checks.append(Check(f"queue.{name}.failed", WARN if q.failed else OK, f"{q.failed} failed jobs", q.failed))
-    return checks
+    return checks, queues
 
 
 def _disk_check(folder) -> Check:

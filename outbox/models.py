@@ -80,6 +80,8 @@ class Delivery(Base):
         Index(None, "status", "lease_until"),
         # The per-key ordering check: an earlier holding delivery of this key?
         Index(None, "consumer", "key", "status", "event_id"),
+        # Counts per consumer and status (health check, console) from the index alone.
+        Index(None, "status", "consumer", "next_attempt_at"),
     )
 
 

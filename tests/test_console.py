@@ -525,3 +525,30 @@ def test_a_password_changed_elsewhere_ends_older_sessions(operator):
     assert again.log_in("changed from the command line").status_code == 303
     credentials.hash_file(settings).unlink()  # deleted in File Manager to start over
     assert again.get("/ops/").status_code == 302
+
+
+def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
+    """Failed jobs and dead deliveries page on (time, id) newest first; 130 rows, many failing in the
+    same microsecond, must each appear exactly once across the pages (MariaDB forces the index)."""
+    from outbox.models import OutboxEvent
+
+    moments = [T0 + timedelta(seconds=n // 7) for n in range(130)]  # seven rows share each time: pages split them
+    with runtime.sessions.begin() as session:
+        for n, moment in enumerate(moments):
+            session.add(Job(queue="sms" if n % 2 else "mail", handler="h", payload="{}", status="failed",
+                            attempts=1, trace_id="t", created_at=moment, finished_at=moment, last_error="x"))
+            event = OutboxEvent(type="t", key=None, payload="{}", trace_id="t", created_at=moment,
+                                available_at=moment, fanned_out_at=moment)
+            session.add(event)
+            session.flush()
+            session.add(Delivery(event_id=event.id, consumer="c", key=None, status="dead", attempts=1,
+                                 next_attempt_at=moment, created_at=moment, finished_at=moment))
+    for path, row_id in (("/ops/queues", r'id="job-(\d+)"'), ("/ops/outbox", r'id="delivery-(\d+)"')):
+        seen, pages, next_path = [], 0, path
+        while next_path:
+            page = operator.get(next_path).get_data(as_text=True)
+            seen += [int(i) for i in re.findall(row_id, page)]
+            older = re.search(r'<p class="pager"><a href="([^"]+)">Older', page)
+            next_path = older.group(1).replace("&amp;", "&") if older else None
+            pages += 1
+        assert pages == 3 and len(seen) == 130 and len(set(seen)) == 130, path

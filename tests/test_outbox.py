@@ -374,3 +374,32 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
     assert sorted(runs) == [("first", 0), ("first", 1), ("other", 2)]
     assert stats.done == 2 and stats.lease_lost == 1
     assert [d.status for d in deliveries(runtime)] == ["done", "done", "done"]
+
+
+def test_blocked_keys_read_from_the_waiting_side(runtime):
+    """Key a: a dead holder, then a retrying one (holds too), then a fresh one; key b: dead, nothing behind
+    it (blocks nothing); key c: only fresh work. Counted and listed as the holders see it."""
+    from outbox import deliveries as store
+    from outbox.models import Delivery, OutboxEvent
+
+    now = clock.utcnow()
+    rows = [("a", "dead", 3), ("a", "pending", 1), ("a", "pending", 0), ("b", "dead", 3), ("c", "pending", 0),
+            ("c", "pending", 0)]
+    ids = []
+    with runtime.sessions.begin() as session:
+        for key, status, attempts in rows:
+            event = OutboxEvent(type="t", key=key, payload="{}", trace_id="t" * 16, created_at=now, available_at=now,
+                                fanned_out_at=now)
+            session.add(event)
+            session.flush()
+            delivery = Delivery(event_id=event.id, consumer="sms", key=key, status=status, attempts=attempts,
+                                next_attempt_at=now, created_at=now)
+            session.add(delivery)
+            session.flush()
+            ids.append(delivery.id)
+    with runtime.sessions() as session:
+        listed = [(r.key, r.id, r.status, r.waiting) for r in store.blocked_keys(session)]
+        per_consumer = store.status(session, now)
+    assert listed == [("a", ids[0], "dead", 2), ("a", ids[1], "pending", 1)]
+    sms = per_consumer["sms"]
+    assert (sms.pending, sms.due, sms.dead, sms.blocked_keys) == (4, 4, 2, 1)

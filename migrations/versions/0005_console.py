@@ -1,4 +1,4 @@
-"""console: operator sessions, operator action log, indexes for the console's filters
+"""console: operator sessions, operator action log, indexes for the console's filters and counts
 
 Revision ID: 0005_console
 Revises: 0004_storage
@@ -50,10 +50,13 @@ def upgrade() -> None:
     op.create_index(op.f("ix_cronbox_file_audit_subject_id"), "cronbox_file_audit", ["subject", "id"])
     op.create_index(op.f("ix_cronbox_file_audit_outcome_id"), "cronbox_file_audit", ["outcome", "id"])
     op.create_index(op.f("ix_cronbox_grants_created_at"), "cronbox_grants", ["created_at"])
+    op.create_index(op.f("ix_cronbox_deliveries_status_consumer_next_attempt_at"), "cronbox_deliveries",
+                    ["status", "consumer", "next_attempt_at"])
     op.create_index(op.f("ix_cronbox_grants_subject_created_at"), "cronbox_grants", ["subject", "created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_cronbox_deliveries_status_consumer_next_attempt_at"), table_name="cronbox_deliveries")
     op.drop_index(op.f("ix_cronbox_grants_subject_created_at"), table_name="cronbox_grants")
     op.drop_index(op.f("ix_cronbox_grants_created_at"), table_name="cronbox_grants")
     op.drop_index(op.f("ix_cronbox_file_audit_outcome_id"), table_name="cronbox_file_audit")

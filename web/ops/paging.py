@@ -55,17 +55,29 @@ def _format(values: Sequence[Any]) -> str:
 
 
 def _after(columns: Sequence, cursor: tuple):
-    """Rows after `cursor` in descending (a, b) order: a < x OR (a = x AND b < y)."""
+    """Rows after `cursor` in descending (a, b) order: a <= x AND (a < x OR (a = x AND b < y)).
+
+    The redundant `a <= x` is what turns the OR into an index range on both
+    backends: without it MariaDB and SQLite seek on the status alone and read
+    every row before the cursor (25,000 rows for a page 500 deep)."""
     if len(columns) == 1:
         return columns[0] < cursor[0]
     first, second = columns
-    return or_(first < cursor[0], and_(first == cursor[0], second < cursor[1]))
+    return and_(first <= cursor[0], or_(first < cursor[0], and_(first == cursor[0], second < cursor[1])))
 
 
-def page(session: Session, query, columns: Sequence, cursor: tuple | None, *, size: int = PAGE_SIZE) -> Page:
-    """Run `query` (a select() whose rows carry `columns` by their keys) newest first, one page of it."""
+def page(session: Session, query, columns: Sequence, cursor: tuple | None, *, size: int = PAGE_SIZE,
+         index: str | None = None) -> Page:
+    """Run `query` (a select() whose rows carry `columns` by their keys) newest first, one page of it.
+
+    `index`: the index in this order, forced on MySQL/MariaDB for pages after the first. When the
+    status filtered on is half the table, InnoDB's capped range estimate makes the optimizer prefer
+    a lookup on the status alone, which reads every row before the cursor."""
     if cursor is not None:
         query = query.where(_after(columns, cursor))
+        if index is not None:
+            for dialect in ("mysql", "mariadb"):
+                query = query.with_hint(columns[0].table, f"FORCE INDEX ({index})", dialect_name=dialect)
     rows = list(session.execute(query.order_by(*[c.desc() for c in columns]).limit(size + 1)).all())
     more = len(rows) > size
     rows = rows[:size]

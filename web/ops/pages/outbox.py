@@ -17,6 +17,7 @@ from ..guard import act, confirm_page, confirmed, done, form_ids
 D, E = Delivery.__table__, OutboxEvent.__table__
 # Newest attempt first; served by the (status, next_attempt_at, id) index.
 ORDER = (D.c.next_attempt_at, D.c.id)
+INDEX = "ix_cronbox_deliveries_status_next_attempt_at_id"
 
 
 @bp.get("/outbox")
@@ -30,7 +31,7 @@ def outbox():
 
     def read(s):
         return (deliveries.status(s, now), deliveries.unfanned_count(s), deliveries.blocked_keys(s),
-                paging.page(s, dead_rows, ORDER, cursor))
+                paging.page(s, dead_rows, ORDER, cursor, index=INDEX))
 
     per_consumer, unfanned, blocked, page = in_transaction(rt.sessions, read)
     registered = set(rt.consumers.names())

@@ -20,6 +20,7 @@ from .outbox import _targets, _unknown
 J = Job.__table__
 # Most recently failed first; served by the (status, finished_at) index (InnoDB and SQLite append the id).
 ORDER = (J.c.finished_at, J.c.id)
+INDEX = "ix_cronbox_jobs_status_finished_at"
 
 
 def _queue_arg(value: str | None) -> str | None:
@@ -41,7 +42,7 @@ def queues():
     if only:
         failed_rows = failed_rows.where(J.c.queue == only)
     per_queue, page = in_transaction(rt.sessions, lambda s: (jobstore.status(s, now),
-                                                             paging.page(s, failed_rows, ORDER, cursor)))
+                                                             paging.page(s, failed_rows, ORDER, cursor, index=INDEX)))
     names = list(dict.fromkeys(rt.default_queues() + sorted(per_queue)))
     rows = [per_queue.get(n) or jobstore.QueueStatus(n) for n in names]
     return render_template("ops/queues.html", queues=rows, page=page, only=only, now=now)
