@@ -19,7 +19,7 @@ from outbox import clock
 from outbox.consumers import consumer
 from outbox.models import Delivery, Job, OnceRequest, OperatorAction, OperatorSession
 from storage import audit
-from storage.models import AuditEntry, Grant
+from storage.models import AuditEntry, Grant, SealedFile
 from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app
 from tests.helpers import relay
 from cron.operator import credentials
@@ -552,3 +552,31 @@ def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
             next_path = older.group(1).replace("&amp;", "&") if older else None
             pages += 1
         assert pages == 3 and len(seen) == 130 and len(set(seen)) == 130, path
+
+
+def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, runtime):
+    page = operator.get("/ops/files").get_data(as_text=True)
+    action = re.search(r'action="(/files\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    def form():
+        return {"owner": "patient:77", "file": (io.BytesIO(b"%PDF x-ray"), "x-ray of Jane.pdf")}
+
+    response = operator.client.post(action, data=form(), content_type="multipart/form-data")
+    assert response.status_code == 303 and response.headers["Location"].startswith("/ops/files?file=")
+    file_id = response.headers["Location"].rsplit("=", 1)[1]
+    shown = operator.get(response.headers["Location"]).get_data(as_text=True)
+    assert f"Sealed as file {file_id}." in shown and "x-ray of Jane" not in shown
+    store = operator.app.extensions["cronbox.storage"]
+    with runtime.sessions() as session:
+        row = session.get(SealedFile, file_id)
+        assert row.owner == "patient:77" and store.describe(row)[0] == "x-ray of Jane.pdf"
+        put = session.scalars(select(AuditEntry).where(AuditEntry.action == "put")).one()
+        assert put.detail.endswith("by operator")
+    assert ("files.upload", file_id, "ok") in actions_logged(runtime)
+
+    refused = operator.client.post(action, data={"file": (io.BytesIO(b"x"), "a.pdf")},
+                                   content_type="multipart/form-data")  # no owner
+    assert refused.status_code == 303 and "Upload refused" in flashed(refused, operator)
+    for bad in ["/files", "/files?csrf_token=forged"]:  # a session alone, or a forged token: no
+        assert operator.client.post(bad, data=form(), content_type="multipart/form-data").status_code == 401
+    stranger = Operator(operator.app)  # a token without the session: no
+    assert stranger.client.post(action, data=form(), content_type="multipart/form-data").status_code == 401

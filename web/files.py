@@ -24,6 +24,7 @@ may buffer before Python sees the body is documented in the README.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import unquote
 
@@ -244,10 +245,22 @@ def bearer_upload_token(req: Request, settings: Settings) -> str | None:
     return "upload-token" if bearer_matches(settings.upload_token) else None
 
 
-# Who may upload: each authorizer returns a principal (recorded in the audit) or None. The operator
-# console adds its session check here (`upload_authorizers.append(...)`); it must bring CSRF
-# protection with it, which a bearer token, never sent automatically by a browser, does not need.
-upload_authorizers: list[Callable[[Request, Settings], str | None]] = [bearer_upload_token]
+@dataclass(frozen=True)
+class UploadAuthorizer:
+    """One way to be allowed to upload. `check` returns a principal (recorded in the audit) or None;
+    `configured` says whether this way exists at all (with none configured, POST /files is a 404).
+    `reply`, when set, makes the answer for this principal from (file id, error, status): the console
+    sends its browser back to its Files page instead of showing JSON. A browser-facing authorizer
+    must bring CSRF protection with it, which a bearer token, never sent automatically, does not need."""
+
+    name: str
+    configured: Callable[[Settings], bool]
+    check: Callable[[Request, Settings], str | None]
+    reply: Callable[[str | None, str | None, int], Response] | None = None
+
+
+upload_authorizers: list[UploadAuthorizer] = [
+    UploadAuthorizer("upload-token", lambda settings: bool(settings.upload_token), bearer_upload_token)]
 
 
 def _json_error(message: str, status: int, **headers) -> Response:
@@ -261,16 +274,22 @@ def _json_error(message: str, status: int, **headers) -> Response:
 def upload():
     st = storage_for_app()
     settings = st.settings
-    if not settings.upload_token and len(upload_authorizers) == 1:
+    ways = [a for a in upload_authorizers if a.configured(settings)]
+    if not ways:
         return _page(NOT_FOUND, 404)  # no way to authorize an upload is configured: the endpoint is off
-    principal = next((who for who in (auth(request, settings) for auth in upload_authorizers) if who), None)
-    if principal is None:
+    found = next(((a, who) for a in ways for who in [a.check(request, settings)] if who), None)
+    if found is None:
         return _json_error("authorization required", 401, **{"WWW-Authenticate": 'Bearer realm="cronbox"'})
+    authorizer, principal = found
+
+    def refuse(message: str, status: int) -> Response:
+        return authorizer.reply(None, message, status) if authorizer.reply else _json_error(message, status)
+
     limit = settings.upload_max
     if request.content_length is not None and request.content_length > limit:
-        return _json_error(f"the file is larger than the limit of {limit} bytes", 413)
+        return refuse(f"the file is larger than the limit of {limit} bytes", 413)
     if request.content_length is None and "wsgi.input_terminated" not in request.environ:
-        return _json_error("send a Content-Length (or a chunked body)", 411)
+        return refuse("send a Content-Length (or a chunked body)", 411)
     client = _client()
     try:
         if request.mimetype == "multipart/form-data":
@@ -278,22 +297,24 @@ def upload():
         else:
             sealed, owner = _receive_body(st, limit)
     except TooLarge as exc:
-        return _json_error(str(exc), 413)
+        return refuse(str(exc), 413)
     except RequestEntityTooLarge:
-        return _json_error("a form field is too large", 413)
+        return refuse("a form field is too large", 413)
     except ClientDisconnected:
-        return _json_error("the upload was interrupted", 400)
+        return refuse("the upload was interrupted", 400)
     except (StorageError, ValueError) as exc:
-        return _json_error(str(exc), 400)
+        return refuse(str(exc), 400)
     try:
         file_id = in_transaction(runtime().sessions, lambda s: st.add(s, sealed, owner=owner, client=client,
                                                                       actor=principal))
     except StorageError as exc:
         st.discard(sealed)
-        return _json_error(str(exc), 400)
+        return refuse(str(exc), 400)
     except BaseException:
         st.discard(sealed)
         raise
+    if authorizer.reply:
+        return authorizer.reply(file_id, None, 201)
     return jsonify(id=file_id, size=sealed.size), 201
 
 

@@ -41,7 +41,12 @@ def _secret_keys(app: Flask) -> list[bytes]:
 
 
 def register(app: Flask) -> None:
-    from . import guard, pages  # noqa: F401  (registers the routes on bp)
+    from web import files
+
+    from . import guard, pages, upload  # noqa: F401  (registers the routes on bp)
+
+    if upload.AUTHORIZER not in files.upload_authorizers:  # one list for every app in the process
+        files.upload_authorizers.append(upload.AUTHORIZER)
 
     settings = app.extensions["cronbox"].settings
     keys = _secret_keys(app)
