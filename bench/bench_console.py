@@ -432,14 +432,14 @@ def code_version() -> str:
 
 
 CAUSES = """
-Where that time goes: `outbox.deliveries.status()` (per-consumer counts, and blocked keys counted with a
-correlated subquery per dead keyed delivery; the overview's health check and the outbox page both call it)
-and `deliveries.blocked_keys()` (ORDER BY id LIMIT 50 filtered by the same subquery: with few blocked keys it
-walks the whole table) read every dead delivery, so they grow with the dead backlog, not with the page size;
-`jobstore.status()` likewise counts every failed job (the overview runs it twice). A deep keyset page of
-dead deliveries or failed jobs reads the rows it skips: both plans seek on the status prefix only (SQLite
-does not turn the OR form of the cursor into a range; InnoDB caps a range estimate at half the table, which
-the status matches here, so MariaDB prefers `ref` on status to `range` on (status, time, id)).
+Where that time goes now: counting what piles up. The health check counts every dead delivery and every
+failed job (50,000 each here) from the (status, consumer, next_attempt_at) and (queue, status, ...) indexes
+without touching the tables, and the chart reads a day of heartbeat rows (1,440). At the first run of this
+benchmark (code at ca77b26) the overview took 461 / 1,121 ms (SQLite / MariaDB) and the outbox page
+388 / 1,197 ms: per-consumer counts and blocked keys read every dead delivery with a subquery each, and deep
+keyset pages read every row they skipped; commit 686825a reads blocked keys from the waiting side, counts
+from covering indexes, adds `a <= x` to the cursor (an index range on both backends) and forces the
+(status, time, id) index on MariaDB, whose capped estimate otherwise prefers a lookup on the status alone.
 """
 
 
