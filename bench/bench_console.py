@@ -420,9 +420,10 @@ def slow_note(results: dict) -> str:
 
 def code_version() -> str:
     """The commit measured, marked when files it tracks have uncommitted changes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
     def git(*argv):
-        return subprocess.run(["git", *argv], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
     try:
         commit = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks.md")
