@@ -33,6 +33,7 @@ REQUIRE_MYSQL = os.environ.get("CRONBOX_REQUIRE_MYSQL") == "1"
 
 BACKENDS = ["sqlite", "mysql-skip-locked", "mysql-token"]
 MYSQL_BACKENDS = ["mysql-skip-locked", "mysql-token"]
+ONE_MYSQL_MODE = ["sqlite", "mysql-skip-locked"]  # for modules where the claim mode changes nothing
 
 hypothesis_settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 hypothesis_settings.register_profile("dev", deadline=None)
@@ -72,9 +73,14 @@ class Database:
         return self.backend.startswith("mysql")
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
+def pytest_generate_tests(metafunc):
+    """Every test using a database runs on each backend in BACKENDS, or in its module's own BACKENDS:
+    modules whose tests the claim mode cannot change run MariaDB once (skip-locked), not twice."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any("backend" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
+        return  # the test (or its module) chose its backends itself
+    metafunc.parametrize("backend", getattr(metafunc.module, "BACKENDS", BACKENDS))
 
 
 @pytest.fixture
