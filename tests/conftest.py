@@ -84,6 +84,12 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
+def backend(request):
+    """Set by pytest_generate_tests, or by a module's own `parametrize("backend", ..., indirect=True)`."""
+    return request.param
+
+
+@pytest.fixture
 def database(backend, tmp_path, request):
     if backend == "sqlite":
         yield Database(backend, f"sqlite:///{tmp_path / 'instance' / 'cronbox.db'}", "auto")
