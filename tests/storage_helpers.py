@@ -9,6 +9,7 @@ import pytest
 
 import storage
 from outbox.db import in_transaction
+from storage.format import CHUNK_SIZE, SEALED_CHUNK
 from storage.models import SealedFile
 
 
@@ -38,6 +39,16 @@ def grant(st, file_id: str, **kwargs) -> str:
 
 def sealed_path(st, file_id: str) -> Path:
     return st.vault.path(file_id)
+
+
+def flip_byte(st, file_id: str, size: int, *, chunk: int, offset: int, mask: int) -> None:
+    """XOR one byte of sealed chunk `chunk` (of a file of `size` plaintext bytes, whole chunks) on disk;
+    the same call again restores it."""
+    path = sealed_path(st, file_id)
+    raw = bytearray(path.read_bytes())
+    header = len(raw) - size - (size // CHUNK_SIZE) * 16  # each chunk carries a 16-byte tag
+    raw[header + chunk * SEALED_CHUNK + offset] ^= mask
+    path.write_bytes(bytes(raw))
 
 
 def files_under(folder: Path):

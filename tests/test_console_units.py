@@ -58,7 +58,8 @@ def test_cursors_parse_or_refuse():
     assert paging.parse_cursor("42", (int,)) == (42,)
     assert paging.parse_cursor("2026-11-30T12:00:00.500000~7", (datetime, int)) == (
         datetime(2026, 11, 30, 12, 0, 0, 500000), 7)
-    for bad, kinds in [("x", (int,)), ("1~2", (int,)), ("yesterday~3", (datetime, int)), ("1" * 300, (int,))]:
+    for bad, kinds in [("x", (int,)), ("1~2", (int,)), ("yesterday~3", (datetime, int)), ("1" * 300, (int,)),
+                       ("2026-11-30T12:00:00+05:00~7", (datetime, int)), (str(2**63), (int,))]:
         with pytest.raises(paging.BadCursor):
             paging.parse_cursor(bad, kinds)
 

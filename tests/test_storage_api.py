@@ -15,10 +15,10 @@ from outbox import clock
 from outbox.db import in_transaction, make_engine, session_factory
 from storage import grants, keys, maintenance
 from storage.errors import GrantInvalid, IntegrityError, NotFound, StorageError, UnknownKey
-from storage.format import CHUNK_SIZE, SEALED_CHUNK
+from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry, Grant, GrantUse, SealedFile
 from tests.conftest import ONE_MYSQL_MODE, run_cli
-from tests.storage_helpers import files_under, grant, put, read, row, sealed_path, store  # noqa: F401
+from tests.storage_helpers import files_under, flip_byte, grant, put, read, row, sealed_path, store  # noqa: F401
 
 BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
 
@@ -133,17 +133,12 @@ def test_unknown_key_id_and_wrong_key(store):
 def test_a_corrupt_chunk_is_reported_by_verify_and_recorded(store):
     data = os.urandom(4 * CHUNK_SIZE)
     file_id = put(store, data)
-    path = sealed_path(store, file_id)
-    raw = bytearray(path.read_bytes())
-    header = len(raw) - len(data) - 4 * 16
-    raw[header + 2 * SEALED_CHUNK + 10] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    flip_byte(store, file_id, len(data), chunk=2, offset=10, mask=0xFF)
     failures, unknown = maintenance.verify(store, None, report=lambda *_: None)
     assert (failures, unknown) == (1, [])
     [bad] = maintenance.recorded_errors(store)
     assert bad.id == file_id and "chunk 2" in bad.integrity_error
-    raw[header + 2 * SEALED_CHUNK + 10] ^= 0xFF  # restored from a backup
-    path.write_bytes(bytes(raw))
+    flip_byte(store, file_id, len(data), chunk=2, offset=10, mask=0xFF)  # restored from a backup
     assert maintenance.verify(store, [file_id], report=lambda *_: None) == (0, [])
     assert maintenance.recorded_errors(store) == []
 

@@ -20,10 +20,10 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from outbox.settings import load_settings
-from storage.format import CHUNK_SIZE, SEALED_CHUNK
+from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry
 from tests.conftest import ONE_MYSQL_MODE
-from tests.storage_helpers import files_under, grant, put, sealed_path
+from tests.storage_helpers import files_under, flip_byte, grant, put
 
 BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
 
@@ -190,11 +190,7 @@ def test_a_corrupt_middle_chunk_aborts_the_connection_after_the_good_bytes(app):
     store = app.extensions["cronbox.storage"]
     data = os.urandom(5 * CHUNK_SIZE)
     file_id = put(store, data)
-    path = sealed_path(store, file_id)
-    raw = bytearray(path.read_bytes())
-    header = len(raw) - len(data) - 5 * 16
-    raw[header + 2 * SEALED_CHUNK + 7] ^= 0x01
-    path.write_bytes(bytes(raw))
+    flip_byte(store, file_id, len(data), chunk=2, offset=7, mask=0x01)
     with Server(app) as server:
         connection = server.connection()
         connection.request("GET", store.signed_url(grant(store, file_id)))

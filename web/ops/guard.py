@@ -159,6 +159,16 @@ def form_ids(name: str = "id") -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def id_list(ids: list[int]) -> str:
+    """Ids as the action log and messages show them: "#3, #7", at most twenty."""
+    text = ", ".join(f"#{i}" for i in ids[:20])
+    return text + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+
+
+def unchanged_note(unknown: list[int]) -> str:
+    return f" Not changed (gone or no longer in that state): {id_list(unknown)}." if unknown else ""
+
+
 def confirmed() -> bool:
     return request.form.get("confirm") == "yes"
 

@@ -44,6 +44,8 @@ def parse_cursor(text: str | None, kinds: Sequence[type]) -> tuple | None:
             value = datetime.fromisoformat(part) if kind is datetime else kind(part)
             if kind is int and not 0 <= value <= MAX_ID:
                 raise ValueError("out of range")
+            if kind is datetime and value.tzinfo is not None:
+                raise ValueError("stored times are naive UTC")
             values.append(value)
     except (ValueError, TypeError) as exc:
         raise BadCursor("the page cursor is malformed") from exc

@@ -12,7 +12,7 @@ from outbox.models import DEAD, Delivery, OutboxEvent
 from web import runtime
 
 from .. import bp, paging
-from ..guard import act, confirm_page, confirmed, done, form_ids
+from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note
 
 D, E = Delivery.__table__, OutboxEvent.__table__
 # Newest attempt first; served by the (status, next_attempt_at, id) index.
@@ -47,9 +47,9 @@ def outbox_retry():
     ids = None if everything else form_ids()
     if ids == []:
         return done("Choose deliveries to retry.", "ops.outbox")
-    revived, unknown = act("outbox.retry", "all dead" if everything else _targets(ids),
+    revived, unknown = act("outbox.retry", "all dead" if everything else id_list(ids),
                            lambda s: deliveries.retry(s, ids, clock.utcnow()))
-    return done(f"{revived} deliveries pending again." + _unknown(unknown), "ops.outbox")
+    return done(f"{revived} deliveries pending again." + unchanged_note(unknown), "ops.outbox")
 
 
 @bp.post("/outbox/skip")
@@ -59,7 +59,7 @@ def outbox_skip():
     if ids == []:
         return done("Choose deliveries to skip.", "ops.outbox")
     if not confirmed():
-        what = "every dead delivery" if everything else f"{len(ids)} deliver{'y' if len(ids) == 1 else 'ies'} ({_targets(ids)})"
+        what = "every dead delivery" if everything else f"{len(ids)} deliver{'y' if len(ids) == 1 else 'ies'} ({id_list(ids)})"
         message = (f"Skip {what}? Their consumers will never receive these events, and keys they hold are "
                    "released.")
         if not everything:
@@ -70,15 +70,6 @@ def outbox_skip():
             return done("No dead deliveries to skip.", "ops.outbox")
         return confirm_page("Skip deliveries?", message, "Skip", upto=str(upto))
     upto = form_ids("upto")[0] if everything and request.form.get("upto") else None
-    skipped, unknown = act("outbox.skip", "all dead" if everything else _targets(ids),
+    skipped, unknown = act("outbox.skip", "all dead" if everything else id_list(ids),
                            lambda s: deliveries.skip(s, ids, clock.utcnow(), upto=upto))
-    return done(f"{skipped} deliveries skipped." + _unknown(unknown), "ops.outbox")
-
-
-def _targets(ids: list[int]) -> str:
-    text = ", ".join(f"#{i}" for i in ids[:20])
-    return text + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-
-
-def _unknown(unknown: list[int]) -> str:
-    return f" Not changed (gone or no longer in that state): {_targets(unknown)}." if unknown else ""
+    return done(f"{skipped} deliveries skipped." + unchanged_note(unknown), "ops.outbox")

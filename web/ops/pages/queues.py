@@ -14,8 +14,7 @@ from outbox.models import FAILED, Job
 from web import runtime
 
 from .. import bp, paging
-from ..guard import act, confirm_page, confirmed, done, form_ids
-from .outbox import _targets, _unknown
+from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note
 
 J = Job.__table__
 # Most recently failed first; served by the (status, finished_at) index (InnoDB and SQLite append the id).
@@ -55,9 +54,9 @@ def queues_retry():
     ids = None if everything else form_ids()
     if ids == []:
         return done("Choose jobs to retry.", "ops.queues")
-    target = (f"all failed of {only}" if only else "all failed") if everything else _targets(ids)
+    target = (f"all failed of {only}" if only else "all failed") if everything else id_list(ids)
     count, unknown = act("queue.retry", target, lambda s: jobstore.retry_failed(s, ids, only, clock.utcnow()))
-    return done(f"{count} jobs queued again; the next tick runs them." + _unknown(unknown), "ops.queues")
+    return done(f"{count} jobs queued again; the next tick runs them." + unchanged_note(unknown), "ops.queues")
 
 
 @bp.post("/queues/forget")
@@ -67,9 +66,9 @@ def queues_forget():
         return done("Choose jobs to forget.", "ops.queues")
     if not confirmed():
         return confirm_page("Forget failed jobs?", f"Delete {len(ids)} failed job{'s' if len(ids) > 1 else ''} "
-                                                   f"({_targets(ids)}) for good? They will not run again.", "Forget")
-    count, unknown = act("queue.forget", _targets(ids), lambda s: jobstore.forget(s, ids))
-    return done(f"{count} failed jobs deleted." + _unknown(unknown), "ops.queues")
+                                                   f"({id_list(ids)}) for good? They will not run again.", "Forget")
+    count, unknown = act("queue.forget", id_list(ids), lambda s: jobstore.forget(s, ids))
+    return done(f"{count} failed jobs deleted." + unchanged_note(unknown), "ops.queues")
 
 
 @bp.post("/queues/flush")
