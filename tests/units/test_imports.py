@@ -1,0 +1,166 @@
+"""Imports point one way (outbox <- storage <- cron <- web <- app.py) and no module cycles.
+
+Every project module is parsed (not imported), so an import inside a function counts as much as
+one at the top: a lazy import that closes a cycle only hides it until someone calls that function.
+A submodule importing names from one of its own packages (`from . import bp` in `web/ops/guard.py`)
+is exempt: with its package importing it in turn (`outbox/__init__.py` exposing `outbox.record`) that
+pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cron.cli`
+importing `cron.commands`, whose modules import `cron.cli`, runs half-initialised modules.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# The layers, lowest first: a module may import its own layer and the ones below it, never above.
+LAYERS = ["outbox", "storage", "cron", "web", "app"]
+SOURCES = ["outbox", "storage", "cron", "web", "app.py", "passenger_wsgi.py", "migrations"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for source in SOURCES:
+        target = ROOT / source
+        paths = [target] if target.is_file() else sorted(target.rglob("*.py"))
+        for path in paths:
+            if "versions" in path.parts:  # migration scripts are loaded by Alembic, not imported
+                continue
+            modules[module_name(path)] = path
+    return modules
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `module` imports, anywhere in its body."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def closest(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = closest(alias.name)
+                if target:
+                    found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            base = (_resolve_relative(module, is_package, node.level, node.module) if node.level
+                    else node.module or "")
+            for alias in node.names:
+                # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
+                target = closest(f"{base}.{alias.name}") if f"{base}.{alias.name}" in known else closest(base)
+                if target:
+                    found.add(target)
+    found.discard(module)
+    return found
+
+
+def exempt(importer: str, imported: str) -> bool:
+    """A submodule taking names from one of its own packages."""
+    return importer.startswith(imported + ".")
+
+
+def layer(module: str) -> int | None:
+    top = module.split(".")[0]
+    if top == "passenger_wsgi":
+        return LAYERS.index("app")
+    if top == "migrations":
+        return LAYERS.index("cron")  # run by `cron migrate`; may use outbox and storage, never web
+    return LAYERS.index(top) if top in LAYERS else None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: {t for t in imported_modules(name, path, known) if not exempt(name, t)}
+            for name, path in modules.items()}
+
+
+def test_the_parser_sees_imports_inside_functions_and_relative_ones(graph):
+    # Guards the test itself: if these edges vanished, every check below would pass vacuously.
+    assert "outbox.db" in graph["outbox.relay"] or "outbox.events.relay" in graph
+    assert len(graph) > 60
+
+
+def test_imports_point_one_way(graph):
+    against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                     if layer(a) is not None and layer(b) is not None and layer(b) > layer(a))
+    assert against == [], "imports against outbox <- storage <- cron <- web <- app.py:\n" + "\n".join(against)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the groups of modules that import each other in a ring."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    groups: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+    return groups
+
+
+def test_no_import_cycles(graph):
+    cycles = strongly_connected(graph)
+    assert cycles == [], "modules importing each other in a ring:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_ring():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
