@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from flask import Flask
 
-import cron.commands  # noqa: F401  (registers the cron commands before mounting them)
 from cron.cli import cli as cron_cli
-from outbox.runtime import open_runtime
-from outbox.settings import Settings, load_settings
+import cron.commands  # noqa: F401  (registers the cron commands before mounting them)
+from outbox.core.settings import Settings, load_settings
+from outbox.engine.runtime import open_runtime
 from web import register_blueprints
 
 

@@ -31,8 +31,12 @@ from sqlalchemy.engine import Engine
 
 from bench.bench_outbox import Target
 from bench.report import write_section
-from outbox import clock
-from outbox.models import Delivery, Heartbeat, Job, OnceRequest, OperatorAction, OutboxEvent
+from cron.operator.models import OperatorAction
+from cron.scheduling.models import OnceRequest
+from outbox.core import clock
+from outbox.engine.models import Heartbeat
+from outbox.events.models import Delivery, OutboxEvent
+from outbox.queue.models import Job
 from storage.models import AuditEntry, Grant, SealedFile
 
 BATCH = 5000

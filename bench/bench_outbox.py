@@ -24,13 +24,13 @@ from sqlalchemy.pool import NullPool
 import outbox
 from bench import handlers
 from bench.report import write_section
-from outbox.budget import Budget
-from outbox.consumers import CONSUMERS
-from outbox.migrate import upgrade
-from outbox.models import Heartbeat
-from outbox.relay import Relay
-from outbox.runtime import Runtime
-from outbox.settings import load_settings
+from outbox.core.migrate import upgrade
+from outbox.core.settings import load_settings
+from outbox.engine.budget import Budget
+from outbox.engine.models import Heartbeat
+from outbox.engine.runtime import Runtime
+from outbox.events.consumers import CONSUMERS
+from outbox.events.relay import Relay
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,7 +194,7 @@ claimed and acked in batches of 500 with SKIP LOCKED, raw SQL):
 
 - *record*: a web request's transaction costs a pool pre-ping (required: hosts kill idle connections),
   the INSERT and the COMMIT, plus SQLAlchemy's unit of work: about a third of the raw single-row rate.
-  The pool's reset ROLLBACK after a committed transaction is skipped (outbox/db.py).
+  The pool's reset ROLLBACK after a committed transaction is skipped (outbox/core/db.py).
 - *relay, no-op consumer*: per delivery the relay also fans the event out (a delivery row per consumer
   and a mark on the event), claims with the per-key ordering check (a correlated NOT EXISTS, then the
   SKIP LOCKED lock, the UPDATE and a re-read joined with the event), acks in one batched UPDATE, parses

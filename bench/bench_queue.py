@@ -23,7 +23,7 @@ from sqlalchemy import func, select, text
 from bench import handlers
 from bench.bench_outbox import APP_ROOT, Target, child_env
 from bench.report import write_section
-from outbox.models import Job
+from outbox.queue.models import Job
 
 
 def prepare_counter() -> None:
@@ -111,7 +111,7 @@ the day's load). With one worker each job adds its share of a batched claim and 
 parse, the handler timer and one log line (~0.1-0.15 ms, measured with no-op jobs): that is the distance
 to the body's ceiling. With two workers the body's UPDATEs of one counter row serialise on its row lock
 and both workers share two cores with MariaDB, so the second worker adds ~50 %, not 100 %. A reserved
-job whose lease expired is claimed alone before fresh work (crash safety, see outbox/jobstore.py): one
+job whose lease expired is claimed alone before fresh work (crash safety, see outbox/queue/jobstore.py): one
 cheap indexed query per claim. See "Peer job queues" for the same body through huey, Celery and RQ.
 """
 

@@ -162,7 +162,7 @@ def case_serve(instance: str, plaintext: str) -> None:
     from werkzeug.serving import make_server
 
     from app import create_app
-    from outbox.settings import load_settings
+    from outbox.core.settings import load_settings
 
     app = create_app(load_settings(environ={"CRONBOX_INSTANCE": instance, "PATH": os.environ.get("PATH", "")}))
     app.add_url_rule("/plain", "plain", lambda: send_file(plaintext, mimetype="application/octet-stream"))
@@ -173,10 +173,10 @@ def case_serve(instance: str, plaintext: str) -> None:
 
 def case_prepare(instance: str, plaintext: str) -> dict:
     """Seal the plaintext into the instance and return a signed link to it."""
+    from outbox.core.migrate import upgrade
+    from outbox.core.settings import load_settings
+    from outbox.engine.runtime import Runtime
     import storage
-    from outbox.migrate import upgrade
-    from outbox.runtime import Runtime
-    from outbox.settings import load_settings
 
     settings = load_settings(environ={"CRONBOX_INSTANCE": instance})
     runtime = Runtime(settings)

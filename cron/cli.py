@@ -13,10 +13,10 @@ import sys
 import click
 from sqlalchemy.exc import DBAPIError
 
-from outbox.db import is_unreachable
-from outbox.errors import CronboxError
-from outbox.execution import describe
-from outbox.runtime import Runtime, open_runtime
+from outbox.core.db import is_unreachable
+from outbox.core.errors import CronboxError
+from outbox.engine.handler_call import describe
+from outbox.engine.runtime import Runtime, open_runtime
 
 log = logging.getLogger("cronbox")
 PROG = "python -m cron"
@@ -91,7 +91,7 @@ def runtime(migrate: bool = True) -> Runtime:
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]},
-             lazy={"storage": "cron.commands.storage_cmds:storage", "ops": "cron.commands.console_cmds:ops"})
+             lazy={"storage": "cron.commands.storage:storage", "ops": "cron.commands.ops:ops"})
 @click.pass_context
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""

@@ -19,7 +19,7 @@ from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, Numeric, String,
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import outbox
-from outbox import clock
+from outbox.core import clock
 
 
 class DemoBase(DeclarativeBase):

@@ -5,7 +5,7 @@ from datetime import datetime
 
 import click
 
-from outbox.durations import parse_duration
+from outbox.core.durations import parse_duration
 
 
 def age(since: datetime | None, now: datetime) -> str:

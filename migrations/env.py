@@ -5,12 +5,10 @@ ours: the host app shares the database and may have its own Alembic history.
 """
 from alembic import context
 
-import outbox.models  # noqa: F401  (registers the outbox tables)
-import storage.models  # noqa: F401  (registers the sealed-storage tables)
-from outbox.models import Base
+from cron.schema import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 VERSION_TABLE = "cronbox_alembic_version"
 
 

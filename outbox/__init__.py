@@ -10,9 +10,9 @@
         session.add(payment)
         outbox.record(session, "appointment.paid", {"id": 7}, key="appointment:7")
 """
-from .consumers import consumer
-from .context import Context, Event
-from .errors import (
+from outbox.engine.context import Context, Event
+from outbox.events.consumers import consumer
+from outbox.core.errors import (
     CronboxError,
     HandlerTimeout,
     PayloadError,
@@ -21,11 +21,11 @@ from .errors import (
     RetryLater,
     SettingsError,
 )
-from .events import record
-from .jobs import job
-from .pauses import ChannelPaused
-from .runtime import Runtime, open_runtime
-from .settings import Settings, load_settings
+from outbox.core.settings import Settings, load_settings
+from outbox.engine.runtime import Runtime, open_runtime
+from outbox.events.record import record
+from outbox.queue.jobs import job
+from outbox.queue.pauses import ChannelPaused
 
 __all__ = [
     "ChannelPaused",

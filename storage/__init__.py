@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.settings import Settings, load_settings
+from outbox.core.settings import Settings, load_settings
 
-from outbox.db import make_engine, session_factory
+from outbox.core.db import make_engine, session_factory
 
 from .errors import GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge, UnknownKey
 from .models import SealedFile

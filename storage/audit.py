@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from outbox import clock
+from outbox.core import clock
 
 from .models import AuditEntry
 

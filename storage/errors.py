@@ -1,11 +1,11 @@
-"""Errors of sealed storage, under cronbox's one root (outbox.errors.CronboxError).
+"""Errors of sealed storage, under cronbox's one root (outbox.core.errors.CronboxError).
 
 The command line prints any of them as one line and exits 1; the web layer
 maps them to status codes (never a 500 for a client's mistake).
 """
 from __future__ import annotations
 
-from outbox.errors import CronboxError
+from outbox.core.errors import CronboxError
 
 
 class StorageError(CronboxError):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, or_, select, update
-from outbox.db import insert_ignore
+from outbox.core.db import insert_ignore
 from sqlalchemy.orm import Session
 
 from .errors import GrantInvalid

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import filelock
 
-from outbox.settings import Settings
+from outbox.core.settings import Settings
 
 from .errors import KeyFolderError, UnknownKey
 

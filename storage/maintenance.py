@@ -16,9 +16,9 @@ from typing import Callable
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.faults import crash_point
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.faults import crash_point
 
 from . import audit, grants
 from .errors import IntegrityError, UnknownKey

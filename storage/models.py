@@ -19,7 +19,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.models import Base, Id, UtcDateTime
+from outbox.core.models import Base, Id, UtcDateTime
 
 FileId = String(32)
 

@@ -20,9 +20,9 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.settings import Settings
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.settings import Settings
 
 from . import audit, ciphers, grants, keys
 from .errors import GrantInvalid, IntegrityError, NotFound, StorageError, TooLarge

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from outbox.settings import Settings
+from outbox.core.settings import Settings
 
 from .errors import IntegrityError, NotFound
 from .keys import check_outside_web_roots

@@ -5,8 +5,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from cron.schedule import TASKS, run_task
-from outbox.runtime import open_runtime
+from cron.scheduling.schedule import TASKS, run_task
+from outbox.engine.runtime import open_runtime
 import tests.handlers.tasks  # noqa: F401
 
 ready_dir, go_file, slot = Path(sys.argv[1]), Path(sys.argv[2]), datetime.fromisoformat(sys.argv[3])

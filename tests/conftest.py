@@ -22,10 +22,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from outbox.consumers import ConsumerRegistry
-from outbox.migrate import upgrade
-from outbox.runtime import Runtime
-from outbox.settings import load_settings
+from outbox.core.migrate import upgrade
+from outbox.core.settings import load_settings
+from outbox.engine.runtime import Runtime
+from outbox.events.consumers import ConsumerRegistry
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL")

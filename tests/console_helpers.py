@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 
 from app import create_app
-from outbox.settings import load_settings
 from cron.operator import credentials
+from outbox.core.settings import load_settings
 
 PASSWORD = "correct horse battery staple"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

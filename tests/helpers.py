@@ -4,11 +4,11 @@ from __future__ import annotations
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-import cron.commands  # noqa: F401
 from cron.cli import cli
-from outbox.budget import Budget
-from outbox.models import Delivery, OutboxEvent
-from outbox.relay import Relay
+import cron.commands  # noqa: F401
+from outbox.engine.budget import Budget
+from outbox.events.models import Delivery, OutboxEvent
+from outbox.events.relay import Relay
 
 
 def relay(runtime, *, max_time: float = 30, batch_size: int = 100):

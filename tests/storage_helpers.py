@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from outbox.core.db import in_transaction
 import storage
-from outbox.db import in_transaction
 from storage.format import CHUNK_SIZE, SEALED_CHUNK
 from storage.models import SealedFile
 

@@ -281,7 +281,7 @@ def test_cronbox_python_in_the_environment_comes_first(app, tmp_path):
     app.python("venv/bin/python", "venv")
     chosen = app.python(tmp_path / "py" / "python", "chosen")
     app.dotenv(f"CRONBOX_PYTHON={app.root / 'venv/bin/python'}\n")
-    # Surrounding blanks go, as outbox/settings.py strips every value.
+    # Surrounding blanks go, as outbox/core/settings.py strips every value.
     silent_success(run(app, "--help", env={"CRONBOX_PYTHON": f"  {chosen} "}))
     assert app.ran() == ["chosen"]
 

@@ -9,16 +9,17 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
-from outbox import clock
-from outbox.budget import Budget
 from outbox.channels import notify, send_email, send_sms
 from outbox.channels.jobs import add_notification
-from outbox.consumers import ConsumerRegistry
-from outbox.jobs import JOBS
-from outbox.models import ChannelPause, Job, Notification, SendAttempt
-from outbox.runtime import Runtime
-from outbox.settings import load_settings
-from outbox.worker import Worker
+from outbox.channels.models import Notification, SendAttempt
+from outbox.core import clock
+from outbox.core.settings import load_settings
+from outbox.engine.budget import Budget
+from outbox.engine.runtime import Runtime
+from outbox.events.consumers import ConsumerRegistry
+from outbox.queue.jobs import JOBS
+from outbox.queue.models import ChannelPause, Job
+from outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
 from tests.fake_providers import API_KEY, TWILIO_SID, TWILIO_TOKEN, Providers
 
@@ -159,7 +160,7 @@ def test_timeout_is_an_unknown_outcome_and_never_resent_blindly(sms_rt, provider
 def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, providers, monkeypatch):
     """No socket timeout this time: the job's own timer interrupts the POST (as a SIGKILL would):
     only the "sending" row tells the next attempt that the message may be out."""
-    from outbox.jobs import JOBS
+    from outbox.queue.jobs import JOBS
 
     monkeypatch.setitem(JOBS._by_name, "cronbox.sms", _replace(JOBS.get("cronbox.sms"), timeout=0.3))
     slow = make_runtime_like(sms_rt, CRONBOX_CHANNEL_TIMEOUT="5")

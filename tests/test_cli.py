@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.migrate import SCHEMA_HEAD
+from outbox.core.migrate import SCHEMA_HEAD
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, run_cli
 
 BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
@@ -74,7 +74,7 @@ def test_tick_from_any_working_directory_uses_the_app_roots_dotenv(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", "from outbox.settings import load_settings, APP_ROOT;"
+    proc = subprocess.run([sys.executable, "-c", "from outbox.core.settings import load_settings, APP_ROOT;"
                            "s = load_settings(); print(s.app_root == APP_ROOT, s.instance)"],
                           env={k: v for k, v in child_env({}).items() if not k.startswith("CRONBOX")},
                           cwd=str(tmp_path), capture_output=True, text=True)

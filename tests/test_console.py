@@ -13,11 +13,14 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import func, select
 
+from cron.operator.models import OperatorAction, OperatorSession
+from cron.scheduling import once as once_requests
+from cron.scheduling.models import OnceRequest
 import outbox
-from cron import once as once_requests
-from outbox import clock
-from outbox.consumers import consumer
-from outbox.models import Delivery, Job, OnceRequest, OperatorAction, OperatorSession
+from outbox.core import clock
+from outbox.events.consumers import consumer
+from outbox.events.models import Delivery
+from outbox.queue.models import Job
 from storage import audit
 from storage.models import AuditEntry, Grant, SealedFile
 from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app
@@ -433,7 +436,7 @@ def test_every_action_lands_in_the_activity_page(operator, runtime):
 
 
 def test_retention_prunes_ended_sessions_and_old_actions(app, runtime):
-    from cron.retention import prune_ops
+    from cron.scheduling.retention import prune_ops
 
     with clock.frozen(T0):
         logged_in(app)  # one session, two actions (setup, and its login)
@@ -530,7 +533,7 @@ def test_a_password_changed_elsewhere_ends_older_sessions(operator):
 def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
     """Failed jobs and dead deliveries page on (time, id) newest first; 130 rows, many failing in the
     same microsecond, must each appear exactly once across the pages (MariaDB forces the index)."""
-    from outbox.models import OutboxEvent
+    from outbox.events.models import OutboxEvent
 
     moments = [T0 + timedelta(seconds=n // 7) for n in range(130)]  # seven rows share each time: pages split them
     with runtime.sessions.begin() as session:

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
-from outbox import clock
-from outbox.models import Job
+from outbox.core import clock
+from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, run_cli
 from tests.console_helpers import PASSWORD, make_app
 from tests.handlers import jobs as test_jobs

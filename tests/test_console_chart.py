@@ -5,8 +5,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from outbox import clock
-from outbox.models import Heartbeat
+from outbox.core import clock
+from outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
 from web.ops import chart
 

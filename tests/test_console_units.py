@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from outbox.settings import load_settings
+from outbox.core.settings import load_settings
 from tests.conftest import run_cli
 from cron.operator import credentials
 from web.ops import paging

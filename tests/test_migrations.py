@@ -6,9 +6,9 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
-from outbox.errors import SchemaError
-from outbox.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
-from outbox.runtime import Runtime
+from outbox.core.errors import SchemaError
+from outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
+from outbox.engine.runtime import Runtime
 from tests.conftest import ONE_MYSQL_MODE
 
 BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check

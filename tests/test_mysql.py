@@ -16,9 +16,9 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
 import outbox
-from outbox.consumers import consumer
-from outbox.db import in_transaction, make_engine
-from outbox.locks import lock_name
+from outbox.core.db import in_transaction, make_engine
+from outbox.core.locks import lock_name
+from outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries, relay
@@ -169,7 +169,7 @@ def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_conne
 
 def test_lock_wait_timeouts_are_retried(runtime):
     """1205 (lock wait timeout) inside in_transaction is retried, then succeeds once the lock is free."""
-    from outbox.models import Heartbeat
+    from outbox.engine.models import Heartbeat
 
     with runtime.sessions.begin() as session:
         session.execute(insert(Heartbeat).values(command="x", host="h", pid=1, started_at=text("NOW(6)"),
@@ -210,7 +210,7 @@ def test_lock_conflicts_are_retried_a_bounded_number_of_times(runtime):
 def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, tick_env, limited_user):
     """The command's lock is taken on the tick's lock connection: with max_user_connections=2 a
     third connection would be refused (1226) and the request would fail."""
-    from cron import once
+    from cron.scheduling import once
 
     user, url = limited_user
     with runtime.sessions.begin() as session:

@@ -12,16 +12,17 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from cron.scheduling import health, once, schedule
+from cron.scheduling.models import AlertState, OnceRequest, ScheduleRun
+from cron.scheduling.schedule import Scheduler, TaskRegistry, run_task
+from cron.scheduling.tick import run_tick
 import outbox
-from cron import health, once, schedule
-from cron.schedule import Scheduler, TaskRegistry, run_task
-from cron.tick import run_tick
-from outbox import clock
-from outbox.budget import Budget
-from outbox.consumers import consumer
-from outbox.errors import RegistrationError
-from outbox.models import AlertState, Job, OnceRequest, ScheduleRun
-from outbox.settings import load_settings
+from outbox.core import clock
+from outbox.core.errors import RegistrationError
+from outbox.core.settings import load_settings
+from outbox.engine.budget import Budget
+from outbox.events.consumers import consumer
+from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env
 from tests.helpers import deliveries, invoke
 
@@ -244,7 +245,7 @@ def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
 
 
 def test_health_thresholds_follow_the_cron_interval(env, runtime):
-    from outbox.runtime import Runtime
+    from outbox.engine.runtime import Runtime
 
     coarse = Runtime(load_settings(environ={**env, "CRONBOX_CRON_INTERVAL": "15"}), consumers=runtime.consumers)
     try:
@@ -270,9 +271,9 @@ def test_health_command_json_and_exit_codes(runtime, env):
 
 def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime):
     from outbox.channels import send_email  # noqa: F401
-    from outbox.jobs import JOBS
-    from outbox.runtime import Runtime
-    from outbox.worker import Worker
+    from outbox.engine.runtime import Runtime
+    from outbox.queue.jobs import JOBS
+    from outbox.queue.worker import Worker
     from tests.test_channels import Mailbox, free_port
     from aiosmtpd.controller import Controller
 
@@ -382,7 +383,7 @@ def test_a_busy_once_lock_skips_the_stage_and_the_command(runtime, env, settings
 
 
 def test_health_queue_checks_age_and_failures(runtime):
-    from outbox.jobs import JobRegistry, job
+    from outbox.queue.jobs import JobRegistry, job
 
     registry = JobRegistry()
 
@@ -398,7 +399,7 @@ def test_health_queue_checks_age_and_failures(runtime):
         clock.advance(3 * 3600)
         assert statuses(health.run_checks(runtime))["queue.sms"] == "fail"  # waiting three hours
         runtime.jobs = registry
-        from outbox.worker import Worker
+        from outbox.queue.worker import Worker
         Worker(runtime, ["sms"]).run(budget())
         report = statuses(health.run_checks(runtime))
     assert report["queue.sms"] == "ok" and report["queue.sms.failed"] == "warn"

@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 import outbox
-from outbox import clock
-from outbox.consumers import consumer
-from outbox.errors import PayloadError
-from outbox.relay import Relay
+from outbox.core import clock
+from outbox.core.errors import PayloadError
+from outbox.events.consumers import consumer
+from outbox.events.relay import Relay
 from tests.helpers import count_events, deliveries, invoke, relay
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
@@ -277,7 +277,7 @@ def test_event_for_a_type_without_consumers_is_fanned_out_and_prunable(runtime, 
 
 
 def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, env, monkeypatch):
-    from cron import retention
+    from cron.scheduling import retention
 
     monkeypatch.setattr(retention, "BATCH", 3)
     consumer("x", name="ok", registry=registry)(lambda event, ctx: None)
@@ -306,7 +306,7 @@ def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, e
 
 def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effects_table):
     """A consumer that outlives its lease while another run re-claims the delivery must not apply twice."""
-    from outbox import deliveries as store
+    from outbox.events import deliveries as store
 
     @consumer("slow", name="slow", registry=registry)
     def slow(event, ctx):
@@ -348,8 +348,8 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
     run must notice before starting it (its lease can't be extended) and leave it to the other."""
     import time as _time
 
-    from outbox.consumers import ConsumerRegistry
-    from outbox.runtime import Runtime
+    from outbox.engine.runtime import Runtime
+    from outbox.events.consumers import ConsumerRegistry
 
     runs = []
     other_registry = ConsumerRegistry()
@@ -379,8 +379,8 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
 def test_blocked_keys_read_from_the_waiting_side(runtime):
     """Key a: a dead holder, then a retrying one (holds too), then a fresh one; key b: dead, nothing behind
     it (blocks nothing); key c: only fresh work. Counted and listed as the holders see it."""
-    from outbox import deliveries as store
-    from outbox.models import Delivery, OutboxEvent
+    from outbox.events import deliveries as store
+    from outbox.events.models import Delivery, OutboxEvent
 
     now = clock.utcnow()
     rows = [("a", "dead", 3), ("a", "pending", 1), ("a", "pending", 0), ("b", "dead", 3), ("c", "pending", 0),

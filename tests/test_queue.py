@@ -8,14 +8,15 @@ import pytest
 from sqlalchemy import func, insert, select
 
 import outbox
-from outbox import clock
-from outbox.budget import Budget
-from outbox.consumers import consumer
-from outbox.errors import PayloadError
-from outbox.jobs import JobRegistry, job
-from outbox.models import Job, Notification
-from outbox.runtime import Runtime
-from outbox.worker import Worker
+from outbox.channels.models import Notification
+from outbox.core import clock
+from outbox.core.errors import PayloadError
+from outbox.engine.budget import Budget
+from outbox.engine.runtime import Runtime
+from outbox.events.consumers import consumer
+from outbox.queue.jobs import JobRegistry, job
+from outbox.queue.models import Job
+from outbox.queue.worker import Worker
 from tests.helpers import invoke, relay
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)

@@ -6,10 +6,10 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
-from cron.tick import run_tick
-from outbox import clock
-from outbox.jobs import JOBS
-from outbox.models import Job
+from cron.scheduling.tick import run_tick
+from outbox.core import clock
+from outbox.queue.jobs import JOBS
+from outbox.queue.models import Job
 from tests.handlers import jobs as test_jobs  # noqa: F401  (registers jobs.* in the global registry)
 from tests.helpers import invoke
 from tests.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from outbox.faults import CRASH_EXIT_CODE
-from outbox.jobs import JOBS
-from outbox.models import Job
+from outbox.core.faults import CRASH_EXIT_CODE
+from outbox.queue.jobs import JOBS
+from outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
@@ -220,9 +220,9 @@ def test_a_killer_job_in_a_batch_does_not_use_up_its_batch_mates(runtime, job_en
 
 
 def test_a_timeout_is_not_swallowed_by_the_handlers_own_except(runtime):
-    from outbox.jobs import JobRegistry, job
-    from outbox.worker import Worker
-    from outbox.budget import Budget
+    from outbox.engine.budget import Budget
+    from outbox.queue.jobs import JobRegistry, job
+    from outbox.queue.worker import Worker
 
     registry = JobRegistry()
 

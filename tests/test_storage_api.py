@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
+from outbox.core import clock
+from outbox.core.db import in_transaction, make_engine, session_factory
 import storage
-from outbox import clock
-from outbox.db import in_transaction, make_engine, session_factory
 from storage import grants, keys, maintenance
 from storage.errors import GrantInvalid, IntegrityError, NotFound, StorageError, UnknownKey
 from storage.format import CHUNK_SIZE

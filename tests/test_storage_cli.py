@@ -6,7 +6,7 @@ import os
 import pytest
 
 from app import create_app
-from outbox.settings import load_settings
+from outbox.core.settings import load_settings
 from storage.errors import KeyFolderError
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.test_cli import one_line_error

@@ -12,9 +12,9 @@ from sqlalchemy import select
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app import create_app
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.settings import load_settings
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.settings import load_settings
 from storage import keys, maintenance
 from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry, Grant

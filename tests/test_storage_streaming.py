@@ -19,7 +19,7 @@ import pytest
 from werkzeug.serving import make_server
 
 from app import create_app
-from outbox.settings import load_settings
+from outbox.core.settings import load_settings
 from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry
 from tests.conftest import ONE_MYSQL_MODE

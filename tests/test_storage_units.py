@@ -8,9 +8,9 @@ import pytest
 from flask import Flask, request
 from hypothesis import given, strategies as st
 
-from outbox import clock
-from outbox.errors import SettingsError
-from outbox.settings import load_settings
+from outbox.core import clock
+from outbox.core.errors import SettingsError
+from outbox.core.settings import load_settings
 from storage.tokens import Tokens, TokenRefused
 from web.client import client_ip
 from web.disposition import clean_name, content_disposition, content_type

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from cron.scheduling.tick import run_tick
 import outbox
-from cron.tick import run_tick
-from outbox.consumers import consumer
-from outbox.faults import CRASH_EXIT_CODE
-from outbox.models import Delivery, Heartbeat
+from outbox.core.faults import CRASH_EXIT_CODE
+from outbox.engine.models import Heartbeat
+from outbox.events.consumers import consumer
+from outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.helpers import deliveries

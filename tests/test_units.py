@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.backoff import Backoff
-from outbox.db import supports_skip_locked
-from outbox.durations import parse_duration
-from outbox.errors import PayloadError, RegistrationError, SettingsError
-from outbox.locks import lock_name
-from outbox.payload import dump_payload, load_payload
-from outbox.settings import load_settings
+from outbox.core.db import supports_skip_locked
+from outbox.core.durations import parse_duration
+from outbox.core.errors import PayloadError, RegistrationError, SettingsError
+from outbox.core.locks import lock_name
+from outbox.core.payload import dump_payload, load_payload
+from outbox.core.settings import load_settings
+from outbox.engine.backoff import Backoff
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),

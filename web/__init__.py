@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import Flask, current_app
 
-from outbox.runtime import Runtime
+from outbox.engine.runtime import Runtime
 
 
 def runtime() -> Runtime:
@@ -17,8 +17,8 @@ def runtime() -> Runtime:
 
 def register_blueprints(app: Flask) -> None:
     """Each web feature registers its blueprint here."""
-    from web import files, health, ops, webcron  # here, not at the top: they import web.runtime
     from cron.format import age
+    from web import files, health, ops, webcron  # here, not at the top: they import web.runtime
 
     app.register_blueprint(health.bp)
     app.register_blueprint(webcron.bp)

@@ -32,10 +32,10 @@ from flask import Blueprint, Flask, Request, Response, current_app, jsonify, req
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 from werkzeug.formparser import FormDataParser
 
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.settings import Settings
 import storage as sealed_storage
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.settings import Settings
 from storage import audit, grants
 from storage.errors import GrantInvalid, IntegrityError, StorageError, TooLarge, UnknownKey
 from storage.keys import check_key_folder

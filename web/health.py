@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
-from cron.health import FAIL, run_checks
+from cron.scheduling.health import FAIL, run_checks
 from web.auth import bearer_matches
 
 bp = Blueprint("health", __name__)

@@ -14,10 +14,10 @@ import math
 
 from flask import Blueprint, abort, jsonify
 
-from cron.tick import run_tick
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.ratelimit import at_most_every
+from cron.scheduling.tick import run_tick
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.queue.ratelimit import at_most_every
 from web import runtime
 from web.auth import bearer_matches
 

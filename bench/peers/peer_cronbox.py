@@ -24,10 +24,10 @@ from sqlalchemy import func, select, text  # noqa: E402
 
 import common  # noqa: E402
 import outbox  # noqa: E402
-from outbox.migrate import upgrade  # noqa: E402
-from outbox.models import Job  # noqa: E402
-from outbox.runtime import Runtime  # noqa: E402
-from outbox.settings import load_settings  # noqa: E402
+from outbox.core.migrate import upgrade  # noqa: E402
+from outbox.core.settings import load_settings  # noqa: E402
+from outbox.engine.runtime import Runtime  # noqa: E402
+from outbox.queue.models import Job  # noqa: E402
 
 
 @outbox.job("bench", name="bench.bump", tries=3, timeout=30)

@@ -4,7 +4,7 @@ import click
 
 from cron import demo as domain
 from cron.cli import cli, runtime
-from outbox.db import in_transaction
+from outbox.core.db import in_transaction
 
 
 @cli.command()

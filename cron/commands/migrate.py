@@ -1,7 +1,7 @@
 import click
 
 from cron.cli import cli, runtime
-from outbox.migrate import upgrade
+from outbox.core.migrate import upgrade
 
 
 @cli.command()

@@ -6,15 +6,15 @@ import json
 import click
 from sqlalchemy import select
 
-from cron import builtin  # noqa: F401  (registers the built-in tasks)
-from cron import once as once_requests
-from cron import schedule as scheduler
 from cron.cli import cli, group, runtime
 from cron.format import age, table
-from cron.health import FAIL, run_checks
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.models import OnceRequest
+from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cron.scheduling import once as once_requests
+from cron.scheduling import schedule as scheduler
+from cron.scheduling.health import FAIL, run_checks
+from cron.scheduling.models import OnceRequest
+from outbox.core import clock
+from outbox.core.db import in_transaction
 
 schedule = group("schedule", "Periodic tasks run by the tick, each at most once per slot.")
 once = group("once", "One-off runs of allow-listed commands, asked for without SSH.")

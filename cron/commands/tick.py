@@ -1,7 +1,7 @@
 import click
 
 from cron.cli import cli, runtime
-from cron.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
+from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
 
 
 @cli.command()

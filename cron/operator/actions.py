@@ -12,8 +12,8 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from outbox import clock
-from outbox.models import OperatorAction
+from cron.operator.models import OperatorAction
+from outbox.core import clock
 
 log_ = logging.getLogger("cronbox")
 OPERATOR = "operator"  # one operator (ARCHITECTURE: the password is the identity)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from outbox.errors import CronboxError
-from outbox.settings import Settings
+from outbox.core.errors import CronboxError
+from outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 

@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from outbox.models import OPS_SESSION_ABSOLUTE as ABSOLUTE
-from outbox.models import OPS_SESSION_IDLE as IDLE
-from outbox.models import OperatorSession
+from cron.operator.models import OPS_SESSION_ABSOLUTE as ABSOLUTE
+from cron.operator.models import OPS_SESSION_IDLE as IDLE
+from cron.operator.models import OperatorSession
 
 TOUCH_EVERY = timedelta(minutes=1)
 

@@ -1,6 +1,6 @@
 """Login throttling: at most a few password (or setup token) tries per client, and a ceiling for all.
 
-Each try takes a slot of a fixed-window counter (outbox.ratelimit, shared by
+Each try takes a slot of a fixed-window counter (outbox.queue.ratelimit, shared by
 every web process through the database) *before* the password is checked, so
 parallel guesses cannot slip past the limit; a right password gives its slots
 back, in the windows it took them from. The client is its IP as the web app
@@ -19,8 +19,8 @@ from datetime import datetime
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from outbox.models import RateWindow
-from outbox.ratelimit import RateLimit
+from outbox.queue.models import RateWindow
+from outbox.queue.ratelimit import RateLimit
 
 PER_CLIENT = (5, 15 * 60)  # tries per window (seconds)
 OVERALL = (50, 15 * 60)

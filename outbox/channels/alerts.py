@@ -10,8 +10,8 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from .config import channel_config
-from .jobs import send_email, send_sms
+from outbox.channels.config import channel_config
+from outbox.channels.jobs import send_email, send_sms
 
 log = logging.getLogger("cronbox")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outbox.errors import SettingsError
-from outbox.ratelimit import RateLimit
+from outbox.core.errors import SettingsError
+from outbox.queue.ratelimit import RateLimit
 
 SMS_DRIVERS = ("log", "kavenegar", "twilio")
 SMTP_SECURITY = ("starttls", "ssl", "none")

@@ -14,12 +14,12 @@ import ssl
 from email.message import EmailMessage
 from email.utils import formatdate
 
-from outbox.errors import PermanentFailure
-from outbox.pauses import ChannelPaused
+from outbox.core.errors import PermanentFailure
+from outbox.queue.pauses import ChannelPaused
 
-from . import attempts
-from .config import ChannelConfig
-from .errors import OutcomeUnknown, SendFailed
+from outbox.channels import attempts
+from outbox.channels.config import ChannelConfig
+from outbox.channels.errors import OutcomeUnknown, SendFailed
 
 log = logging.getLogger("cronbox")
 CHANNEL = "mail"

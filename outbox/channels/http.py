@@ -14,7 +14,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
-from .errors import OutcomeUnknown, SendFailed
+from outbox.channels.errors import OutcomeUnknown, SendFailed
 
 
 @dataclass(frozen=True)

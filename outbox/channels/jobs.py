@@ -5,14 +5,14 @@ import json
 
 from sqlalchemy.orm import Session
 
-from outbox import clock
-from outbox.db import insert_ignore
-from outbox.errors import PermanentFailure
-from outbox.jobs import job
-from outbox.models import Notification
+from outbox.channels.models import Notification
+from outbox.core import clock
+from outbox.core.db import insert_ignore
+from outbox.core.errors import PermanentFailure
+from outbox.queue.jobs import job
 
-from . import email, sms
-from .config import channel_config
+from outbox.channels import email, sms
+from outbox.channels.config import channel_config
 
 
 def _text(payload, name: str, *, limit: int, required: bool = True) -> str | None:

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-from outbox.errors import PermanentFailure, RetryLater
-from outbox.pauses import ChannelPaused
+from outbox.core.errors import PermanentFailure, RetryLater
+from outbox.queue.pauses import ChannelPaused
 
-from . import attempts, http
-from .config import ChannelConfig
-from .errors import OutcomeUnknown, SendFailed
+from outbox.channels import attempts, http
+from outbox.channels.config import ChannelConfig
+from outbox.channels.errors import OutcomeUnknown, SendFailed
 
 log = logging.getLogger("cronbox")
 CHANNEL = "sms"
@@ -193,7 +193,7 @@ class Twilio:
 
     def _give_up_unknown(self, ctx, to: str, why: str):
         """Fail as "outcome unknown" and tell the operator: resending could text the patient twice."""
-        from .alerts import admin_alert
+        from outbox.channels.alerts import admin_alert
 
         attempts.record(ctx, channel=CHANNEL, recipient=to, outcome="lookup-failed", detail=why)
         admin_alert(ctx.session, ctx.settings, key=f"sms-outcome-unknown:{ctx.idempotency_key}",

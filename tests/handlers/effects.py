@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
 import outbox
-from outbox.faults import crash_point
+from outbox.core.faults import crash_point
 
 metadata = MetaData()
 effects = Table("test_effects", metadata, Column("id", Integer, primary_key=True),

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import insert
 
 import outbox
-from outbox.faults import crash_point
+from outbox.core.faults import crash_point
 from tests.handlers.effects import effects
 
 

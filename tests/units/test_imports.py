@@ -97,10 +97,16 @@ def graph() -> dict[str, set[str]]:
             for name, path in modules.items()}
 
 
-def test_the_parser_sees_imports_inside_functions_and_relative_ones(graph):
+def test_the_parser_sees_imports_inside_functions_and_relative_ones(graph, tmp_path):
     # Guards the test itself: if these edges vanished, every check below would pass vacuously.
-    assert "outbox.db" in graph["outbox.relay"] or "outbox.events.relay" in graph
+    assert "outbox.core.db" in graph["outbox.events.relay"]
     assert len(graph) > 60
+    module = tmp_path / "probe.py"
+    module.write_text("from . import clock\n"
+                      "def later():\n    from outbox.events import relay\n    import storage.vault as v\n")
+    known = {"outbox.core.clock", "outbox.events", "outbox.events.relay", "storage", "storage.vault"}
+    assert imported_modules("outbox.core.probe", module, known) == {"outbox.core.clock", "outbox.events.relay",
+                                                                    "storage.vault"}
 
 
 def test_imports_point_one_way(graph):

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.models import Heartbeat
+from outbox.engine.models import Heartbeat
 
 MINUTES = 24 * 60
 HEIGHT = 100  # SVG units of each panel

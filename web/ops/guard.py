@@ -12,9 +12,9 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from cron.operator import actions, credentials, sessions
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.errors import SchemaError
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.errors import SchemaError
 from web import runtime
 from web.client import client_ip
 

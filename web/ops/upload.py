@@ -14,9 +14,9 @@ from flask_wtf.csrf import validate_csrf
 from wtforms import ValidationError
 
 from cron.operator import credentials, sessions
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.settings import Settings
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.settings import Settings
 from web import runtime
 from web.files import UploadAuthorizer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from flask import render_template, request
 from sqlalchemy import select
 
-from outbox.db import in_transaction
-from outbox.models import OperatorAction
+from cron.operator.models import OperatorAction
+from outbox.core.db import in_transaction
 from web import runtime
 
 from .. import bp, paging

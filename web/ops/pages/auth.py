@@ -6,8 +6,8 @@ import logging
 from flask import Response, flash, redirect, render_template, request, session, url_for
 
 from cron.operator import credentials, sessions, throttle
-from outbox import clock
-from outbox.db import in_transaction
+from outbox.core import clock
+from outbox.core.db import in_transaction
 from web import runtime
 
 from .. import bp

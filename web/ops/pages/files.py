@@ -12,8 +12,8 @@ from datetime import datetime
 from flask import abort, current_app, render_template, request
 from sqlalchemy import select
 
-from outbox import clock
-from outbox.db import in_transaction
+from outbox.core import clock
+from outbox.core.db import in_transaction
 from storage import audit, grants
 from storage.errors import StorageError
 from storage.models import AuditEntry, Grant, SealedFile

@@ -6,10 +6,10 @@ import json
 from flask import abort, render_template, request
 from sqlalchemy import select
 
-from cron import once as once_requests
-from outbox import clock
-from outbox.db import in_transaction
-from outbox.models import OnceRequest
+from cron.scheduling import once as once_requests
+from cron.scheduling.models import OnceRequest
+from outbox.core import clock
+from outbox.core.db import in_transaction
 from web import runtime
 
 from .. import bp, paging

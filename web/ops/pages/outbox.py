@@ -6,9 +6,10 @@ from datetime import datetime
 from flask import render_template, request
 from sqlalchemy import select
 
-from outbox import clock, deliveries
-from outbox.db import in_transaction
-from outbox.models import DEAD, Delivery, OutboxEvent
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.events import deliveries
+from outbox.events.models import DEAD, Delivery, OutboxEvent
 from web import runtime
 
 from .. import bp, paging

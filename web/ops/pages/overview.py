@@ -4,10 +4,12 @@ from __future__ import annotations
 from flask import render_template
 from sqlalchemy import select
 
-from cron.health import run_checks
-from outbox import clock, deliveries, jobstore
-from outbox.db import in_transaction
-from outbox.models import Heartbeat
+from cron.scheduling.health import run_checks
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.engine.models import Heartbeat
+from outbox.events import deliveries
+from outbox.queue import jobstore
 from web import runtime
 
 from .. import bp, chart

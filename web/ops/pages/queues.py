@@ -6,11 +6,12 @@ from datetime import datetime
 from flask import abort, render_template, request
 from sqlalchemy import select
 
-from cron import once as once_requests
-from outbox import clock, jobstore
-from outbox.db import in_transaction
-from outbox.jobs import QUEUE_NAME
-from outbox.models import FAILED, Job
+from cron.scheduling import once as once_requests
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.queue import jobstore
+from outbox.queue.jobs import QUEUE_NAME
+from outbox.queue.models import FAILED, Job
 from web import runtime
 
 from .. import bp, paging

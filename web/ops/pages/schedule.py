@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from flask import abort, render_template, request
 
-from cron import builtin  # noqa: F401  (registers the built-in tasks)
-from cron import once as once_requests
-from cron import schedule as scheduler
-from outbox import clock
+from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cron.scheduling import once as once_requests
+from cron.scheduling import schedule as scheduler
+from outbox.core import clock
 from web import runtime
 
 from .. import bp

@@ -1,0 +1,120 @@
+"""`outbox ...`: publish, status, dead, retry, skip, prune."""
+from __future__ import annotations
+
+import click
+
+from cron.cli import group, runtime
+from cron.format import DURATION, age, table
+from cron.scheduling.retention import prune_outbox
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.errors import UnknownIds
+from outbox.engine.budget import Budget
+from outbox.engine.run_loop import record_run, run_loop
+from outbox.events import deliveries
+from outbox.events.relay import Relay
+
+outbox = group("outbox", "The transactional outbox: relay, inspect and repair deliveries.")
+
+
+@outbox.command()
+@click.option("--max-time", type=click.FloatRange(min=1), default=None, help="Stop claiming after this many seconds.")
+@click.pass_context
+def publish(ctx, max_time):
+    """Relay due events to their consumers once, without the tick lock (may run beside a tick)."""
+    rt = runtime()
+    relay = Relay(rt)
+    budget = Budget(max_time=max_time, memory_mb=None)
+    result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
+                        lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
+                                 "dead": relay.stats.gave_up})
+    s = relay.stats
+    click.echo(f"publish: delivered {s.done}, retried {s.retried}, deferred {s.deferred}, dead {s.gave_up} "
+               f"(stopped: {result.stop_reason})")
+    ctx.exit(result.exit_code)
+
+
+@outbox.command()
+def status():
+    """Per consumer: pending, due, dead, blocked keys, oldest due age."""
+    rt = runtime()
+    now = clock.utcnow()
+
+    def read(session):
+        return (deliveries.status(session, now), deliveries.unfanned_count(session),
+                deliveries.blocked_keys(session))
+
+    per_consumer, unfanned, blocked = in_transaction(rt.sessions, read)
+    registered = set(rt.consumers.names())
+    names = sorted(set(per_consumer) | registered)
+    rows = []
+    for name in names:
+        st = per_consumer.get(name) or deliveries.ConsumerStatus(name)
+        label = name if name in registered else f"{name} (not registered here)"
+        rows.append([label, st.pending, st.due, st.dead, st.blocked_keys, age(st.oldest_due_at, now)])
+    click.echo(table(["consumer", "pending", "due", "dead", "blocked keys", "oldest due"], rows)
+               if rows else "no consumers registered and no deliveries")
+    click.echo(f"events not yet fanned out: {unfanned}")
+    if blocked:
+        click.echo("blocked keys (consumer, key, held by delivery, waiting behind it):")
+        for row in blocked:
+            click.echo(f"  {row.consumer}  {row.key}  #{row.id} ({row.status})  {row.waiting} waiting")
+
+
+@outbox.command()
+@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+def dead(limit):
+    """List dead deliveries (ids for `outbox retry` / `outbox skip`)."""
+    rt = runtime()
+    rows = in_transaction(rt.sessions, lambda s: deliveries.dead(s, limit))
+    if not rows:
+        click.echo("no dead deliveries")
+        return
+    now = clock.utcnow()
+    click.echo(table(
+        ["id", "consumer", "event", "type", "key", "attempts", "died", "last error"],
+        [[r.id, r.consumer, r.event_id, r.type, r.key, r.attempts, age(r.finished_at, now) + " ago",
+          (r.last_error or "")[:80]] for r in rows],
+    ))
+
+
+def _ids_or_all(ids: tuple[int, ...], all_: bool) -> list[int] | None:
+    if bool(ids) == bool(all_):
+        raise click.UsageError("give delivery ids or --all (not both)")
+    return None if all_ else list(dict.fromkeys(ids))
+
+
+@outbox.command()
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all", "all_", is_flag=True, help="Retry every dead delivery.")
+def retry(ids, all_):
+    """Bring dead deliveries back with fresh attempts."""
+    wanted = _ids_or_all(ids, all_)
+    rt = runtime()
+    revived, unknown = in_transaction(rt.sessions, lambda s: deliveries.retry(s, wanted, clock.utcnow()))
+    click.echo(f"retry: {revived} deliveries pending again")
+    if unknown:
+        raise UnknownIds("dead delivery", unknown)
+
+
+@outbox.command()
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all", "all_", is_flag=True, help="Skip every dead delivery.")
+def skip(ids, all_):
+    """Give up on deliveries (dead or waiting), releasing the keys they hold."""
+    wanted = _ids_or_all(ids, all_)
+    rt = runtime()
+    skipped, unknown = in_transaction(rt.sessions, lambda s: deliveries.skip(s, wanted, clock.utcnow()))
+    click.echo(f"skip: {skipped} deliveries skipped")
+    if unknown:
+        raise UnknownIds("skippable delivery", unknown)
+
+
+@outbox.command()
+@click.option("--older-than", type=DURATION, default="7d", show_default=True,
+              help="Delete delivered events older than this (e.g. 7d, 48h).")
+def prune(older_than):
+    """Delete delivered events, their deliveries and old heartbeats, in bounded batches."""
+    rt = runtime()
+    events, beats = prune_outbox(rt, older_than)
+    click.echo(f"prune: {events} events and {beats} heartbeats deleted")

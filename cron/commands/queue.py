@@ -1,0 +1,137 @@
+"""`queue ...`: work, status, failed, retry, forget, flush, prune."""
+from __future__ import annotations
+
+import click
+
+from cron.cli import group, runtime
+from cron.format import DURATION, age, table
+from cron.scheduling.retention import flush_failed, prune_queue
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.errors import UnknownIds
+from outbox.engine.budget import Budget
+from outbox.engine.run_loop import record_run, run_loop
+from outbox.queue import jobstore
+from outbox.queue.jobs import QUEUE_NAME
+from outbox.queue.worker import Worker
+
+queue = group("queue", "The job queue: run workers, inspect and repair jobs.")
+
+
+def _queue_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [q.strip() for q in text.split(",") if q.strip()]
+    bad = [q for q in names if not QUEUE_NAME.match(q)]
+    if not names or bad:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of queue names", param_hint="--queue")
+    return list(dict.fromkeys(names))
+
+
+@queue.command()
+@click.option("--queue", "queues", help="Queues in strict priority order, e.g. sms,notifications.")
+@click.option("--stop-when-empty", is_flag=True, help="Exit when no job is due (for cron).")
+@click.option("--once", is_flag=True, help="Run at most one job, then exit.")
+@click.option("--max-time", type=click.FloatRange(min=1), default=None, help="Stop starting jobs after S seconds.")
+@click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Exit after N jobs.")
+@click.option("--memory", type=click.FloatRange(min=8), default=None, help="Exit when RSS passes MB.")
+@click.option("--sleep", type=click.FloatRange(min=0.05), default=3.0, show_default=True,
+              help="Seconds between polls when no job is due.")
+@click.pass_context
+def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep):
+    """Run jobs. Limits are checked between jobs; SIGTERM finishes the current job, then exits 0."""
+    names = _queue_list(queues)
+    rt = runtime()
+    names = names or rt.default_queues()
+    if not names:
+        raise click.UsageError("no queues to work: register jobs (CRONBOX_HANDLERS) or pass --queue")
+    worker = Worker(rt, names)
+    budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs)
+    started = clock.monotonic()
+    result = record_run(rt.sessions, "work",
+                        lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once), poll=sleep),
+                        lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
+    s = worker.stats
+    ran = s.done + s.retried + s.gave_up + s.lease_lost
+    click.echo(f"queue work: {ran} jobs ({s.done} done, {s.retried} retried, {s.gave_up} failed, {s.deferred} "
+               f"deferred) in {clock.monotonic() - started:.2f}s; stopped: {result.stop_reason}")
+    ctx.exit(result.exit_code)
+
+
+@queue.command()
+def status():
+    """Per queue: ready, delayed, reserved, failed, oldest ready age."""
+    rt = runtime()
+    now = clock.utcnow()
+    per_queue = in_transaction(rt.sessions, lambda s: jobstore.status(s, now))
+    names = list(dict.fromkeys(rt.default_queues() + sorted(per_queue)))
+    if not names:
+        click.echo("no queues")
+        return
+    rows = []
+    for name in names:
+        st = per_queue.get(name) or jobstore.QueueStatus(name)
+        rows.append([name, st.ready, st.delayed, st.reserved, st.failed, age(st.oldest_ready_at, now)])
+    click.echo(table(["queue", "ready", "delayed", "reserved", "failed", "oldest ready"], rows))
+
+
+@queue.command()
+@click.option("--queue", "queue_name", default=None, help="Only this queue.")
+@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+def failed(queue_name, limit):
+    """Failed jobs with their error and trace id (ids for retry / forget)."""
+    rt = runtime()
+    rows = in_transaction(rt.sessions, lambda s: jobstore.failed(s, queue=queue_name, limit=limit))
+    if not rows:
+        click.echo("no failed jobs")
+        return
+    now = clock.utcnow()
+    click.echo(table(["id", "queue", "handler", "attempts", "failed", "trace", "error"],
+                     [[r.id, r.queue, r.handler, r.attempts, age(r.finished_at, now) + " ago", r.trace_id,
+                       (r.last_error or "")[:80]] for r in rows]))
+
+
+@queue.command()
+@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--all", "all_", is_flag=True, help="Retry every failed job (of --queue).")
+@click.option("--queue", "queue_name", default=None, help="With --all: only this queue.")
+def retry(ids, all_, queue_name):
+    """Put failed jobs back on their queue with fresh attempts."""
+    if bool(ids) == bool(all_):
+        raise click.UsageError("give job ids or --all (not both)")
+    rt = runtime()
+    wanted = None if all_ else list(dict.fromkeys(ids))
+    count, unknown = in_transaction(rt.sessions, lambda s: jobstore.retry_failed(s, wanted, queue_name,
+                                                                                 clock.utcnow()))
+    click.echo(f"retry: {count} jobs queued again")
+    if unknown:
+        raise UnknownIds("failed job", unknown)
+
+
+@queue.command()
+@click.argument("ids", nargs=-1, required=True, type=click.IntRange(min=1))
+def forget(ids):
+    """Delete failed jobs."""
+    rt = runtime()
+    count, unknown = in_transaction(rt.sessions, lambda s: jobstore.forget(s, list(dict.fromkeys(ids))))
+    click.echo(f"forget: {count} failed jobs deleted")
+    if unknown:
+        raise UnknownIds("failed job", unknown)
+
+
+@queue.command()
+@click.option("--older-than", type=DURATION, default=None, help="Only failed jobs older than this (e.g. 10d).")
+def flush(older_than):
+    """Delete failed jobs (all, or those that failed before --older-than)."""
+    total = flush_failed(runtime(), older_than)
+    click.echo(f"flush: {total} failed jobs deleted")
+
+
+@queue.command()
+@click.option("--older-than", type=DURATION, default="48h", show_default=True,
+              help="Delete finished (done) jobs older than this.")
+def prune(older_than):
+    """Delete done jobs older than --older-than, send attempts after 30 days, read notifications after
+    90 days and old rate-limit windows, in bounded batches (cron/scheduling/retention.py lists every rule)."""
+    counts = prune_queue(runtime(), older_than)
+    click.echo("prune: " + ", ".join(f"{n} {what}" for what, n in counts.items()) + " deleted")

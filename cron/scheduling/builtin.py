@@ -1,0 +1,41 @@
+"""Tasks every installation runs from the tick: retention (daily), the health check (every 5 minutes)
+and the sealed-storage sweep (hourly: orphaned files of uploads that never committed, ended grants,
+audit rows past their retention)."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from cron.scheduling import schedule
+from cron.scheduling.health import alert_on, run_checks
+from cron.scheduling.retention import prune_all
+import outbox.channels  # noqa: F401  (the alert jobs must be registered in every tick)
+
+log = logging.getLogger("cronbox")
+SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commit its file's row
+
+
+@schedule.every(days=1, name="cronbox.prune")  # at 00:00 UTC
+def prune(ctx):
+    counts = prune_all(ctx.runtime)
+    log.info("prune: %s", ", ".join(f"{n} {what}" for what, n in counts.items()))
+
+
+@schedule.every(hours=1, name="cronbox.storage_sweep")
+def storage_sweep(ctx):
+    if not ctx.settings.sealed_dir.exists():
+        return  # nothing was ever sealed here: no orphans, grants or audit rows (and no crypto imports)
+    import storage
+    from storage import maintenance
+
+    result = maintenance.sweep(storage.configure(ctx.runtime.settings, ctx.runtime.sessions),
+                               grace=SWEEP_GRACE.total_seconds())
+    log.info("storage sweep: %d orphaned and %d temporary files removed, %d grants and %d audit rows deleted",
+             result.orphans, result.temporary, result.grants, result.audit)
+
+
+@schedule.every(minutes=5, name="cronbox.health")
+def health(ctx):
+    report = run_checks(ctx.runtime)
+    sent = alert_on(ctx.runtime, report)
+    log.info("health: %s%s", report.status, f" (alerts: {', '.join(sent)})" if sent else "")

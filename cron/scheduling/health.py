@@ -1,0 +1,191 @@
+"""Health: is cron running the tick, is work flowing, is the host fit? ok / warn / fail per check.
+
+Thresholds follow CRONBOX_CRON_INTERVAL (minutes between cron runs), so a host
+whose cron only runs every 15 minutes is not reported as failing all the time.
+Used by `health [--json]`, `GET /health` and the scheduled check that alerts
+the operator (at most once an hour per problem, and once when it clears).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, text
+
+from cron.scheduling.models import AlertState
+from outbox.core import clock
+from outbox.core.db import insert_ignore
+from outbox.engine.models import Heartbeat
+from outbox.events import deliveries
+from outbox.queue import jobstore
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+ORDER = {OK: 0, WARN: 1, FAIL: 2}
+ALERT_EVERY = timedelta(hours=1)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    value: float | int | str | None = None
+
+
+@dataclass
+class Report:
+    status: str
+    checked_at: datetime
+    checks: list[Check]
+    # What the work checks read, for a caller that shows it too (the console's overview) without
+    # counting every failed job a second time. Not part of as_json().
+    queues: dict = field(default_factory=dict, repr=False)
+
+    def as_json(self) -> dict:
+        return {"status": self.status, "checked_at": self.checked_at.isoformat() + "Z",
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def _grade(value: float, warn: float, fail: float) -> str:
+    return FAIL if value > fail else WARN if value > warn else OK
+
+
+def run_checks(runtime) -> Report:
+    settings = runtime.settings
+    interval = settings.cron_interval * 60
+    checks: list[Check] = []
+    queues: dict = {}
+    now = clock.utcnow()
+    try:
+        started = time.perf_counter()
+        with runtime.sessions() as session:
+            session.execute(text("SELECT 1"))
+            latency = (time.perf_counter() - started) * 1000
+            checks.append(Check("database", _grade(latency, 250, 2000), f"reachable in {latency:.0f} ms",
+                                round(latency, 1)))
+            work, queues = _work_checks(session, now, interval)
+            checks += work
+    except Exception as exc:
+        checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
+    checks.append(_disk_check(settings.instance))
+    checks.append(_instance_check(settings.instance))
+    checks += _key_checks(settings)
+    worst = max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
+    return Report(worst, now, checks, queues)
+
+
+def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], dict]:
+    checks = []
+    last = session.execute(select(Heartbeat.started_at, Heartbeat.outcome).where(Heartbeat.command == "tick")
+                           .order_by(Heartbeat.started_at.desc()).limit(1)).first()
+    if last is None:
+        checks.append(Check("tick", FAIL, "no tick has run yet: is the cron line installed?"))
+    else:
+        age = (now - last.started_at).total_seconds()
+        # One interval late is normal (the tick runs at the end of it); three is a missed run or more.
+        grade = _grade(age, interval + 90, 3 * interval + 90)
+        if grade == OK and last.outcome in ("error", "lock-lost", "lost-connection"):
+            grade = WARN
+        checks.append(Check("tick", grade, f"last tick {age:.0f}s ago ({last.outcome})", round(age)))
+
+    per_consumer = deliveries.status(session, now)
+    due = sum(s.due for s in per_consumer.values())
+    dead = sum(s.dead for s in per_consumer.values())
+    blocked = sum(s.blocked_keys for s in per_consumer.values())
+    oldest = min((s.oldest_due_at for s in per_consumer.values() if s.oldest_due_at), default=None)
+    oldest_age = (now - oldest).total_seconds() if oldest else 0
+    grade = _grade(oldest_age, 2 * interval + 300, 6 * interval + 1800)
+    checks.append(Check("outbox.backlog", grade, f"{due} due, oldest {oldest_age:.0f}s", due))
+    checks.append(Check("outbox.dead", WARN if dead else OK, f"{dead} dead deliveries", dead))
+    checks.append(Check("outbox.blocked", WARN if blocked else OK, f"{blocked} blocked keys", blocked))
+
+    queues = jobstore.status(session, now)
+    for name, q in sorted(queues.items()):
+        age = (now - q.oldest_ready_at).total_seconds() if q.oldest_ready_at else 0
+        grade = _grade(age, 2 * interval + 300, 6 * interval + 1800)
+        checks.append(Check(f"queue.{name}", grade, f"{q.ready} ready, oldest {age:.0f}s, {q.delayed} delayed, "
+                                                   f"{q.reserved} reserved", q.ready))
+        checks.append(Check(f"queue.{name}.failed", WARN if q.failed else OK, f"{q.failed} failed jobs", q.failed))
+    return checks, queues
+
+
+def _disk_check(folder) -> Check:
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError as exc:
+        return Check("disk", FAIL, f"cannot read disk usage of the instance folder: {exc.strerror}")
+    free_mb = usage.free / 2**20
+    share = usage.free / usage.total if usage.total else 0
+    status = FAIL if free_mb < 200 or share < 0.02 else WARN if free_mb < 1024 or share < 0.10 else OK
+    return Check("disk", status, f"{free_mb:,.0f} MiB free ({share:.0%})", round(free_mb))
+
+
+def _instance_check(folder) -> Check:
+    try:
+        mode = os.stat(folder).st_mode
+    except OSError:
+        return Check("instance", FAIL, "instance folder missing")
+    if mode & stat.S_IRWXO:
+        return Check("instance", FAIL, f"instance folder is accessible to other users (mode {oct(mode & 0o777)}): "
+                                       "chmod 700 it")
+    return Check("instance", OK, f"mode {oct(mode & 0o777)}")
+
+
+def _key_checks(settings) -> list[Check]:
+    """Master key files (sealed storage): present, readable, and readable by nobody else."""
+    folder = settings.key_folder
+    if not folder.is_dir():
+        return []
+    checks = []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.name.startswith("."):
+            continue
+        mode = path.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            checks.append(Check(f"key.{path.name}", FAIL, f"readable by others (mode {oct(mode & 0o777)}): chmod 600"))
+        elif not os.access(path, os.R_OK):
+            checks.append(Check(f"key.{path.name}", FAIL, "not readable by this user"))
+        else:
+            checks.append(Check(f"key.{path.name}", OK, "private"))
+    return checks
+
+
+def alert_on(runtime, report: Report) -> list[str]:
+    """Tell the operator about failing checks (at most once an hour each) and about recoveries.
+    Returns what was sent ("fail:<check>", "ok:<check>")."""
+    from outbox.channels.alerts import admin_alert  # imported here: it registers the channel jobs
+
+    now = report.checked_at
+    sent: list[str] = []
+    with runtime.sessions.begin() as session:
+        states = {s.problem: s for s in session.scalars(select(AlertState))}
+        for check in report.checks:
+            state = states.get(check.name)
+            if check.status == FAIL:
+                if state is None:
+                    insert_ignore(session, AlertState.__table__, {"problem": check.name, "failing": False,
+                                                                  "detail": None, "since": now})
+                    state = session.get(AlertState, check.name)
+                if not state.failing:
+                    state.failing, state.since, state.last_alerted_at = True, now, None
+                if state.last_alerted_at is None or now - state.last_alerted_at >= ALERT_EVERY:
+                    state.last_alerted_at, state.detail = now, check.detail[:500]
+                    admin_alert(session, runtime.settings, key=f"health:{check.name}:{now:%Y%m%d%H%M}",
+                                subject=f"health check {check.name} failing",
+                                body=f"{check.name}: {check.detail} (since {state.since:%Y-%m-%d %H:%M} UTC)")
+                    sent.append(f"fail:{check.name}")
+            elif state is not None and state.failing:
+                state.failing, state.detail = False, check.detail[:500]
+                admin_alert(session, runtime.settings, key=f"health:{check.name}:ok:{now:%Y%m%d%H%M}",
+                            subject=f"health check {check.name} recovered",
+                            body=f"{check.name} is {check.status} again: {check.detail}")
+                sent.append(f"ok:{check.name}")
+    return sent
+
+
+def count_alert_states(session) -> int:
+    return session.scalar(select(func.count()).select_from(AlertState)) or 0

@@ -1,0 +1,108 @@
+"""The tick: the one cron line users install. Lock, then relay (and later stages), then linger."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cron.scheduling.once import OnceStage, migrate_from_file
+from cron.scheduling.schedule import TASKS, Scheduler
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.errors import SchemaError
+from outbox.core.resources import peak_rss_kb
+from outbox.engine.budget import Budget
+from outbox.engine.run_loop import RunResult, record_run, run_loop
+from outbox.engine.runtime import Runtime
+from outbox.events import deliveries
+from outbox.events.relay import Relay
+from outbox.queue import jobstore
+from outbox.queue.worker import Worker
+
+log = logging.getLogger("cronbox")
+
+DEFAULT_MAX_TIME = 50.0
+DEFAULT_MEMORY_MB = 96.0
+LOCK_SLACK = 60  # the lock connection's wait_timeout: above --max-time + 60 s
+
+
+@dataclass
+class TickReport:
+    skipped: bool
+    result: RunResult | None = None
+    relay: Relay | None = None
+    worker: Worker | None = None
+    scheduler: Scheduler | None = None
+    once: OnceStage | None = None
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.skipped or self.result is None else self.result.exit_code
+
+    def summary(self) -> str:
+        if self.skipped:
+            return "skipped: tick already running"
+        r, w = self.relay.stats, self.worker.stats
+        line = (f"tick: delivered {r.done}, retried {r.retried}, deferred {r.deferred}, dead {r.gave_up}; "
+                f"jobs done {w.done}, retried {w.retried}, deferred {w.deferred}, failed {w.gave_up}; "
+                f"tasks {self.scheduler.ran}, one-off runs {self.once.ran} "
+                f"in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
+        if self.result.error:
+            line += f"; error: {self.result.error}"
+        return line
+
+
+def longest_timeout(runtime: Runtime) -> float:
+    """The longest any registered consumer, job or scheduled task may run."""
+    timeouts = [c.timeout for c in runtime.consumers.all()] + [j.timeout for j in runtime.jobs.all()]
+    return max(timeouts + [t.timeout for t in TASKS.all()], default=0.0)
+
+
+def _check_schema(runtime: Runtime) -> None:
+    """The schema must match the code; a `migrate` request file may bring it there first."""
+    try:
+        runtime.ensure_schema()
+    except SchemaError:
+        if not migrate_from_file(runtime):
+            raise
+        runtime.ensure_schema()
+
+
+def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bool = True,
+             memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
+    # The lock connection idles while one handler or task runs: its wait_timeout must outlast the
+    # longest of them, or the server drops it (and the lock) mid-run.
+    lock = runtime.lock("tick", hold_seconds=int(max_time + LOCK_SLACK + longest_timeout(runtime)))
+    if not lock.acquire():
+        log.info("skipped: tick already running")
+        return TickReport(skipped=True)
+    started = clock.monotonic()
+    runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
+    try:
+        _check_schema(runtime)
+        budget = Budget(max_time=max_time, memory_mb=memory_mb)
+        scheduler, once = Scheduler(runtime), OnceStage(runtime)
+        relay = Relay(runtime, before_batch=lock.check)
+        worker = Worker(runtime, before_batch=lock.check)
+        # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
+        # the jobs the worker then runs).
+        stages = [scheduler.run, once.run, relay.run, worker.run]
+
+        def counts() -> dict:
+            now = clock.utcnow()
+            backlog = in_transaction(runtime.sessions,
+                                     lambda s: deliveries.backlog(s, now) + jobstore.backlog(s, now))
+            return {"delivered": relay.stats.done, "retried": relay.stats.retried, "dead": relay.stats.gave_up,
+                    "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
+                    "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
+
+        result = record_run(runtime.sessions, "tick",
+                            lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
+        report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
+                            once=once, seconds=clock.monotonic() - started)
+        (log.error if result.exit_code else log.info)(report.summary())
+        return report
+    finally:
+        runtime.host_lock = None
+        lock.release()

@@ -1,0 +1,248 @@
+"""Engines and transactions fit for a shared host.
+
+- MySQL/MariaDB: every session in UTC (`time_zone='+00:00'`) and at READ COMMITTED:
+  under REPEATABLE READ a claim's next-key locks would block the app's record()
+  and wait on its open transactions. pool_pre_ping plus a pool_recycle below the
+  host's (often 20-60 s) wait_timeout, because idle connections are killed.
+  Cron processes get a pool of exactly one connection, no overflow: the account
+  may have max_user_connections as low as 3.
+- SQLite (the embedded default): WAL, busy_timeout, and BEGIN IMMEDIATE for
+  every transaction, so a reader never has to upgrade to a writer halfway (that
+  fails at once with "database is locked" instead of waiting).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable, TypeVar
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.dialects import mysql as mysql_dialect, sqlite as sqlite_dialect
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+from outbox.core.settings import Settings
+
+log = logging.getLogger("cronbox")
+T = TypeVar("T")
+
+# MySQL error codes.
+LOCK_CONFLICTS = {1213, 1205}  # deadlock found; lock wait timeout exceeded
+CONNECTION_LOST = {2006, 2013, 2003, 2002, 1226, 1927, 1053, 4031}  # gone away, lost, can't connect, too many user connections, killed, shutdown, idle disconnect
+SQLITE_BUSY = ("database is locked", "database table is locked")
+CRON_WAIT_TIMEOUT = 3600  # seconds; see _session_setup
+
+
+def make_engine(settings: Settings, *, role: str = "cron", url: str | None = None) -> Engine:
+    """role: "cron" (one pooled connection), "web" (small pool) or "lock" (no pool: one dedicated connection)."""
+    url = url or settings.database_url
+    if url.startswith("sqlite"):
+        return _sqlite_engine(settings, url, role)
+    return _mysql_engine(settings, url, role)
+
+
+def _pool_args(role: str) -> dict:
+    if role == "lock":
+        return {"poolclass": NullPool}
+    # Reset on return is done by _reset_on_return below.
+    if role == "cron":
+        return {"pool_size": 1, "max_overflow": 0, "pool_timeout": 30, "pool_reset_on_return": None}
+    return {"pool_size": 2, "max_overflow": 2, "pool_timeout": 10, "pool_reset_on_return": None}
+
+
+def _reset_on_return(dbapi_connection, record, reset_state) -> None:
+    """Roll back a returned connection only if a statement ran since its last COMMIT/ROLLBACK.
+
+    The pool's default ROLLBACK on every return costs a round trip after each
+    committed transaction (SQLAlchemy cannot tell a committed connection from a
+    dirty one); a web request recording one event would pay 4 round trips, not 3.
+    """
+    if reset_state.terminate_only or record.info.get(_CLEAN):
+        return
+    dbapi_connection.rollback()
+    record.info[_CLEAN] = True
+
+
+_CLEAN = "cronbox_clean"
+
+
+def _track_cleanliness(engine: Engine) -> None:
+    event.listen(engine, "reset", _reset_on_return)
+
+    def clean(connection, *args):
+        if not connection.invalidated:  # an invalidated connection is discarded, never reused
+            connection.info[_CLEAN] = True
+
+    def dirty(connection, *args):
+        if not connection.invalidated:
+            connection.info[_CLEAN] = False
+
+    event.listen(engine, "commit", clean)
+    event.listen(engine, "rollback", clean)
+    event.listen(engine, "before_cursor_execute", dirty)
+
+
+def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
+    connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
+    if settings.mysql_tls == "off":
+        # PyMySQL otherwise negotiates TLS and loads the system CA store on every
+        # connection (~20 ms); on localhost that buys nothing.
+        connect_args["ssl_disabled"] = True
+    elif settings.mysql_tls == "on":
+        connect_args.update(ssl_verify_cert=True, ssl_verify_identity=True)
+    else:
+        connect_args.update(ssl_ca=settings.mysql_tls, ssl_verify_cert=True, ssl_verify_identity=True)
+    engine = create_engine(
+        url,
+        connect_args=connect_args,
+        pool_pre_ping=role != "lock",
+        pool_recycle=settings.pool_recycle,
+        isolation_level="READ COMMITTED",
+        **_pool_args(role),
+    )
+
+    if role != "lock":
+        _track_cleanliness(engine)
+
+    @event.listens_for(engine, "connect")
+    def _session_setup(dbapi_connection, _record):
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET SESSION time_zone = '+00:00'")
+            if role == "cron":
+                # A run holds its work connection across handlers; one that spends 25 s on the
+                # network must not find it closed by a host's 20 s wait_timeout (its ack would be
+                # lost and the work repeated). Cron processes are short-lived: nothing stays open.
+                cursor.execute(f"SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, {CRON_WAIT_TIMEOUT})")
+
+    return engine
+
+
+def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
+    if url not in ("sqlite://", "sqlite:///:memory:"):
+        settings.private_dir()
+    engine = create_engine(url, connect_args={"timeout": 30}, **_pool_args(role))
+    if role != "lock":
+        _track_cleanliness(engine)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection, _record):
+        # Take transaction control away from the sqlite3 module; we BEGIN ourselves.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a killed process (the LVE threat); only an
+        # OS crash or power cut can lose the last commits.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def insert_ignore(session: Session, table, rows: list[dict] | dict):
+    """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
+    without breaking the caller's transaction (no IntegrityError). Returns the result.
+
+    MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
+    callers validate lengths and types first; every caller here does.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        return session.execute(sqlite_dialect.insert(table).on_conflict_do_nothing(), rows)
+    return session.execute(mysql_dialect.insert(table).prefix_with("IGNORE"), rows)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def is_mysql(engine_or_bind) -> bool:
+    return engine_or_bind.dialect.name in ("mysql", "mariadb")
+
+
+def mysql_error_code(exc: BaseException) -> int | None:
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0]
+    return None
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """Deadlock / lock wait timeout on MySQL, busy database on SQLite: retry the transaction."""
+    if mysql_error_code(exc) in LOCK_CONFLICTS:
+        return True
+    return isinstance(exc, OperationalError) and any(s in str(exc.orig) for s in SQLITE_BUSY)
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if mysql_error_code(exc) in CONNECTION_LOST:
+        return True
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return "lost connection" in text_ or "gone away" in text_ or "connection refused" in text_
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """The database cannot be reached at all (as opposed to a statement failing)."""
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return is_connection_lost(exc) or "can't connect" in text_ or "unable to open database" in text_
+
+
+def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T], *, retries: int = 5) -> T:
+    """Run `work(session)` in one short transaction, retrying it on lock conflicts.
+
+    Bounded: after `retries` conflicts the error propagates. `work` must be
+    safe to run again, which holds for our claim/ack statements (they are
+    guarded by status and claim token).
+    """
+    reconnected = False
+    for attempt in range(retries + 1):
+        try:
+            with sessions.begin() as session:
+                return work(session)
+        except DBAPIError as exc:
+            if exc.connection_invalidated and not reconnected:
+                # The connection was found dead (killed, server restarted): one more try on a
+                # fresh one. Safe: our statements are guarded by status and claim token.
+                reconnected = True
+                log.warning("database connection lost (%s); retrying the transaction once", mysql_error_code(exc))
+                continue
+            if attempt >= retries or not isinstance(exc, OperationalError) or not is_lock_conflict(exc):
+                raise
+            log.info("lock conflict (%s), retrying transaction (%d/%d)", mysql_error_code(exc) or "busy", attempt + 1, retries)
+            time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def server_version(engine: Engine) -> str:
+    with engine.connect() as connection:
+        if is_mysql(engine):
+            return connection.execute(text("SELECT VERSION()")).scalar_one()
+        return "sqlite " + connection.execute(text("SELECT sqlite_version()")).scalar_one()
+
+
+def supports_skip_locked(version: str) -> bool:
+    """FOR UPDATE SKIP LOCKED: MySQL >= 8.0.1, MariaDB >= 10.6 (SQLAlchemy renders it regardless)."""
+    head = version.split("-")[0]
+    try:
+        parts = tuple(int(p) for p in head.split(".")[:3])
+    except ValueError:
+        return False
+    if "mariadb" in version.lower():
+        return parts >= (10, 6)
+    return parts >= (8, 0, 1)
+
+
+def database_name(engine: Engine) -> str:
+    if is_mysql(engine):
+        return engine.url.database or ""
+    return engine.url.database or "memory"

@@ -1,0 +1,186 @@
+"""Named exclusive locks for runs that must not overlap (tick, migrate, rewrap, ...).
+
+MySQL/MariaDB: GET_LOCK on a dedicated connection held for the whole run.
+GET_LOCK names are server-wide (other tenants share the namespace), so they
+are prefixed with the database name; the server releases the lock silently
+when the connection dies, including when it idles past wait_timeout, so the
+lock connection raises its own SESSION wait_timeout above the run's length and
+the run checks `IS_USED_LOCK(name) = CONNECTION_ID()` before each batch.
+
+SQLite: an flock()-based file lock in <instance>/locks/; the kernel releases it
+when the process dies, even under SIGKILL.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from outbox.core.db import database_name, is_mysql
+from outbox.core.errors import LockLost
+from outbox.core.settings import Settings
+
+log = logging.getLogger("cronbox")
+
+MAX_LOCK_NAME = 64  # MySQL refuses longer GET_LOCK names
+
+
+def lock_name(database: str, purpose: str) -> str:
+    name = f"{database}:{purpose}"
+    if len(name) <= MAX_LOCK_NAME:
+        return name
+    digest = hashlib.sha256(database.encode()).hexdigest()[:16]
+    return f"cronbox-{digest}:{purpose}"[:MAX_LOCK_NAME]
+
+
+class MySQLLock:
+    """GET_LOCK on its own connection, or on a borrowed one: a command run inside the tick takes its
+    lock on the tick's lock connection (MySQL allows several named locks per connection), so a
+    one-off `migrate` costs no third connection."""
+
+    def __init__(self, engine: Engine, purpose: str, *, hold_seconds: int, borrowed: Connection | None = None):
+        self.engine = engine
+        self.name = lock_name(database_name(engine), purpose)
+        self.hold_seconds = max(int(hold_seconds), 60)
+        self.borrowed = borrowed
+        self.connection: Connection | None = None
+
+    def _take(self) -> bool:
+        if self.borrowed is not None:
+            got = self.borrowed.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
+            self.connection = self.borrowed if got == 1 else None
+            return got == 1
+        connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            # Survive long handlers and lingering: the server must not close this
+            # idle connection (and silently drop the lock) before the run ends.
+            connection.execute(text(f"SET SESSION wait_timeout = {self.hold_seconds}"))
+            got = connection.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
+        except Exception:
+            connection.close()
+            raise
+        if got == 1:
+            self.connection = connection
+            return True
+        connection.close()
+        return False
+
+    def acquire(self) -> bool:
+        return self._take()
+
+    def held(self) -> bool:
+        if self.connection is None:
+            return False
+        try:
+            owned = self.connection.execute(
+                text("SELECT IS_USED_LOCK(:name) = CONNECTION_ID()"), {"name": self.name}
+            ).scalar()
+        except Exception as exc:  # killed connection, restarted server: the lock is gone with it
+            log.warning("lock %s: connection lost (%s)", self.name, type(exc).__name__)
+            self._discard()
+            return False
+        return owned == 1
+
+    def retake(self) -> bool:
+        if self.borrowed is not None:
+            return False  # the owner of the connection re-takes its own lock; ours died with it
+        self._discard()
+        try:
+            return self._take()
+        except Exception as exc:
+            log.warning("lock %s: could not reconnect to re-take it (%s)", self.name, type(exc).__name__)
+            return False
+
+    def release(self) -> None:
+        if self.connection is None:
+            return
+        try:
+            self.connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self.name})
+        except Exception:
+            pass  # the lock died with the connection anyway
+        self._discard()
+
+    def _discard(self) -> None:
+        if self.connection is not None and self.connection is self.borrowed:
+            self.connection = None
+            return
+        if self.connection is not None:
+            try:
+                self.connection.invalidate()
+                self.connection.close()
+            except Exception:
+                pass
+            self.connection = None
+
+
+class FileLock:
+    def __init__(self, settings: Settings, purpose: str):
+        import filelock  # here: only SQLite installations need it
+
+        settings.private_dir("locks")
+        self.name = purpose
+        self.path = settings.locks_dir / f"{purpose}.lock"
+        self._lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
+        self._timeout = filelock.Timeout
+
+    def acquire(self) -> bool:
+        try:
+            self._lock.acquire(timeout=0)
+            return True
+        except self._timeout:
+            return False
+
+    def held(self) -> bool:
+        return self._lock.is_locked
+
+    def retake(self) -> bool:
+        return self.acquire()
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self._lock.release(force=True)
+
+
+class RunLock:
+    """What a run holds: acquire once, then `ensure()` before each batch."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.name = backend.name
+
+    def acquire(self) -> bool:
+        return self.backend.acquire()
+
+    def ensure(self) -> bool:
+        """True while the lock is ours; if it was lost, try once to take it back."""
+        if self.backend.held():
+            return True
+        log.warning("lock %s was lost; trying to re-take it", self.name)
+        if self.backend.retake():
+            log.warning("lock %s re-taken", self.name)
+            return True
+        log.error("lock %s is lost and could not be re-taken", self.name)
+        return False
+
+    def check(self) -> None:
+        """ensure(), raising LockLost when the lock is gone for good: call before each batch."""
+        if not self.ensure():
+            raise LockLost(f"lock {self.name} lost (connection killed or server restarted) and not re-taken; "
+                           "stopped claiming")
+
+    def release(self) -> None:
+        self.backend.release()
+
+    @property
+    def connection(self) -> Connection | None:
+        """The MySQL connection holding the lock (None on SQLite)."""
+        return getattr(self.backend, "connection", None)
+
+
+def run_lock(settings: Settings, lock_engine: Engine, purpose: str, *, hold_seconds: int = 3600,
+             borrowed: Connection | None = None) -> RunLock:
+    if is_mysql(lock_engine):
+        return RunLock(MySQLLock(lock_engine, purpose, hold_seconds=hold_seconds, borrowed=borrowed))
+    return RunLock(FileLock(settings, purpose))

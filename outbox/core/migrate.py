@@ -1,0 +1,80 @@
+"""Schema management through Alembic, configured in code (no alembic.ini to keep in sync).
+
+`SCHEMA_HEAD` is the revision this code needs; tests/test_migrations.py checks it
+is the migrations' head, so start-up can compare one string instead of loading
+the whole script directory on every cron tick.
+"""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+
+from outbox.core.errors import SchemaError
+from outbox.core.settings import Settings
+
+log = logging.getLogger("cronbox")
+
+SCHEMA_HEAD = "0005_console"
+VERSION_TABLE = "cronbox_alembic_version"
+
+
+def alembic_config(settings: Settings, connection=None):
+    from alembic.config import Config  # imported here: a routine tick never needs Alembic (~100 ms)
+
+    config = Config()
+    config.set_main_option("script_location", str(settings.app_root / "migrations"))
+    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def current_revision(engine: Engine) -> str | None:
+    try:
+        with engine.connect() as connection:
+            return connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    except DBAPIError as exc:
+        if _is_missing_table(exc):
+            return None
+        raise
+
+
+def _is_missing_table(exc: DBAPIError) -> bool:
+    message = str(exc.orig).lower()
+    return "no such table" in message or "doesn't exist" in message or getattr(exc.orig, "args", [None])[0] == 1146
+
+
+def upgrade(settings: Settings, engine: Engine) -> tuple[str | None, str]:
+    """Upgrade to head; returns (revision before, revision after). Caller holds the migrate lock."""
+    from alembic import command
+
+    before = current_revision(engine)
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(settings, connection), "head")
+    after = current_revision(engine)
+    if before != after:
+        log.info("migrated schema from %s to %s", before or "empty", after)
+    return before, after
+
+
+def ensure_schema(settings: Settings, engine: Engine, lock_factory) -> None:
+    """Fresh SQLite databases are migrated on first use; MySQL must be migrated on purpose."""
+    revision = current_revision(engine)
+    if revision == SCHEMA_HEAD:
+        return
+    if engine.dialect.name == "sqlite":
+        lock = lock_factory("migrate")
+        if not lock.acquire():
+            raise SchemaError("the database is being migrated by another process; try again in a moment")
+        try:
+            if current_revision(engine) != SCHEMA_HEAD:
+                upgrade(settings, engine)
+        finally:
+            lock.release()
+        return
+    if revision is None:
+        raise SchemaError("the cronbox tables do not exist yet: run `python -m cron migrate`")
+    raise SchemaError(f"the database schema is at {revision}, this code needs {SCHEMA_HEAD}: run `python -m cron migrate`")

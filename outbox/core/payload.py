@@ -1,0 +1,43 @@
+"""Payloads are plain JSON; anything else is refused before a row is written.
+
+Refusing at record()/dispatch() time, in the caller's request, is the only place
+the mistake is cheap: a datetime discovered by the relay at 3 a.m. is a dead
+delivery nobody can fix. The error names the offending key path.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from outbox.core.errors import PayloadError
+
+_ALLOWED = "str, int, float, bool, None, list, dict with str keys"
+
+
+def dump_payload(payload) -> str:
+    _check(payload, "payload")
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def load_payload(text: str):
+    return json.loads(text)
+
+
+def _check(value, path: str) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadError(f"{path} is {value!r}: JSON has no NaN or infinity")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check(item, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadError(f"{path} has a key {key!r} of type {type(key).__name__}: JSON keys are str")
+            _check(item, f"{path}[{key!r}]")
+        return
+    raise PayloadError(f"{path} is a {type(value).__name__}, not JSON ({_ALLOWED})")

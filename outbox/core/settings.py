@@ -1,0 +1,223 @@
+"""Settings: `.env` in the app root first, then the process environment.
+
+Cron on a shared host starts us with a bare environment and `$HOME` as the
+working directory, so nothing here may depend on either: the app root is the
+folder this package lives in, and every relative path is resolved against it.
+The environment wins over `.env` so tests and one-off runs can override a value.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from dotenv import dotenv_values
+
+from outbox.core.durations import parse_duration
+from outbox.core.errors import SettingsError
+
+APP_ROOT = Path(__file__).resolve().parents[2]  # outbox/core/settings.py -> the checkout
+
+CLAIM_MODES = ("auto", "skip-locked", "token")
+TLS_MODES = ("off", "on")
+SEAL_ALGORITHMS = ("auto", "aes-256-gcm", "xchacha20-poly1305")
+
+
+@dataclass(frozen=True)
+class Settings:
+    app_root: Path
+    instance: Path
+    database_url: str
+    handlers: tuple[str, ...]
+    queues: tuple[str, ...]
+    claim_mode: str
+    lease_margin: float
+    cron_interval: int
+    health_token: str | None
+    cron_token: str | None
+    upload_token: str | None
+    ops_password_hash: str | None
+    trusted_proxies: int
+    mysql_tls: str
+    pool_recycle: int
+    # Sealed storage (storage/). Defaults keep older constructors of Settings working.
+    keys_dir: Path | None = None  # None: <instance>/keys
+    web_roots: tuple[Path, ...] = ()  # folders a web server serves: keys and sealed files must not be inside
+    upload_max: int = 256 * 1024 * 1024
+    url_max_ttl: int = 3600
+    seal_algorithm: str = "auto"
+    audit_retention_days: int = 2192
+    ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
+    # Every value from .env and the environment, for settings a module parses itself
+    # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
+    raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = (self.raw.get(name) or "").strip()
+        return value or default
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.instance / "logs"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.instance / "locks"
+
+    def private_dir(self, *parts: str) -> Path:
+        """A folder under the instance folder, created 0700 (the instance holds the database, keys and
+        logs: nobody else on a shared host may read it)."""
+        path = self.instance.joinpath(*parts)
+        for folder in [self.instance, *[self.instance.joinpath(*parts[:i + 1]) for i in range(len(parts))]]:
+            if not folder.is_dir():
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                folder.chmod(0o700)  # mkdir's mode is filtered by the umask
+        return path
+
+    @property
+    def sealed_dir(self) -> Path:
+        """Where sealed files live: <instance>/private/ (outside the web root)."""
+        return self.instance / "private"
+
+    @property
+    def key_folder(self) -> Path:
+        return self.keys_dir or self.instance / "keys"
+
+
+def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    root = Path(app_root or APP_ROOT).resolve()
+    values: dict[str, str] = {}
+    env_file = root / ".env"
+    if env_file.is_file():
+        values.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
+    values.update(os.environ if environ is None else environ)
+
+    def get(name: str) -> str | None:
+        raw = values.get(name)
+        if raw is None:
+            return None
+        raw = raw.strip()
+        return raw or None
+
+    instance = _resolve(root, get("CRONBOX_INSTANCE") or "instance")
+    database_url = _absolute_sqlite_url(root, get("DATABASE_URL") or f"sqlite:///{instance / 'cronbox.db'}")
+    claim_mode = (get("CRONBOX_CLAIM_MODE") or "auto").lower()
+    if claim_mode not in CLAIM_MODES:
+        raise SettingsError(f"CRONBOX_CLAIM_MODE={claim_mode!r} is not one of {', '.join(CLAIM_MODES)}")
+    mysql_tls = get("CRONBOX_MYSQL_TLS") or "off"
+    if mysql_tls.lower() in TLS_MODES:
+        mysql_tls = mysql_tls.lower()
+    elif not Path(mysql_tls).is_file():
+        raise SettingsError(
+            f"CRONBOX_MYSQL_TLS={mysql_tls!r} must be off, on, or the path of a CA bundle file"
+        )
+    handlers = tuple(h.strip() for h in (get("CRONBOX_HANDLERS") or "").split(",") if h.strip())
+    seal_algorithm = (get("CRONBOX_SEAL_ALGORITHM") or "auto").lower()
+    if seal_algorithm not in SEAL_ALGORITHMS:
+        raise SettingsError(f"CRONBOX_SEAL_ALGORITHM={seal_algorithm!r} is not one of {', '.join(SEAL_ALGORITHMS)}")
+    return Settings(
+        app_root=root,
+        instance=instance,
+        database_url=database_url,
+        handlers=handlers,
+        queues=tuple(q.strip() for q in (get("CRONBOX_QUEUES") or "").split(",") if q.strip()),
+        claim_mode=claim_mode,
+        lease_margin=_number(get, "CRONBOX_LEASE_MARGIN", 30.0, float, minimum=0),
+        cron_interval=_number(get, "CRONBOX_CRON_INTERVAL", 1, int, minimum=1),
+        health_token=get("CRONBOX_HEALTH_TOKEN"),
+        cron_token=get("CRONBOX_CRON_TOKEN"),
+        upload_token=get("CRONBOX_UPLOAD_TOKEN"),
+        ops_password_hash=get("CRONBOX_OPS_PASSWORD_HASH"),
+        trusted_proxies=_number(get, "CRONBOX_TRUSTED_PROXIES", 0, int, minimum=0),
+        mysql_tls=mysql_tls,
+        pool_recycle=_number(get, "CRONBOX_POOL_RECYCLE", 15, int, minimum=1),
+        keys_dir=_resolve(root, get("CRONBOX_KEYS")) if get("CRONBOX_KEYS") else None,
+        web_roots=_web_roots(root, get("CRONBOX_WEB_ROOT"), values.get("HOME")),
+        upload_max=_size(get, "CRONBOX_UPLOAD_MAX", 256 * 1024 * 1024),
+        url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
+        seal_algorithm=seal_algorithm,
+        audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
+        ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
+        raw=dict(values),
+    )
+
+
+def _resolve(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return (path if path.is_absolute() else root / path).resolve()
+
+
+def _absolute_sqlite_url(root: Path, url: str) -> str:
+    """`sqlite:///instance/x.db` means the app root's instance folder, not cron's $HOME."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url != "sqlite://" and not url.startswith("sqlite:////"):
+        rest = url[len(prefix):]
+        if rest and rest != ":memory:" and not rest.startswith("file:"):
+            return prefix + str(_resolve(root, rest))
+    return url
+
+
+def _web_roots(root: Path, configured: str | None, home: str | None) -> tuple[Path, ...]:
+    """CRONBOX_WEB_ROOT (comma-separated) or cPanel's ~/public_html, plus the app's static folder."""
+    if configured:
+        roots = [_resolve(root, part.strip()) for part in configured.split(",") if part.strip()]
+    else:
+        roots = [Path(home).expanduser().resolve() / "public_html"] if home else []
+    return tuple(roots) + (root / "static",)
+
+
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+def _size(get, name: str, default: int) -> int:
+    """Bytes, with an optional K/M/G (binary) suffix: 256M, 2G, 1048576."""
+    raw = get(name)
+    if raw is None:
+        return default
+    text_ = raw.lower().removesuffix("ib").removesuffix("b")
+    unit = text_[-1:] if text_[-1:] in _SIZE_UNITS else ""
+    try:
+        value = int(float(text_[: len(text_) - len(unit)]) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a size (use e.g. 256M, 2G)") from None
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} must be at least 1 byte")
+    return value
+
+
+def _duration(get, name: str, default: float) -> float:
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = parse_duration(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from None
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r} must be at least 1 second")
+    return value
+
+
+def _number(get, name: str, default, kind, *, minimum):
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _switch(get, name: str) -> bool:
+    value = (get(name) or "off").lower()
+    if value not in ("on", "off"):
+        raise SettingsError(f"{name}={value!r} must be on or off")
+    return value == "on"

@@ -1,0 +1,45 @@
+"""Heartbeat rows: one per run, written at start and finished at the end.
+
+They are how health knows the tick runs, how tests count which of several
+racing ticks worked, and what the operator console charts. A run killed
+mid-way leaves its row with outcome "running" and no finished_at.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+from sqlalchemy import delete, update
+
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.engine.models import Heartbeat
+
+H = Heartbeat.__table__
+
+
+def start(sessions, command: str) -> int:
+    def insert(session):
+        row = Heartbeat(command=command, host=socket.gethostname()[:255], pid=os.getpid(),
+                        started_at=clock.utcnow(), outcome="running", delivered=0, retried=0, dead=0,
+                        jobs_done=0, jobs_failed=0)
+        session.add(row)
+        session.flush()
+        return row.id
+
+    return in_transaction(sessions, insert)
+
+
+def finish(sessions, heartbeat_id: int, *, outcome: str, error: str | None = None, **counts) -> None:
+    values = {"finished_at": clock.utcnow(), "outcome": outcome[:32], **counts}
+    if error:
+        values["error"] = error[:1000]
+    in_transaction(sessions, lambda s: s.execute(update(H).where(H.c.id == heartbeat_id).values(values)))
+
+
+def prune(session, cutoff, batch: int) -> int:
+    ids = list(session.scalars(H.select().with_only_columns(H.c.id).where(H.c.started_at < cutoff)
+                               .order_by(H.c.id).limit(batch)))
+    if ids:
+        session.execute(delete(H).where(H.c.id.in_(ids)))
+    return len(ids)

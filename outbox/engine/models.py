@@ -1,0 +1,33 @@
+"""The record every cron-started run leaves: one heartbeat row per run."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from outbox.core.models import Base, Id, UtcDateTime
+
+
+class Heartbeat(Base):
+    """One row per run of tick / outbox publish / queue work: what it did and how it ended."""
+
+    __tablename__ = "cronbox_heartbeats"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    command: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    outcome: Mapped[str] = mapped_column(String(32), default="running")
+    delivered: Mapped[int] = mapped_column(Integer, default=0)
+    retried: Mapped[int] = mapped_column(Integer, default=0)
+    dead: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_failed: Mapped[int] = mapped_column(Integer, default=0)
+    backlog: Mapped[int | None] = mapped_column(Integer)
+    peak_rss_kb: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(1000))
+
+    __table_args__ = (Index(None, "started_at"),)

@@ -1,0 +1,279 @@
+"""Running claimed work: shared by the outbox relay (deliveries) and the job worker (jobs).
+
+For each claimed item, in claim order:
+1. stop if the budget says so, giving back (releasing) what was claimed but not started;
+2. make sure the lease still covers the handler's timeout, extending it if the
+   batch took long (a lease that ran out could let another run start the same item);
+3. give up at once on an item whose attempts are used up (a crash mid-attempt);
+4. call the handler with a fresh Context, then
+   - success with ctx.session used: the ack joins the handler's transaction (exactly once);
+   - success without it: the ack is batched with the others (nothing to protect);
+   - RetryLater: back to waiting without using an attempt (subclasses may bound it);
+   - failure: retry after the handler's backoff, or give up (dead / failed).
+
+Every state change is guarded by the claim token; a lost lease is rolled back and logged.
+Subclasses supply the SQL (`_sql_*`), the handler lookup and the handler's arguments.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.core.faults import crash_point
+from outbox.engine.budget import Budget
+from outbox.engine.context import Context
+from outbox.engine.handler_call import PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, describe
+
+log = logging.getLogger("cronbox")
+
+
+@dataclass
+class RunStats:
+    done: int = 0
+    retried: int = 0
+    deferred: int = 0  # RetryLater: waiting again, no attempt used
+    gave_up: int = 0  # dead deliveries / failed jobs
+    lease_lost: int = 0
+    fanned: int = 0  # relay only: events fanned out to deliveries
+
+
+class QuietAcks:
+    """Finished items whose handlers wrote nothing: acked together in one statement, before the
+    earliest of their leases runs out."""
+
+    def __init__(self):
+        self.items: list = []
+        self.earliest_lease: datetime | None = None
+
+    def add(self, item) -> None:
+        self.items.append(item)
+        if self.earliest_lease is None or item.lease_until < self.earliest_lease:
+            self.earliest_lease = item.lease_until
+
+    def take(self) -> list:
+        items, self.items, self.earliest_lease = self.items, [], None
+        return items
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Processor:
+    kind = "item"  # "delivery" / "job", for log lines
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.sessions = runtime.sessions
+        self.stats = RunStats()
+        self._started = False  # has the current item's handler been called?
+
+    # -- to implement --------------------------------------------------------------
+    def _handler(self, item): raise NotImplementedError
+    def _args(self, item, ctx: Context) -> tuple: raise NotImplementedError
+    def _sql_ack(self, session, ids: list[int], token: str, now: datetime) -> int: raise NotImplementedError
+    def _sql_reschedule(self, session, item, next_at: datetime, error: str | None, refund: bool) -> bool:
+        raise NotImplementedError
+    def _sql_give_up(self, session, item, outcome: Outcome, now: datetime) -> bool: raise NotImplementedError
+    def _sql_release(self, session, ids: list[int], token: str) -> int: raise NotImplementedError
+    def _sql_extend(self, session, item, lease_until: datetime) -> bool: raise NotImplementedError
+    def _describe(self, item) -> str: raise NotImplementedError
+
+    def _before_call(self, item, handler) -> Outcome | None:
+        """A gate before the handler (jobs: channel pauses, rate limits); an Outcome skips the call."""
+        return None
+
+    def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:
+        """Extra writes in the transaction that reschedules a RetryLater (jobs: record a channel pause)."""
+
+    def _retry_later_at(self, item, handler, outcome: Outcome, now: datetime) -> datetime | None:
+        """When a RetryLater item runs again; None means give up instead (jobs: retry_until)."""
+        return now + timedelta(seconds=outcome.retry_in or 0)
+
+    # -- the loop ------------------------------------------------------------------
+    def process(self, claimed: list, budget: Budget) -> int:
+        quiet_acks = QuietAcks()
+        handled = 0
+        for index, item in enumerate(claimed):
+            if index and budget.stop_reason() is not None:
+                self._release(claimed[index:])
+                break
+            self._started = False
+            try:
+                if self._run_one(item, quiet_acks, budget):
+                    handled += 1
+            except BaseException:
+                # Database gone, or an interrupt: ack what finished, give back what never started
+                # (this item too, if it failed before its handler was called).
+                self._flush(quiet_acks, best_effort=True)
+                self._release(claimed[index + (1 if self._started else 0):], best_effort=True)
+                raise
+        self._flush(quiet_acks)
+        return handled
+
+    def _run_one(self, item, quiet_acks: QuietAcks, budget: Budget) -> bool:
+        handler = self._handler(item)
+        if handler is None:  # not registered here any more: give the lease back
+            self._release([item])
+            return False
+        if quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease):
+            self._flush(quiet_acks)  # ack them while their leases still hold, or another run repeats them
+        if not self._lease_covers(item, handler):
+            return False
+        if item.attempts > handler.max_attempts:
+            self._give_up(item, handler, Outcome(
+                "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {handler.max_attempts} was claimed "
+                                  "but never finished (process killed or lease expired)"))
+            return True
+        crash_point("after-claim")
+        # The random trace id makes the key unique for good: SQLite (and MySQL 5.7 after a restart)
+        # hands out a pruned row's id again, and keys outlive their rows (notifications, send attempts).
+        ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
+                      idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
+                      sessions=self.sessions, settings=self.runtime.settings)
+        outcome = self._before_call(item, handler)
+        if outcome is None:
+            self._started = True
+            outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
+            budget.record(outcome.seconds)
+        if outcome.ok and not ctx.session_used:
+            quiet_acks.add(item)
+            return True
+        if outcome.ok:
+            outcome = self._ack_with_session(item, handler, ctx, outcome)
+            if outcome.ok or outcome.kind == "lease-lost":
+                return True
+        else:
+            ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
+        self._after_failure(item, handler, outcome)
+        return True
+
+    @staticmethod
+    def _outlasts(handler, lease_until: datetime | None) -> bool:
+        """Could this handler, started now, still run when `lease_until` passes?"""
+        return lease_until is not None and clock.utcnow() + timedelta(seconds=handler.timeout) > lease_until
+
+    def _lease_covers(self, item, handler) -> bool:
+        """Extend the lease when the rest of the batch used it up; False if the item is no longer ours."""
+        if not self._outlasts(handler, item.lease_until):
+            return True
+        lease_until = clock.utcnow() + timedelta(seconds=handler.timeout + self.runtime.settings.lease_margin)
+        if in_transaction(self.sessions, lambda s: self._sql_extend(s, item, lease_until)):
+            return True
+        self.stats.lease_lost += 1
+        log.warning("%s lease-lost before start (another run holds it)", self._describe(item))
+        return False
+
+    def _ack_with_session(self, item, handler, ctx: Context, outcome: Outcome) -> Outcome:
+        """Commit the handler's writes and its ack together, or neither."""
+        try:
+            if self._sql_ack(ctx.session, [item.id], item.claim_token, clock.utcnow()) != 1:
+                ctx.discard_session()
+                self.stats.lease_lost += 1
+                self._log(item, handler, "lease-lost", outcome, "lease expired before the ack; rolled back")
+                return Outcome("lease-lost", outcome.seconds)
+            crash_point("before-ack-commit")
+            ctx.session.commit()
+            crash_point("after-ack-commit")
+        except Exception as exc:  # the handler's writes failed at commit (constraint, conflict): a failed attempt
+            ctx.discard_session(invalidate=True)
+            return Outcome("error", outcome.seconds, f"commit failed: {describe(exc)}")
+        finally:
+            ctx.close()
+        self.stats.done += 1
+        self._log(item, handler, "done", outcome)
+        return outcome
+
+    def _flush(self, quiet_acks: QuietAcks, *, best_effort: bool = False) -> None:
+        if not quiet_acks:
+            return
+        items = quiet_acks.take()
+        ids = [item.id for item in items]
+        crash_point("before-ack-commit")
+        try:
+            acked = in_transaction(self.sessions, lambda s: self._sql_ack(s, ids, items[0].claim_token,
+                                                                          clock.utcnow()))
+        except Exception:
+            if not best_effort:
+                raise
+            log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(ids))
+            return
+        crash_point("after-ack-commit")
+        self.stats.done += acked
+        self.stats.lease_lost += len(ids) - acked
+        for item in items:
+            self._log(item, self._handler(item), "done", None)
+        if acked != len(ids):
+            log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
+                        self.kind, len(ids) - acked, len(ids))
+
+    def _after_failure(self, item, handler, outcome: Outcome) -> None:
+        now = clock.utcnow()
+        if outcome.kind == RETRY_LATER:
+            next_at = self._retry_later_at(item, handler, outcome, now)
+            if next_at is not None:
+                def reschedule(session):
+                    if not self._sql_reschedule(session, item, next_at, None, True):
+                        return False
+                    self._on_retry_later(session, item, handler, outcome, now)
+                    return True
+
+                if self._lease_held(in_transaction(self.sessions, reschedule), item, handler, outcome):
+                    self.stats.deferred += 1
+                    self._log(item, handler, "retry-later", outcome)
+                return
+            outcome = Outcome(PERMANENT, outcome.seconds, f"{outcome.error}; retry_until has passed")
+        if outcome.kind == PERMANENT or item.attempts >= handler.max_attempts:
+            self._give_up(item, handler, outcome)
+            return
+        next_at = now + timedelta(seconds=handler.backoff.delay(item.attempts))
+        held = in_transaction(self.sessions, lambda s: self._sql_reschedule(s, item, next_at, outcome.error, False))
+        if self._lease_held(held, item, handler, outcome):
+            self.stats.retried += 1
+            self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
+
+    def _give_up(self, item, handler, outcome: Outcome) -> None:
+        held = in_transaction(self.sessions, lambda s: self._sql_give_up(s, item, outcome, clock.utcnow()))
+        if self._lease_held(held, item, handler, outcome):
+            self.stats.gave_up += 1
+            self._log(item, handler, self.gave_up_word, outcome)
+
+    def _lease_held(self, held: bool, item, handler, outcome: Outcome) -> bool:
+        """A token-guarded update that matched nothing: another run holds the item now; say so."""
+        if not held:
+            self.stats.lease_lost += 1
+            self._log(item, handler, "lease-lost", outcome, "another run holds it now; this outcome is not recorded")
+        return held
+
+    gave_up_word = "dead"
+
+    def _release(self, items: list, *, best_effort: bool = False) -> None:
+        if not items:
+            return
+        token = items[0].claim_token
+        try:
+            released = in_transaction(self.sessions, lambda s: self._sql_release(s, [i.id for i in items], token))
+        except Exception:
+            if not best_effort:
+                raise
+            log.warning("%s: could not release %d claimed items; their leases will expire", self.kind, len(items))
+            return
+        log.info("%s: released %d claimed but not started", self.kind, released)
+
+    def _log(self, item, handler, outcome_name: str, outcome: Outcome | None, note: str | None = None) -> None:
+        ms = f"{outcome.seconds * 1000:.1f}" if outcome else "-"
+        line = (f"{self._describe(item)} outcome={outcome_name} "
+                f"attempt={item.attempts}/{handler.max_attempts if handler else '?'} trace={item.trace_id} ms={ms}")
+        if outcome is not None and outcome.error:
+            line += f" error={outcome.error[:300]!r}"
+        if note:
+            line += f" ({note})"
+        if outcome_name == "done":
+            log.info(line)
+        elif outcome_name in (self.gave_up_word,):
+            log.error(line)
+        else:
+            log.warning(line)
+

@@ -1,0 +1,130 @@
+"""The loop every cron-started run shares: stages in order, budget, lock checks, linger.
+
+A stage is a callable(budget) -> units of work done (relay, queue drain, scheduler...).
+The loop repeats the stages until a round does nothing; then, when lingering,
+it polls about once a second until --max-time, so a per-minute cron line gives
+second-level latency. The database going away (gone away, lost connection, too
+many connections) is logged, waited out and retried until --max-time: nothing
+claimed is lost, because leases expire and acks are token-checked.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sqlalchemy.exc import DBAPIError
+
+from outbox.core import clock
+from outbox.core.db import is_connection_lost
+from outbox.core.errors import LockLost
+from outbox.core.locks import RunLock
+from outbox.engine import heartbeat
+from outbox.engine.budget import Budget
+from outbox.engine.handler_call import describe
+
+log = logging.getLogger("cronbox")
+
+POLL_SECONDS = 1.0
+RECONNECT_PAUSE = 3.0
+
+
+@dataclass
+class RunResult:
+    stop_reason: str
+    exit_code: int = 0
+    error: str | None = None
+    rounds: int = 0
+    lost_connections: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class StopSignals:
+    """SIGTERM/SIGINT ask the run to stop after the current handler (the host or the operator
+    wants us gone; finishing one handler is better than abandoning it mid-way)."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self.previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: the caller handles signals
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.budget.stop("signal")
+        log.info("received %s; finishing the current handler, then stopping", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: bool,
+             lock: RunLock | None = None, poll: float = POLL_SECONDS) -> RunResult:
+    result = RunResult(stop_reason="empty")
+    with StopSignals(budget):
+        while True:
+            reason = budget.stop_reason()
+            if reason:
+                result.stop_reason = reason
+                break
+            try:
+                if lock is not None:
+                    lock.check()
+                work = sum(stage(budget) for stage in stages)
+            except LockLost as exc:
+                result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
+                break
+            except DBAPIError as exc:
+                if not is_connection_lost(exc):
+                    raise
+                result.lost_connections += 1
+                log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",
+                            describe(exc.orig or exc)[:200], RECONNECT_PAUSE)
+                if not _pause(budget, RECONNECT_PAUSE):
+                    result.stop_reason = "lost-connection"
+                    result.exit_code = 1
+                    result.error = "database unreachable until the end of the run"
+                    break
+                continue
+            result.rounds += 1
+            if work:
+                continue
+            if not linger or not _pause(budget, poll):
+                result.stop_reason = budget.stop_reason() or ("empty" if not linger else "max-time")
+                break
+    return result
+
+
+def _pause(budget: Budget, seconds: float) -> bool:
+    """Sleep up to `seconds` in small steps (a signal ends it); False when the run has no time left."""
+    if budget.signalled or budget.remaining() <= 0.05:
+        return False
+    end = clock.monotonic() + min(seconds, budget.remaining())
+    while clock.monotonic() < end:
+        if budget.signalled:
+            return False
+        time.sleep(min(0.1, max(end - clock.monotonic(), 0)))
+    return budget.remaining() > 0.05 and not budget.signalled
+
+
+def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Callable[[], dict]) -> RunResult:
+    """Write a heartbeat row around a run and finish it with the run's counts and outcome."""
+    heartbeat_id = heartbeat.start(sessions, command)
+    try:
+        result = body()
+    except BaseException as exc:
+        try:
+            heartbeat.finish(sessions, heartbeat_id, outcome="error", error=describe(exc), **counts())
+        except Exception:
+            pass  # the database is what failed; the row stays "running"
+        raise
+    heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
+    return result

@@ -1,0 +1,119 @@
+"""A process's view of cronbox: settings, engine, sessions, handlers and locks.
+
+Built once by each command (role "cron": one pooled connection, plus one for a
+run lock) or by create_app() (role "web").
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import logging
+import sys
+
+from sqlalchemy.engine import Engine
+
+from outbox.core.db import is_mysql, make_engine, server_version, session_factory, supports_skip_locked
+from outbox.core.errors import HandlerImportError, SettingsError
+from outbox.core.locks import RunLock, run_lock
+from outbox.core.logs import configure_logging
+from outbox.core.migrate import ensure_schema
+from outbox.core.settings import Settings, load_settings
+from outbox.engine import claim as claiming
+from outbox.events.consumers import CONSUMERS, ConsumerRegistry
+from outbox.queue.jobs import JOBS, JobRegistry
+
+log = logging.getLogger("cronbox")
+
+
+class Runtime:
+    def __init__(self, settings: Settings, *, role: str = "cron", consumers: ConsumerRegistry | None = None,
+                 jobs: JobRegistry | None = None):
+        self.settings = settings
+        self.role = role
+        settings.private_dir()  # logs, locks, keys and the run-once inbox live here, 0700
+        self.engine: Engine = make_engine(settings, role=role)
+        self.sessions = session_factory(self.engine)
+        self.consumers = consumers if consumers is not None else CONSUMERS
+        self.jobs = jobs if jobs is not None else JOBS
+        self._lock_engine: Engine | None = None
+        self._claim_mode: str | None = None
+        # While a tick holds its lock, commands it runs take their locks on the same connection. Per
+        # thread: a threaded web server may run two web ticks on one runtime.
+        self._local = threading.local()
+
+    @property
+    def is_mysql(self) -> bool:
+        return is_mysql(self.engine)
+
+    def claim_mode(self) -> str:
+        """The claim path for this server: asked once, then cached."""
+        if self._claim_mode is None:
+            if not self.is_mysql:
+                self._claim_mode = claiming.SQLITE
+            else:
+                wanted = self.settings.claim_mode
+                available = supports_skip_locked(server_version(self.engine))
+                if wanted == "skip-locked" and not available:
+                    raise SettingsError("CRONBOX_CLAIM_MODE=skip-locked, but this server has no SKIP LOCKED "
+                                        "(needs MySQL 8.0.1+ or MariaDB 10.6+); use auto or token")
+                if wanted == "token" or not available:
+                    self._claim_mode = claiming.TOKEN
+                else:
+                    self._claim_mode = claiming.SKIP_LOCKED
+        return self._claim_mode
+
+    def default_queues(self) -> list[str]:
+        """Queues a worker drains without --queue: CRONBOX_QUEUES (priority order), then any other
+        queue of a registered job in registration order."""
+        configured = list(self.settings.queues)
+        return configured + [q for q in self.jobs.queues() if q not in configured]
+
+    @property
+    def host_lock(self) -> RunLock | None:
+        """The lock of the run (a tick) inside which this thread now executes commands, if any."""
+        return getattr(self._local, "host_lock", None)
+
+    @host_lock.setter
+    def host_lock(self, lock: RunLock | None) -> None:
+        self._local.host_lock = lock
+
+    def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
+        if self._lock_engine is None:
+            self._lock_engine = make_engine(self.settings, role="lock") if self.is_mysql else self.engine
+        host = self.host_lock
+        # Read the connection now: after a re-take the host lock holds a new one.
+        return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds,
+                        borrowed=host.connection if host is not None else None)
+
+    def ensure_schema(self) -> None:
+        ensure_schema(self.settings, self.engine, lambda purpose: self.lock(purpose))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self._lock_engine is not None and self._lock_engine is not self.engine:
+            self._lock_engine.dispose()
+
+
+def load_handlers(settings: Settings) -> list[str]:
+    """Import the modules named in CRONBOX_HANDLERS (they register consumers, jobs, tasks)."""
+    root = str(settings.app_root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    for module in settings.handlers:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # whatever the module raised on import: report it in one line
+            raise HandlerImportError(
+                f"CRONBOX_HANDLERS: could not import {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return list(settings.handlers)
+
+
+def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrate: bool = True) -> Runtime:
+    settings = settings or load_settings()
+    configure_logging(settings.private_dir("logs"))
+    load_handlers(settings)
+    runtime = Runtime(settings, role=role)
+    if migrate:
+        runtime.ensure_schema()
+    return runtime

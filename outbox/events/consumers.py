@@ -1,0 +1,88 @@
+"""Registration of in-process event consumers.
+
+A consumer's identity is its name (default: module.qualname). Delivery rows
+carry that name, so renaming a consumer makes a new one: set `name=` explicitly
+for anything you will keep.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from outbox.core.errors import RegistrationError
+from outbox.engine.backoff import Backoff
+
+MAX_NAME = 191
+DEFAULT_BACKOFF = 5.0
+
+
+@dataclass(frozen=True)
+class Consumer:
+    name: str
+    event_type: str
+    fn: Callable
+    max_attempts: int
+    backoff: Backoff
+    timeout: float
+
+
+class ConsumerRegistry:
+    def __init__(self):
+        self._by_name: dict[str, Consumer] = {}
+
+    def add(self, consumer: Consumer) -> None:
+        existing = self._by_name.get(consumer.name)
+        if existing is not None and _where(existing.fn) != _where(consumer.fn):
+            raise RegistrationError(f"two consumers are named {consumer.name!r}; give one an explicit name=")
+        self._by_name[consumer.name] = consumer
+
+    def get(self, name: str) -> Consumer | None:
+        return self._by_name.get(name)
+
+    def for_type(self, event_type: str) -> list[Consumer]:
+        return [c for c in self._by_name.values() if c.event_type == event_type]
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def all(self) -> list[Consumer]:
+        return [self._by_name[n] for n in self.names()]
+
+    def remove(self, name: str) -> None:
+        self._by_name.pop(name, None)
+
+    def clear(self) -> None:
+        self._by_name.clear()
+
+
+def _where(fn: Callable) -> tuple:
+    """A module re-imported (reloaded, or run as __main__) re-registers the same function: allowed."""
+    return (getattr(fn, "__qualname__", None), getattr(getattr(fn, "__code__", None), "co_filename", None))
+
+
+CONSUMERS = ConsumerRegistry()
+
+
+def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
+             timeout: float = 30, registry: ConsumerRegistry | None = None):
+    """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
+    each gets its own delivery rows, retries and dead state."""
+    if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
+        raise RegistrationError(f"event type must be a non-empty string of at most {MAX_NAME} characters")
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise RegistrationError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise RegistrationError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    policy = Backoff.of(backoff)
+
+    def register(fn: Callable) -> Callable:
+        consumer_name = name or f"{fn.__module__}.{fn.__qualname__}"
+        if len(consumer_name) > MAX_NAME:
+            raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {MAX_NAME} characters")
+        (registry or CONSUMERS).add(
+            Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout))
+        )
+        fn.consumer_name = consumer_name
+        return fn
+
+    return register

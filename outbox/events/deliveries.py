@@ -1,0 +1,362 @@
+"""Every statement that moves outbox deliveries between states, in one place.
+
+States: pending (new, retrying, or leased when claim_token is set) -> done |
+dead | skipped. Acks, retries and releases are guarded by
+`WHERE id = ? AND claim_token = ?`: a rowcount of 0 means our lease expired and
+someone else may hold the row, so the caller rolls back instead of applying twice.
+
+Ordering: a pending or dead delivery holds back the later deliveries (by event
+id) of the same key for the same consumer. Keyless deliveries never wait.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
+from sqlalchemy.orm import Session, aliased
+
+from outbox.core.db import insert_ignore
+from outbox.engine.claim import claim
+from outbox.events.consumers import ConsumerRegistry
+from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
+
+D = Delivery.__table__
+E = OutboxEvent.__table__
+ERROR_MAX = 1000
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    consumer: str
+    attempts: int
+    claim_token: str
+    lease_until: datetime
+    event_id: int
+    event_type: str
+    key: str | None
+    payload: str
+    trace_id: str
+    created_at: datetime
+
+
+def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: int) -> tuple[int, int]:
+    """Make delivery rows for events not yet fanned out, oldest first.
+
+    The consumers are those registered now, in this process. Delivery rows are
+    inserted with INSERT IGNORE on (event_id, consumer), so two relays fanning
+    out the same event (plain reads, no claim) cannot make duplicates.
+    Returns (events, deliveries).
+    """
+    events = session.execute(
+        select(E.c.id, E.c.type, E.c.key, E.c.available_at)
+        .where(E.c.fanned_out_at.is_(None))
+        .order_by(E.c.id)
+        .limit(limit)
+    ).all()
+    if not events:
+        return 0, 0
+    rows = [
+        {
+            "event_id": event.id,
+            "consumer": consumer.name,
+            "key": event.key,
+            "status": PENDING,
+            "attempts": 0,
+            "next_attempt_at": event.available_at,
+            "created_at": now,
+        }
+        for event in events
+        for consumer in registry.for_type(event.type)
+    ]
+    if rows:
+        insert_ignore(session, D, rows)
+    session.execute(
+        update(E).where(E.c.id.in_([e.id for e in events]), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now)
+    )
+    return len(events), len(rows)
+
+
+def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, limit: int, mode: str,
+              lease_margin: float) -> list[Claimed]:
+    """Claim due deliveries for consumers registered here; counts the attempt.
+
+    A delivery whose lease expired is claimed alone, before any fresh work: its run
+    died, perhaps because of it (a consumer that gets the process killed). Claimed
+    in a batch, it would count an attempt against every batch-mate each time it
+    kills the process again; alone, only the item in flight pays.
+    """
+    consumers = registry.all()
+    if not consumers or limit <= 0:
+        return []
+    expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
+    fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
+    for claimable, size in ((expired, 1), (fresh, limit)):
+        claimed = _claim(session, consumers, claimable, size, now=now, mode=mode, lease_margin=lease_margin)
+        if claimed:
+            return claimed
+    return []
+
+
+def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
+           lease_margin: float) -> list[Claimed]:
+    earlier = aliased(Delivery)
+    held_back = exists().where(
+        earlier.consumer == D.c.consumer,
+        earlier.key == D.c.key,
+        earlier.status.in_(HOLDING),
+        earlier.event_id < D.c.event_id,
+    )
+    candidates = (
+        select(D.c.id)
+        .where(claimable, D.c.consumer.in_([c.name for c in consumers]), or_(D.c.key.is_(None), ~held_back))
+        .order_by(D.c.id)
+        .limit(limit)
+    )
+    token = uuid.uuid4().hex
+    leases = {c.name: now + timedelta(seconds=c.timeout + lease_margin) for c in consumers}
+    values = {
+        "claim_token": token,
+        "attempts": D.c.attempts + 1,
+        "lease_until": case(leases, value=D.c.consumer, else_=max(leases.values())),
+    }
+    ids = claim(session, D, candidates, claimable, values, mode=mode, direct_lock=False)
+    if not ids:
+        return []
+    rows = session.execute(
+        select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
+               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
+        .join(E, E.c.id == D.c.event_id)
+        .where(D.c.id.in_(ids))
+        .order_by(D.c.id)
+    ).all()
+    return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.lease_until, r.event_id, r.type, r.key,
+                    r.payload, r.trace_id, r.created_at) for r in rows]
+
+
+def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
+    """Mark leased deliveries done; returns how many were still ours."""
+    if not ids:
+        return 0
+    result = session.execute(
+        update(D).where(D.c.id.in_(ids), D.c.claim_token == token, D.c.status == PENDING)
+        .values(status=DONE, claim_token=None, lease_until=None, finished_at=now)
+    )
+    return result.rowcount
+
+
+def reschedule(session: Session, delivery_id: int, token: str, *, next_at: datetime, error: str | None,
+               refund_attempt: bool = False) -> bool:
+    """Back to pending for a later attempt (refund_attempt: RetryLater, which uses no attempt)."""
+    values = {"claim_token": None, "lease_until": None, "next_attempt_at": next_at}
+    if error is not None:
+        values["last_error"] = error[:ERROR_MAX]
+    if refund_attempt:
+        values["attempts"] = D.c.attempts - 1
+    result = session.execute(
+        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING).values(values)
+    )
+    return result.rowcount == 1
+
+
+def extend(session: Session, delivery_id: int, token: str, lease_until: datetime) -> bool:
+    result = session.execute(
+        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING)
+        .values(lease_until=lease_until)
+    )
+    return result.rowcount == 1
+
+
+def kill(session: Session, delivery_id: int, token: str, *, error: str, now: datetime) -> bool:
+    result = session.execute(
+        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING)
+        .values(status=DEAD, claim_token=None, lease_until=None, last_error=error[:ERROR_MAX], finished_at=now)
+    )
+    return result.rowcount == 1
+
+
+def release(session: Session, ids: list[int], token: str) -> int:
+    """Give back leases on deliveries claimed but not started; their attempt is not counted."""
+    if not ids:
+        return 0
+    result = session.execute(
+        update(D).where(D.c.id.in_(ids), D.c.claim_token == token, D.c.status == PENDING)
+        .values(claim_token=None, lease_until=None, attempts=D.c.attempts - 1)
+    )
+    return result.rowcount
+
+
+# ---- operator actions -------------------------------------------------------------
+
+def retry(session: Session, ids: list[int] | None, now: datetime) -> tuple[int, list[int]]:
+    """Dead -> pending with fresh attempts. ids=None: all dead. Returns (revived, unknown ids)."""
+    query = update(D).where(D.c.status == DEAD)
+    unknown: list[int] = []
+    if ids is not None:
+        unknown = _missing(session, ids, D.c.status == DEAD)
+        query = query.where(D.c.id.in_(ids))
+    result = session.execute(
+        query.values(status=PENDING, attempts=0, next_attempt_at=now, claim_token=None, lease_until=None,
+                     finished_at=None)
+    )
+    return result.rowcount, unknown
+
+
+def skip(session: Session, ids: list[int] | None, now: datetime, *, upto: int | None = None
+         ) -> tuple[int, list[int]]:
+    """Give up on dead or waiting deliveries (not ones leased right now), releasing their key.
+    ids=None: every dead delivery (never all waiting ones: that would silently drop live work), or
+    every dead one with an id up to `upto` (those the operator saw when confirming)."""
+    if ids is None:
+        query, unknown = update(D).where(D.c.status == DEAD), []
+        if upto is not None:
+            query = query.where(D.c.id <= upto)
+    else:
+        skippable = or_(D.c.status == DEAD,
+                        and_(D.c.status == PENDING, or_(D.c.claim_token.is_(None), D.c.lease_until < now)))
+        query, unknown = update(D).where(D.c.id.in_(ids), skippable), _missing(session, ids, skippable)
+    result = session.execute(query.values(status=SKIPPED, claim_token=None, lease_until=None, finished_at=now))
+    return result.rowcount, unknown
+
+
+def _missing(session: Session, ids: list[int], condition) -> list[int]:
+    found = set(session.scalars(select(D.c.id).where(D.c.id.in_(ids), condition)))
+    return [i for i in ids if i not in found]
+
+
+def last_dead_id(session: Session) -> int | None:
+    return session.scalar(select(func.max(D.c.id)).where(D.c.status == DEAD))
+
+
+def dead(session: Session, limit: int = 200):
+    return session.execute(
+        select(D.c.id, D.c.consumer, D.c.key, D.c.attempts, D.c.last_error, D.c.finished_at, E.c.id.label("event_id"),
+               E.c.type, E.c.trace_id)
+        .join(E, E.c.id == D.c.event_id)
+        .where(D.c.status == DEAD)
+        .order_by(D.c.id)
+        .limit(limit)
+    ).all()
+
+
+@dataclass
+class ConsumerStatus:
+    consumer: str
+    pending: int = 0
+    due: int = 0
+    dead: int = 0
+    blocked_keys: int = 0
+    oldest_due_at: datetime | None = None
+
+
+def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
+    """Per consumer: pending (waiting, retrying or leased), due now, dead, keys held back.
+
+    One status at a time, so each statement is a range of the (status, consumer,
+    next_attempt_at) index read without touching the table: the console and the
+    health check stay fast with 100k dead deliveries, and delivered rows (kept a
+    week) are never read at all."""
+    out: dict[str, ConsumerStatus] = {}
+    pending = session.execute(
+        select(D.c.consumer, func.count(),
+               func.sum(case((D.c.next_attempt_at <= now, 1), else_=0)), func.min(D.c.next_attempt_at))
+        .where(D.c.status == PENDING).group_by(D.c.consumer)
+    ).all()
+    for name, count, due, oldest in pending:
+        out[name] = ConsumerStatus(name, int(count), int(due or 0),
+                                   oldest_due_at=oldest if oldest is not None and oldest <= now else None)
+    for name, count in session.execute(select(D.c.consumer, func.count()).where(D.c.status == DEAD)
+                                       .group_by(D.c.consumer)).all():
+        out.setdefault(name, ConsumerStatus(name)).dead = int(count)
+    for name, count in session.execute(_blocked_keys_per_consumer()).all():
+        out.setdefault(name, ConsumerStatus(name)).blocked_keys = int(count)
+    return out
+
+
+def _holding_a_key(row=D.c):
+    """A keyed delivery that is dead, or has failed before and waits to retry: it holds its key."""
+    return and_(row.key.is_not(None),
+                or_(row.status == DEAD, and_(row.status == PENDING, row.attempts > 0, row.claim_token.is_(None))))
+
+
+def _blocked_keys_per_consumer():
+    """Keys with a pending delivery waiting behind a holder. Read from the pending side: the waiting
+    rows are the live backlog, while dead holders can be many and mostly block nothing."""
+    waiting = (select(D.c.consumer, D.c.key)
+               .where(D.c.status == PENDING, D.c.key.is_not(None), exists().where(*_earlier_holder(aliased(Delivery))))
+               .distinct().subquery())
+    return select(waiting.c.consumer, func.count()).group_by(waiting.c.consumer)
+
+
+def blocked_keys(session: Session, limit: int = 50):
+    """(consumer, key, holding delivery id, its status, deliveries waiting behind it), holders by id.
+
+    Two steps, both driven from the waiting (pending) side: which keys are blocked,
+    then their holders. One join would leave the join order to the planner, and
+    SQLite without statistics starts from the holders, all the dead rows."""
+    blocked = session.execute(
+        select(D.c.consumer, D.c.key)
+        .where(D.c.status == PENDING, D.c.key.is_not(None), exists().where(*_earlier_holder(aliased(Delivery))))
+        .distinct().limit(limit)
+    ).all()
+    if not blocked:
+        return []
+    holder = aliased(Delivery)
+    waiting = (select(func.count()).where(D.c.consumer == holder.consumer, D.c.key == holder.key,
+                                          D.c.status == PENDING, D.c.event_id > holder.event_id)
+               .correlate(holder).scalar_subquery())
+    return session.execute(
+        select(holder.consumer, holder.key, holder.id, holder.status, waiting.label("waiting"))
+        .where(or_(*[and_(holder.consumer == consumer, holder.key == key) for consumer, key in blocked]),
+               _holding_a_key(holder), waiting > 0)
+        .order_by(holder.id)
+        .limit(limit)
+    ).all()
+
+
+def _earlier_holder(holder):
+    """Conditions for `holder` holding the key of the (outer) delivery D, ahead of it."""
+    return (holder.consumer == D.c.consumer, holder.key == D.c.key, holder.event_id < D.c.event_id,
+            _holding_a_key(holder))
+
+
+def unfanned_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(E).where(E.c.fanned_out_at.is_(None))) or 0
+
+
+def backlog(session: Session, now: datetime) -> int:
+    """Work a relay could do right now: events not yet fanned out plus due pending deliveries."""
+    due = session.scalar(
+        select(func.count()).select_from(D).where(D.c.status == PENDING, D.c.next_attempt_at <= now)
+    ) or 0
+    return due + unfanned_count(session)
+
+
+def unregistered_due(session: Session, registry: ConsumerRegistry, now: datetime) -> list[tuple[str, int]]:
+    """Due deliveries whose consumer is not registered in this process (they wait, never die)."""
+    query = (
+        select(D.c.consumer, func.count())
+        .where(D.c.status == PENDING, D.c.next_attempt_at <= now)
+        .group_by(D.c.consumer)
+    )
+    names = registry.names()
+    if names:
+        query = query.where(D.c.consumer.not_in(names))
+    return [(name, int(count)) for name, count in session.execute(query).all()]
+
+
+def prune(session: Session, cutoff: datetime, batch: int) -> int:
+    """Delete up to `batch` events fanned out before `cutoff` whose deliveries are all finished
+    (done or skipped), with those deliveries. Events with dead or pending deliveries stay."""
+    unfinished = exists().where(D.c.event_id == E.c.id, D.c.status.in_(HOLDING))
+    ids = list(session.scalars(
+        select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished)
+        .order_by(E.c.id).limit(batch)
+    ))
+    if not ids:
+        return 0
+    session.execute(delete(D).where(D.c.event_id.in_(ids), D.c.status.in_((DONE, SKIPPED))))
+    session.execute(delete(E).where(E.c.id.in_(ids)))
+    return len(ids)

@@ -1,0 +1,62 @@
+"""Tables of the event outbox: events, and one delivery row per (event, consumer)."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from outbox.core.models import Base, Id, LongText, UtcDateTime
+
+# Statuses of a delivery. `pending` covers new, retrying and leased (claim_token set).
+PENDING, DONE, DEAD, SKIPPED = "pending", "done", "dead", "skipped"
+# Statuses that hold back later deliveries of the same key for the same consumer.
+HOLDING = (PENDING, DEAD)
+
+
+class OutboxEvent(Base):
+    __tablename__ = "cronbox_events"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    type: Mapped[str] = mapped_column(String(191))
+    key: Mapped[str | None] = mapped_column(String(191))
+    payload: Mapped[str] = mapped_column(LongText)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # When deliveries may first be attempted (record(..., delay=)).
+    available_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # Set once the relay has made this event's delivery rows. No "last id seen"
+    # cursor anywhere: an event committed late (a gap) is still NULL here and is
+    # picked up by the next pass.
+    fanned_out_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "fanned_out_at", "id"),)
+
+
+class Delivery(Base):
+    __tablename__ = "cronbox_deliveries"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(Id, ForeignKey("cronbox_events.id"))
+    consumer: Mapped[str] = mapped_column(String(191))
+    # Copied from the event so the ordering check needs no join.
+    key: Mapped[str | None] = mapped_column(String(191))
+    status: Mapped[str] = mapped_column(String(16), default=PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("event_id", "consumer"),
+        # The claim scans: due pending rows in id order; leases that expired.
+        Index(None, "status", "next_attempt_at", "id"),
+        Index(None, "status", "lease_until"),
+        # The per-key ordering check: an earlier holding delivery of this key?
+        Index(None, "consumer", "key", "status", "event_id"),
+        # Counts per consumer and status (health check, console) from the index alone.
+        Index(None, "status", "consumer", "next_attempt_at"),
+    )

@@ -1,0 +1,168 @@
+"""Job handlers and dispatch(): slow side effects (SMS, e-mail, notifications) as queued jobs.
+
+A job is added to the caller's transaction, like an outbox event: a request
+that rolls back leaves no job, and the worker never sees an uncommitted one.
+Payments and escrow never go through here; they run synchronously in the
+domain transaction (ARCHITECTURE.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from outbox.core import clock
+from outbox.core.db import insert_ignore
+from outbox.core.errors import PayloadError, RegistrationError
+from outbox.core.payload import dump_payload
+from outbox.engine.backoff import Backoff
+from outbox.events.record import new_trace_id
+from outbox.queue.models import READY, Job
+from outbox.queue.ratelimit import RateLimit
+
+MAX_NAME = 191
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+J = Job.__table__
+
+
+@dataclass(frozen=True)
+class JobHandler:
+    name: str
+    queue: str
+    fn: Callable = field(repr=False)
+    tries: int
+    backoff: Backoff = field(repr=False)
+    timeout: float
+    unique: bool
+    retry_until: float | None  # seconds after dispatch during which RetryLater may postpone the job
+    rate_limit: RateLimit | Callable | None = None  # or fn(settings) -> RateLimit | None, read per run
+    channel: str | None = None  # jobs wait while this channel is paused (outbox.queue.pauses)
+
+    @property
+    def max_attempts(self) -> int:
+        return self.tries
+
+    def dispatch(self, session: Session, payload=None, *, delay: float | timedelta = 0,
+                 unique_key: str | None = None) -> int | None:
+        """Add this job to the caller's transaction; returns its id, or None when a job with the same
+        unique key is already waiting or running (then nothing is added and the caller's
+        transaction is untouched)."""
+        body = dump_payload(payload)
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
+        if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
+            raise PayloadError("unique_key must be a non-empty string")
+        if unique_key is None and self.unique:
+            unique_key = hashlib.sha256(body.encode()).hexdigest()
+        now = clock.utcnow()
+        row = {
+            "queue": self.queue,
+            "handler": self.name,
+            "payload": body,
+            "status": READY,
+            "attempts": 0,
+            "available_at": now + timedelta(seconds=seconds),
+            "unique_key": _stored_key(self.name, unique_key) if unique_key else None,
+            "retry_until": now + timedelta(seconds=self.retry_until) if self.retry_until is not None else None,
+            "trace_id": new_trace_id(),
+            "created_at": now,
+        }
+        if row["unique_key"] is None:
+            result = session.execute(insert(J).values(row))
+        else:
+            result = insert_ignore(session, J, row)
+            if result.rowcount == 0:
+                return None
+        return result.inserted_primary_key[0]
+
+
+def _stored_key(handler: str, key: str) -> str:
+    """Unique keys are per handler; long ones are hashed to fit the column."""
+    stored = f"{handler}:{key}"
+    if len(stored) <= MAX_NAME:
+        return stored
+    return f"{handler[:100]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+class JobRegistry:
+    def __init__(self):
+        self._by_name: dict[str, JobHandler] = {}
+        self._queues: list[str] = []
+
+    def add(self, handler: JobHandler) -> None:
+        existing = self._by_name.get(handler.name)
+        if existing is not None and _where(existing.fn) != _where(handler.fn):
+            raise RegistrationError(f"two jobs are named {handler.name!r}; give one an explicit name=")
+        self._by_name[handler.name] = handler
+        if handler.queue not in self._queues:
+            self._queues.append(handler.queue)
+
+    def get(self, name: str) -> JobHandler | None:
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def all(self) -> list[JobHandler]:
+        return [self._by_name[n] for n in self.names()]
+
+    def queues(self) -> list[str]:
+        """Queues of registered jobs, in the order first registered (the default priority)."""
+        return list(self._queues)
+
+    def clear(self) -> None:
+        self._by_name.clear()
+        self._queues.clear()
+
+
+def _where(fn: Callable) -> tuple:
+    return (getattr(fn, "__qualname__", None), getattr(getattr(fn, "__code__", None), "co_filename", None))
+
+
+JOBS = JobRegistry()
+
+
+def job(queue: str = "default", *, name: str | None = None, tries: int = 5, backoff=5, timeout: float = 30,
+        unique: bool = False, retry_until: float | timedelta | None = None, rate_limit: str | RateLimit | None = None,
+        channel: str | None = None, registry: JobRegistry | None = None):
+    """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
+
+    backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
+    unique: while a job with the same unique key waits or runs, dispatch is a no-op (the key
+    defaults to a hash of the payload). retry_until: how long after dispatch RetryLater may keep
+    postponing it before it fails. rate_limit: "N/s", "N/m" or "N/h", shared by every worker.
+    channel: the job waits (no attempt used) while that channel is paused.
+    """
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise RegistrationError(f"queue name {queue!r} must be 1-64 letters, digits, or _ . : -")
+    if not isinstance(tries, int) or isinstance(tries, bool) or tries < 1:
+        raise RegistrationError(f"tries must be a positive integer, not {tries!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise RegistrationError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if isinstance(retry_until, timedelta):
+        retry_until = retry_until.total_seconds()
+    if retry_until is not None and (isinstance(retry_until, bool) or not isinstance(retry_until, (int, float))
+                                    or retry_until <= 0):
+        raise RegistrationError(f"retry_until must be a positive number of seconds, not {retry_until!r}")
+    policy = Backoff.of(backoff)
+    limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
+    if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
+        raise RegistrationError("rate_limit must be like '10/s', a RateLimit, or a function of the settings")
+
+    def register(fn: Callable) -> Callable:
+        job_name = name or f"{fn.__module__}.{fn.__qualname__}"
+        if len(job_name) > MAX_NAME - 60:
+            raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
+        handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel)
+        (registry or JOBS).add(handler)
+        fn.dispatch = handler.dispatch
+        fn.job = handler
+        return fn
+
+    return register

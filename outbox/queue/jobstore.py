@@ -1,0 +1,224 @@
+"""Every statement that moves jobs between states, in one place.
+
+ready --claim--> reserved --ack--> done
+                          --retry--> ready (later) --...--> failed (tries used up / permanent)
+`available_at` is the due time of a ready job and the lease expiry of a reserved
+one (NULL once finished); the claim reads one index range (queue, status,
+available_at <= now). A reserved job whose lease ran out is due again, alone. Every change after the claim is
+guarded by `claim_token`: rowcount 0 means the lease was lost.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from outbox.engine.claim import claim
+from outbox.queue.jobs import JobRegistry
+from outbox.queue.models import FAILED, DONE as JOB_DONE, READY, RESERVED, Job
+
+J = Job.__table__
+ERROR_MAX = 1000
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    queue: str
+    handler: str
+    payload: str
+    attempts: int
+    claim_token: str
+    lease_until: datetime
+    retry_until: datetime | None
+    trace_id: str
+
+
+def claim_due(session: Session, registry: JobRegistry, queue: str, *, now: datetime, limit: int, mode: str,
+              lease_margin: float) -> list[ClaimedJob]:
+    """Claim due jobs of one queue (handlers registered here only); counts the attempt.
+
+    A reserved job whose lease expired is claimed alone, before fresh work: the
+    worker holding it died, perhaps because of it; claimed in a batch it would
+    count an attempt against every batch-mate each time it kills the worker again.
+    The candidate query has no subquery, so on servers with SKIP LOCKED it locks
+    directly: concurrent workers skip each other's rows instead of waiting.
+    """
+    handlers = [h for h in registry.all() if h.queue == queue]
+    if not handlers or limit <= 0:
+        return []
+    for status, size in ((RESERVED, 1), (READY, limit)):
+        claimed = _claim(session, handlers, queue, status, size, now=now, mode=mode, lease_margin=lease_margin)
+        if claimed:
+            return claimed
+    return []
+
+
+def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, now: datetime, mode: str,
+           lease_margin: float) -> list[ClaimedJob]:
+    claimable = and_(J.c.queue == queue, J.c.status == status, J.c.available_at <= now)
+    candidates = (
+        select(J.c.id)
+        .where(claimable, J.c.handler.in_([h.name for h in handlers]))
+        .order_by(J.c.available_at, J.c.id)
+        .limit(limit)
+    )
+    token = uuid.uuid4().hex
+    leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in handlers}
+    values = {
+        "claim_token": token,
+        "status": RESERVED,
+        "attempts": J.c.attempts + 1,
+        "available_at": case(leases, value=J.c.handler, else_=max(leases.values())),
+        "reserved_at": now,
+    }
+    ids = claim(session, J, candidates, claimable, values, mode=mode)
+    if not ids:
+        return []
+    rows = session.execute(
+        select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
+               J.c.retry_until, J.c.trace_id)
+        .where(J.c.id.in_(ids))
+    ).all()
+    order = {job_id: index for index, job_id in enumerate(ids)}
+    return [ClaimedJob(r.id, r.queue, r.handler, r.payload, r.attempts, r.claim_token, r.available_at,
+                       r.retry_until, r.trace_id) for r in sorted(rows, key=lambda r: order[r.id])]
+
+
+def _held(ids, token):
+    return and_(J.c.id.in_(ids), J.c.claim_token == token, J.c.status == RESERVED)
+
+
+def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
+    if not ids:
+        return 0
+    return session.execute(
+        update(J).where(_held(ids, token))
+        .values(status=JOB_DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now)
+    ).rowcount
+
+
+def reschedule(session: Session, job_id: int, token: str, *, next_at: datetime, error: str | None,
+               refund_attempt: bool) -> bool:
+    values = {"status": READY, "available_at": next_at, "claim_token": None}
+    if error is not None:
+        values["last_error"] = error[:ERROR_MAX]
+    if refund_attempt:
+        values["attempts"] = J.c.attempts - 1
+    return session.execute(update(J).where(_held([job_id], token)).values(values)).rowcount == 1
+
+
+def fail(session: Session, job_id: int, token: str, *, error: str, error_class: str | None, traceback: str | None,
+         now: datetime) -> bool:
+    return session.execute(
+        update(J).where(_held([job_id], token))
+        .values(status=FAILED, available_at=None, claim_token=None, unique_key=None, finished_at=now,
+                last_error=error[:ERROR_MAX], error_class=(error_class or "")[:191] or None, traceback=traceback)
+    ).rowcount == 1
+
+
+def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
+    """Give back jobs claimed but not started: due again at once, attempt not counted."""
+    if not ids:
+        return 0
+    return session.execute(
+        update(J).where(_held(ids, token))
+        .values(status=READY, available_at=now, claim_token=None, attempts=J.c.attempts - 1)
+    ).rowcount
+
+
+def extend(session: Session, job_id: int, token: str, lease_until: datetime) -> bool:
+    return session.execute(update(J).where(_held([job_id], token)).values(available_at=lease_until)).rowcount == 1
+
+
+# ---- operator actions -------------------------------------------------------------
+
+def retry_failed(session: Session, ids: list[int] | None, queue: str | None, now: datetime) -> tuple[int, list[int]]:
+    """Failed -> ready with fresh attempts. ids=None: all (of `queue`). Returns (retried, unknown ids)."""
+    query = update(J).where(J.c.status == FAILED)
+    unknown: list[int] = []
+    if queue is not None:
+        query = query.where(J.c.queue == queue)
+    if ids is not None:
+        found = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == FAILED)))
+        unknown = [i for i in ids if i not in found]
+        query = query.where(J.c.id.in_(ids))
+    count = session.execute(
+        query.values(status=READY, attempts=0, available_at=now, finished_at=None, claim_token=None)
+    ).rowcount
+    return count, unknown
+
+
+def forget(session: Session, ids: list[int]) -> tuple[int, list[int]]:
+    found = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == FAILED)))
+    session.execute(delete(J).where(J.c.id.in_(found)))
+    return len(found), [i for i in ids if i not in found]
+
+
+def delete_finished(session: Session, status: str, before: datetime | None, batch: int) -> int:
+    """Delete up to `batch` jobs in `status` (done or failed) finished before `before` (None: any time)."""
+    query = select(J.c.id).where(J.c.status == status)
+    if before is not None:
+        query = query.where(J.c.finished_at < before)
+    ids = list(session.scalars(query.order_by(J.c.status, J.c.finished_at).limit(batch)))
+    if ids:
+        session.execute(delete(J).where(J.c.id.in_(ids)))
+    return len(ids)
+
+
+def failed(session: Session, *, queue: str | None = None, limit: int = 200):
+    query = select(J.c.id, J.c.queue, J.c.handler, J.c.attempts, J.c.error_class, J.c.last_error, J.c.trace_id,
+                   J.c.finished_at).where(J.c.status == FAILED)
+    if queue is not None:
+        query = query.where(J.c.queue == queue)
+    return session.execute(query.order_by(J.c.id).limit(limit)).all()
+
+
+@dataclass
+class QueueStatus:
+    queue: str
+    ready: int = 0
+    delayed: int = 0
+    reserved: int = 0
+    failed: int = 0
+    oldest_ready_at: datetime | None = None
+
+
+def status(session: Session, now: datetime) -> dict[str, QueueStatus]:
+    """Per queue: ready (due now, including expired leases), delayed, reserved (leased), failed.
+
+    The queues are listed first (a loose scan of the (queue, status, ...) index), so
+    each count is a range of (queue, status) pairs read from the index alone; done
+    jobs, often most of the table, are never read, and failed ones (which can pile
+    up) are only counted."""
+    queues = list(session.scalars(select(J.c.queue).distinct()))
+    if not queues:
+        return {}
+    due = J.c.available_at <= now
+    out = {q: QueueStatus(q) for q in queues}
+    live = session.execute(
+        select(
+            J.c.queue,
+            func.sum(case((due, 1), else_=0)),
+            func.sum(case((and_(J.c.status == READY, J.c.available_at > now), 1), else_=0)),
+            func.sum(case((and_(J.c.status == RESERVED, J.c.available_at > now), 1), else_=0)),
+            func.min(case((due, J.c.available_at), else_=None)),
+        )
+        .where(J.c.queue.in_(queues), J.c.status.in_((READY, RESERVED)))
+        .group_by(J.c.queue)
+    ).all()
+    for q, ready, delayed, reserved, oldest in live:
+        out[q].ready, out[q].delayed, out[q].reserved, out[q].oldest_ready_at = (
+            int(ready or 0), int(delayed or 0), int(reserved or 0), oldest)
+    failed = session.execute(select(J.c.queue, func.count()).where(J.c.queue.in_(queues), J.c.status == FAILED)
+                             .group_by(J.c.queue)).all()
+    for q, count in failed:
+        out[q].failed = int(count)
+    return {q: st for q, st in out.items() if st.ready or st.delayed or st.reserved or st.failed}
+
+
+def backlog(session: Session, now: datetime) -> int:
+    return session.scalar(select(func.count()).select_from(J).where(J.c.available_at <= now)) or 0

@@ -1,0 +1,64 @@
+"""Tables of the job queue: jobs, shared rate-limit windows, channel pauses."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from outbox.core.models import Base, Id, LongText, UtcDateTime
+
+# Job statuses. `available_at` is when a job may be claimed: its due time while
+# ready, its lease expiry while reserved, NULL once finished. Claims read one
+# index range: (queue, status, available_at <= now).
+READY, RESERVED, DONE, FAILED = "ready", "reserved", "done", "failed"
+
+
+class Job(Base):
+    __tablename__ = "cronbox_jobs"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(64))
+    handler: Mapped[str] = mapped_column(String(191))
+    payload: Mapped[str] = mapped_column(LongText)
+    status: Mapped[str] = mapped_column(String(16), default=READY)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    available_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    # Set while the job is waiting or running; cleared when it finishes or fails for
+    # good, which frees the key for the next dispatch (NULLs never collide).
+    unique_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    retry_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    reserved_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(String(1000))
+    error_class: Mapped[str | None] = mapped_column(String(191))
+    traceback: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index(None, "queue", "status", "available_at", "id"),
+        Index(None, "status", "finished_at"),
+    )
+
+
+class RateWindow(Base):
+    """Fixed-window counters shared by every worker on every host (one row per bucket and window)."""
+
+    __tablename__ = "cronbox_rate_windows"
+
+    bucket: Mapped[str] = mapped_column(String(64), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix seconds
+    used: Mapped[int] = mapped_column(BigInteger, default=0)  # count; or, for at_most_every, a time in ms
+
+
+class ChannelPause(Base):
+    """A channel that must not send until `paused_until` (out of credit, bad credentials)."""
+
+    __tablename__ = "cronbox_channel_pauses"
+
+    channel: Mapped[str] = mapped_column(String(32), primary_key=True)
+    paused_until: Mapped[datetime] = mapped_column(UtcDateTime)
+    reason: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
