@@ -29,7 +29,6 @@ from outbox.core.settings import load_settings
 from outbox.engine.budget import Budget
 from outbox.engine.models import Heartbeat
 from outbox.engine.runtime import Runtime
-from outbox.events.consumers import CONSUMERS
 from outbox.events.relay import Relay
 
 APP_ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,7 @@ class Target:
         self.env = {"DATABASE_URL": self.url, "CRONBOX_INSTANCE": str(self.folder / "instance"),
                     "CRONBOX_HANDLERS": "bench.handlers"}
         self.settings = load_settings(environ=self.env)
-        self.runtime = Runtime(self.settings, consumers=CONSUMERS)
+        self.runtime = Runtime(self.settings)
         upgrade(self.settings, self.runtime.engine)
         handlers.metadata.create_all(self.runtime.engine)
 

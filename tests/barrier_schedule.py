@@ -5,7 +5,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from cron.scheduling.schedule import TASKS, run_task
+from cron.scheduling.schedule import run_task
 from outbox.engine.runtime import open_runtime
 import tests.handlers.tasks  # noqa: F401
 
@@ -15,4 +15,4 @@ runtime.engine.connect().close()  # connect before the barrier
 (ready_dir / str(os.getpid())).write_text("ready")
 while not go_file.exists():
     time.sleep(0.001)
-print(run_task(runtime, TASKS.get("tests.race"), slot))
+print(run_task(runtime, runtime.registry.tasks.get("tests.race"), slot))

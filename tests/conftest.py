@@ -25,7 +25,7 @@ from sqlalchemy.pool import NullPool
 from outbox.core.migrate import upgrade
 from outbox.core.settings import load_settings
 from outbox.engine.runtime import Runtime
-from outbox.events.consumers import ConsumerRegistry
+from outbox.engine.registry import Registry
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL")
@@ -125,7 +125,7 @@ def settings(env):
 
 @pytest.fixture
 def registry():
-    return ConsumerRegistry()
+    return Registry()
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +172,7 @@ def runtime(settings, registry, database, request):
     runs them on each backend too): Alembic on every test cost about 0.6 s a test on MariaDB.
     """
     if database.is_mysql:
-        rt = Runtime(settings, consumers=registry)
+        rt = Runtime(settings, registry=registry)
         with rt.engine.begin() as connection:
             connection.execute(text("SET FOREIGN_KEY_CHECKS = 0"))
             for statement in request.getfixturevalue("mysql_template"):
@@ -187,7 +187,7 @@ def runtime(settings, registry, database, request):
         finally:
             source.close()
             copy.close()
-        rt = Runtime(settings, consumers=registry)
+        rt = Runtime(settings, registry=registry)
     yield rt
     rt.dispose()
 

@@ -6,6 +6,7 @@ import re
 from app import create_app
 from cron.operator import credentials
 from outbox.core.settings import load_settings
+from outbox.engine.registry import DEFAULT, Registry
 
 PASSWORD = "correct horse battery staple"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -19,9 +20,16 @@ POST_ACTIONS = ["/ops/outbox/retry", "/ops/outbox/skip", "/ops/queues/retry", "/
 def make_app(env: dict, runtime=None, **extra):
     application = create_app(load_settings(environ={**env, **extra}))
     application.testing = True
-    if runtime is not None:  # consumers and jobs registered by the test
-        application.extensions["cronbox"].consumers = runtime.consumers
+    if runtime is not None:
+        application.extensions["cronbox"].registry = registry_with_consumers_of(runtime)
     return application
+
+
+def registry_with_consumers_of(runtime) -> Registry:
+    """cronbox's own registrations (built-in tasks, channel jobs) with the consumers the test registered."""
+    registry = DEFAULT.fork()
+    registry.consumers = runtime.registry.consumers
+    return registry
 
 
 def csrf_token(html: str) -> str:

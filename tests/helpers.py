@@ -5,7 +5,6 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from cron.cli import cli
-import cron.commands  # noqa: F401
 from outbox.engine.budget import Budget
 from outbox.events.models import Delivery, OutboxEvent
 from outbox.events.relay import Relay

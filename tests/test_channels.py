@@ -16,8 +16,7 @@ from outbox.core import clock
 from outbox.core.settings import load_settings
 from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
-from outbox.events.consumers import ConsumerRegistry
-from outbox.queue.jobs import JOBS
+from outbox.engine.registry import DEFAULT
 from outbox.queue.models import ChannelPause, Job
 from outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
@@ -38,7 +37,7 @@ def providers():
 def make_runtime(env, runtime, **channel_env) -> Runtime:
     settings = load_settings(environ={**env, "CRONBOX_CHANNEL_TIMEOUT": "0.5", "CRONBOX_SMS_SENDER": "10004346",
                                       "CRONBOX_ADMIN_EMAIL": "ops@example.com", **channel_env})
-    return Runtime(settings, consumers=ConsumerRegistry(), jobs=JOBS)
+    return Runtime(settings, registry=DEFAULT.fork())  # the channels' jobs, registered on import
 
 
 @pytest.fixture(params=["kavenegar", "twilio"])
@@ -160,10 +159,8 @@ def test_timeout_is_an_unknown_outcome_and_never_resent_blindly(sms_rt, provider
 def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, providers, monkeypatch):
     """No socket timeout this time: the job's own timer interrupts the POST (as a SIGKILL would):
     only the "sending" row tells the next attempt that the message may be out."""
-    from outbox.queue.jobs import JOBS
-
-    monkeypatch.setitem(JOBS._by_name, "cronbox.sms", _replace(JOBS.get("cronbox.sms"), timeout=0.3))
     slow = make_runtime_like(sms_rt, CRONBOX_CHANNEL_TIMEOUT="5")
+    slow.registry.jobs.add(_replace(slow.registry.jobs.get("cronbox.sms"), timeout=0.3))
     try:
         with clock.frozen(clock.utcnow()):
             job_id = dispatch_sms(slow, "+989129999999")
@@ -181,7 +178,7 @@ def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, provi
 
 
 def make_runtime_like(rt, **extra) -> Runtime:
-    return Runtime(load_settings(environ={**rt.settings.raw, **extra}), consumers=ConsumerRegistry(), jobs=JOBS)
+    return Runtime(load_settings(environ={**rt.settings.raw, **extra}), registry=DEFAULT.fork())
 
 
 def _replace(handler, **changes):

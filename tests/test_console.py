@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import func, select
 
+from cron.cli import main
 from cron.operator.models import OperatorAction, OperatorSession
 from cron.scheduling import once as once_requests
 from cron.scheduling.models import OnceRequest
@@ -309,7 +310,7 @@ def test_queue_retry_forget_and_flush(operator, runtime):
     flushed = flashed(operator.post("/ops/queues/flush", {"confirm": "yes"}), operator)
     assert "Every failed job will be deleted at the next tick" in flushed
     assert job_status(runtime, c) == "failed"  # a one-off run does it, in batches, outside the request
-    once_requests.run_holding_lock(runtime)
+    once_requests.run_holding_lock(runtime, main)
     assert job_status(runtime, c) is None and job_status(runtime, a) == "ready"
 
     d = failed_job(runtime, queue="mail")
@@ -342,7 +343,7 @@ def test_schedule_run_now_and_one_off_requests(operator, runtime):
     assert [(r.argv, r.source, r.status) for r in rows] == [
         ('["schedule", "run", "cronbox.health"]', "console:operator", "pending"),
         ('["migrate"]', "console:operator", "pending")]
-    once_requests.run_holding_lock(runtime)
+    once_requests.run_holding_lock(runtime, main)
     detail = operator.get(f"/ops/once/{rows[1].id}").get_data(as_text=True)
     assert 'id="exit-code">0<' in detail and "migrate" in detail
     assert operator.get("/ops/once/999999").status_code == 404

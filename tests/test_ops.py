@@ -12,9 +12,11 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from cron.cli import main
 from cron.scheduling import health, once, schedule
 from cron.scheduling.models import AlertState, OnceRequest, ScheduleRun
-from cron.scheduling.schedule import Scheduler, TaskRegistry, run_task
+from cron.scheduling.schedule import Scheduler, run_task
+from outbox.engine.registry import DEFAULT, Registry
 from cron.scheduling.tick import run_tick
 import outbox
 from outbox.core import clock
@@ -38,10 +40,10 @@ def budget():
 # ---- scheduler ------------------------------------------------------------------------
 
 def test_slots_every_and_cron_in_a_timezone():
-    reg = TaskRegistry()
+    reg = Registry()
     every5 = schedule.every(minutes=5, name="e", registry=reg)(lambda ctx: None)
     daily = schedule.cron("30 3 * * *", tz="Asia/Tehran", name="c", registry=reg)(lambda ctx: None)
-    e, c = reg.get("e"), reg.get("c")
+    e, c = reg.tasks.get("e"), reg.tasks.get("c")
     assert e.slot(T0) == datetime(2026, 11, 30, 12, 0) and e.next_after(T0) == datetime(2026, 11, 30, 12, 5)
     assert e.slot(datetime(2026, 11, 30, 12, 5)) == datetime(2026, 11, 30, 12, 5)
     # 03:30 in Tehran (UTC+03:30) is 00:00 UTC.
@@ -51,12 +53,12 @@ def test_slots_every_and_cron_in_a_timezone():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: schedule.cron("61 * * * *", registry=TaskRegistry()),
-    lambda: schedule.cron("* * * *", registry=TaskRegistry()),
-    lambda: schedule.cron("0 3 * * *", tz="Mars/Olympus", registry=TaskRegistry()),
-    lambda: schedule.every(minutes=0, registry=TaskRegistry()),
-    lambda: schedule.every(registry=TaskRegistry()),
-    lambda: schedule.every(minutes=5, name="has spaces", registry=TaskRegistry()),
+    lambda: schedule.cron("61 * * * *", registry=Registry()),
+    lambda: schedule.cron("* * * *", registry=Registry()),
+    lambda: schedule.cron("0 3 * * *", tz="Mars/Olympus", registry=Registry()),
+    lambda: schedule.every(minutes=0, registry=Registry()),
+    lambda: schedule.every(registry=Registry()),
+    lambda: schedule.every(minutes=5, name="has spaces", registry=Registry()),
 ])
 def test_bad_schedules_are_refused_when_registered(make):
     with pytest.raises(RegistrationError):
@@ -64,7 +66,7 @@ def test_bad_schedules_are_refused_when_registered(make):
 
 
 def test_a_slot_runs_once_coarse_cron_runs_once_and_failures_do_not_stop_others(runtime):
-    reg = TaskRegistry()
+    reg = runtime.registry
     ran = []
     schedule.every(minutes=5, name="good", registry=reg)(lambda ctx: ran.append(("good", ctx.slot)))
 
@@ -74,7 +76,7 @@ def test_a_slot_runs_once_coarse_cron_runs_once_and_failures_do_not_stop_others(
         raise RuntimeError("remote API down")
 
     with clock.frozen(T0):
-        first, second = Scheduler(runtime, reg), Scheduler(runtime, reg)  # two overlapping ticks
+        first, second = Scheduler(runtime), Scheduler(runtime)  # two overlapping ticks
         assert first.run(budget()) == 2 and second.run(budget()) == 0 and first.run(budget()) == 0
         clock.advance(3600)  # an hour without ticks (or cron every 15 min): one run each, not twelve
         assert second.run(budget()) == 2
@@ -88,7 +90,7 @@ def test_a_slot_runs_once_coarse_cron_runs_once_and_failures_do_not_stop_others(
 
 
 def test_task_session_commits_with_success_only(runtime):
-    reg = TaskRegistry()
+    reg = runtime.registry
 
     @schedule.every(minutes=1, name="writer", registry=reg)
     def writer(ctx):
@@ -97,9 +99,9 @@ def test_task_session_commits_with_success_only(runtime):
             raise RuntimeError("odd minute")
 
     with clock.frozen(datetime(2026, 11, 30, 12, 0, 5)):
-        run_task(runtime, reg.get("writer"), reg.get("writer").slot(clock.utcnow()))
+        run_task(runtime, reg.tasks.get("writer"), reg.tasks.get("writer").slot(clock.utcnow()))
         clock.advance(60)
-        run_task(runtime, reg.get("writer"), reg.get("writer").slot(clock.utcnow()))
+        run_task(runtime, reg.tasks.get("writer"), reg.tasks.get("writer").slot(clock.utcnow()))
     from tests.helpers import count_events
     assert count_events(runtime) == 1
 
@@ -157,7 +159,7 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     consumer("t", name="t", registry=registry)(lambda event, ctx: seen.append(event.id))
     with runtime.sessions.begin() as session:
         outbox.record(session, "t", {})
-    report = run_tick(runtime, max_time=10, linger=False, memory_mb=4096)
+    report = run_tick(runtime, run_command=main, max_time=10, linger=False, memory_mb=4096)
     assert report.exit_code == 0 and seen  # the tick went on with its other work
     rows = requests(runtime)
     by_source = {r.source: r for r in rows}
@@ -171,7 +173,7 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     for original in ("a-migrate.cmd", "b-evil.cmd", "c-garbage.cmd", "d-quote.cmd"):
         assert sum(name.endswith(f"-{original}") for name in archived) == 1
     assert len(archived) == 4
-    run_tick(runtime, max_time=10, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=10, linger=False, memory_mb=4096)
     assert len(requests(runtime)) == 4  # nothing runs twice
 
 
@@ -194,7 +196,7 @@ def test_a_forbidden_request_written_to_the_table_by_hand_is_refused_when_run(ru
     with runtime.sessions.begin() as session:
         session.add(OnceRequest(argv=json.dumps(["demo", "--count", "5"]), source="sql", status="pending",
                                 requested_at=clock.utcnow()))
-    assert once.run_pending(runtime) == 1
+    assert once.run_pending(runtime, main) == 1
     [row] = requests(runtime)
     assert row.status == "refused" and row.exit_code == 2
 
@@ -208,7 +210,7 @@ def statuses(report) -> dict[str, str]:
 def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
     with clock.frozen(T0):
         assert statuses(health.run_checks(runtime))["tick"] == "fail"  # no tick yet
-        run_tick(runtime, max_time=5, linger=False, memory_mb=4096)
+        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
         report = health.run_checks(runtime)
         assert statuses(report)["tick"] == "ok" and statuses(report)["database"] == "ok"
         clock.advance(200)
@@ -247,10 +249,10 @@ def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
 def test_health_thresholds_follow_the_cron_interval(env, runtime):
     from outbox.engine.runtime import Runtime
 
-    coarse = Runtime(load_settings(environ={**env, "CRONBOX_CRON_INTERVAL": "15"}), consumers=runtime.consumers)
+    coarse = Runtime(load_settings(environ={**env, "CRONBOX_CRON_INTERVAL": "15"}), registry=runtime.registry)
     try:
         with clock.frozen(T0):
-            run_tick(coarse, max_time=5, linger=False, memory_mb=4096)
+            run_tick(coarse, run_command=main, max_time=5, linger=False, memory_mb=4096)
             clock.advance(14 * 60)
             assert statuses(health.run_checks(coarse))["tick"] == "ok"
             clock.advance(20 * 60)
@@ -264,7 +266,7 @@ def test_health_command_json_and_exit_codes(runtime, env):
     body = json.loads(result.output)
     assert result.exit_code == 1 and body["status"] == "fail"  # no tick has run
     assert {"name", "status", "detail", "value"} <= set(body["checks"][0])
-    run_tick(runtime, max_time=5, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
     result = invoke(env, "health")
     assert result.exit_code == 0 and "health: ok" in result.output
 
@@ -272,7 +274,6 @@ def test_health_command_json_and_exit_codes(runtime, env):
 def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime):
     from outbox.channels import send_email  # noqa: F401
     from outbox.engine.runtime import Runtime
-    from outbox.queue.jobs import JOBS
     from outbox.queue.worker import Worker
     from tests.test_channels import Mailbox, free_port
     from aiosmtpd.controller import Controller
@@ -283,7 +284,7 @@ def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime
     rt = Runtime(load_settings(environ={**env, "CRONBOX_ADMIN_EMAIL": "ops@example.com",
                                         "CRONBOX_SMTP_HOST": "127.0.0.1", "CRONBOX_SMTP_PORT": str(controller.port),
                                         "CRONBOX_SMTP_SECURITY": "none", "CRONBOX_MAIL_FROM": "cronbox@example.com"}),
-                 consumers=runtime.consumers, jobs=JOBS)
+                 registry=DEFAULT.fork())
     try:
         failing = health.Report("fail", T0, [health.Check("tick", "fail", "last tick 900s ago")])
         assert health.alert_on(rt, failing) == ["fail:tick"]
@@ -311,10 +312,11 @@ def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime
 @pytest.fixture
 def client_for(env, runtime):
     from app import create_app
+    from tests.console_helpers import registry_with_consumers_of
 
     def make(**extra):
         app = create_app(load_settings(environ={**env, **extra}))
-        app.extensions["cronbox"].consumers = runtime.consumers
+        app.extensions["cronbox"].registry = registry_with_consumers_of(runtime)
         return app.test_client()
 
     return make
@@ -330,7 +332,7 @@ def test_health_endpoint_public_status_token_detail_and_503(client_for, runtime)
     assert client.get("/health?token=s3cret-health").json == {"status": "fail"}  # never from the URL
     full = client.get("/health", headers={"Authorization": "Bearer s3cret-health"}).json
     assert full["status"] == "fail" and any(c["name"] == "tick" for c in full["checks"])
-    run_tick(runtime, max_time=5, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
     assert client.get("/health").status_code == 200
     assert client_for().get("/health", headers={"Authorization": "Bearer "}).json == {"status": "ok"}
 
@@ -364,7 +366,7 @@ def test_requests_left_running_by_a_dead_process_are_marked_failed(runtime):
     with runtime.sessions.begin() as session:
         session.add(OnceRequest(argv=json.dumps(["migrate"]), source="cli", status="running",
                                 requested_at=clock.utcnow(), started_at=clock.utcnow()))
-    assert once.run_locked(runtime) == (0, 0)
+    assert once.run_locked(runtime, main) == (0, 0)
     [row] = requests(runtime)
     assert row.status == "failed" and "interrupted" in row.reason
 
@@ -374,18 +376,18 @@ def test_a_busy_once_lock_skips_the_stage_and_the_command(runtime, env, settings
     lock = runtime.lock("once")
     assert lock.acquire()
     try:
-        assert once.run_locked(runtime) is None
+        assert once.run_locked(runtime, main) is None
         assert invoke(env, "once", "run").output.startswith("skipped: once run already running")
         assert (settings.instance / "run-once" / "a.cmd").exists()
     finally:
         lock.release()
-    assert once.run_locked(runtime) == (1, 1)
+    assert once.run_locked(runtime, main) == (1, 1)
 
 
 def test_health_queue_checks_age_and_failures(runtime):
-    from outbox.queue.jobs import JobRegistry, job
+    from outbox.queue.jobs import job
 
-    registry = JobRegistry()
+    registry = Registry()
 
     @job("sms", name="h.sms", tries=1, registry=registry)
     def sms(payload, ctx):
@@ -398,7 +400,7 @@ def test_health_queue_checks_age_and_failures(runtime):
         assert report["queue.sms"] == "ok" and report["queue.sms.failed"] == "ok"
         clock.advance(3 * 3600)
         assert statuses(health.run_checks(runtime))["queue.sms"] == "fail"  # waiting three hours
-        runtime.jobs = registry
+        runtime.registry = registry
         from outbox.queue.worker import Worker
         Worker(runtime, ["sms"]).run(budget())
         report = statuses(health.run_checks(runtime))

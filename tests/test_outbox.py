@@ -257,7 +257,7 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
     with runtime.sessions.begin() as session:
         outbox.record(session, "e", {})
     Relay(runtime).fan_out()  # rows for both consumers
-    registry.remove("gone")  # e.g. a deploy where this process lacks the module
+    registry.consumers.remove("gone")  # e.g. a deploy where this process lacks the module
     relay(runtime)
     by_name = {d.consumer: d for d in deliveries(runtime)}
     assert by_name["here"].status == "done"
@@ -349,11 +349,11 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
     import time as _time
 
     from outbox.engine.runtime import Runtime
-    from outbox.events.consumers import ConsumerRegistry
+    from outbox.engine.registry import Registry
 
     runs = []
-    other_registry = ConsumerRegistry()
-    other = Runtime(settings, consumers=other_registry)
+    other_registry = Registry()
+    other = Runtime(settings, registry=other_registry)
     consumer("slow", name="slow", timeout=1, registry=other_registry)(
         lambda event, ctx: runs.append(("other", event.payload["n"])))
 

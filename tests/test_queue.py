@@ -14,7 +14,8 @@ from outbox.core.errors import PayloadError
 from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
 from outbox.events.consumers import consumer
-from outbox.queue.jobs import JobRegistry, job
+from outbox.engine.registry import Registry
+from outbox.queue.jobs import job
 from outbox.queue.models import Job
 from outbox.queue.worker import Worker
 from tests.helpers import invoke, relay
@@ -23,14 +24,13 @@ T0 = datetime(2026, 11, 30, 12, 0, 0)
 
 
 @pytest.fixture
-def jobs():
-    return JobRegistry()
+def jobs(registry):
+    return registry
 
 
 @pytest.fixture
 def rt(settings, registry, jobs, runtime):
-    """The migrated runtime, with a fresh job registry."""
-    runtime.jobs = jobs
+    """The migrated runtime, with a fresh registry (`jobs` is the same registry)."""
     return runtime
 
 
@@ -270,7 +270,7 @@ def test_jobs_of_unregistered_handlers_wait(rt, jobs, settings):
     def known(payload, ctx):
         pass
 
-    other = JobRegistry()
+    other = Registry()
 
     @job(name="elsewhere", registry=other)
     def elsewhere(payload, ctx):

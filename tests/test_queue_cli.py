@@ -6,9 +6,10 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
+from cron.cli import main
 from cron.scheduling.tick import run_tick
 from outbox.core import clock
-from outbox.queue.jobs import JOBS
+from outbox.engine.registry import DEFAULT, Jobs
 from outbox.queue.models import Job
 from tests.handlers import jobs as test_jobs  # noqa: F401  (registers jobs.* in the global registry)
 from tests.helpers import invoke
@@ -105,16 +106,15 @@ def test_queue_usage_errors(runtime, job_env, args, message):
 
 
 def test_no_queues_to_work(runtime, env, monkeypatch):
-    monkeypatch.setattr(JOBS, "_queues", [])
-    monkeypatch.setattr(JOBS, "_by_name", {})
+    monkeypatch.setattr(DEFAULT, "jobs", Jobs("job"))  # no job registered in this process
     result = invoke({**env, "CRONBOX_HANDLERS": ""}, "queue", "work", "--stop-when-empty")
     assert result.exit_code == 2 and "no queues to work" in result.output
 
 
 def test_the_tick_drains_the_queues_after_the_relay(runtime, job_env):
-    runtime.jobs = JOBS
+    runtime.registry = DEFAULT
     dispatch(runtime, test_jobs.write.job, 3)
-    report = run_tick(runtime, max_time=10, linger=False, memory_mb=4096)  # pytest itself is past 96 MB
+    report = run_tick(runtime, run_command=main, max_time=10, linger=False, memory_mb=4096)  # pytest itself is past 96 MB
     assert report.worker.stats.done == 3
     assert "jobs done 3" in report.summary()
     assert statuses(runtime) == ["done"] * 3

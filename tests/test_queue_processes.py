@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.queue.jobs import JOBS
+from outbox.engine.registry import DEFAULT, Registry
 from outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers import jobs as test_jobs
@@ -190,7 +190,7 @@ def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_
 
 def test_registry_of_the_test_module_is_the_global_one():
     """The subprocess handlers register in the process-wide registry (as CRONBOX_HANDLERS modules do)."""
-    assert JOBS.get("jobs.record") is test_jobs.record_run.job
+    assert DEFAULT.jobs.get("jobs.record") is test_jobs.record_run.job
 
 
 @pytest.mark.slow
@@ -221,10 +221,10 @@ def test_a_killer_job_in_a_batch_does_not_use_up_its_batch_mates(runtime, job_en
 
 def test_a_timeout_is_not_swallowed_by_the_handlers_own_except(runtime):
     from outbox.engine.budget import Budget
-    from outbox.queue.jobs import JobRegistry, job
+    from outbox.queue.jobs import job
     from outbox.queue.worker import Worker
 
-    registry = JobRegistry()
+    registry = Registry()
 
     @job(name="stubborn", timeout=0.3, tries=1, registry=registry)
     def stubborn(payload, ctx):
@@ -234,7 +234,7 @@ def test_a_timeout_is_not_swallowed_by_the_handlers_own_except(runtime):
             pass
         time.sleep(5)
 
-    runtime.jobs = registry
+    runtime.registry = registry
     with runtime.sessions.begin() as session:
         stubborn.dispatch(session, {})
     started = time.monotonic()

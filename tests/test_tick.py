@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from cron.cli import main
 from cron.scheduling.tick import run_tick
 import outbox
 from outbox.core.faults import CRASH_EXIT_CODE
@@ -168,7 +169,7 @@ def test_lingering_tick_delivers_events_recorded_while_it_runs(runtime, registry
     writer.start()
     started = time.monotonic()
     # memory_mb=None: in-process, RSS is the whole test session's (other tests' imports and buffers), not the tick's.
-    report = run_tick(runtime, max_time=3, linger=True, memory_mb=None)
+    report = run_tick(runtime, run_command=main, max_time=3, linger=True, memory_mb=None)
     writer.join()
     assert seen == [0]
     assert report.result.stop_reason == "max-time" and report.exit_code == 0
@@ -180,7 +181,7 @@ def test_lingering_tick_delivers_events_recorded_while_it_runs(runtime, registry
 def test_memory_limit_stops_claiming(runtime, registry):
     consumer("m", name="m", registry=registry)(lambda event, ctx: None)
     record(runtime, "m", 3)
-    report = run_tick(runtime, max_time=10, linger=True, memory_mb=8)  # any Python process is above 8 MB
+    report = run_tick(runtime, run_command=main, max_time=10, linger=True, memory_mb=8)  # any Python process is above 8 MB
     assert report.result.stop_reason == "memory"
     assert report.relay.stats.done == 0
     assert all(d.claim_token is None for d in deliveries(runtime))
@@ -190,7 +191,7 @@ def test_max_time_stops_claiming_and_releases_unstarted_leases(runtime, registry
     consumer("s", name="s", registry=registry)(lambda event, ctx: time.sleep(0.2))
     record(runtime, "s", 40)
     started = time.monotonic()
-    report = run_tick(runtime, max_time=2, linger=True, memory_mb=None)  # see the lingering test
+    report = run_tick(runtime, run_command=main, max_time=2, linger=True, memory_mb=None)  # see the lingering test
     took = time.monotonic() - started
     assert report.result.stop_reason == "max-time"
     assert 3 <= report.relay.stats.done < 40

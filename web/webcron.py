@@ -14,6 +14,7 @@ import math
 
 from flask import Blueprint, abort, jsonify
 
+from cron.cli import main as run_command
 from cron.scheduling.tick import run_tick
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -47,7 +48,7 @@ def tick():
         response = _json({"error": "too soon", "retry_after": round(wait, 1)}, 429)
         response.headers["Retry-After"] = str(int(wait) + 1)
         return response
-    report = run_tick(rt, max_time=_seconds(rt.settings, "CRONBOX_WEB_TICK_MAX_TIME", 20), linger=False,
+    report = run_tick(rt, run_command=run_command, max_time=_seconds(rt.settings, "CRONBOX_WEB_TICK_MAX_TIME", 20), linger=False,
                       memory_mb=_seconds(rt.settings, "CRONBOX_WEB_TICK_MEMORY", 256))
     if report.skipped:
         return _json({"skipped": True, "reason": "tick already running"}, 200)

@@ -34,8 +34,8 @@ for n in sorted({n for _, n in rates}):
                  f"SQLite vs SqliteHuey {ratio('cronbox_sqlite', 'huey_sqlite', n, 0)} / "
                  f"{ratio('cronbox_sqlite', 'huey_sqlite', n, 1)}.")
 notes.append("")
-notes.append("The harness is `../shared/bench-peers` copied into `bench/peers/` with `peer_cronbox.py` and "
-             "`peer_cronbox_sqlite.py` added (bench-only requirements: `bench/peers/requirements-peers.txt`). "
+notes.append("The harness is in `bench/peers/` (`peer_cronbox.py` and "
+             "`peer_cronbox_sqlite.py` are cronbox; bench-only requirements: `bench/peers/requirements-peers.txt`). "
              "Every peer runs the same job body: one autocommit `UPDATE bench_counter SET n = n + 1` on MariaDB.")
 write_section("peers", "Peer job queues", "NS=5000 RUNS=3 bench/peers/run_peers.sh", table + "\n".join(notes))
 print("wrote the Peer job queues section")

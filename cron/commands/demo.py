@@ -3,11 +3,11 @@ from decimal import Decimal
 import click
 
 from cron import demo as domain
-from cron.cli import cli, runtime
+from cron.commands.base import runtime
 from outbox.core.db import in_transaction
 
 
-@cli.command()
+@click.command()
 @click.option("--count", type=click.IntRange(min=1, max=10000), default=3, show_default=True)
 def demo(count):
     """Record example paid appointments (payment + escrow written synchronously, events in the outbox)."""

@@ -1,10 +1,10 @@
 import click
 
-from cron.cli import cli, runtime
+from cron.commands.base import runtime
 from outbox.core.migrate import upgrade
 
 
-@cli.command()
+@click.command()
 @click.pass_context
 def migrate(ctx):
     """Create or upgrade cronbox's tables (Alembic, under the migrate lock)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from cron.cli import group, runtime
+from cron.commands.base import Group, runtime
 from cron.format import DURATION, age, table
 from cron.scheduling.retention import prune_outbox
 from outbox.core import clock
@@ -14,7 +14,7 @@ from outbox.engine.run_loop import record_run, run_loop
 from outbox.events import deliveries
 from outbox.events.relay import Relay
 
-outbox = group("outbox", "The transactional outbox: relay, inspect and repair deliveries.")
+outbox = Group("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
 
 
 @outbox.command()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from cron.cli import group, runtime
+from cron.commands.base import Group, runtime
 from cron.format import DURATION, age, table
 from cron.scheduling.retention import flush_failed, prune_queue
 from outbox.core import clock
@@ -15,7 +15,7 @@ from outbox.queue import jobstore
 from outbox.queue.jobs import QUEUE_NAME
 from outbox.queue.worker import Worker
 
-queue = group("queue", "The job queue: run workers, inspect and repair jobs.")
+queue = Group("queue", help="The job queue: run workers, inspect and repair jobs.")
 
 
 def _queue_list(text: str | None) -> list[str] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from sqlalchemy import func, select
 
-from cron.cli import CommandFailed, group, runtime
+from cron.commands.base import CommandFailed, Group, runtime
 from cron.format import DURATION, table
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
@@ -19,7 +19,7 @@ from storage import maintenance
 from storage.models import SealedFile
 from storage.service import Storage
 
-storage = group("storage", "Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
+storage = Group("storage", help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
 
 
 def _storage() -> Storage:

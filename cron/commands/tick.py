@@ -1,10 +1,10 @@
 import click
 
-from cron.cli import cli, runtime
+from cron.commands.base import command_runner, runtime
 from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
 
 
-@cli.command()
+@click.command()
 @click.option("--max-time", type=click.FloatRange(min=1), default=DEFAULT_MAX_TIME, show_default=True,
               help="Stop claiming work so the run ends within this many seconds.")
 @click.option("--no-linger", is_flag=True, help="Exit as soon as nothing is due instead of polling until --max-time.")
@@ -14,6 +14,7 @@ from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
 def tick(ctx, max_time, no_linger, memory):
     """Run everything due (outbox relay, then queued jobs), then keep polling until --max-time. Install this in cron."""
     # The schema is checked under the tick lock, where a `migrate` request file can still fix it.
-    report = run_tick(runtime(migrate=False), max_time=max_time, linger=not no_linger, memory_mb=memory)
+    report = run_tick(runtime(migrate=False), run_command=command_runner(), max_time=max_time,
+                      linger=not no_linger, memory_mb=memory)
     click.echo(report.summary())
     ctx.exit(report.exit_code)

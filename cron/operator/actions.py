@@ -16,7 +16,7 @@ from cron.operator.models import OperatorAction
 from outbox.core import clock
 
 log_ = logging.getLogger("cronbox")
-OPERATOR = "operator"  # one operator (ARCHITECTURE: the password is the identity)
+OPERATOR = "operator"  # one operator: the password is the identity
 
 
 def record(session: Session, action: str, *, target: str | None = None, outcome: str = "ok",

@@ -33,11 +33,6 @@ class Current:
     id_hash: str
     created_at: datetime
 
-    @property
-    def short(self) -> str:
-        """Enough to tell sessions apart in the action log without being usable as a session."""
-        return self.id_hash[:8]
-
 
 def start(session: Session, now: datetime, *, fingerprint: str, client_ip: str | None,
           user_agent: str | None) -> str:

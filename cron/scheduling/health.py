@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 
 from cron.scheduling.models import AlertState
 from outbox.core import clock
@@ -157,7 +157,7 @@ def _key_checks(settings) -> list[Check]:
 def alert_on(runtime, report: Report) -> list[str]:
     """Tell the operator about failing checks (at most once an hour each) and about recoveries.
     Returns what was sent ("fail:<check>", "ok:<check>")."""
-    from outbox.channels.alerts import admin_alert  # imported here: it registers the channel jobs
+    from outbox.channels.jobs import admin_alert  # imported here: it registers the channel jobs
 
     now = report.checked_at
     sent: list[str] = []
@@ -186,6 +186,3 @@ def alert_on(runtime, report: Report) -> list[str]:
                 sent.append(f"ok:{check.name}")
     return sent
 
-
-def count_alert_states(session) -> int:
-    return session.scalar(select(func.count()).select_from(AlertState)) or 0

@@ -20,6 +20,7 @@ import shlex
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import datetime
+from typing import Callable
 from pathlib import Path
 
 from sqlalchemy import delete, select, update
@@ -139,7 +140,7 @@ def _read(path: Path, size: int) -> tuple[list[str] | None, str | None]:
     return parse(lines[0])
 
 
-def migrate_from_file(runtime) -> bool:
+def migrate_from_file(runtime, run_command: CommandRunner) -> bool:
     """The tick found the schema behind the code: is there a ripe `migrate` request file? Then run it
     now, before anything else (it cannot wait in the table: the table may not exist yet), and record
     it once the schema is there. Without this, a deploy with a new migration would leave a host
@@ -149,7 +150,7 @@ def migrate_from_file(runtime) -> bool:
         if _read(path, path.stat().st_size)[0] != ["migrate"]:
             continue
         started = clock.utcnow()
-        code, output = execute(runtime, ["migrate"])
+        code, output = execute(runtime, run_command, ["migrate"])
         log.info("once: migrate from file %s before the tick, exit code %s", path.name, code)
         if code != 0:
             return False  # the file stays: the error is in the cronbox log and the next tick tries again
@@ -170,17 +171,21 @@ def claim_next(session: Session) -> tuple[int, list[str]] | None:
     return (row.id, json.loads(row.argv)) if taken else None
 
 
-def execute(runtime, argv: list[str]) -> tuple[int, str]:
-    """Run a command line in this process with the given runtime; (exit code, output)."""
-    from cron.cli import main  # here: cron.cli imports the commands, which import this module
+# Runs a command line in this process: `run_command(argv, runtime=...)` -> exit code. The command
+# tree is handed in by whoever starts the run (`cron.cli.main`, or the root group of the command
+# being run): the tree contains `once run` and `tick`, so importing it from here would be a cycle.
+CommandRunner = Callable[..., int]
 
+
+def execute(runtime, run_command: CommandRunner, argv: list[str]) -> tuple[int, str]:
+    """Run a command line in this process with the given runtime; (exit code, output)."""
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(out):
-        code = main(list(argv), runtime=runtime)
+        code = run_command(list(argv), runtime=runtime)
     return code, out.getvalue()
 
 
-def run_pending(runtime, budget: Budget | None = None) -> int:
+def run_pending(runtime, run_command: CommandRunner, budget: Budget | None = None) -> int:
     """Run pending requests one by one; each is recorded (table and log) and never run twice."""
     ran = 0
     while budget is None or budget.stop_reason() is None:
@@ -193,7 +198,7 @@ def run_pending(runtime, budget: Budget | None = None) -> int:
             code, output, status = 2, reason, "refused"
         else:
             try:
-                code, output = execute(runtime, argv)
+                code, output = execute(runtime, run_command, argv)
             except BaseException as exc:  # a bug in a command must not stop the tick
                 code, output = 1, f"{type(exc).__name__}: {exc}"
             status = "done" if code == 0 else "failed"
@@ -224,15 +229,16 @@ class OnceStage:
     """The tick's stage: collect ripe files, then run what is pending, under the once lock (the same
     one `once run` takes: the two never take the same file or request)."""
 
-    def __init__(self, runtime):
+    def __init__(self, runtime, run_command: CommandRunner):
         self.runtime = runtime
+        self.run_command = run_command
         self.ran = 0
 
     def run(self, budget: Budget) -> int:
         inbox = self.runtime.settings.instance / "run-once"
         if not ripe_files(inbox) and not in_transaction(self.runtime.sessions, has_waiting):
             return 0  # the common case, every second while lingering: no lock round trips
-        done = run_locked(self.runtime, budget)
+        done = run_locked(self.runtime, self.run_command, budget)
         if done is None:
             return 0
         collected, ran = done
@@ -244,22 +250,22 @@ def has_waiting(session: Session) -> bool:
     return session.scalar(select(Q.c.id).where(Q.c.status.in_(("pending", "running"))).limit(1)) is not None
 
 
-def run_locked(runtime, budget: Budget | None = None) -> tuple[int, int] | None:
+def run_locked(runtime, run_command: CommandRunner, budget: Budget | None = None) -> tuple[int, int] | None:
     """(files collected, requests run) under the once lock, or None when another runner holds it."""
     lock = runtime.lock("once")
     if not lock.acquire():
         return None
     try:
-        return run_holding_lock(runtime, budget)
+        return run_holding_lock(runtime, run_command, budget)
     finally:
         lock.release()
 
 
-def run_holding_lock(runtime, budget: Budget | None = None) -> tuple[int, int]:
+def run_holding_lock(runtime, run_command: CommandRunner, budget: Budget | None = None) -> tuple[int, int]:
     interrupted = in_transaction(runtime.sessions, fail_interrupted)
     if interrupted:
         log.warning("once: %d requests were interrupted by a process that died; marked failed", interrupted)
-    return collect_files(runtime), run_pending(runtime, budget)
+    return collect_files(runtime), run_pending(runtime, run_command, budget)
 
 
 def listing(session: Session, limit: int = 50):

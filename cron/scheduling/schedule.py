@@ -27,7 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from cron.scheduling.models import ScheduleRun
@@ -36,6 +36,7 @@ from outbox.core.db import in_transaction, insert_ignore
 from outbox.core.errors import RegistrationError
 from outbox.engine.budget import Budget
 from outbox.engine.handler_call import Outcome, call_handler
+from outbox.engine.registry import DEFAULT, Registry
 from outbox.events.record import new_trace_id
 
 log = logging.getLogger("cronbox")
@@ -88,31 +89,8 @@ def _human(seconds: int) -> str:
     return f"{seconds}s"
 
 
-class TaskRegistry:
-    def __init__(self):
-        self._tasks: dict[str, Task] = {}
-
-    def add(self, task: Task) -> None:
-        existing = self._tasks.get(task.name)
-        if existing is not None and getattr(existing.fn, "__qualname__", None) != getattr(task.fn, "__qualname__", None):
-            raise RegistrationError(f"two scheduled tasks are named {task.name!r}; give one an explicit name=")
-        self._tasks[task.name] = task
-
-    def get(self, name: str) -> Task | None:
-        return self._tasks.get(name)
-
-    def all(self) -> list[Task]:
-        return [self._tasks[name] for name in sorted(self._tasks)]
-
-    def remove(self, name: str) -> None:
-        self._tasks.pop(name, None)
-
-
-TASKS = TaskRegistry()
-
-
 def every(*, minutes: int = 0, hours: int = 0, days: int = 0, name: str | None = None, timeout: float = 600,
-          registry: TaskRegistry | None = None):
+          registry: Registry | None = None):
     """Run every N minutes/hours/days, on slots aligned to the epoch in UTC (every 5 min: :00, :05...)."""
     seconds = minutes * 60 + hours * 3600 + days * 86400
     if seconds < 60 or any(not isinstance(v, int) or v < 0 for v in (minutes, hours, days)):
@@ -121,7 +99,7 @@ def every(*, minutes: int = 0, hours: int = 0, days: int = 0, name: str | None =
 
 
 def cron(expression: str, *, tz: str | None = None, name: str | None = None, timeout: float = 600,
-         registry: TaskRegistry | None = None):
+         registry: Registry | None = None):
     """Run on a cron expression (5 fields), in `tz` (an IANA name) or UTC."""
     from croniter import croniter
 
@@ -135,13 +113,13 @@ def cron(expression: str, *, tz: str | None = None, name: str | None = None, tim
     return _register(lambda fn_name: Task(fn_name, None, cron=expression, tz=tz, timeout=timeout), name, registry)
 
 
-def _register(make: Callable[[str], Task], name: str | None, registry: TaskRegistry | None):
+def _register(make: Callable[[str], Task], name: str | None, registry: Registry | None):
     def decorate(fn: Callable) -> Callable:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if not NAME.match(task_name):
             raise RegistrationError(f"task name {task_name!r} must be 1-100 letters, digits, or _ . : -")
         template = make(task_name)
-        (registry or TASKS).add(Task(task_name, fn, template.every_seconds, template.cron, template.tz,
+        (registry or DEFAULT).tasks.add(Task(task_name, fn, template.every_seconds, template.cron, template.tz,
                                      template.timeout))
         fn.task_name = task_name
         return fn
@@ -218,16 +196,16 @@ class Scheduler:
     """The tick's scheduler stage. It asks the database only when a task's slot changes, so
     lingering (a stage call every second) costs nothing between slots."""
 
-    def __init__(self, runtime, registry: TaskRegistry | None = None):
+    def __init__(self, runtime):
         self.runtime = runtime
-        self.registry = registry or TASKS
+        self.tasks = runtime.registry.tasks
         self.seen: dict[str, datetime] = {}
         self.ran = 0
         self.failed = 0
 
     def run(self, budget: Budget) -> int:
         work = 0
-        for task in self.registry.all():
+        for task in self.tasks.all():
             if budget.stop_reason() is not None:
                 break
             slot = task.slot(clock.utcnow())
@@ -247,24 +225,23 @@ class TaskStatus:
     task: Task
     last_slot: datetime | None
     last_status: str | None
-    last_finished: datetime | None
     last_error: str | None
     next_due: datetime
 
 
-def status(runtime, registry: TaskRegistry | None = None) -> list[TaskStatus]:
+def status(runtime) -> list[TaskStatus]:
     now = clock.utcnow()
     out = []
     with runtime.sessions() as session:
-        for task in (registry or TASKS).all():
-            last = session.execute(select(R.c.slot, R.c.status, R.c.finished_at).where(R.c.task == task.name)
+        for task in runtime.registry.tasks.all():
+            last = session.execute(select(R.c.slot, R.c.status).where(R.c.task == task.name)
                                    .order_by(R.c.slot.desc()).limit(1)).first()
             error = session.scalar(select(R.c.error).where(R.c.task == task.name, R.c.status == "error")
                                    .order_by(R.c.slot.desc()).limit(1))
             slot = task.slot(now)
             next_due = slot if last is None or last.slot < slot else task.next_after(now)
             out.append(TaskStatus(task, last.slot if last else None, last.status if last else None,
-                                  last.finished_at if last else None, error, next_due))
+                                  error, next_due))
     return out
 
 
@@ -274,6 +251,3 @@ def prune(session: Session, before: datetime, batch: int = 500) -> int:
         session.execute(delete(R).where(R.c.id.in_(ids)))
     return len(ids)
 
-
-def count_runs(session: Session, task: str) -> int:
-    return session.scalar(select(func.count()).select_from(R).where(R.c.task == task)) or 0

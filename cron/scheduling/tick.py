@@ -5,8 +5,8 @@ import logging
 from dataclasses import dataclass
 
 from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
-from cron.scheduling.once import OnceStage, migrate_from_file
-from cron.scheduling.schedule import TASKS, Scheduler
+from cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
+from cron.scheduling.schedule import Scheduler
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
@@ -56,21 +56,22 @@ class TickReport:
 def longest_timeout(runtime: Runtime) -> float:
     """The longest any registered consumer, job or scheduled task may run."""
     timeouts = [c.timeout for c in runtime.consumers.all()] + [j.timeout for j in runtime.jobs.all()]
-    return max(timeouts + [t.timeout for t in TASKS.all()], default=0.0)
+    return max(timeouts + [t.timeout for t in runtime.registry.tasks.all()], default=0.0)
 
 
-def _check_schema(runtime: Runtime) -> None:
+def _check_schema(runtime: Runtime, run_command: CommandRunner) -> None:
     """The schema must match the code; a `migrate` request file may bring it there first."""
     try:
         runtime.ensure_schema()
     except SchemaError:
-        if not migrate_from_file(runtime):
+        if not migrate_from_file(runtime, run_command):
             raise
         runtime.ensure_schema()
 
 
-def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bool = True,
-             memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
+def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = DEFAULT_MAX_TIME,
+             linger: bool = True, memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
+    """One tick. `run_command` runs the one-off requests' command lines (`cron.cli.main`)."""
     # The lock connection idles while one handler or task runs: its wait_timeout must outlast the
     # longest of them, or the server drops it (and the lock) mid-run.
     lock = runtime.lock("tick", hold_seconds=int(max_time + LOCK_SLACK + longest_timeout(runtime)))
@@ -80,9 +81,9 @@ def run_tick(runtime: Runtime, *, max_time: float = DEFAULT_MAX_TIME, linger: bo
     started = clock.monotonic()
     runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
-        _check_schema(runtime)
+        _check_schema(runtime, run_command)
         budget = Budget(max_time=max_time, memory_mb=memory_mb)
-        scheduler, once = Scheduler(runtime), OnceStage(runtime)
+        scheduler, once = Scheduler(runtime), OnceStage(runtime, run_command)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
         # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch

@@ -9,7 +9,6 @@ Importing this package registers the jobs `cronbox.sms` (queue "sms"),
 `cronbox.email` (queue "mail") and `cronbox.notify` (queue "notifications").
 Numbers, addresses and message bodies never reach the logs in clear.
 """
-from outbox.channels.alerts import admin_alert
-from outbox.channels.jobs import notify, send_email, send_sms
+from outbox.channels.jobs import admin_alert, notify, send_email, send_sms
 
 __all__ = ["admin_alert", "notify", "send_email", "send_sms"]

@@ -1,18 +1,28 @@
-"""The built-in channel jobs: cronbox.sms, cronbox.email, cronbox.notify."""
+"""The built-in channel jobs (cronbox.sms, cronbox.email, cronbox.notify) and the admin alerts sent through them.
+
+Admin alerts: a message to the operator by e-mail and/or SMS, as jobs, unique per problem.
+The unique key makes a second alert about the same problem a no-op while the first is still
+waiting or running; callers decide how often a problem may be repeated (health: once an hour)
+by putting a time bucket in the key.
+"""
 from __future__ import annotations
 
 import json
+import logging
 
 from sqlalchemy.orm import Session
 
+from outbox.channels import email, sms
+from outbox.channels.config import channel_config
+from outbox.channels.errors import UnknownAfterLookup
 from outbox.channels.models import Notification
 from outbox.core import clock
 from outbox.core.db import insert_ignore
 from outbox.core.errors import PermanentFailure
+from outbox.engine.registry import DEFAULT
 from outbox.queue.jobs import job
 
-from outbox.channels import email, sms
-from outbox.channels.config import channel_config
+log = logging.getLogger("cronbox")
 
 
 def _text(payload, name: str, *, limit: int, required: bool = True) -> str | None:
@@ -30,7 +40,15 @@ def send_sms(payload, ctx):
     """payload: {"to": "+98912...", "text": "..."}"""
     to = _text(payload, "to", limit=32)
     text = _text(payload, "text", limit=1600)
-    sms.driver_for(channel_config(ctx.settings)).send(ctx, to, text)
+    try:
+        sms.driver_for(channel_config(ctx.settings)).send(ctx, to, text)
+    except UnknownAfterLookup as exc:
+        admin_alert(ctx.session, ctx.settings, key=f"sms-outcome-unknown:{ctx.idempotency_key}",
+                    subject="SMS outcome unknown",
+                    body=f"{ctx.idempotency_key} (trace {ctx.trace_id}) to {exc.recipient} timed out and could not "
+                         f"be looked up ({exc.why}). It may have been sent; it will not be resent.")
+        ctx.session.commit()  # the attempt and the alert stay, though the job fails
+        raise
 
 
 @job("mail", name="cronbox.email", tries=5, backoff=60, timeout=90, channel="mail",
@@ -58,3 +76,30 @@ def add_notification(session: Session, *, recipient: str, kind: str, title: str,
         "data": json.dumps(data) if data is not None else None, "dedupe_key": dedupe_key,
         "created_at": clock.utcnow(),
     })
+
+
+def admin_alert(session: Session, settings, *, key: str, subject: str, body: str,
+                skip_channel: str | None = None) -> list[str]:
+    """Dispatch the alert in the caller's transaction; returns the channels used."""
+    config = channel_config(settings)
+    used = []
+    if config.admin_email and skip_channel != "mail":
+        if send_email.dispatch(session, {"to": config.admin_email, "subject": f"[cronbox] {subject}",
+                                         "text": body}, unique_key=f"alert:{key}") is not None:
+            used.append("mail")
+    if config.admin_phone and skip_channel != "sms":
+        if send_sms.dispatch(session, {"to": config.admin_phone, "text": f"cronbox: {subject}"[:320]},
+                             unique_key=f"alert:{key}") is not None:
+            used.append("sms")
+    if not (config.admin_email or config.admin_phone):
+        log.warning("admin alert %r not sent: set CRONBOX_ADMIN_EMAIL or CRONBOX_ADMIN_PHONE", key)
+    return used
+
+
+@DEFAULT.on_channel_pause
+def alert_on_pause(session: Session, settings, channel: str, seconds: float, reason: str) -> None:
+    """A paused channel tells the operator once (unique per channel while the alert waits), by the
+    other channel: an SMS provider out of credit cannot carry its own alert."""
+    admin_alert(session, settings, key=f"channel-paused:{channel}", subject=f"{channel} channel paused",
+                body=f"The {channel} channel stopped sending for {seconds:.0f}s: {reason}. "
+                     "Jobs wait and resume by themselves.", skip_channel=channel)

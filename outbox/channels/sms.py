@@ -19,7 +19,7 @@ from outbox.queue.pauses import ChannelPaused
 
 from outbox.channels import attempts, http
 from outbox.channels.config import ChannelConfig
-from outbox.channels.errors import OutcomeUnknown, SendFailed
+from outbox.channels.errors import OutcomeUnknown, SendFailed, UnknownAfterLookup
 
 log = logging.getLogger("cronbox")
 CHANNEL = "sms"
@@ -192,17 +192,11 @@ class Twilio:
         return match is not None
 
     def _give_up_unknown(self, ctx, to: str, why: str):
-        """Fail as "outcome unknown" and tell the operator: resending could text the patient twice."""
-        from outbox.channels.alerts import admin_alert
-
+        """Fail as "outcome unknown" (resending could text the patient twice); the job alerts the operator."""
         attempts.record(ctx, channel=CHANNEL, recipient=to, outcome="lookup-failed", detail=why)
-        admin_alert(ctx.session, ctx.settings, key=f"sms-outcome-unknown:{ctx.idempotency_key}",
-                    subject="SMS outcome unknown",
-                    body=f"{ctx.idempotency_key} (trace {ctx.trace_id}) to {attempts.mask_recipient(to)} timed out and "
-                         f"could not be looked up ({why}). It may have been sent; it will not be resent.")
-        ctx.session.commit()
-        raise PermanentFailure(f"outcome unknown: the message may have been sent and Twilio could not be asked "
-                               f"({why}); not resending")
+        raise UnknownAfterLookup(
+            f"outcome unknown: the message may have been sent and Twilio could not be asked ({why}); not resending",
+            recipient=attempts.mask_recipient(to), why=why)
 
     def _classify(self, response: http.Response):
         body = response.json() or {}

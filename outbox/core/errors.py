@@ -32,10 +32,6 @@ class SchemaError(CronboxError):
     """The database schema is missing or older than this code."""
 
 
-class DatabaseUnavailable(CronboxError):
-    """The database could not be reached (after the bounded reconnect attempts)."""
-
-
 class LockLost(CronboxError):
     """A run's exclusive lock was lost and could not be taken back."""
 

@@ -58,10 +58,6 @@ class Settings:
         return value or default
 
     @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
-    @property
     def logs_dir(self) -> Path:
         return self.instance / "logs"
 

@@ -2,7 +2,8 @@
 
 `ctx.session` is opened on first use and commits together with the ack, so a
 handler's database writes happen exactly once. A handler that never touches it
-has no database effects to protect, which lets the runner batch its ack.
+has no database effects to protect, which lets the processor batch its ack
+(outbox/engine/processor.py, QuietAcks).
 """
 from __future__ import annotations
 

@@ -19,27 +19,34 @@ from outbox.core.logs import configure_logging
 from outbox.core.migrate import ensure_schema
 from outbox.core.settings import Settings, load_settings
 from outbox.engine import claim as claiming
-from outbox.events.consumers import CONSUMERS, ConsumerRegistry
-from outbox.queue.jobs import JOBS, JobRegistry
+from outbox.engine.registry import DEFAULT, Registry
 
 log = logging.getLogger("cronbox")
 
 
 class Runtime:
-    def __init__(self, settings: Settings, *, role: str = "cron", consumers: ConsumerRegistry | None = None,
-                 jobs: JobRegistry | None = None):
+    def __init__(self, settings: Settings, *, role: str = "cron", registry: Registry | None = None):
         self.settings = settings
         self.role = role
         settings.private_dir()  # logs, locks, keys and the run-once inbox live here, 0700
         self.engine: Engine = make_engine(settings, role=role)
         self.sessions = session_factory(self.engine)
-        self.consumers = consumers if consumers is not None else CONSUMERS
-        self.jobs = jobs if jobs is not None else JOBS
+        # What the handler modules registered (consumers, jobs, tasks): the process's default unless
+        # the caller brings its own (tests, a second app in one process).
+        self.registry = registry if registry is not None else DEFAULT
         self._lock_engine: Engine | None = None
         self._claim_mode: str | None = None
         # While a tick holds its lock, commands it runs take their locks on the same connection. Per
         # thread: a threaded web server may run two web ticks on one runtime.
         self._local = threading.local()
+
+    @property
+    def consumers(self):
+        return self.registry.consumers
+
+    @property
+    def jobs(self):
+        return self.registry.jobs
 
     @property
     def is_mysql(self) -> bool:

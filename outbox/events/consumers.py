@@ -11,6 +11,7 @@ from typing import Callable
 
 from outbox.core.errors import RegistrationError
 from outbox.engine.backoff import Backoff
+from outbox.engine.registry import DEFAULT, Registry
 
 MAX_NAME = 191
 DEFAULT_BACKOFF = 5.0
@@ -26,45 +27,8 @@ class Consumer:
     timeout: float
 
 
-class ConsumerRegistry:
-    def __init__(self):
-        self._by_name: dict[str, Consumer] = {}
-
-    def add(self, consumer: Consumer) -> None:
-        existing = self._by_name.get(consumer.name)
-        if existing is not None and _where(existing.fn) != _where(consumer.fn):
-            raise RegistrationError(f"two consumers are named {consumer.name!r}; give one an explicit name=")
-        self._by_name[consumer.name] = consumer
-
-    def get(self, name: str) -> Consumer | None:
-        return self._by_name.get(name)
-
-    def for_type(self, event_type: str) -> list[Consumer]:
-        return [c for c in self._by_name.values() if c.event_type == event_type]
-
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
-
-    def all(self) -> list[Consumer]:
-        return [self._by_name[n] for n in self.names()]
-
-    def remove(self, name: str) -> None:
-        self._by_name.pop(name, None)
-
-    def clear(self) -> None:
-        self._by_name.clear()
-
-
-def _where(fn: Callable) -> tuple:
-    """A module re-imported (reloaded, or run as __main__) re-registers the same function: allowed."""
-    return (getattr(fn, "__qualname__", None), getattr(getattr(fn, "__code__", None), "co_filename", None))
-
-
-CONSUMERS = ConsumerRegistry()
-
-
 def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
-             timeout: float = 30, registry: ConsumerRegistry | None = None):
+             timeout: float = 30, registry: Registry | None = None):
     """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
     each gets its own delivery rows, retries and dead state."""
     if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
@@ -79,7 +43,7 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         consumer_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if len(consumer_name) > MAX_NAME:
             raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {MAX_NAME} characters")
-        (registry or CONSUMERS).add(
+        (registry or DEFAULT).consumers.add(
             Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout))
         )
         fn.consumer_name = consumer_name

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, aliased
 
 from outbox.core.db import insert_ignore
 from outbox.engine.claim import claim
-from outbox.events.consumers import ConsumerRegistry
+from outbox.engine.registry import Consumers
 from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
@@ -42,7 +42,7 @@ class Claimed:
     created_at: datetime
 
 
-def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: int) -> tuple[int, int]:
+def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) -> tuple[int, int]:
     """Make delivery rows for events not yet fanned out, oldest first.
 
     The consumers are those registered now, in this process. Delivery rows are
@@ -79,7 +79,7 @@ def fan_out(session: Session, registry: ConsumerRegistry, now: datetime, limit: 
     return len(events), len(rows)
 
 
-def claim_due(session: Session, registry: ConsumerRegistry, *, now: datetime, limit: int, mode: str,
+def claim_due(session: Session, registry: Consumers, *, now: datetime, limit: int, mode: str,
               lease_margin: float) -> list[Claimed]:
     """Claim due deliveries for consumers registered here; counts the attempt.
 
@@ -334,7 +334,7 @@ def backlog(session: Session, now: datetime) -> int:
     return due + unfanned_count(session)
 
 
-def unregistered_due(session: Session, registry: ConsumerRegistry, now: datetime) -> list[tuple[str, int]]:
+def unregistered_due(session: Session, registry: Consumers, now: datetime) -> list[tuple[str, int]]:
     """Due deliveries whose consumer is not registered in this process (they wait, never die)."""
     query = (
         select(D.c.consumer, func.count())

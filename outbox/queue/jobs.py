@@ -3,7 +3,7 @@
 A job is added to the caller's transaction, like an outbox event: a request
 that rolls back leaves no job, and the worker never sees an uncommitted one.
 Payments and escrow never go through here; they run synchronously in the
-domain transaction (ARCHITECTURE.md).
+domain transaction.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from outbox.core.db import insert_ignore
 from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
 from outbox.engine.backoff import Backoff
+from outbox.engine.registry import DEFAULT, Registry
 from outbox.events.record import new_trace_id
 from outbox.queue.models import READY, Job
 from outbox.queue.ratelimit import RateLimit
@@ -90,47 +91,9 @@ def _stored_key(handler: str, key: str) -> str:
     return f"{handler[:100]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-class JobRegistry:
-    def __init__(self):
-        self._by_name: dict[str, JobHandler] = {}
-        self._queues: list[str] = []
-
-    def add(self, handler: JobHandler) -> None:
-        existing = self._by_name.get(handler.name)
-        if existing is not None and _where(existing.fn) != _where(handler.fn):
-            raise RegistrationError(f"two jobs are named {handler.name!r}; give one an explicit name=")
-        self._by_name[handler.name] = handler
-        if handler.queue not in self._queues:
-            self._queues.append(handler.queue)
-
-    def get(self, name: str) -> JobHandler | None:
-        return self._by_name.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
-
-    def all(self) -> list[JobHandler]:
-        return [self._by_name[n] for n in self.names()]
-
-    def queues(self) -> list[str]:
-        """Queues of registered jobs, in the order first registered (the default priority)."""
-        return list(self._queues)
-
-    def clear(self) -> None:
-        self._by_name.clear()
-        self._queues.clear()
-
-
-def _where(fn: Callable) -> tuple:
-    return (getattr(fn, "__qualname__", None), getattr(getattr(fn, "__code__", None), "co_filename", None))
-
-
-JOBS = JobRegistry()
-
-
 def job(queue: str = "default", *, name: str | None = None, tries: int = 5, backoff=5, timeout: float = 30,
         unique: bool = False, retry_until: float | timedelta | None = None, rate_limit: str | RateLimit | None = None,
-        channel: str | None = None, registry: JobRegistry | None = None):
+        channel: str | None = None, registry: Registry | None = None):
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
     backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
@@ -160,7 +123,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         if len(job_name) > MAX_NAME - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
         handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel)
-        (registry or JOBS).add(handler)
+        (registry or DEFAULT).jobs.add(handler)
         fn.dispatch = handler.dispatch
         fn.job = handler
         return fn

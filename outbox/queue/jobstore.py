@@ -17,7 +17,7 @@ from sqlalchemy import and_, case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.engine.claim import claim
-from outbox.queue.jobs import JobRegistry
+from outbox.engine.registry import Jobs
 from outbox.queue.models import FAILED, DONE as JOB_DONE, READY, RESERVED, Job
 
 J = Job.__table__
@@ -37,7 +37,7 @@ class ClaimedJob:
     trace_id: str
 
 
-def claim_due(session: Session, registry: JobRegistry, queue: str, *, now: datetime, limit: int, mode: str,
+def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
               lease_margin: float) -> list[ClaimedJob]:
     """Claim due jobs of one queue (handlers registered here only); counts the attempt.
 

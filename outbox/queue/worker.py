@@ -18,7 +18,7 @@ from outbox.engine.context import Context
 from outbox.engine.handler_call import RETRY_LATER, Outcome
 from outbox.engine.processor import Processor
 from outbox.queue import jobstore, pauses
-from outbox.queue.jobs import JobRegistry
+from outbox.engine.registry import Jobs
 
 log = logging.getLogger("cronbox")
 
@@ -30,7 +30,7 @@ class Worker(Processor):
     def __init__(self, runtime, queues: list[str] | None = None, *, batch_size: int = 100,
                  before_batch: Callable[[], None] | None = None):
         super().__init__(runtime)
-        self.registry: JobRegistry = runtime.jobs
+        self.registry: Jobs = runtime.jobs
         self.fixed_queues = queues  # None: the runtime's default order, re-read each run
         self.batch_size = batch_size
         self.before_batch = before_batch
@@ -108,13 +108,8 @@ class Worker(Processor):
         if isinstance(outcome.raised, pauses.ChannelPaused):
             pause = outcome.raised
             pauses.pause(session, pause.channel, pause.seconds, pause.pause_reason, now)
-            from outbox.channels.alerts import admin_alert  # here: importing channels registers their jobs
-
-            admin_alert(session, self.runtime.settings, key=f"channel-paused:{pause.channel}",
-                        subject=f"{pause.channel} channel paused",
-                        body=f"The {pause.channel} channel stopped sending for {pause.seconds:.0f}s: "
-                             f"{pause.pause_reason}. Jobs wait and resume by themselves.",
-                        skip_channel=pause.channel)
+            for listener in self.runtime.registry.pause_listeners:  # e.g. the channels' admin alert
+                listener(session, self.runtime.settings, pause.channel, pause.seconds, pause.pause_reason)
 
     def _retry_later_at(self, item, handler, outcome: Outcome, now: datetime) -> datetime | None:
         """RetryLater may postpone a job until its retry_until: the last wait is cut to that

@@ -23,7 +23,7 @@ def schedule():
 def schedule_run():
     """Queued as a one-off run (`schedule run NAME`): a web request must not run a ten-minute task."""
     name = request.form.get("task", "")
-    if scheduler.TASKS.get(name) is None:
+    if runtime().registry.tasks.get(name) is None:
         abort(400, description="no such task")
     request_row = act("schedule.run", name, lambda s: once_requests.add(s, ["schedule", "run", name],
                                                                         source="console:operator"))

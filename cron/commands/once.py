@@ -1,57 +1,21 @@
-"""`schedule ...`, `once ...` and `health`: operating cronbox with only cron lines and a browser."""
+"""`once add|list|show|run`: one-off runs of allow-listed commands, asked for without SSH."""
 from __future__ import annotations
 
 import json
 
 import click
-from sqlalchemy import select
 
-from cron.cli import cli, group, runtime
+from cron.commands.base import Group, command_runner, runtime
 from cron.format import age, table
-from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
 from cron.scheduling import once as once_requests
-from cron.scheduling import schedule as scheduler
-from cron.scheduling.health import FAIL, run_checks
 from cron.scheduling.models import OnceRequest
 from outbox.core import clock
 from outbox.core.db import in_transaction
 
-schedule = group("schedule", "Periodic tasks run by the tick, each at most once per slot.")
-once = group("once", "One-off runs of allow-listed commands, asked for without SSH.")
 
-
-@schedule.command("list")
-def schedule_list():
-    """Tasks with their schedule, last run, next due and last error."""
-    rt = runtime()
-    now = clock.utcnow()
-    rows = [[s.task.name, s.task.describe(), f"{s.last_slot:%Y-%m-%d %H:%M} {s.last_status}" if s.last_slot else "never",
-             f"{s.next_due:%Y-%m-%d %H:%M}" + (" (due)" if s.next_due <= now else ""), (s.last_error or "")[:60]]
-            for s in scheduler.status(rt)]
-    click.echo(table(["task", "schedule", "last run (UTC)", "next due (UTC)", "last error"], rows) if rows
-               else "no scheduled tasks")
-
-
-@schedule.command("run")
-@click.argument("name")
-@click.pass_context
-def schedule_run(ctx, name):
-    """Run one task now (its own slot: a scheduled run of the current slot still happens)."""
-    rt = runtime()
-    task = scheduler.TASKS.get(name)
-    if task is None:
-        known = ", ".join(t.name for t in scheduler.TASKS.all()) or "none"
-        raise click.UsageError(f"no task named {name!r} (known: {known})")
-    lock = rt.lock("schedule-run")
-    if not lock.acquire():
-        click.echo("skipped: schedule run already running")
-        return
-    try:
-        status = scheduler.run_task(rt, task, clock.utcnow())
-    finally:
-        lock.release()
-    click.echo(f"schedule run {name}: {status}")
-    ctx.exit(0 if status == "ok" else 1)
+@click.group(cls=Group)
+def once():
+    """One-off runs of allow-listed commands, asked for without SSH."""
 
 
 @once.command("add", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -112,22 +76,8 @@ def once_run():
         return
     rt.host_lock = lock  # the commands it runs take their locks on this connection
     try:
-        collected, ran = once_requests.run_holding_lock(rt)
+        collected, ran = once_requests.run_holding_lock(rt, command_runner())
     finally:
         rt.host_lock = None
         lock.release()
     click.echo(f"once: {collected} files collected, {ran} requests run")
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
-@click.pass_context
-def health(ctx, as_json):
-    """Check database, tick, backlogs, failures, disk and key permissions; exit 1 when something fails."""
-    report = run_checks(runtime(migrate=False))
-    if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
-    else:
-        click.echo(table(["check", "status", "detail"], [[c.name, c.status, c.detail] for c in report.checks]))
-        click.echo(f"health: {report.status}")
-    ctx.exit(1 if report.status == FAIL else 0)

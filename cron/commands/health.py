@@ -1,0 +1,24 @@
+"""`health [--json]`: the checks a monitor or the operator reads; exit 1 when one fails."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from cron.commands.base import runtime
+from cron.format import table
+from cron.scheduling.health import FAIL, run_checks
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+@click.pass_context
+def health(ctx, as_json):
+    """Check database, tick, backlogs, failures, disk and key permissions; exit 1 when something fails."""
+    report = run_checks(runtime(migrate=False))
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        click.echo(table(["check", "status", "detail"], [[c.name, c.status, c.detail] for c in report.checks]))
+        click.echo(f"health: {report.status}")
+    ctx.exit(1 if report.status == FAIL else 0)

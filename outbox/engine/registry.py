@@ -1,0 +1,97 @@
+"""What a process's handler modules registered: consumers, jobs, periodic tasks, pause listeners.
+
+The decorators (`@outbox.consumer`, `@outbox.job`, `@schedule.every`, ...) add to `DEFAULT`
+unless given `registry=`; a Runtime uses `DEFAULT` unless given another. Tests build their own
+`Registry()` (or `DEFAULT.fork()` to start from what the imported modules registered) and never
+touch the default's contents.
+
+Registration is keyed by name, since names are identities stored in rows (a delivery's consumer,
+a job's handler, a schedule slot's task). The same function registered twice (a module imported
+again, or run as __main__) is allowed; two functions under one name are a RegistrationError.
+"""
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from outbox.core.errors import RegistrationError
+
+T = TypeVar("T")
+
+
+class Named(Generic[T]):
+    """Items with a `name` and a function `fn`, in registration order."""
+
+    def __init__(self, kind: str):
+        self.kind = kind  # "consumer", "job", "scheduled task": for error messages
+        self._by_name: dict[str, T] = {}
+
+    def add(self, item: T) -> None:
+        existing = self._by_name.get(item.name)
+        if existing is not None and _where(existing.fn) != _where(item.fn):
+            raise RegistrationError(f"two {self.kind}s are named {item.name!r}; give one an explicit name=")
+        self._by_name[item.name] = item
+
+    def get(self, name: str) -> T | None:
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def all(self) -> list[T]:
+        return [self._by_name[n] for n in self.names()]
+
+    def in_order(self) -> list[T]:
+        """In the order first registered."""
+        return list(self._by_name.values())
+
+    def remove(self, name: str) -> None:
+        self._by_name.pop(name, None)
+
+    def copy(self) -> Named[T]:
+        twin = type(self)(self.kind)
+        twin._by_name = dict(self._by_name)
+        return twin
+
+
+class Consumers(Named):
+    def for_type(self, event_type: str) -> list:
+        return [c for c in self.in_order() if c.event_type == event_type]
+
+
+class Jobs(Named):
+    def queues(self) -> list[str]:
+        """Queues of registered jobs, in the order first registered (the default priority)."""
+        return list(dict.fromkeys(handler.queue for handler in self.in_order()))
+
+
+# Called as listener(session, settings, channel, seconds, reason) in the transaction that records a
+# channel pause (the channels' admin alert subscribes; the job worker does not know any channel).
+PauseListener = Callable[..., None]
+
+
+class Registry:
+    def __init__(self):
+        self.consumers: Consumers = Consumers("consumer")
+        self.jobs: Jobs = Jobs("job")
+        self.tasks: Named = Named("scheduled task")
+        self.pause_listeners: list[PauseListener] = []
+
+    def on_channel_pause(self, listener: PauseListener) -> PauseListener:
+        if listener not in self.pause_listeners:
+            self.pause_listeners.append(listener)
+        return listener
+
+    def fork(self) -> Registry:
+        """A new registry holding what this one holds now; changes to either stay their own."""
+        twin = Registry()
+        twin.consumers, twin.jobs, twin.tasks = self.consumers.copy(), self.jobs.copy(), self.tasks.copy()
+        twin.pause_listeners = list(self.pause_listeners)
+        return twin
+
+
+def _where(fn: Callable) -> tuple:
+    """A module re-imported (reloaded, or run as __main__) re-registers the same function: allowed."""
+    return (getattr(fn, "__qualname__", None), getattr(getattr(fn, "__code__", None), "co_filename", None))
+
+
+DEFAULT = Registry()
