@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from outbox.core import clock
 
-from .models import AuditEntry
+from .models import AuditEntry, Grant
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,15 @@ def record(session: Session, action: str, outcome: str, *, status: int | None = 
            grant_id: str | None = None, subject: str | None = None, jti: str | None = None,
            byte_range: tuple[int, int] | None = None, bytes_sent: int | None = None, client: Client | None = None,
            detail: str | None = None) -> AuditEntry:
+    """Add one entry to `session`. An entry naming a grant that still exists always names its file and
+    subject too, looked up here when the caller did not know them (a refused or expired link): the
+    console's filters and `storage audit --file` find it, and it stays tied to the file after
+    `storage sweep` deletes the ended grant."""
+    if grant_id and (file_id is None or subject is None):
+        grant = session.get(Grant, grant_id)
+        if grant is not None:
+            file_id = file_id if file_id is not None else grant.file_id
+            subject = subject if subject is not None else grant.subject
     entry = AuditEntry(
         at=clock.utcnow(), action=action, outcome=outcome[:32], status=status, file_id=file_id, grant_id=grant_id,
         subject=_cut(subject, 191), jti_hash=jti_hash(jti) if jti else None,

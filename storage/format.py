@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -27,6 +28,12 @@ FILE_ID_SIZE = 16
 DATA_KEY_SIZE = 32
 FIXED_HEADER = len(MAGIC) + 3  # magic, version, algorithm, chunk shift
 WRAP_NONCE_SIZE = META_NONCE_SIZE = 24
+
+# A key id (docs/sealed-format.md, "Key files") is its key file's name without ".key": the kind,
+# the sequence number in 4 to 9 decimal digits, 8 lowercase hex digits. That is 17 to 22 ASCII
+# characters, within the 32 of the cronbox_files.key_id column. Only "enc" keys wrap data keys.
+KEY_ID = re.compile(r"(?P<kind>enc|sig)-(?P<sequence>[0-9]{4,9})-[0-9a-f]{8}")
+MAX_SEQUENCE = 999_999_999
 
 _PAYLOAD_INFO = b"cronbox-sealed/v1 payload"
 _META_INFO = b"cronbox-sealed/v1 meta"
@@ -161,20 +168,29 @@ def sealed_size(plaintext_size: int, algorithm: int) -> int:
 
 # --- wrapped data key and sealed metadata (stored in the database row) ------------------------
 
+def is_master_key_id(key_id) -> bool:
+    """True for the id of an encryption (master) key: `enc-`, 4 to 9 digits, `-`, 8 lowercase hex digits."""
+    match = KEY_ID.fullmatch(key_id) if isinstance(key_id, str) else None
+    return match is not None and match["kind"] == "enc"
+
+
 def _wrap_ad(key_id: str, file_id: bytes) -> bytes:
     encoded = key_id.encode("ascii")
-    if not 0 < len(encoded) <= 255:
-        raise ValueError("key ids are 1 to 255 ASCII characters")
     return _WRAP_AD + bytes([len(encoded)]) + encoded + file_id
 
 
 def wrap_key(master_key: bytes, key_id: str, file_id: bytes, data_key: bytes, *, nonce: bytes | None = None) -> bytes:
     """Data key sealed under a master key, bound to the key id and the file id (72 bytes)."""
+    if not is_master_key_id(key_id):
+        raise ValueError(f"{key_id!r} is not a master key id (enc-<4 to 9 digits>-<8 hex digits>)")
     nonce = nonce or os.urandom(WRAP_NONCE_SIZE)
     return nonce + seal_once(XCHACHA20_POLY1305, master_key, nonce, data_key, _wrap_ad(key_id, file_id))
 
 
 def unwrap_key(master_key: bytes, key_id: str, file_id: bytes, wrapped: bytes) -> bytes:
+    if not is_master_key_id(key_id):
+        # No key file can carry this id: the row was altered (the AD would refuse it anyway).
+        raise IntegrityError("the row's key id is not a master key id")
     if len(wrapped) != WRAP_NONCE_SIZE + DATA_KEY_SIZE + TAG_SIZE:
         raise IntegrityError("wrapped key has the wrong length")
     try:

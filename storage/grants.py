@@ -3,7 +3,9 @@
 A use is counted per token id (jti), not per request and not per token text:
 a download manager's range requests, a resumed download or a malleable variant
 of the same token are one use as long as they come within SAME_USE_WINDOW of
-the previous request of that jti. Counting is two guarded statements in one
+the first request of that use (`first_at`). The window is bounded from the
+first request, not slid from the previous one: otherwise a client repeating a
+request every 100 s would keep a `max_uses=1` link working for its whole life. Counting is two guarded statements in one
 short transaction, safe on every backend without SKIP LOCKED:
 
 1. INSERT the (grant, jti) use row, ignoring a duplicate key. On MySQL/MariaDB
@@ -28,7 +30,7 @@ from sqlalchemy.orm import Session
 from .errors import GrantInvalid
 from .models import Grant, GrantUse, SealedFile
 
-SAME_USE_WINDOW = 120  # seconds since the previous request of the same jti
+SAME_USE_WINDOW = 120  # seconds from the first request of a use of one jti
 MAX_EXPIRES_IN = 366 * 86400
 GRANT_RETENTION = timedelta(days=30)  # grants (and their use rows) kept after they end, then swept
 
@@ -66,7 +68,7 @@ def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Deci
     reason = refusal(grant, now)
     if reason == "exhausted":
         use = session.get(GrantUse, (grant_id, jti_hash))
-        if use is not None and use.last_at >= now - timedelta(seconds=SAME_USE_WINDOW):
+        if use is not None and use.first_at >= now - timedelta(seconds=SAME_USE_WINDOW):
             reason = None
     if reason is not None:
         raise GrantInvalid(reason)
@@ -88,13 +90,21 @@ def _take_use(session: Session, grant_id: str, now: datetime) -> bool:
     return result.rowcount == 1
 
 
-def _touch_use(session: Session, grant_id: str, jti_hash: str, now: datetime, *, within: datetime | None) -> bool:
-    statement = update(GrantUse).where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash)
-    if within is not None:
-        statement = statement.where(GrantUse.last_at >= within)
-    result = session.execute(statement.values(last_at=now, requests=GrantUse.requests + 1)
-                             .execution_options(synchronize_session=False))
+def _join_use(session: Session, grant_id: str, jti_hash: str, now: datetime, *, window_start: datetime) -> bool:
+    """Count a request into the current use of this jti if that use began at or after `window_start`."""
+    result = session.execute(
+        update(GrantUse)
+        .where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash, GrantUse.first_at >= window_start)
+        .values(last_at=now, requests=GrantUse.requests + 1)
+        .execution_options(synchronize_session=False))
     return result.rowcount == 1
+
+
+def _restart_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> None:
+    """The jti's previous use is over and a new one was taken: its window starts now."""
+    session.execute(update(GrantUse).where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash)
+                    .values(first_at=now, last_at=now, requests=GrantUse.requests + 1)
+                    .execution_options(synchronize_session=False))
 
 
 def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
@@ -107,7 +117,7 @@ def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> 
             raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
         return True
     window_start = now - timedelta(seconds=SAME_USE_WINDOW)
-    if _touch_use(session, grant_id, jti_hash, now, within=window_start):
+    if _join_use(session, grant_id, jti_hash, now, window_start=window_start):
         grant = session.get(Grant, grant_id, populate_existing=True)
         reason = refusal(grant, now)
         if reason is not None and reason != "exhausted":  # revoked or expired since the first request
@@ -115,7 +125,7 @@ def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> 
         return False
     if not _take_use(session, grant_id, now):
         raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
-    _touch_use(session, grant_id, jti_hash, now, within=None)
+    _restart_use(session, grant_id, jti_hash, now)
     return True
 
 

@@ -1,11 +1,12 @@
 """Master (encryption) keys and URL-signing keys, one small file each in the key folder.
 
-    <keys>/enc-0001-3f9a2c1b.key     32 random bytes, base64url, one line
+    <keys>/enc-0001-3f9a2c1b.key     32 random bytes: 43 base64url characters, no padding, LF
     <keys>/sig-0001-8e02d4a7.key
 
-The file name is the key id (stored in each file row as `key_id`). The
-sequence number orders keys of a kind: the highest encryption key is the
-active one (it wraps new data keys); signing keys are handed to itsdangerous
+The file name without ".key" is the key id (stored in each file row as
+`key_id`; the one rule for ids is format.KEY_ID, docs/sealed-format.md "Key
+files"). The sequence number orders keys of a kind: the encryption key with the
+highest one is the active one (it wraps new data keys); signing keys are handed to itsdangerous
 oldest to newest, so the newest signs and older ones still verify links issued
 before a rotation. Encryption and signing keys never share material: a leaked
 signing key forges links (still checked against grants) but opens no file.
@@ -37,12 +38,15 @@ import filelock
 from outbox.core.settings import Settings
 
 from .errors import KeyFolderError, UnknownKey
+from .format import KEY_ID, MAX_SEQUENCE
 
 log = logging.getLogger("cronbox")
 
 ENCRYPTION, SIGNING = "enc", "sig"
 KEY_BYTES = 32
-_NAME = re.compile(r"^(enc|sig)-(\d{4,9})-([0-9a-f]{8})\.key$")
+KEY_SUFFIX = ".key"
+# Exactly the text a writer puts in a key file once its final LF is removed: one spelling per key.
+_KEY_TEXT = re.compile(rb"[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
@@ -107,17 +111,20 @@ def _read(folder: Path) -> KeyRing:
     encryption: dict[str, Key] = {}
     signing: list[Key] = []
     for path in sorted(folder.iterdir()):
-        match = _NAME.match(path.name)
+        if not path.name.endswith(KEY_SUFFIX):
+            continue  # the lock file, temporary files of a writer
+        match = KEY_ID.fullmatch(path.name[: -len(KEY_SUFFIX)])
         if not match:
-            continue
+            # Ignoring it would hide a restored but renamed key, and with no encryption key
+            # left load() would make a new one: refuse instead.
+            raise KeyFolderError(f"key file {path} is not named <enc|sig>-<4 to 9 digits>-<8 hex digits>.key; "
+                                 "a key's file name is its id: restore it under its original name")
         _check_private(path, "key file")
-        try:
-            material = base64.urlsafe_b64decode(path.read_text(encoding="ascii").strip() + "==")
-        except (ValueError, UnicodeDecodeError):
-            material = b""
-        if len(material) != KEY_BYTES:
-            raise KeyFolderError(f"key file {path} does not hold a base64 32-byte key")
-        key = Key(match.group(1), path.stem, int(match.group(2)), material)
+        material = _decode(path.read_bytes())
+        if material is None:
+            raise KeyFolderError(f"key file {path} does not hold a key: expected 43 base64url characters "
+                                 "(A-Z a-z 0-9 - _, no padding) and a newline")
+        key = Key(match["kind"], path.name[: -len(KEY_SUFFIX)], int(match["sequence"]), material)
         if key.kind == ENCRYPTION:
             encryption[key.id] = key
         else:
@@ -126,10 +133,25 @@ def _read(folder: Path) -> KeyRing:
     return KeyRing(folder, encryption, tuple(signing), _stamp(folder))
 
 
+def encode(material: bytes) -> bytes:
+    """A key file's content: base64url (RFC 4648 section 5) without padding, then LF."""
+    return base64.urlsafe_b64encode(material).rstrip(b"=") + b"\n"
+
+
+def _decode(text: bytes) -> bytes | None:
+    """The 32 bytes of a key file, or None. Surrounding whitespace (a key pasted back from a backup) is
+    accepted; anything else, padding and non-canonical last characters included, is not."""
+    text = text.strip(b" \t\r\n")
+    if not _KEY_TEXT.fullmatch(text):
+        return None
+    material = base64.urlsafe_b64decode(text + b"=")
+    return material if encode(material).rstrip(b"\n") == text else None
+
+
 def _stamp(folder: Path) -> tuple:
     with os.scandir(folder) as entries:
         return tuple(sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size, entry.inode())
-                            for entry in entries if _NAME.match(entry.name)))
+                            for entry in entries if entry.name.endswith(KEY_SUFFIX)))
 
 
 def folder_stamp(settings: Settings) -> tuple | None:
@@ -180,10 +202,12 @@ def new_key(settings: Settings, kind: str) -> str:
 def _write_new(folder: Path, kind: str, ring: KeyRing) -> str:
     existing = ring.encryption.values() if kind == ENCRYPTION else ring.signing
     sequence = max((k.sequence for k in existing), default=0) + 1
+    if sequence > MAX_SEQUENCE:
+        raise KeyFolderError(f"no {kind} key sequence number is left after {MAX_SEQUENCE} (ids have 4 to 9 digits)")
     key_id = f"{kind}-{sequence:04d}-{secrets.token_hex(4)}"
-    final = folder / f"{key_id}.key"
+    final = folder / f"{key_id}{KEY_SUFFIX}"
     temporary = folder / f".{key_id}.{secrets.token_hex(4)}.tmp"
-    text = base64.urlsafe_b64encode(os.urandom(KEY_BYTES)).rstrip(b"=") + b"\n"
+    text = encode(os.urandom(KEY_BYTES))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, text)

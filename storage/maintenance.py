@@ -20,7 +20,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
 
-from . import audit, grants
+from . import audit, grants, refusals
 from .errors import IntegrityError, UnknownKey
 from .format import unwrap_key, wrap_key
 from .models import SealedFile
@@ -28,6 +28,14 @@ from .service import Storage
 
 log = logging.getLogger("cronbox")
 BATCH = 200
+# The shortest grace `storage sweep` accepts. A sealed file is renamed into place when its last byte
+# is written, and its row commits right after, in the same request or command: a web upload before
+# the web server's request timeout ends it (Apache's `Timeout`, 60 s by default, a few minutes at
+# most on cPanel hosts), `storage put` within its database retries (seconds). An hour is far beyond
+# those even on a throttled host. It is not a proof: an application that seals with Storage.put()
+# inside a transaction it keeps open longer must commit within the hour. A shorter grace could
+# delete the file of an upload whose transaction is about to commit (PHI lost after the commit).
+MIN_GRACE = 3600
 
 
 def _page(storage: Storage, after: str, limit: int, *where) -> list[SealedFile]:
@@ -147,6 +155,7 @@ class SweepResult:
     temporary: int = 0
     grants: int = 0
     audit: int = 0
+    refusals: int = 0  # aggregate entries written for refusals that were only counted
 
 
 def sweep(storage: Storage, *, grace: float) -> SweepResult:
@@ -154,9 +163,12 @@ def sweep(storage: Storage, *, grace: float) -> SweepResult:
 
     - sealed files with no row, and temporary files, older than `grace` seconds
       (a file is renamed into place before its row is added to the caller's
-      transaction: younger files may still be about to commit);
+      transaction: younger files may still be about to commit; the command
+      line refuses less than MIN_GRACE);
     - grants that ended over 30 days ago, with their use rows;
     - audit entries older than CRONBOX_AUDIT_RETENTION.
+    It also writes the aggregate audit entries of unsigned-token refusals that
+    were only counted (storage.refusals), for windows that have ended.
     """
     result = SweepResult()
     cutoff = time.time() - grace
@@ -187,6 +199,8 @@ def sweep(storage: Storage, *, grace: float) -> SweepResult:
         flush()
 
     now = clock.utcnow()
+    while count := in_transaction(storage.sessions, lambda s: refusals.flush(s, now, BATCH)):
+        result.refusals += count
     while count := in_transaction(storage.sessions, lambda s: grants.prune(s, now, BATCH)):
         result.grants += count
     audit_cutoff = now - timedelta(days=storage.settings.audit_retention_days)

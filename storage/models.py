@@ -70,7 +70,8 @@ class GrantUse(Base):
 
     Signatures are malleable (several strings verify as one token), so the
     token's random jti is the unit: requests with the same jti within a short
-    window (resumed downloads, range requests) are the same use. The jti is
+    window from the use's first request (`first_at`; resumed downloads, range
+    requests) are the same use. The jti is
     stored only hashed.
     """
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,6 +24,7 @@ from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
 
 from . import audit, ciphers, grants, keys
+from .display import has_unshowable
 from .errors import GrantInvalid, IntegrityError, NotFound, StorageError, TooLarge
 from .format import SealedReader, Sealer, new_data_key, new_file_id, open_meta, seal_meta, unwrap_key, wrap_key
 from .keys import KeyRing
@@ -36,7 +36,6 @@ log = logging.getLogger("cronbox")
 
 MAX_NAME = 255
 MAX_TYPE = 127
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def owner_text(owner) -> str:
@@ -45,8 +44,9 @@ def owner_text(owner) -> str:
 
 
 def _text(value, what: str, limit: int) -> str:
-    if not isinstance(value, str) or not value or len(value) > limit or _CONTROL.search(value):
-        raise StorageError(f"{what} must be non-empty text of at most {limit} characters without control characters")
+    if not isinstance(value, str) or not value or len(value) > limit or has_unshowable(value):
+        raise StorageError(f"{what} must be non-empty text of at most {limit} characters without control or "
+                           "bidi-formatting characters")
     return value
 
 

@@ -112,10 +112,13 @@ FILE_ID = bytes.fromhex(INPUTS["file_id"])
 DATA_KEY = bytes.fromhex(INPUTS["data_key"])
 
 
-def test_vectors_fixture_and_spec_are_what_the_code_produces():
+def test_vectors_fixture_spec_and_key_file_are_what_the_code_produces():
     assert make_vectors.build() == FIXTURE
     spec = make_vectors.SPEC.read_text(encoding="utf-8")
     assert make_vectors.markdown(FIXTURE) in spec
+    key_file = make_vectors.KEY_FOLDER / FIXTURE["key_file"]["name"]
+    assert [p.name for p in make_vectors.KEY_FOLDER.iterdir()] == [key_file.name]
+    assert key_file.read_text(encoding="ascii") == FIXTURE["key_file"]["text"]
 
 
 def test_vector_derived_values():
@@ -162,20 +165,20 @@ def test_any_bit_flipped_in_the_header_is_detected(sealed_file):
 
 def test_any_bit_flipped_in_the_wrapped_key_is_detected():
     master, file_id, data_key = os.urandom(32), new_file_id(), new_data_key()
-    wrapped = wrap_key(master, "enc-0001-aaaa", file_id, data_key)
-    assert unwrap_key(master, "enc-0001-aaaa", file_id, wrapped) == data_key
+    wrapped = wrap_key(master, "enc-0001-aaaaaaaa", file_id, data_key)
+    assert unwrap_key(master, "enc-0001-aaaaaaaa", file_id, wrapped) == data_key
     for byte in range(len(wrapped)):
         for bit in range(8):
             tampered = bytearray(wrapped)
             tampered[byte] ^= 1 << bit
             with pytest.raises(IntegrityError):
-                unwrap_key(master, "enc-0001-aaaa", file_id, bytes(tampered))
+                unwrap_key(master, "enc-0001-aaaaaaaa", file_id, bytes(tampered))
     with pytest.raises(IntegrityError):
-        unwrap_key(os.urandom(32), "enc-0001-aaaa", file_id, wrapped)  # wrong master key
+        unwrap_key(os.urandom(32), "enc-0001-aaaaaaaa", file_id, wrapped)  # wrong master key
     with pytest.raises(IntegrityError):
-        unwrap_key(master, "enc-0002-aaaa", file_id, wrapped)  # relabelled key id
+        unwrap_key(master, "enc-0002-aaaaaaaa", file_id, wrapped)  # relabelled key id
     with pytest.raises(IntegrityError):
-        unwrap_key(master, "enc-0001-aaaa", new_file_id(), wrapped)  # moved to another row
+        unwrap_key(master, "enc-0001-aaaaaaaa", new_file_id(), wrapped)  # moved to another row
 
 
 def test_flipped_bits_in_chunk_bodies_and_tags(sealed_file):

@@ -3,9 +3,9 @@
 The original name comes from whoever uploaded the file and is replayed into a
 response header and then into the user's file system, so it is cleaned for
 both: no header injection (CR, LF, NUL, quotes, `;`), no path (`../../x`,
-`C:\\x`), no control or bidi-override characters (`invoice\u202Efdp.exe`
-shows as `invoiceexe.pdf`), no Windows device names, a bounded length that
-keeps the extension. The result goes out twice (RFC 6266): an ASCII
+`C:\\x`), no control or bidi-formatting characters (storage.display's list:
+`invoice\u202Efdp.exe` shows as `invoiceexe.pdf`), no Windows device names, a
+bounded length that keeps the extension. The result goes out twice (RFC 6266): an ASCII
 `filename="..."` for old clients and `filename*=UTF-8''...` (RFC 8187) with
 the full Unicode name.
 """
@@ -15,9 +15,11 @@ import re
 import unicodedata
 from urllib.parse import quote
 
+from storage.display import UNSHOWABLE
+
 MAX_NAME = 150
 FALLBACK = "download"
-_UNSAFE = re.compile(r'[\x00-\x1f\x7f-\x9f"*:<>?|;\\/\u200e\u200f\u202a-\u202e\u2066-\u2069]')
+_UNSAFE = re.compile(f'[{UNSHOWABLE}"*:<>?|;\\\\/]')
 _ASCII_UNSAFE = re.compile(r"[^A-Za-z0-9._()+,=@!#$&~^ -]")
 _RESERVED = re.compile(r"^(con|prn|aux|nul|com\d|lpt\d)(\..*)?$", re.IGNORECASE)
 _ATTR_CHAR = "!#$&+-.^_`|~"  # RFC 8187 attr-char punctuation, left unescaped

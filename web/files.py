@@ -24,8 +24,9 @@ may buffer before Python sees the body is documented in the README.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 from urllib.parse import unquote
 
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
@@ -36,7 +37,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
 import storage as sealed_storage
-from storage import audit, grants
+from storage import audit, grants, refusals
 from storage.errors import GrantInvalid, IntegrityError, StorageError, TooLarge, UnknownKey
 from storage.keys import check_key_folder
 from storage.service import OpenedFile, Storage, owner_text
@@ -63,6 +64,7 @@ NOT_FOUND = _PAGE.format(title="Not found", text="There is nothing here.")
 EXPIRED = _PAGE.format(title="Link expired", text="This download link has expired. Ask for a new one.")
 UNAVAILABLE = _PAGE.format(title="File unavailable", text="This file cannot be served right now. "
                                                            "The problem has been recorded.")
+_DIGITS = re.compile(r"[0-9]{1,30}")
 # Werkzeug applies this both to each text field and to its parse buffer (fed 64 KiB at a time).
 MAX_FORM_FIELDS = 256 * 1024
 
@@ -95,6 +97,19 @@ def _log(action: str, outcome: str, fields: dict) -> None:
              fields.get("bytes_sent", "-"))
 
 
+def _refuse_unsigned(sessions, reason: str, status: int, client: audit.Client, method: str) -> None:
+    """A token nobody signed: audited and logged like any refusal up to a share per client, then only
+    counted (storage.refusals), with one log line when the counting starts."""
+    now = clock.utcnow()
+    done = in_transaction(sessions, lambda s: refusals.record(s, reason, status=status, client=client,
+                                                               detail=method, now=now))
+    if done == "recorded":
+        _log("redeem", reason, {"status": status})
+    elif done == "counting":
+        log.warning("files: over %d unsigned or malformed tokens from one client in %d min: counting the rest, "
+                    "`storage sweep` records their number", refusals.RECORDED, refusals.WINDOW // 60)
+
+
 def _within_files(path: str) -> bool:
     return path == "/files" or path.startswith("/files/")
 
@@ -118,15 +133,19 @@ def _not_found(error: HTTPException):
 class DownloadBody:
     """The WSGI body of one download: authenticated chunks, then an audit entry with the bytes sent.
 
+    The first part was read (and authenticated) by the view, before the status
+    and headers were chosen: a file failing there gets a proper 500 page. Only a
+    later chunk can fail here, after the headers went out.
+
     `close()` is what every WSGI server calls when a response ends, completed,
     aborted by the client or by an integrity error: it closes the file and
     records how many bytes actually went out.
     """
 
-    def __init__(self, opened: OpenedFile, start: int, stop: int, *, on_close: Callable[[int, str], None],
+    def __init__(self, opened: OpenedFile, first: bytes, rest: Iterator, *, on_close: Callable[[int, str], None],
                  on_integrity_error: Callable[[str], None]):
         self._opened = opened
-        self._start, self._stop = start, stop
+        self._first, self._rest = first, rest
         self._on_close = on_close
         self._on_integrity_error = on_integrity_error
         self.sent = 0
@@ -135,7 +154,10 @@ class DownloadBody:
 
     def __iter__(self):
         try:
-            for part in self._opened.iter_range(self._start, self._stop):
+            if self._first:
+                yield self._first
+                self.sent += len(self._first)
+            for part in self._rest:
                 data = bytes(part)  # the reader reuses its buffer; the server may hold on to this
                 yield data
                 self.sent += len(data)  # counted once the server came back for more: it was written
@@ -167,8 +189,11 @@ def download(token: str):
     except TokenRefused as refused:
         status = 410 if refused.expired else 404
         claims = refused.claims
-        _audit(sessions, "redeem", refused.reason, status=status, grant_id=claims.grant_id if claims else None,
-               jti=claims.jti if claims else None, client=client, detail=method)
+        if refused.reason in refusals.UNSIGNED:
+            _refuse_unsigned(sessions, refused.reason, status, client, method)
+        else:
+            _audit(sessions, "redeem", refused.reason, status=status, grant_id=claims.grant_id if claims else None,
+                   jti=claims.jti if claims else None, client=client, detail=method)
         return _page(EXPIRED, 410) if refused.expired else _page(NOT_FOUND, 404)
 
     jti_hash = audit.jti_hash(claims.jti)
@@ -198,6 +223,17 @@ def download(token: str):
             return Response(None, status=416, headers={**headers, "Content-Range": answer.content_range(size),
                                                        "Content-Length": "0"})
         byte_range = (answer.start, answer.stop - 1) if answer.length else None
+        # The first chunk of the range is authenticated now, before a use is counted and before any
+        # header is sent: raised inside the body it would reach the WSGI server before the status line
+        # and become the server's bare 500 (no no-store, no CSP) logged as a 200 that sent 0 bytes.
+        rest = opened.iter_range(answer.start, answer.stop)
+        try:
+            first = bytes(next(rest)) if answer.length else b""
+        except IntegrityError as exc:
+            opened.close()
+            st.report_integrity(row.id, str(exc))
+            _audit(sessions, "redeem", "integrity", status=500, byte_range=byte_range, detail=method, **fields)
+            return _page(UNAVAILABLE, 500)
         if method == "GET":
             now = clock.utcnow()
 
@@ -233,7 +269,7 @@ def download(token: str):
     def on_close(sent: int, outcome: str) -> None:
         _audit(sessions, "serve", outcome, status=answer.status, byte_range=byte_range, bytes_sent=sent, **fields)
 
-    body = DownloadBody(opened, answer.start, answer.stop, on_close=on_close,
+    body = DownloadBody(opened, first, rest, on_close=on_close,
                         on_integrity_error=lambda error: st.report_integrity(row.id, error))
     return Response(body, status=answer.status, headers=headers, direct_passthrough=True)
 
@@ -286,9 +322,12 @@ def upload():
         return authorizer.reply(None, message, status) if authorizer.reply else _json_error(message, status)
 
     limit = settings.upload_max
-    if request.content_length is not None and request.content_length > limit:
+    length, problem = _declared_length(request)
+    if problem:
+        return refuse(problem, 400)
+    if length is not None and length > limit:
         return refuse(f"the file is larger than the limit of {limit} bytes", 413)
-    if request.content_length is None and "wsgi.input_terminated" not in request.environ:
+    if length is None and "wsgi.input_terminated" not in request.environ:
         return refuse("send a Content-Length (or a chunked body)", 411)
     client = _client()
     try:
@@ -316,6 +355,21 @@ def upload():
     if authorizer.reply:
         return authorizer.reply(file_id, None, 201)
     return jsonify(id=file_id, size=sealed.size), 201
+
+
+def _declared_length(req: Request) -> tuple[int | None, str | None]:
+    """The body length the client declared: (length or None when absent, or a problem).
+
+    Read from the raw CONTENT_LENGTH, because Werkzeug turns a value that is
+    not a number (`-1`, `abc`, `1e3`) into 0, which would seal an empty file
+    and answer 201. HTTP allows only ASCII digits (RFC 9110, 8.6).
+    """
+    raw = req.environ.get("CONTENT_LENGTH")
+    if raw is None or raw == "":
+        return None, None
+    if not _DIGITS.fullmatch(raw):
+        return None, "Content-Length must be a number of bytes (digits only)"
+    return int(raw), None
 
 
 def _owner(value: str | None) -> str:

@@ -16,6 +16,7 @@ import storage as sealed_storage
 from storage import audit as file_audit
 from storage import keys as file_keys
 from storage import maintenance
+from storage.display import shown
 from storage.models import SealedFile
 from storage.service import Storage
 
@@ -147,20 +148,26 @@ def audit_(file_id, limit):
         return
     click.echo(table(
         ["at (UTC)", "action", "outcome", "status", "file", "grant", "subject", "range", "bytes", "client"],
-        [[r.at.strftime("%Y-%m-%d %H:%M:%S"), r.action, r.outcome, r.status, r.file_id, r.grant_id, r.subject,
+        [[r.at.strftime("%Y-%m-%d %H:%M:%S"), r.action, r.outcome, r.status, r.file_id, r.grant_id, shown(r.subject),
           f"{r.range_start}-{r.range_end}" if r.range_start is not None else None, r.bytes_sent, r.client_ip]
          for r in rows]))
 
 
 @storage.command()
 @click.option("--grace", type=DURATION, default="24h", show_default=True,
-              help="Leave sealed and temporary files younger than this alone.")
+              help="Leave sealed and temporary files younger than this alone (at least 1h: an upload's row "
+                   "commits after its file is written, within the web server's request timeout).")
 def sweep(grace):
     """Remove orphaned sealed files, stale temporary files, ended grants and audit entries past retention."""
+    if grace < maintenance.MIN_GRACE:
+        raise click.BadParameter(
+            f"must be at least {maintenance.MIN_GRACE // 3600}h: a younger file may belong to an upload whose "
+            "transaction has not committed yet", param_hint="--grace")
     st = _storage()
     result = maintenance.sweep(st, grace=grace)
     click.echo(f"sweep: {result.orphans} orphaned and {result.temporary} temporary files removed, "
-               f"{result.grants} ended grants and {result.audit} audit entries past retention deleted")
+               f"{result.grants} ended grants and {result.audit} audit entries past retention deleted, "
+               f"{result.refusals} counts of unrecorded refusals written")
 
 
 @storage.command()

@@ -11,7 +11,6 @@ the rest of the window too, which `ops unlock` (a cron line) undoes.
 """
 from __future__ import annotations
 
-import ipaddress
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,23 +19,11 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from outbox.queue.models import RateWindow
-from outbox.queue.ratelimit import RateLimit
+from outbox.queue.ratelimit import RateLimit, client_key
 
 PER_CLIENT = (5, 15 * 60)  # tries per window (seconds)
 OVERALL = (50, 15 * 60)
 PREFIX = "ops-login:"
-
-
-def client_key(client_ip: str | None) -> str:
-    try:
-        address = ipaddress.ip_address(client_ip or "")
-    except ValueError:
-        return "-"
-    if address.version == 6:
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{address}/64", strict=False))
-    return str(address)
 
 
 def _limits(client_ip: str | None) -> list[RateLimit]:

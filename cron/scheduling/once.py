@@ -11,12 +11,14 @@ runtime (and lock connection), under the command's own lock.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import secrets
 import shlex
+import stat
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import datetime
@@ -46,6 +48,8 @@ ALLOWED = (
 )
 FILE_MIN_AGE = 10.0  # seconds: File Manager may still be writing a younger file
 FILE_MAX_BYTES = 4096
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 OUTPUT_MAX = 64 * 1024
 
 
@@ -93,7 +97,7 @@ def collect_files(runtime) -> int:
         claimed = _take(runtime, path)
         if claimed is None:
             continue  # gone meanwhile
-        argv, problem = _read(claimed, claimed.stat().st_size)
+        argv, problem = _read(claimed)
         request = in_transaction(runtime.sessions, lambda s: add(s, argv, source=f"file:{path.name}",
                                                                  refused=problem))
         log.info("once: request %s from file %s is %s%s", request.id, path.name, request.status,
@@ -103,13 +107,15 @@ def collect_files(runtime) -> int:
 
 
 def ripe_files(inbox: Path) -> list[Path]:
-    """*.cmd files old enough to be complete (File Manager may still be writing a younger one)."""
+    """*.cmd entries old enough to be complete (File Manager may still be writing a younger one).
+    Symbolic links, folders and FIFOs named *.cmd are listed too (by their own mtime, never their
+    target's): they are taken and refused with the reason, not left to be found again every tick."""
     if not inbox.is_dir():
         return []
     ripe = []
     for path in sorted(inbox.glob("*.cmd")):
         try:
-            if time.time() - path.stat().st_mtime >= FILE_MIN_AGE:
+            if time.time() - path.lstat().st_mtime >= FILE_MIN_AGE:
                 ripe.append(path)
         except FileNotFoundError:
             continue
@@ -127,11 +133,33 @@ def _take(runtime, path: Path) -> Path | None:
     return target
 
 
-def _read(path: Path, size: int) -> tuple[list[str] | None, str | None]:
-    if size > FILE_MAX_BYTES:
+def _read(path: Path) -> tuple[list[str] | None, str | None]:
+    """The command in a request file, or why it is refused. Only a regular file is read: a symbolic
+    link could make cronbox read (and archive) a file the operator did not put in the inbox, a FIFO
+    would block the tick forever on open or read, a device could be anything. O_NOFOLLOW refuses a
+    link, O_NONBLOCK keeps a FIFO's open from waiting for a writer, fstat on the opened descriptor
+    decides (no race between a check and the open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if path.is_symlink():
+            return None, "not a regular file: a symbolic link (only plain .cmd files are read)"
+        return None, f"cannot open the file: {exc.strerror}"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, f"not a regular file: {_KINDS.get(stat.S_IFMT(info.st_mode), 'a special file')}"
+        if info.st_size > FILE_MAX_BYTES:
+            return None, f"file larger than {FILE_MAX_BYTES} bytes"
+        with contextlib.suppress(OSError):  # archived among cronbox's private files (File Manager makes 0644)
+            os.fchmod(fd, 0o600)
+        raw = os.read(fd, FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > FILE_MAX_BYTES:
         return None, f"file larger than {FILE_MAX_BYTES} bytes"
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None, "file is not UTF-8 text"
     lines = [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
@@ -147,7 +175,7 @@ def migrate_from_file(runtime, run_command: CommandRunner) -> bool:
     without SSH with a tick that refuses to start and so never runs the request. The caller holds
     the tick lock; `migrate` takes its own."""
     for path in ripe_files(runtime.settings.instance / "run-once"):
-        if _read(path, path.stat().st_size)[0] != ["migrate"]:
+        if _read(path)[0] != ["migrate"]:
             continue
         started = clock.utcnow()
         code, output = execute(runtime, run_command, ["migrate"])

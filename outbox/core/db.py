@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, make_url, text
 from sqlalchemy.dialects import mysql as mysql_dialect, sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -120,9 +122,34 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
+def _private_database_file(settings: Settings, url: str) -> None:
+    """Create the SQLite database file 0600 before SQLite does (it would make it 0644 under the usual
+    umask). SQLite gives its -wal and -shm files the database file's mode, so they are private too:
+    they hold the same job payloads (phone numbers) and audit subjects. A database of cronbox's own,
+    in the instance folder, made wider by an older version is narrowed; a database elsewhere (the
+    host app's) keeps the mode its owner chose. The umask is not touched: it is process-wide, and a
+    web process has other threads creating files."""
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # no O_TRUNC: an existing file is kept
+    except OSError:
+        return  # SQLite reports what is wrong with the path when it connects
+    database = Path(path).resolve()
+    if database.parent == settings.instance.resolve():
+        for file in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+            try:
+                if file.stat().st_mode & 0o077:
+                    file.chmod(0o600)
+            except FileNotFoundError:
+                continue
+
+
 def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     if url not in ("sqlite://", "sqlite:///:memory:"):
         settings.private_dir()
+        _private_database_file(settings, url)
     engine = create_engine(url, connect_args={"timeout": 30}, **_pool_args(role))
     if role != "lock":
         _track_cleanliness(engine)

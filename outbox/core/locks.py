@@ -122,7 +122,7 @@ class FileLock:
         settings.private_dir("locks")
         self.name = purpose
         self.path = settings.locks_dir / f"{purpose}.lock"
-        self._lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
+        self._lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False, mode=0o600)
         self._timeout = filelock.Timeout
 
     def acquire(self) -> bool:

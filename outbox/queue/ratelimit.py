@@ -9,6 +9,7 @@ ends, using no attempt.
 from __future__ import annotations
 
 import calendar
+import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,6 +68,20 @@ class RateLimit:
         """Give back a slot taken in `window` (window_of() at acquire time): a login that turned out right."""
         session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window, R.c.used > 0)
                         .values(used=R.c.used - 1))
+
+
+def client_key(client_ip: str | None) -> str:
+    """The part of a per-client bucket name: the IP, IPv6 per /64 (the block one subscriber gets, so
+    rotating addresses inside it buys nothing), an IPv4-mapped address as IPv4, "-" when unknown."""
+    try:
+        address = ipaddress.ip_address(client_ip or "")
+    except ValueError:
+        return "-"
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def at_most_every(session: Session, bucket: str, seconds: float, now: datetime) -> float | None:

@@ -3,7 +3,9 @@
 Never file contents, never a signed link or token. File names are sealed
 (they can be PHI themselves: "HIV test.pdf"), so they stay hidden unless
 CRONBOX_OPS_SHOW_FILE_NAMES=on says this operator may see them; then the
-names of the files on the page are unsealed, nothing else.
+names of the files on the page are unsealed, nothing else, and shown as a
+download would save them (web.disposition: no control or bidi characters).
+Subjects and details are shown without those characters too (storage.display).
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from sqlalchemy import select
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from storage import audit, grants
+from storage.display import shown
 from storage.errors import StorageError
 from storage.models import AuditEntry, Grant, SealedFile
 from web import runtime
+from web.disposition import clean_name
 
 from .. import bp, paging
 from ..guard import act, client, confirm_page, confirmed, done
@@ -44,7 +48,7 @@ def _names(session, file_ids: set[str]) -> dict[str, str]:
     names = {}
     for row in session.scalars(select(SealedFile).where(SealedFile.id.in_(file_ids))):
         try:
-            names[row.id] = st.describe(row)[0]
+            names[row.id] = clean_name(st.describe(row)[0])  # what a download saves it as
         except (StorageError, ValueError):
             names[row.id] = "(cannot unseal)"
     return names
@@ -83,7 +87,7 @@ def files():
     audit_page, grants_page, names = in_transaction(runtime().sessions, read)
     filters = {k: v for k, v in (("file", file_id), ("subject", subject), ("outcome", outcome)) if v}
     return render_template("ops/files.html", page=audit_page, grants=grants_page, names=names, filters=filters,
-                           grant_state=grant_state, now=now, show_names=show_names())
+                           grant_state=grant_state, now=now, show_names=show_names(), shown=shown)
 
 
 @bp.post("/files/revoke")
