@@ -11,6 +11,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+from cron.cli import main
 from cron.scheduling import once
 from cron.scheduling.models import OnceRequest
 from tests.conftest import ONE_MYSQL_MODE
@@ -83,7 +84,7 @@ def test_an_entry_that_is_not_a_regular_file_is_refused_and_the_rest_runs(runtim
     good.write_bytes(b"queue status\n")
     _age(good)
 
-    collected, ran = _run_bounded(lambda: once.run_locked(runtime), fifo=path if kind == "fifo" else None)
+    collected, ran = _run_bounded(lambda: once.run_locked(runtime, main), fifo=path if kind == "fifo" else None)
 
     requests = _requests(runtime)
     refused = requests["file:x.cmd"]
@@ -103,5 +104,5 @@ def test_migrate_before_the_tick_ignores_what_is_not_a_regular_file(runtime, set
     path, outside = _make(kind, inbox, tmp_path)
     if kind == "symlink-outside":
         outside.write_bytes(b"migrate\n")
-    assert _run_bounded(lambda: once.migrate_from_file(runtime), fifo=path if kind == "fifo" else None) is False
+    assert _run_bounded(lambda: once.migrate_from_file(runtime, main), fifo=path if kind == "fifo" else None) is False
     assert os.path.lexists(path)  # left for the normal collection, which refuses it with the reason

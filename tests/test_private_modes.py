@@ -58,7 +58,7 @@ def test_everything_cronbox_creates_is_private(env, usual_umask, tmp_path):
             files, folders = _modes(instance)
     finally:
         rt.dispose()
-    if settings.is_sqlite:
+    if settings.database_url.startswith("sqlite"):
         assert {"cronbox.db", "cronbox.db-wal", "cronbox.db-shm"} <= {Path(p).name for p in files}
     assert any(p.endswith(".sealed") for p in files) and any(p.endswith(".log") for p in files)
     assert any(p.endswith(".lock") for p in files) and any(p.endswith(".key") for p in files)
