@@ -200,7 +200,7 @@ def fill(t: Target, n: int, now: datetime) -> dict:
 # ---- what to fetch ------------------------------------------------------------------------------
 
 def cursor_text(*values) -> str:
-    """web/ops/paging.py's cursor: the key values joined by '~', datetimes in ISO format."""
+    """outbox/core/paging.py's cursor: the key values joined by '~', datetimes in ISO format."""
     return "~".join(v.isoformat() if isinstance(v, datetime) else str(v) for v in values)
 
 

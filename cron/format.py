@@ -5,6 +5,7 @@ from datetime import datetime
 
 import click
 
+from outbox.core import paging
 from outbox.core.durations import parse_duration
 
 
@@ -45,3 +46,19 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+class PageCursor(click.ParamType):
+    """A list's page cursor (`--after`), as printed at the end of a full page."""
+    name = "cursor"
+
+    def __init__(self, kinds):
+        self.kinds = kinds
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return paging.parse_cursor(value, self.kinds)
+        except paging.BadCursor:
+            self.fail(f"{value!r} is not a cursor printed by this list", param, ctx)

@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from outbox.core import clock
+from outbox.core import clock, paging
 
 from .models import AuditEntry, Grant
 
@@ -63,11 +63,20 @@ def record(session: Session, action: str, outcome: str, *, status: int | None = 
     return entry
 
 
-def recent(session: Session, *, file_id: str | None = None, limit: int = 100) -> list[AuditEntry]:
-    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+def page(session: Session, cursor: tuple | None = None, *, file_id: str | None = None, subject: str | None = None,
+         outcome: str | None = None, size: int = paging.PAGE_SIZE) -> paging.Page:
+    """Entries newest first (cursor: the id), for `storage audit` and the console; each filter has its
+    (filter, id) index, so a page deep in 100k entries is still a range read."""
+    A = AuditEntry.__table__
+    rows = select(A.c.id, A.c.at, A.c.action, A.c.outcome, A.c.status, A.c.file_id, A.c.grant_id, A.c.subject,
+                  A.c.range_start, A.c.range_end, A.c.bytes_sent, A.c.client_ip, A.c.detail)
     if file_id is not None:
-        query = query.where(AuditEntry.file_id == file_id)
-    return list(session.scalars(query))
+        rows = rows.where(A.c.file_id == file_id)
+    if subject is not None:
+        rows = rows.where(A.c.subject == subject)
+    if outcome is not None:
+        rows = rows.where(A.c.outcome == outcome)
+    return paging.page(session, rows, (A.c.id,), cursor, size=size)
 
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, or_, select, update
-from outbox.core.db import insert_ignore
 from sqlalchemy.orm import Session
+
+from outbox.core import paging
+from outbox.core.db import insert_ignore
 
 from .errors import GrantInvalid
 from .models import Grant, GrantUse, SealedFile
@@ -138,3 +140,19 @@ def prune(session: Session, now: datetime, batch: int) -> int:
         session.execute(delete(GrantUse).where(GrantUse.grant_id.in_(ids)))
         session.execute(delete(Grant).where(Grant.id.in_(ids)))
     return len(ids)
+
+
+def page(session: Session, cursor: tuple | None = None, *, file_id: str | None = None, subject: str | None = None,
+         size: int = 20) -> paging.Page:
+    """Grants newest first (cursor: created_at, id), for the console."""
+    G = Grant.__table__
+    rows = select(G.c.id, G.c.file_id, G.c.subject, G.c.created_at, G.c.expires_at, G.c.max_uses, G.c.uses,
+                  G.c.revoked_at)
+    if file_id is not None:
+        rows = rows.where(G.c.file_id == file_id)
+    if subject is not None:
+        rows = rows.where(G.c.subject == subject)
+    return paging.page(session, rows, (G.c.created_at, G.c.id), cursor, size=size)
+
+
+PAGE_KEY = (datetime, str)  # the grants page cursor's value types

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core import clock
@@ -218,6 +219,16 @@ class Storage:
         return self.add(session, sealed, owner=owner)
 
     # --- reading -----------------------------------------------------------------------------
+
+    def names(self, session: Session, file_ids: set[str]) -> dict[str, str | None]:
+        """Original names of these files, unsealed; None for one whose metadata cannot be opened."""
+        names: dict[str, str | None] = {}
+        for row in session.scalars(select(SealedFile).where(SealedFile.id.in_(file_ids))) if file_ids else ():
+            try:
+                names[row.id] = self.describe(row)[0]
+            except (StorageError, ValueError):
+                names[row.id] = None
+        return names
 
     def describe(self, row: SealedFile) -> tuple[str, str]:
         """(original file name, content type), unsealed."""

@@ -8,7 +8,7 @@ import pytest
 from outbox.core.settings import load_settings
 from tests.conftest import run_cli
 from cron.operator import credentials
-from web.ops import paging
+from outbox.core import paging
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import click
 from cron.commands.base import Group, command_runner, runtime
 from cron.format import age, table
 from cron.scheduling import once as once_requests
-from cron.scheduling.models import OnceRequest
 from outbox.core import clock
 from outbox.core.db import in_transaction
 
@@ -36,7 +35,7 @@ def once_add(command):
 def once_list(limit):
     """Recent requests: pending, running, done, failed or refused."""
     rt = runtime()
-    rows = in_transaction(rt.sessions, lambda s: once_requests.listing(s, limit))
+    rows = in_transaction(rt.sessions, lambda s: once_requests.page(s, size=limit)).rows
     if not rows:
         click.echo("no one-off requests")
         return
@@ -51,8 +50,7 @@ def once_list(limit):
 def once_show(request_id):
     """One request with its output and exit code."""
     rt = runtime()
-    with rt.sessions() as session:
-        row = session.get(OnceRequest, request_id)
+    row = in_transaction(rt.sessions, lambda s: once_requests.get(s, request_id))
     if row is None:
         raise click.ClickException(f"no one-off request {request_id}")
     click.echo(f"request {row.id}: {' '.join(json.loads(row.argv))}")

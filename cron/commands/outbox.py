@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, age, table
+from cron.format import DURATION, PageCursor, age, table
 from cron.scheduling.retention import prune_outbox
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -39,43 +39,37 @@ def status():
     """Per consumer: pending, due, dead, blocked keys, oldest due age."""
     rt = runtime()
     now = clock.utcnow()
-
-    def read(session):
-        return (deliveries.status(session, now), deliveries.unfanned_count(session),
-                deliveries.blocked_keys(session))
-
-    per_consumer, unfanned, blocked = in_transaction(rt.sessions, read)
-    registered = set(rt.consumers.names())
-    names = sorted(set(per_consumer) | registered)
-    rows = []
-    for name in names:
-        st = per_consumer.get(name) or deliveries.ConsumerStatus(name)
-        label = name if name in registered else f"{name} (not registered here)"
-        rows.append([label, st.pending, st.due, st.dead, st.blocked_keys, age(st.oldest_due_at, now)])
+    view = in_transaction(rt.sessions, lambda s: deliveries.overview(s, rt.consumers, now))
+    rows = [[name if registered else f"{name} (not registered here)", st.pending, st.due, st.dead,
+             st.blocked_keys, age(st.oldest_due_at, now)] for name, registered, st in view.consumers]
     click.echo(table(["consumer", "pending", "due", "dead", "blocked keys", "oldest due"], rows)
                if rows else "no consumers registered and no deliveries")
-    click.echo(f"events not yet fanned out: {unfanned}")
-    if blocked:
+    click.echo(f"events not yet fanned out: {view.unfanned}")
+    if view.blocked:
         click.echo("blocked keys (consumer, key, held by delivery, waiting behind it):")
-        for row in blocked:
+        for row in view.blocked:
             click.echo(f"  {row.consumer}  {row.key}  #{row.id} ({row.status})  {row.waiting} waiting")
 
 
 @outbox.command()
-@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
-def dead(limit):
-    """List dead deliveries (ids for `outbox retry` / `outbox skip`)."""
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True)
+@click.option("--after", "cursor", type=PageCursor(deliveries.DEAD_KEY), default=None,
+              help="Continue after this cursor (printed at the end of a full page).")
+def dead(limit, cursor):
+    """List dead deliveries, latest attempt first (ids for `outbox retry` / `outbox skip`)."""
     rt = runtime()
-    rows = in_transaction(rt.sessions, lambda s: deliveries.dead(s, limit))
-    if not rows:
+    page = in_transaction(rt.sessions, lambda s: deliveries.dead_page(s, cursor, size=limit))
+    if not page.rows:
         click.echo("no dead deliveries")
         return
     now = clock.utcnow()
     click.echo(table(
         ["id", "consumer", "event", "type", "key", "attempts", "died", "last error"],
         [[r.id, r.consumer, r.event_id, r.type, r.key, r.attempts, age(r.finished_at, now) + " ago",
-          (r.last_error or "")[:80]] for r in rows],
+          (r.last_error or "")[:80]] for r in page.rows],
     ))
+    if page.after:
+        click.echo(f"more: outbox dead --after {page.after}")
 
 
 def _ids_or_all(ids: tuple[int, ...], all_: bool) -> list[int] | None:

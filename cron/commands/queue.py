@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, age, table
+from cron.format import DURATION, PageCursor, age, table
 from cron.scheduling.retention import flush_failed, prune_queue
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -63,25 +63,24 @@ def status():
     """Per queue: ready, delayed, reserved, failed, oldest ready age."""
     rt = runtime()
     now = clock.utcnow()
-    per_queue = in_transaction(rt.sessions, lambda s: jobstore.status(s, now))
-    names = list(dict.fromkeys(rt.default_queues() + sorted(per_queue)))
-    if not names:
+    queues = in_transaction(rt.sessions, lambda s: jobstore.overview(s, rt.default_queues(), now))
+    if not queues:
         click.echo("no queues")
         return
-    rows = []
-    for name in names:
-        st = per_queue.get(name) or jobstore.QueueStatus(name)
-        rows.append([name, st.ready, st.delayed, st.reserved, st.failed, age(st.oldest_ready_at, now)])
+    rows = [[st.queue, st.ready, st.delayed, st.reserved, st.failed, age(st.oldest_ready_at, now)] for st in queues]
     click.echo(table(["queue", "ready", "delayed", "reserved", "failed", "oldest ready"], rows))
 
 
 @queue.command()
 @click.option("--queue", "queue_name", default=None, help="Only this queue.")
-@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
-def failed(queue_name, limit):
-    """Failed jobs with their error and trace id (ids for retry / forget)."""
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True)
+@click.option("--after", "cursor", type=PageCursor(jobstore.FAILED_KEY), default=None,
+              help="Continue after this cursor (printed at the end of a full page).")
+def failed(queue_name, limit, cursor):
+    """Failed jobs, latest first, with their error and trace id (ids for retry / forget)."""
     rt = runtime()
-    rows = in_transaction(rt.sessions, lambda s: jobstore.failed(s, queue=queue_name, limit=limit))
+    page = in_transaction(rt.sessions, lambda s: jobstore.failed_page(s, cursor, queue=queue_name, size=limit))
+    rows = page.rows
     if not rows:
         click.echo("no failed jobs")
         return
@@ -89,6 +88,8 @@ def failed(queue_name, limit):
     click.echo(table(["id", "queue", "handler", "attempts", "failed", "trace", "error"],
                      [[r.id, r.queue, r.handler, r.attempts, age(r.finished_at, now) + " ago", r.trace_id,
                        (r.last_error or "")[:80]] for r in rows]))
+    if page.after:
+        click.echo(f"more: queue failed{f' --queue {queue_name}' if queue_name else ''} --after {page.after}")
 
 
 @queue.command()

@@ -142,7 +142,7 @@ def rewrap(batch_size):
 def audit_(file_id, limit):
     """Show the latest audit entries (uploads, grants, links issued, downloads and refusals)."""
     st = _storage()
-    rows = in_transaction(st.sessions, lambda s: file_audit.recent(s, file_id=file_id, limit=limit))
+    rows = in_transaction(st.sessions, lambda s: file_audit.page(s, file_id=file_id, size=limit)).rows
     if not rows:
         click.echo("no audit entries")
         return

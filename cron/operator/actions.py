@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cron.operator.models import OperatorAction
-from outbox.core import clock
+from outbox.core import clock, paging
 
 log_ = logging.getLogger("cronbox")
 OPERATOR = "operator"  # one operator: the password is the identity
@@ -26,6 +27,13 @@ def record(session: Session, action: str, *, target: str | None = None, outcome:
                          client_ip=client_ip and client_ip[:45])
     session.add(row)
     return row
+
+
+def page(session: Session, cursor: tuple | None = None, *, size: int = paging.PAGE_SIZE) -> paging.Page:
+    """The log, newest first (cursor: the id)."""
+    A = OperatorAction.__table__
+    rows = select(A.c.id, A.c.at, A.c.operator, A.c.action, A.c.target, A.c.outcome, A.c.detail, A.c.client_ip)
+    return paging.page(session, rows, (A.c.id,), cursor, size=size)
 
 
 def log(row: OperatorAction) -> None:

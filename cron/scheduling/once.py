@@ -29,7 +29,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from cron.scheduling.models import OnceRequest
-from outbox.core import clock
+from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from outbox.engine.budget import Budget
 
@@ -296,9 +296,15 @@ def run_holding_lock(runtime, run_command: CommandRunner, budget: Budget | None 
     return collect_files(runtime), run_pending(runtime, run_command, budget)
 
 
-def listing(session: Session, limit: int = 50):
-    return session.execute(select(Q.c.id, Q.c.argv, Q.c.source, Q.c.status, Q.c.exit_code, Q.c.requested_at,
-                                  Q.c.finished_at, Q.c.reason).order_by(Q.c.id.desc()).limit(limit)).all()
+def get(session: Session, request_id: int) -> OnceRequest | None:
+    return session.get(OnceRequest, request_id)
+
+
+def page(session: Session, cursor: tuple | None = None, *, size: int = paging.PAGE_SIZE) -> paging.Page:
+    """Requests, newest first (cursor: the id), for `once list` and the console."""
+    rows = select(Q.c.id, Q.c.argv, Q.c.source, Q.c.status, Q.c.exit_code, Q.c.reason, Q.c.requested_at,
+                  Q.c.finished_at)
+    return paging.page(session, rows, (Q.c.id,), cursor, size=size)
 
 
 def prune(session: Session, before: datetime, batch: int = 500) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -43,3 +43,16 @@ def prune(session, cutoff, batch: int) -> int:
     if ids:
         session.execute(delete(H).where(H.c.id.in_(ids)))
     return len(ids)
+
+
+def recent(session, command: str, limit: int) -> list[Heartbeat]:
+    """The latest runs of `command`, newest first."""
+    return list(session.scalars(select(Heartbeat).where(Heartbeat.command == command)
+                                .order_by(Heartbeat.started_at.desc(), Heartbeat.id.desc()).limit(limit)))
+
+
+def between(session, start, end):
+    """(started_at, command, delivered, jobs_done, backlog, outcome) of every run started in [start, end):
+    what the console's 24-hour chart draws."""
+    return session.execute(select(H.c.started_at, H.c.command, H.c.delivered, H.c.jobs_done, H.c.backlog,
+                                  H.c.outcome).where(H.c.started_at >= start, H.c.started_at < end)).all()

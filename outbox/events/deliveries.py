@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
+from outbox.core import paging
 from outbox.core.db import insert_ignore
 from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
@@ -230,15 +231,18 @@ def last_dead_id(session: Session) -> int | None:
     return session.scalar(select(func.max(D.c.id)).where(D.c.status == DEAD))
 
 
-def dead(session: Session, limit: int = 200):
-    return session.execute(
-        select(D.c.id, D.c.consumer, D.c.key, D.c.attempts, D.c.last_error, D.c.finished_at, E.c.id.label("event_id"),
-               E.c.type, E.c.trace_id)
-        .join(E, E.c.id == D.c.event_id)
-        .where(D.c.status == DEAD)
-        .order_by(D.c.id)
-        .limit(limit)
-    ).all()
+# Dead deliveries, newest attempt first; served by the (status, next_attempt_at, id) index.
+DEAD_ORDER = (D.c.next_attempt_at, D.c.id)
+DEAD_INDEX = "ix_cronbox_deliveries_status_next_attempt_at_id"
+DEAD_KEY = (datetime, int)  # the page cursor's value types
+
+
+def dead_page(session: Session, cursor: tuple | None = None, *, size: int = paging.PAGE_SIZE) -> paging.Page:
+    """One page of dead deliveries with their event (ids for `outbox retry` / `outbox skip`)."""
+    rows = (select(D.c.id, D.c.consumer, D.c.key, D.c.attempts, D.c.last_error, D.c.next_attempt_at,
+                   D.c.finished_at, E.c.id.label("event_id"), E.c.type, E.c.trace_id)
+            .join(E, E.c.id == D.c.event_id).where(D.c.status == DEAD))
+    return paging.page(session, rows, DEAD_ORDER, cursor, size=size, index=DEAD_INDEX)
 
 
 @dataclass
@@ -360,3 +364,19 @@ def prune(session: Session, cutoff: datetime, batch: int) -> int:
     session.execute(delete(D).where(D.c.event_id.in_(ids), D.c.status.in_((DONE, SKIPPED))))
     session.execute(delete(E).where(E.c.id.in_(ids)))
     return len(ids)
+
+
+@dataclass
+class Overview:
+    """What `outbox status` and the console's outbox page show."""
+    consumers: list[tuple[str, bool, ConsumerStatus]]  # (name, registered here, counts), by name
+    unfanned: int
+    blocked: list
+
+
+def overview(session: Session, registry: Consumers, now: datetime) -> Overview:
+    per_consumer = status(session, now)
+    registered = set(registry.names())
+    names = sorted(set(per_consumer) | registered)
+    return Overview([(n, n in registered, per_consumer.get(n) or ConsumerStatus(n)) for n in names],
+                    unfanned_count(session), blocked_keys(session))

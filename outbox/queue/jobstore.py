@@ -16,9 +16,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, case, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from outbox.core import paging
 from outbox.engine.claim import claim
 from outbox.engine.registry import Jobs
-from outbox.queue.models import FAILED, DONE as JOB_DONE, READY, RESERVED, Job
+from outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
 ERROR_MAX = 1000
@@ -97,7 +98,7 @@ def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
         return 0
     return session.execute(
         update(J).where(_held(ids, token))
-        .values(status=JOB_DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now)
+        .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now)
     ).rowcount
 
 
@@ -169,12 +170,21 @@ def delete_finished(session: Session, status: str, before: datetime | None, batc
     return len(ids)
 
 
-def failed(session: Session, *, queue: str | None = None, limit: int = 200):
-    query = select(J.c.id, J.c.queue, J.c.handler, J.c.attempts, J.c.error_class, J.c.last_error, J.c.trace_id,
-                   J.c.finished_at).where(J.c.status == FAILED)
+# Failed jobs, most recently failed first; served by the (status, finished_at) index (InnoDB and
+# SQLite append the id).
+FAILED_ORDER = (J.c.finished_at, J.c.id)
+FAILED_INDEX = "ix_cronbox_jobs_status_finished_at"
+FAILED_KEY = (datetime, int)  # the page cursor's value types
+
+
+def failed_page(session: Session, cursor: tuple | None = None, *, queue: str | None = None,
+                size: int = paging.PAGE_SIZE) -> paging.Page:
+    """One page of failed jobs with their error and trace id (ids for retry / forget), never payloads."""
+    rows = select(J.c.id, J.c.queue, J.c.handler, J.c.attempts, J.c.error_class, J.c.last_error, J.c.trace_id,
+                  J.c.finished_at).where(J.c.status == FAILED)
     if queue is not None:
-        query = query.where(J.c.queue == queue)
-    return session.execute(query.order_by(J.c.id).limit(limit)).all()
+        rows = rows.where(J.c.queue == queue)
+    return paging.page(session, rows, FAILED_ORDER, cursor, size=size, index=FAILED_INDEX)
 
 
 @dataclass
@@ -222,3 +232,9 @@ def status(session: Session, now: datetime) -> dict[str, QueueStatus]:
 
 def backlog(session: Session, now: datetime) -> int:
     return session.scalar(select(func.count()).select_from(J).where(J.c.available_at <= now)) or 0
+
+
+def overview(session: Session, queues: list[str], now: datetime) -> list[QueueStatus]:
+    """`queues` (a runtime's default ones, in priority order) then any other queue with jobs."""
+    per_queue = status(session, now)
+    return [per_queue.get(n) or QueueStatus(n) for n in dict.fromkeys(queues + sorted(per_queue))]

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.engine.models import Heartbeat
+from outbox.engine import heartbeat
 
 MINUTES = 24 * 60
 HEIGHT = 100  # SVG units of each panel
@@ -52,10 +51,7 @@ def series(session: Session, now: datetime) -> Series:
     end = start + timedelta(minutes=MINUTES)
     handled, ticks, errors = [0] * MINUTES, [0] * MINUTES, [0] * MINUTES
     backlog: list[int | None] = [None] * MINUTES
-    H = Heartbeat
-    rows = session.execute(select(H.started_at, H.command, H.delivered, H.jobs_done, H.backlog, H.outcome)
-                           .where(H.started_at >= start, H.started_at < end))
-    for started_at, command, delivered, jobs_done, seen_backlog, outcome in rows:
+    for started_at, command, delivered, jobs_done, seen_backlog, outcome in heartbeat.between(session, start, end):
         minute = int((started_at - start).total_seconds() // 60)
         handled[minute] += (delivered or 0) + (jobs_done or 0)
         if outcome in FAILED_OUTCOMES:

@@ -19,7 +19,7 @@ from web import runtime
 from web.client import client_ip
 
 from . import bp, csrf
-from .paging import MAX_ID, BadCursor
+from outbox.core.paging import MAX_ID, BadCursor
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")

@@ -12,21 +12,18 @@ from __future__ import annotations
 from datetime import datetime
 
 from flask import abort, current_app, render_template, request
-from sqlalchemy import select
 
-from outbox.core import clock
+from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from storage import audit, grants
 from storage.display import shown
 from storage.errors import StorageError
-from storage.models import AuditEntry, Grant, SealedFile
 from web import runtime
 from web.disposition import clean_name
 
-from .. import bp, paging
+from .. import bp
 from ..guard import act, client, confirm_page, confirmed, done
 
-A, G = AuditEntry.__table__, Grant.__table__
 FILTER_MAX = 191
 
 
@@ -42,16 +39,11 @@ def show_names() -> bool:
 
 
 def _names(session, file_ids: set[str]) -> dict[str, str]:
-    if not show_names() or not file_ids:
+    """What a download would save each file as (no control or bidi characters), when names are shown."""
+    if not show_names():
         return {}
-    st = current_app.extensions["cronbox.storage"]
-    names = {}
-    for row in session.scalars(select(SealedFile).where(SealedFile.id.in_(file_ids))):
-        try:
-            names[row.id] = clean_name(st.describe(row)[0])  # what a download saves it as
-        except (StorageError, ValueError):
-            names[row.id] = "(cannot unseal)"
-    return names
+    names = current_app.extensions["cronbox.storage"].names(session, file_ids)
+    return {i: clean_name(n) if n is not None else "(cannot unseal)" for i, n in names.items()}
 
 
 STATES = {None: "active", "revoked": "revoked", "grant-expired": "expired", "exhausted": "used up"}
@@ -66,21 +58,10 @@ def files():
     now = clock.utcnow()
     file_id, subject, outcome = _filter("file"), _filter("subject"), _filter("outcome")
     cursor = paging.parse_cursor(request.args.get("after"), (int,))
-    grants_cursor = paging.parse_cursor(request.args.get("grants_after"), (datetime, str))
-    entries = select(A.c.id, A.c.at, A.c.action, A.c.outcome, A.c.status, A.c.file_id, A.c.grant_id, A.c.subject,
-                     A.c.range_start, A.c.range_end, A.c.bytes_sent, A.c.client_ip, A.c.detail)
-    grant_rows = select(G.c.id, G.c.file_id, G.c.subject, G.c.created_at, G.c.expires_at, G.c.max_uses, G.c.uses,
-                        G.c.revoked_at)
-    if file_id:
-        entries, grant_rows = entries.where(A.c.file_id == file_id), grant_rows.where(G.c.file_id == file_id)
-    if subject:
-        entries, grant_rows = entries.where(A.c.subject == subject), grant_rows.where(G.c.subject == subject)
-    if outcome:
-        entries = entries.where(A.c.outcome == outcome)
-
+    grants_cursor = paging.parse_cursor(request.args.get("grants_after"), grants.PAGE_KEY)
     def read(s):
-        audit_page = paging.page(s, entries, (A.c.id,), cursor)
-        grants_page = paging.page(s, grant_rows, (G.c.created_at, G.c.id), grants_cursor, size=20)
+        audit_page = audit.page(s, cursor, file_id=file_id, subject=subject, outcome=outcome)
+        grants_page = grants.page(s, grants_cursor, file_id=file_id, subject=subject)
         ids = {r.file_id for r in audit_page.rows if r.file_id} | {r.file_id for r in grants_page.rows}
         return audit_page, grants_page, _names(s, ids)
 

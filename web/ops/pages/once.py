@@ -4,18 +4,15 @@ from __future__ import annotations
 import json
 
 from flask import abort, render_template, request
-from sqlalchemy import select
 
 from cron.scheduling import once as once_requests
-from cron.scheduling.models import OnceRequest
-from outbox.core import clock
+from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from web import runtime
 
-from .. import bp, paging
+from .. import bp
 from ..guard import act, confirm_page, confirmed, done
 
-Q = OnceRequest.__table__
 COMMAND_MAX = 500
 # Allow-listed commands that delete or rewrite stored data: the console asks before queueing them.
 DESTRUCTIVE = {("outbox", "skip"), ("outbox", "prune"), ("queue", "forget"), ("queue", "flush"),
@@ -32,9 +29,7 @@ def argv_text(argv_json: str) -> str:
 @bp.get("/once")
 def once():
     cursor = paging.parse_cursor(request.args.get("after"), (int,))
-    rows = select(Q.c.id, Q.c.argv, Q.c.source, Q.c.status, Q.c.exit_code, Q.c.reason, Q.c.requested_at,
-                  Q.c.finished_at)
-    page = in_transaction(runtime().sessions, lambda s: paging.page(s, rows, (Q.c.id,), cursor))
+    page = in_transaction(runtime().sessions, lambda s: once_requests.page(s, cursor))
     allowed = [" ".join(p) for p in once_requests.ALLOWED]
     return render_template("ops/once.html", page=page, allowed=allowed, argv_text=argv_text, now=clock.utcnow(),
                            command=request.args.get("command", ""))
@@ -64,7 +59,7 @@ def once_add():
 def once_show(request_id: int):
     if request_id > paging.MAX_ID:
         abort(404)
-    row = in_transaction(runtime().sessions, lambda s: s.get(OnceRequest, request_id))
+    row = in_transaction(runtime().sessions, lambda s: once_requests.get(s, request_id))
     if row is None:
         abort(404)
     return render_template("ops/once_show.html", row=row, command=argv_text(row.argv), now=clock.utcnow())

@@ -1,45 +1,25 @@
 """Outbox: per consumer pending / due / dead / blocked keys; dead deliveries; retry or skip, one or all."""
 from __future__ import annotations
 
-from datetime import datetime
-
 from flask import render_template, request
-from sqlalchemy import select
 
-from outbox.core import clock
+from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from outbox.events import deliveries
-from outbox.events.models import DEAD, Delivery, OutboxEvent
 from web import runtime
 
-from .. import bp, paging
+from .. import bp
 from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note
-
-D, E = Delivery.__table__, OutboxEvent.__table__
-# Newest attempt first; served by the (status, next_attempt_at, id) index.
-ORDER = (D.c.next_attempt_at, D.c.id)
-INDEX = "ix_cronbox_deliveries_status_next_attempt_at_id"
-
 
 @bp.get("/outbox")
 def outbox():
     rt = runtime()
     now = clock.utcnow()
-    cursor = paging.parse_cursor(request.args.get("after"), (datetime, int))
-    dead_rows = (select(D.c.id, D.c.consumer, D.c.key, D.c.attempts, D.c.last_error, D.c.next_attempt_at,
-                        D.c.finished_at, E.c.id.label("event_id"), E.c.type, E.c.trace_id)
-                 .join(E, E.c.id == D.c.event_id).where(D.c.status == DEAD))
-
-    def read(s):
-        return (deliveries.status(s, now), deliveries.unfanned_count(s), deliveries.blocked_keys(s),
-                paging.page(s, dead_rows, ORDER, cursor, index=INDEX))
-
-    per_consumer, unfanned, blocked, page = in_transaction(rt.sessions, read)
-    registered = set(rt.consumers.names())
-    names = sorted(set(per_consumer) | registered)
-    consumers = [(n, n in registered, per_consumer.get(n) or deliveries.ConsumerStatus(n)) for n in names]
-    return render_template("ops/outbox.html", consumers=consumers, unfanned=unfanned, blocked=blocked, page=page,
-                           now=now)
+    cursor = paging.parse_cursor(request.args.get("after"), deliveries.DEAD_KEY)
+    view, page = in_transaction(rt.sessions, lambda s: (deliveries.overview(s, rt.consumers, now),
+                                                        deliveries.dead_page(s, cursor)))
+    return render_template("ops/outbox.html", consumers=view.consumers, unfanned=view.unfanned,
+                           blocked=view.blocked, page=page, now=now)
 
 
 @bp.post("/outbox/retry")

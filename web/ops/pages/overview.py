@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from flask import render_template
-from sqlalchemy import select
 
 from cron.scheduling.health import run_checks
 from outbox.core import clock
 from outbox.core.db import in_transaction
-from outbox.engine.models import Heartbeat
+from outbox.engine import heartbeat
 from outbox.events import deliveries
 from outbox.queue import jobstore
 from web import runtime
@@ -24,9 +23,8 @@ def overview():
     report = run_checks(rt)
 
     def read(s):
-        ticks = s.execute(select(Heartbeat).where(Heartbeat.command == "tick")
-                          .order_by(Heartbeat.started_at.desc(), Heartbeat.id.desc()).limit(RECENT_TICKS)).scalars().all()
-        return deliveries.backlog(s, now), deliveries.unfanned_count(s), list(ticks), chart.series(s, now)
+        ticks = heartbeat.recent(s, "tick", RECENT_TICKS)
+        return deliveries.backlog(s, now), deliveries.unfanned_count(s), ticks, chart.series(s, now)
 
     backlog, unfanned, ticks, data = in_transaction(rt.sessions, read)
     queues = report.queues  # read by the health checks a moment ago: counting failed jobs once is enough

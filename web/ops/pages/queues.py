@@ -1,26 +1,17 @@
 """Queues: per queue ready / delayed / reserved / failed; failed jobs; retry, forget, flush."""
 from __future__ import annotations
 
-from datetime import datetime
-
 from flask import abort, render_template, request
-from sqlalchemy import select
 
 from cron.scheduling import once as once_requests
-from outbox.core import clock
+from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from outbox.queue import jobstore
 from outbox.queue.jobs import QUEUE_NAME
-from outbox.queue.models import FAILED, Job
 from web import runtime
 
-from .. import bp, paging
+from .. import bp
 from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note
-
-J = Job.__table__
-# Most recently failed first; served by the (status, finished_at) index (InnoDB and SQLite append the id).
-ORDER = (J.c.finished_at, J.c.id)
-INDEX = "ix_cronbox_jobs_status_finished_at"
 
 
 def _queue_arg(value: str | None) -> str | None:
@@ -36,15 +27,9 @@ def queues():
     rt = runtime()
     now = clock.utcnow()
     only = _queue_arg(request.args.get("queue"))
-    cursor = paging.parse_cursor(request.args.get("after"), (datetime, int))
-    failed_rows = select(J.c.id, J.c.queue, J.c.handler, J.c.attempts, J.c.error_class, J.c.last_error, J.c.trace_id,
-                         J.c.finished_at).where(J.c.status == FAILED)
-    if only:
-        failed_rows = failed_rows.where(J.c.queue == only)
-    per_queue, page = in_transaction(rt.sessions, lambda s: (jobstore.status(s, now),
-                                                             paging.page(s, failed_rows, ORDER, cursor, index=INDEX)))
-    names = list(dict.fromkeys(rt.default_queues() + sorted(per_queue)))
-    rows = [per_queue.get(n) or jobstore.QueueStatus(n) for n in names]
+    cursor = paging.parse_cursor(request.args.get("after"), jobstore.FAILED_KEY)
+    rows, page = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
+                                                        jobstore.failed_page(s, cursor, queue=only)))
     return render_template("ops/queues.html", queues=rows, page=page, only=only, now=now)
 
 

@@ -1,4 +1,4 @@
-"""Keyset pagination for the console's long lists (100k audit rows must not mean OFFSET 99,950).
+"""Keyset pagination for long lists, the console's and the CLI's (100k audit rows must not mean OFFSET 99,950).
 
 A page is the next `size` rows strictly after a cursor in the list's order,
 newest first. The order is one or two columns that end with the primary key
