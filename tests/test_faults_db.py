@@ -140,13 +140,13 @@ def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_appli
     assert pauses(runtime) >= 2
 
 
-def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_line(runtime, tick_env, proxy,
-                                                                                   mysql_admin, database):
+def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_line(runtime, tick_env, proxy):
     proc = start_cli(tick_env, "tick", "--max-time", "8")
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    [first] = record(runtime, "ping", 1)
+    _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the tick to be in its loop")
     proxy.refuse()
     proxy.cut()
-    record(runtime, "ping", 2)  # committed, never reachable by this tick: left for the next one
+    later = record(runtime, "ping", 2)  # committed, never reachable by this tick: left for the next one
     out, err = finish(proc)
     assert proc.returncode == 1, out + err
     lines = (out + err).splitlines()
@@ -158,3 +158,4 @@ def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_li
     proc = start_cli(tick_env, "tick", "--no-linger")
     out, err = finish(proc)
     assert proc.returncode == 0 and "delivered 2" in out, out + err
+    assert db_effects(runtime, "effects.ping") == Counter({i: 1 for i in [first, *later]})

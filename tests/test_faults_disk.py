@@ -29,16 +29,21 @@ BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing here
 @pytest.fixture
 def tmpfs():
     """mount(folder, size): a size-limited tmpfs on `folder`, unmounted after the test."""
-    if os.geteuid() != 0:
-        message = "mounting a size-limited tmpfs needs root (CI runs as root)"
+    def unavailable(message: str):
         if os.environ.get("CI") == "1":
             pytest.fail(f"CI=1: {message}")
         pytest.skip(f"disk-full tests skipped: {message}")
+
+    if os.geteuid() != 0:
+        unavailable("mounting a size-limited tmpfs needs root (CI runs as root)")
     mounted = []
 
     def mount(folder: Path, size: str) -> Path:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], check=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            unavailable(f"mount -t tmpfs failed: {done.stderr.strip()}")
         mounted.append(folder)
         return folder
 
