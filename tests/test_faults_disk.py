@@ -94,6 +94,19 @@ def test_storage_put_on_a_full_disk_fails_cleanly_and_leaves_nothing(store, smal
     assert read(store, earlier_id) == earlier
 
 
+def test_storage_put_command_on_a_full_disk_is_one_line_and_leaves_nothing(env, store, small_disk,  # noqa: F811
+                                                                          tmp_path):
+    earlier_id, earlier = small_disk
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(2 * 1024 * 1024))
+    proc = run_cli(env, "storage", "put", str(source), "--owner", "patient:4")
+    assert proc.returncode == 1 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert "No space left on device" in line
+    assert sealed_rows(store) == [earlier_id] and leftovers(store, {earlier_id}) == []
+    assert read(store, earlier_id) == earlier
+
+
 @pytest.mark.parametrize("form", [False, True], ids=["raw-body", "multipart"])
 def test_an_upload_on_a_full_disk_is_a_507_and_leaves_nothing(runtime, env, store, small_disk, form):  # noqa: F811
     earlier_id, earlier = small_disk
