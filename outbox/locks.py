@@ -170,7 +170,8 @@ class RunLock:
         return False
 
     def check(self) -> None:
-        """ensure(), raising LockLost when the lock is gone for good: call before each batch."""
+        """ensure(), raising LockLost when the lock is gone for good: call before each batch. A server
+        out of reach raises its connection error instead (the run loop waits, then asks again)."""
         if not self.ensure():
             raise LockLost(f"lock {self.name} lost (connection killed or server restarted) and not re-taken; "
                            "stopped claiming")
