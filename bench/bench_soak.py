@@ -154,7 +154,7 @@ def main() -> None:
         failed |= bool(r["problems"] or r["unfinished"] != (0, 0) or r["exits"] != {0})
         if not args.no_write:  # one section per backend: a MariaDB run does not erase the SQLite figures
             command = (f"nice -n 10 python -m bench.bench_soak --events {args.events} --jobs {args.jobs} "
-                       f"--days {args.days}" + (" --no-sqlite --mysql URL" if url else ""))
+                       f"--days {args.days} --ticks-per-day {args.ticks_per_day}" + (" --no-sqlite --mysql URL" if url else ""))
             write_section(f"soak-{label.lower()}", f"Soak: {label}", command, markdown(label, args, r))
     sys.exit(1 if failed else 0)
 
