@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +25,7 @@ class DailyFileHandler(logging.Handler):
         self.prefix = prefix
         self._day: str | None = None
         self._stream = None
+        self._failing = False  # the last write failed and stderr was told
 
     def _file_for(self, day: str):
         if day != self._day:
@@ -40,8 +42,25 @@ class DailyFileHandler(logging.Handler):
         try:
             day = datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%d")
             self._file_for(day).write(self.format(record) + "\n")
+            self._failing = False
+        except OSError as exc:
+            self._write_failed(exc)
         except Exception:
             self.handleError(record)
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A full disk or a broken folder must not stop the run, nor print a traceback per record to
+        stderr (cron mails it): say it once on stderr, drop lines until a write succeeds again."""
+        stream, self._stream, self._day = self._stream, None, None  # reopened (and retried) on the next record
+        if stream is not None:
+            try:
+                stream.close()  # flushing the line again fails; the descriptor is closed anyway
+            except OSError:
+                pass
+        if not self._failing:
+            self._failing = True
+            sys.stderr.write(f"cronbox: cannot write the log in {self.folder} ({exc.strerror or exc}); "
+                             "log lines are dropped until it can\n")
 
     def close(self) -> None:
         if self._stream is not None:
