@@ -13,6 +13,9 @@ the handler does to its session can end the transaction early:
   handler calls rollback(): a handler that returns with it failed has a failed attempt,
   and nothing it wrote is kept.
 
+`ctx.commit_now()` is the one way to commit before the ack (for records that must
+outlive the attempt); the session then joins a new attempt transaction.
+
 A handler that never touches it has no database effects to protect, which lets
 the runner batch its ack.
 """

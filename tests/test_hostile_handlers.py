@@ -14,13 +14,14 @@ import pytest
 from sqlalchemy import insert, select
 
 import outbox
-from outbox import clock
 from cron.tick import run_tick
+from outbox import clock
 from outbox.budget import Budget
 from outbox.consumers import consumer
 from outbox.jobs import JobRegistry, job
 from outbox.logs import LOGGER, DailyFileHandler, UtcFormatter
-from outbox.models import Delivery, Job
+from outbox.models import Delivery, Job, OutboxEvent
+from outbox.payload import load_payload
 from outbox.relay import Relay
 from outbox.worker import Worker
 from tests.conftest import run_cli
@@ -82,11 +83,10 @@ def items(rt) -> dict[tuple[str, str], object]:
     with rt.sessions() as session:
         out = {}
         for d, payload in session.execute(
-                select(Delivery, outbox.models.OutboxEvent.payload).join(outbox.models.OutboxEvent)
-                .where(Delivery.consumer == "hostile")):
-            out[("consumer", outbox.payload.load_payload(payload)["case"])] = d
+                select(Delivery, OutboxEvent.payload).join(OutboxEvent).where(Delivery.consumer == "hostile")):
+            out[("consumer", load_payload(payload)["case"])] = d
         for j in session.scalars(select(Job).where(Job.handler == "hostile.job")):
-            out[("job", outbox.payload.load_payload(j.payload)["case"])] = j
+            out[("job", load_payload(j.payload)["case"])] = j
         return out
 
 
