@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> in
     `runtime`: run inside an existing process (one-off runs from the tick) instead of opening one."""
     from cron import commands  # noqa: F401  (registers the commands)
 
+    _never_fail_on_encoding()
     try:
         result = cli.main(args=argv, prog_name=PROG, standalone_mode=False, obj=State(runtime))
     except click.exceptions.Exit as exc:
@@ -132,6 +133,16 @@ def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> in
         click.echo("error: interrupted", err=True)
         return 1
     return result if isinstance(result, int) else 0
+
+
+def _never_fail_on_encoding() -> None:
+    """Under cron the locale is often C (ASCII) or PYTHONIOENCODING=ascii: text our output or a handler's
+    print() cannot encode is escaped (\\xe9, \\udcff) instead of raising UnicodeEncodeError mid-run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (tests), or closed
+            pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,7 +13,7 @@ from typing import Callable
 from . import clock, deliveries
 from .budget import Budget
 from .context import Context, Event
-from .db import in_transaction, session_factory
+from .db import in_transaction
 from .execution import Outcome
 from .payload import load_payload
 from .processing import Processor
@@ -35,19 +35,8 @@ class Relay(Processor):
         self._warned: set[str] = set()
 
     def run(self, budget: Budget) -> int:
-        """Relay until nothing is due or the budget says stop; returns deliveries handled + events fanned out.
-
-        One pooled connection is held for the round (never a transaction across
-        handlers): every checkout would otherwise cost a pre-ping and a reset
-        ROLLBACK, two round trips per delivery.
-        """
-        self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
-        with self.runtime.engine.connect() as connection:
-            self.sessions = session_factory(connection)
-            try:
-                return self._run(budget)
-            finally:
-                self.sessions = self.runtime.sessions
+        """Relay until nothing is due or the budget says stop; returns deliveries handled + events fanned out."""
+        return self.on_one_connection(lambda: self._run(budget))
 
     def _run(self, budget: Budget) -> int:
         work = 0

@@ -13,7 +13,7 @@ from typing import Callable
 from . import clock, jobstore, pauses
 from .budget import Budget
 from .context import Context
-from .db import in_transaction, session_factory
+from .db import in_transaction
 from .execution import RETRY_LATER, Outcome
 from .jobs import JobRegistry
 from .payload import load_payload
@@ -36,13 +36,7 @@ class Worker(Processor):
 
     def run(self, budget: Budget) -> int:
         """Run jobs until none is due or the budget says stop; returns the number of jobs handled."""
-        self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
-        with self.runtime.engine.connect() as connection:
-            self.sessions = session_factory(connection)  # one checkout per round, not per job
-            try:
-                return self._run(budget)
-            finally:
-                self.sessions = self.runtime.sessions
+        return self.on_one_connection(lambda: self._run(budget))
 
     @property
     def queues(self) -> list[str]:

@@ -200,7 +200,7 @@ class Twilio:
                     subject="SMS outcome unknown",
                     body=f"{ctx.idempotency_key} (trace {ctx.trace_id}) to {attempts.mask_recipient(to)} timed out and "
                          f"could not be looked up ({why}). It may have been sent; it will not be resent.")
-        ctx.session.commit()
+        ctx.commit_now()
         raise PermanentFailure(f"outcome unknown: the message may have been sent and Twilio could not be asked "
                                f"({why}); not resending")
 
