@@ -32,7 +32,18 @@ for command in (demo.demo, health.health, migrate.migrate, once.once, outbox.out
 def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> int:
     """Entry point of `python -m cron`: one line for any error, meaningful exit code.
     `runtime`: run inside an existing process (one-off runs from the tick) instead of opening one."""
+    _never_fail_on_encoding()
     return run(cli, argv, runtime=runtime)
+
+
+def _never_fail_on_encoding() -> None:
+    """Under cron the locale is often C (ASCII) or PYTHONIOENCODING=ascii: text our output or a handler's
+    print() cannot encode is escaped (\\xe9, \\udcff) instead of raising UnicodeEncodeError mid-run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (tests), or closed
+            pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -221,7 +221,7 @@ def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, ti
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "one-off runs 1" in proc.stdout
     with runtime.sessions() as session:
-        [row] = once.listing(session, 5)
+        [row] = once.page(session, size=5).rows
     assert row.status == "done" and row.exit_code == 0
 
 

@@ -23,6 +23,7 @@ may buffer before Python sees the body is documented in the README.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from dataclasses import dataclass
@@ -343,6 +344,11 @@ def upload():
         return refuse("the upload was interrupted", 400)
     except (StorageError, ValueError) as exc:
         return refuse(str(exc), 400)
+    except OSError as exc:  # the sealed file's disk is full (or over quota): nothing of it stays (discarded)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.error("files: upload refused: no space left for sealed files (%s)", exc.strerror)
+        return refuse("no space left on the server to store the file; try again later", 507)
     try:
         file_id = in_transaction(runtime().sessions, lambda s: st.add(s, sealed, owner=owner, client=client,
                                                                       actor=principal))

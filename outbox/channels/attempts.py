@@ -1,6 +1,6 @@
 """The send-attempt log: one row per try, with the provider's answer and never the content.
 
-Written through the job's ctx.session and committed at once (before any further
+Written through the job's ctx.session and committed at once with ctx.commit_now() (before any further
 network call), so failed attempts are kept too and no transaction stays open
 while we wait on a provider.
 """
@@ -24,7 +24,7 @@ def record(ctx, *, channel: str, recipient: str, outcome: str, http_status: int 
         outcome=outcome, http_status=http_status, provider_status=(provider_status or None) and provider_status[:64],
         provider_id=(provider_id or None) and str(provider_id)[:191], detail=(detail or None) and detail[:500],
         created_at=clock.utcnow()))
-    ctx.session.commit()
+    ctx.commit_now()
 
 
 def previous(ctx, channel: str) -> list[tuple[str, datetime]]:
@@ -33,7 +33,7 @@ def previous(ctx, channel: str) -> list[tuple[str, datetime]]:
     rows = [(r.outcome, r.created_at) for r in ctx.session.execute(
         select(A.c.outcome, A.c.created_at).where(A.c.idempotency_key == ctx.idempotency_key,
                                                   A.c.channel == channel).order_by(A.c.id))]
-    ctx.session.commit()
+    ctx.commit_now()
     return rows
 
 

@@ -47,7 +47,7 @@ def send_sms(payload, ctx):
                     subject="SMS outcome unknown",
                     body=f"{ctx.idempotency_key} (trace {ctx.trace_id}) to {exc.recipient} timed out and could not "
                          f"be looked up ({exc.why}). It may have been sent; it will not be resent.")
-        ctx.session.commit()  # the attempt and the alert stay, though the job fails
+        ctx.commit_now()  # the attempt and the alert stay, though the job fails
         raise
 
 

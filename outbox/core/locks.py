@@ -17,8 +17,9 @@ import logging
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
-from outbox.core.db import database_name, is_mysql
+from outbox.core.db import database_name, is_connection_lost, is_mysql
 from outbox.core.errors import LockLost
 from outbox.core.settings import Settings
 
@@ -89,7 +90,11 @@ class MySQLLock:
         self._discard()
         try:
             return self._take()
-        except Exception as exc:
+        except DBAPIError as exc:
+            if is_connection_lost(exc):
+                # The server is out of reach, so nobody can say whether another run holds the lock:
+                # the run waits it out like any lost connection and asks again (GET_LOCK(name, 0)).
+                raise
             log.warning("lock %s: could not reconnect to re-take it (%s)", self.name, type(exc).__name__)
             return False
 
@@ -165,7 +170,8 @@ class RunLock:
         return False
 
     def check(self) -> None:
-        """ensure(), raising LockLost when the lock is gone for good: call before each batch."""
+        """ensure(), raising LockLost when the lock is gone for good: call before each batch. A server
+        out of reach raises its connection error instead (the run loop waits, then asks again)."""
         if not self.ensure():
             raise LockLost(f"lock {self.name} lost (connection killed or server restarted) and not re-taken; "
                            "stopped claiming")

@@ -2,12 +2,15 @@
 
 Shared-host operators read these through File Manager, so lines are short and
 carry ids and a trace id, never PHI, phone numbers, message bodies or tokens
-(see `mask_phone` / `mask_secret`).
+(see `mask_phone` / `mask_secret`, and `mask_text` for texts we do not control,
+such as a handler's exception message).
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +27,7 @@ class DailyFileHandler(logging.Handler):
         self.prefix = prefix
         self._day: str | None = None
         self._stream = None
+        self._failing = False  # the last write failed and stderr was told
 
     def _file_for(self, day: str):
         if day != self._day:
@@ -40,8 +44,25 @@ class DailyFileHandler(logging.Handler):
         try:
             day = datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%d")
             self._file_for(day).write(self.format(record) + "\n")
+            self._failing = False
+        except OSError as exc:
+            self._write_failed(exc)
         except Exception:
             self.handleError(record)
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A full disk or a broken folder must not stop the run, nor print a traceback per record to
+        stderr (cron mails it): say it once on stderr, drop lines until a write succeeds again."""
+        stream, self._stream, self._day = self._stream, None, None  # reopened (and retried) on the next record
+        if stream is not None:
+            try:
+                stream.close()  # flushing the line again fails; the descriptor is closed anyway
+            except OSError:
+                pass
+        if not self._failing:
+            self._failing = True
+            sys.stderr.write(f"cronbox: cannot write the log in {self.folder} ({exc.strerror or exc}); "
+                             "log lines are dropped until it can\n")
 
     def close(self) -> None:
         if self._stream is not None:
@@ -89,3 +110,24 @@ def mask_secret(secret: str | None) -> str:
     if not secret:
         return ""
     return "****" + (secret[-2:] if len(secret) > 12 else "")
+
+
+# 7+ digits, optionally after "+", with up to two spaces, dashes or parentheses between them; not
+# starting inside a longer number, and not an ISO date (2026-11-30), which is no phone number.
+_PHONE = re.compile(r"(?<![\d+])(?!\d{4}-\d\d-\d\d(?!\d))\+?\d(?:[ ()\-]{0,2}\d){6,}")
+_EMAIL = re.compile(r"[\w.%+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+def mask_text(text: str | None) -> str:
+    """Free text (an exception message) with anything that looks like a phone number or an
+    e-mail address masked: +98 912 123 4567 -> +98*******567, jane@example.com -> j***@***."""
+    if not text:
+        return ""
+    text = _EMAIL.sub(lambda m: m.group()[0] + "***@***", text)
+    return _PHONE.sub(lambda m: mask_phone(re.sub(r"[^\d+]", "", m.group())), text)
+
+
+def log_text(text: str | None, limit: int = 300) -> str:
+    """A handler's error for a log line: masked first, then cut (cutting first could leave a
+    number too short to be recognised)."""
+    return mask_text(text)[:limit]

@@ -1,9 +1,23 @@
 """What a consumer or job receives.
 
-`ctx.session` is opened on first use and commits together with the ack, so a
-handler's database writes happen exactly once. A handler that never touches it
-has no database effects to protect, which lets the processor batch its ack
-(outbox/engine/processor.py, QuietAcks).
+`ctx.session` is opened on first use, inside a transaction the runner holds
+open on its connection; the session only ever works in a SAVEPOINT of it
+("create_savepoint" mode). The ack then runs in that same transaction and
+commits the handler's writes with it, so they happen exactly once, and nothing
+the handler does to its session can end the transaction early:
+
+- `commit()` releases the savepoint: the writes so far are kept, and commit with the ack;
+- `rollback()` and `close()` roll back to it: the writes since the last commit() are gone;
+- the session stays usable after any of them (the next statement opens a new savepoint);
+- a database error raised through it (a caught IntegrityError) leaves it failed until the
+  handler calls rollback(): a handler that returns with it failed has a failed attempt,
+  and nothing it wrote is kept.
+
+`ctx.commit_now()` is the one way to commit before the ack (for records that must
+outlive the attempt); the session then joins a new attempt transaction.
+
+A handler that never touches it has no database effects to protect, which lets
+the runner batch its ack.
 """
 from __future__ import annotations
 
@@ -11,7 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Transaction
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from outbox.engine.handler_call import describe
 
 
 @dataclass(frozen=True)
@@ -23,44 +42,124 @@ class Event:
     created_at: datetime
 
 
+class HandlerSession(Session):
+    """ctx.session: a Session in a savepoint of the attempt's transaction that remembers a database
+    error until it is rolled back (MySQL and SQLite undo only the failed statement, so without this
+    a handler's half-done writes would commit)."""
+
+    def __init__(self, transaction: HandlerTransaction):
+        super().__init__(bind=transaction.connection, join_transaction_mode="create_savepoint",
+                         expire_on_commit=False)
+        self.attempt_transaction = transaction
+        self.failed_with: str | None = None
+
+    def _watch(self, call, args, kwargs):
+        try:
+            return call(*args, **kwargs)
+        except DBAPIError as exc:
+            self.failed_with = describe(exc.orig or exc, 500)
+            raise
+
+    def execute(self, *args, **kwargs):
+        return self._watch(super().execute, args, kwargs)
+
+    def scalar(self, *args, **kwargs):
+        return self._watch(super().scalar, args, kwargs)
+
+    def scalars(self, *args, **kwargs):
+        return self._watch(super().scalars, args, kwargs)
+
+    def flush(self, *args, **kwargs):
+        return self._watch(super().flush, args, kwargs)
+
+
+@event.listens_for(HandlerSession, "after_transaction_create")
+def _begin_attempt_transaction(session: HandlerSession, transaction) -> None:
+    """The session is about to work: open the attempt's transaction first, so the session joins it
+    with a savepoint instead of starting (and committing) one of its own. Lazily, so that SQLite's
+    write lock (BEGIN IMMEDIATE) is not held before the handler writes."""
+    if transaction.parent is None:
+        session.attempt_transaction.begin()
+
+
+@event.listens_for(HandlerSession, "after_soft_rollback")
+def _forget_failure(session: HandlerSession, previous_transaction) -> None:
+    """rollback(), close() or a begin_nested() block the error left: the failed work is undone."""
+    session.failed_with = None
+
+
+class HandlerTransaction:
+    """The attempt's transaction on the runner's connection: the handler's savepoints, then the ack."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.outer: Transaction | None = None
+        self.session = HandlerSession(self)
+
+    def begin(self) -> None:
+        if not self.connection.in_transaction():
+            self.outer = self.connection.begin()
+
+    def commit(self) -> None:
+        """Commit the handler's writes and whatever the runner added through `session` (the ack).
+        COMMIT keeps the savepoint still open, so no RELEASE round trip is needed."""
+        try:
+            self.session.flush()
+            if self.outer is not None and self.outer.is_active:
+                self.outer.commit()
+        finally:
+            self.session.close()  # usable again: its next statement opens a new attempt transaction
+
+    def discard(self, *, invalidate: bool = False) -> None:
+        """Roll back everything; `invalidate` drops the connection (after a timeout interrupted it
+        mid-query, it must not be used again)."""
+        try:
+            if invalidate:
+                self.connection.invalidate()
+            if self.outer is not None and self.outer.is_active:
+                self.outer.rollback()
+        finally:
+            self.session.close()
+
+
 class Context:
-    def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, sessions: sessionmaker[Session],
+    def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
                  settings=None):
         self.attempt = attempt
         self.settings = settings  # the run's Settings (channels read their configuration here)
         self.trace_id = trace_id
         self.idempotency_key = idempotency_key
-        self._sessions = sessions
-        self._session: Session | None = None
+        self._connection = connection
+        self._transaction: HandlerTransaction | None = None
 
     @property
     def session(self) -> Session:
-        if self._session is None:
-            self._session = self._sessions()
-        return self._session
+        if self._transaction is None:
+            self._transaction = HandlerTransaction(self._connection)
+        return self._transaction.session
 
     @property
     def session_used(self) -> bool:
-        return self._session is not None
+        return self._transaction is not None
+
+    @property
+    def transaction(self) -> HandlerTransaction | None:
+        return self._transaction
+
+    def commit_now(self) -> None:
+        """Commit what ctx.session wrote so far for good, now, without waiting for the ack: for records
+        that must outlive a failed or killed attempt (the channels' send log, written before each
+        network call). Those writes are then at-least-once, not exactly-once."""
+        if self._transaction is not None:
+            if self._transaction.session.failed_with is not None:
+                raise RuntimeError("ctx.session failed on a database error; call ctx.session.rollback() first")
+            self._transaction.commit()
 
     def discard_session(self, *, invalidate: bool = False) -> None:
-        """Roll back the handler's writes; `invalidate` drops the connection (after a timeout
-        interrupted it mid-query, it must not go back to the pool)."""
-        if self._session is None:
-            return
-        try:
-            if invalidate:
-                self._session.invalidate()
-            else:
-                self._session.rollback()
-        finally:
-            self._session.close()
-            self._session = None
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        """Roll back the handler's writes (see HandlerTransaction.discard)."""
+        if self._transaction is not None:
+            transaction, self._transaction = self._transaction, None
+            transaction.discard(invalidate=invalidate)
 
     def __repr__(self) -> str:
         return f"Context(attempt={self.attempt}, trace_id={self.trace_id!r}, idempotency_key={self.idempotency_key!r})"

@@ -1,4 +1,12 @@
-"""Run one handler call and say how it ended; shared by the relay and the job worker.
+"""Run one handler call and say how it ended; shared by the relay, the job worker and scheduled tasks.
+
+Whatever the handler raises or returns becomes an Outcome whose texts are safe to
+print, log and store: valid UTF-8 (lone surrogates, e.g. from os.fsdecode, are
+escaped), one line, bounded. A BaseException the handler raises itself
+(SystemExit, KeyboardInterrupt, GeneratorExit, its own) is a failed attempt like
+any other; only cronbox's own HandlerTimeout and a real Ctrl-C (SignalInterrupt)
+keep their meaning. In cron runs SIGINT/SIGTERM never raise at all: StopSignals
+(outbox.runner) turns them into a stop after the current handler.
 
 The timeout is a SIGALRM timer (setitimer) that raises HandlerTimeout inside the
 handler. Signals only reach the main thread, so in any other thread there is no
@@ -8,6 +16,9 @@ or killed run keeps the work from others.
 """
 from __future__ import annotations
 
+import inspect
+import math
+import re
 import signal
 import threading
 import time
@@ -18,13 +29,20 @@ from typing import Callable
 from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater
 
 OK, RETRY_LATER, PERMANENT, ERROR, TIMEOUT = "ok", "retry-later", "permanent", "error", "timeout"
+ERROR_MAX = 1000  # the last_error columns
+TRACE_MAX = 8000
+RETRY_LATER_MAX = 366 * 86400.0  # further than this is a bug, and near datetime.max it overflows
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A real SIGINT while a handler ran, told apart from a handler raising KeyboardInterrupt itself."""
 
 
 @dataclass(frozen=True)
 class Outcome:
     kind: str
     seconds: float  # how long the handler ran
-    error: str | None = None  # "ExceptionClass: message", never the payload
+    error: str | None = None  # "ExceptionClass: message", never the payload; see describe()
     traceback: str | None = None
     retry_in: float | None = None  # RetryLater's delay
     raised: BaseException | None = None  # the RetryLater itself (a ChannelPaused carries its channel)
@@ -34,17 +52,63 @@ class Outcome:
         return self.kind == OK
 
 
-def describe(exc: BaseException) -> str:
-    text = str(exc).strip().replace("\n", " ")
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+_LINE_BREAKS = re.compile(r"[\t\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+
+
+def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> str:
+    """`text` made safe to print, log and store: lone surrogates and control characters escaped,
+    line breaks turned into spaces (unless `one_line` is False), at most `limit` characters."""
+    text = str.__str__(text)[:limit]  # an exact str: a subclass could override what follows
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if one_line:
+        text = _LINE_BREAKS.sub(" ", text)
+    text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text[:limit].strip()
+
+
+def ascii_text(text: str) -> str:
+    """For a column or terminal that takes nothing but ASCII."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def describe(exc: BaseException, limit: int = ERROR_MAX) -> str:
+    """"Class: message" for logs and error columns, whatever the exception does: a __str__ that
+    raises or returns a monster, odd args, unencodable text."""
+    name = _class_name(exc)
+    try:
+        text = str(exc)
+    except SignalInterrupt:
+        raise
+    except BaseException as err:  # a broken __str__ (or an arg whose __str__/__repr__ raises)
+        text = f"<str() raised {_class_name(err)}>"
+    text = clean_text(text, limit)
+    return f"{name}: {text}"[:limit] if text else name
+
+
+def _class_name(exc: BaseException) -> str:
+    try:
+        return clean_text(type(exc).__name__, 191) or "Exception"
+    except Exception:  # a metaclass with a __name__ that is not a string
+        return "Exception"
 
 
 def _raise_timeout(signum, frame):
     raise HandlerTimeout("handler ran past its timeout")
 
 
+def _raise_interrupt(signum, frame):
+    raise SignalInterrupt()
+
+
 def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
-    use_timer = timeout > 0 and threading.current_thread() is threading.main_thread()
+    main_thread = threading.current_thread() is threading.main_thread()
+    use_timer = timeout > 0 and main_thread
+    if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler
+        # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
+        # like Python's own handler).
+        signal.signal(signal.SIGINT, _raise_interrupt)
     if use_timer:
         # Installed once and left in place (it only acts while our timer is armed): swapping
         # handlers around every call cost two syscalls per job.
@@ -54,21 +118,58 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
     started = time.monotonic()
     try:
         try:
-            fn(*args)
+            result = fn(*args)
         finally:
             if use_timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+    except SignalInterrupt:
+        raise
     except HandlerTimeout as exc:
         return Outcome(TIMEOUT, time.monotonic() - started, f"HandlerTimeout: no result after {timeout:g}s",
                        _trace(exc))
     except RetryLater as exc:
-        return Outcome(RETRY_LATER, time.monotonic() - started, describe(exc), None, exc.seconds, exc)
+        seconds = _retry_seconds(exc)
+        if seconds is None:
+            return Outcome(ERROR, time.monotonic() - started,
+                           f"{describe(exc, 900)} (RetryLater.seconds is not a number of seconds from 0 to "
+                           f"{RETRY_LATER_MAX:.0f})", _trace(exc))
+        return Outcome(RETRY_LATER, time.monotonic() - started, describe(exc), None, seconds, exc)
     except PermanentFailure as exc:
         return Outcome(PERMANENT, time.monotonic() - started, describe(exc), _trace(exc))
-    except Exception as exc:  # the handler's own failure, whatever it is: record it, retry later
+    except BaseException as exc:  # the handler's own failure, whatever it is: record it, retry later
         return Outcome(ERROR, time.monotonic() - started, describe(exc), _trace(exc))
-    return Outcome(OK, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    problem = _unrun(result)
+    if problem is not None:
+        return Outcome(ERROR, seconds, problem)
+    return Outcome(OK, seconds)
+
+
+def _retry_seconds(exc: RetryLater) -> float | None:
+    try:
+        seconds = float(exc.seconds)
+    except Exception:
+        return None
+    return seconds if math.isfinite(seconds) and 0 <= seconds <= RETRY_LATER_MAX else None
+
+
+def _unrun(result) -> str | None:
+    """A coroutine or generator returned means the handler's body never ran (an `async def` or a
+    `yield` by mistake): that is an error, not a success. Any other return value is ignored."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()  # no "coroutine was never awaited" warning; the body still never runs
+        what = "a coroutine (async def?)" if inspect.iscoroutine(result) else "a generator (yield?)"
+        return f"HandlerError: the handler returned {what}, so its body never ran; handlers must be plain functions"
+    if inspect.isasyncgen(result) or inspect.isawaitable(result):
+        return "HandlerError: the handler returned an awaitable, so its work never ran; handlers must be plain functions"
+    return None
 
 
 def _trace(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except SignalInterrupt:
+        raise
+    except BaseException:  # formatting calls the exception's own methods too
+        return describe(exc)
+    return clean_text(text[-TRACE_MAX:], TRACE_MAX, one_line=False)

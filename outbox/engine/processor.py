@@ -6,12 +6,17 @@ For each claimed item, in claim order:
    batch took long (a lease that ran out could let another run start the same item);
 3. give up at once on an item whose attempts are used up (a crash mid-attempt);
 4. call the handler with a fresh Context, then
-   - success with ctx.session used: the ack joins the handler's transaction (exactly once);
+   - success with ctx.session used: the ack joins the handler's transaction (exactly once;
+     the handler's session only ever holds savepoints in it, see outbox.context);
    - success without it: the ack is batched with the others (nothing to protect);
    - RetryLater: back to waiting without using an attempt (subclasses may bound it);
    - failure: retry after the handler's backoff, or give up (dead / failed).
 
 Every state change is guarded by the claim token; a lost lease is rolled back and logged.
+Whatever a handler raises or returns ends as that item's outcome (outbox.execution); if even
+recording it fails for a reason other than the database going away, a plain ASCII error is
+recorded instead, so one bad item never stops the run. Log lines carry the error masked
+(outbox.logs.log_text); the full text goes only to the item's row.
 Subclasses supply the SQL (`_sql_*`), the handler lookup and the handler's arguments.
 """
 from __future__ import annotations
@@ -19,13 +24,26 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Callable
+
+from sqlalchemy.engine import Connection
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
-from outbox.core.faults import crash_point
+from outbox.core.db import in_transaction, is_connection_lost, session_factory
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.handler_call import PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, describe
+from outbox.engine.handler_call import (
+    ERROR,
+    PERMANENT,
+    RETRY_LATER,
+    TIMEOUT,
+    Outcome,
+    ascii_text,
+    call_handler,
+    describe,
+)
+from outbox.core.faults import crash_point
+from outbox.core.logs import log_text
 
 log = logging.getLogger("cronbox")
 
@@ -67,6 +85,7 @@ class Processor:
     def __init__(self, runtime):
         self.runtime = runtime
         self.sessions = runtime.sessions
+        self.connection: Connection | None = None  # the round's connection, while run() holds one
         self.stats = RunStats()
         self._started = False  # has the current item's handler been called?
 
@@ -93,6 +112,17 @@ class Processor:
         return now + timedelta(seconds=outcome.retry_in or 0)
 
     # -- the loop ------------------------------------------------------------------
+    def on_one_connection(self, run: Callable[[], int]) -> int:
+        """Run a round on one pooled connection (never a transaction across handlers): every
+        checkout would otherwise cost a pre-ping and a reset ROLLBACK, two round trips per item."""
+        self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
+        with self.runtime.engine.connect() as connection:
+            self.connection, self.sessions = connection, session_factory(connection)
+            try:
+                return run()
+            finally:
+                self.connection, self.sessions = None, self.runtime.sessions
+
     def process(self, claimed: list, budget: Budget) -> int:
         quiet_acks = QuietAcks()
         handled = 0
@@ -102,14 +132,21 @@ class Processor:
                 break
             self._started = False
             try:
-                if self._run_one(item, quiet_acks, budget):
-                    handled += 1
+                try:
+                    ran = self._run_one(item, quiet_acks, budget)
+                except Exception as exc:
+                    # Recording what the handler did failed: unless the database went away, one
+                    # item must not stop the run (or crash every later one on the same item).
+                    if not self._started or is_connection_lost(exc) or not self._record_unrecordable(item, exc):
+                        raise
+                    ran = True
             except BaseException:
                 # Database gone, or an interrupt: ack what finished, give back what never started
                 # (this item too, if it failed before its handler was called).
                 self._flush(quiet_acks, best_effort=True)
                 self._release(claimed[index + (1 if self._started else 0):], best_effort=True)
                 raise
+            handled += ran
         self._flush(quiet_acks)
         return handled
 
@@ -132,22 +169,39 @@ class Processor:
         # hands out a pruned row's id again, and keys outlive their rows (notifications, send attempts).
         ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
                       idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
-                      sessions=self.sessions, settings=self.runtime.settings)
-        outcome = self._before_call(item, handler)
-        if outcome is None:
-            self._started = True
-            outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
-            budget.record(outcome.seconds)
-        if outcome.ok and not ctx.session_used:
-            quiet_acks.add(item)
-            return True
-        if outcome.ok:
-            outcome = self._ack_with_session(item, handler, ctx, outcome)
-            if outcome.ok or outcome.kind == "lease-lost":
+                      connection=self.connection, settings=self.runtime.settings)
+        try:
+            outcome = self._before_call(item, handler)
+            if outcome is None:
+                self._started = True
+                outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
+                budget.record(outcome.seconds)
+            if outcome.ok and not ctx.session_used:
+                quiet_acks.add(item)
                 return True
-        else:
-            ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
+            if outcome.ok:
+                outcome = self._ack_with_session(item, handler, ctx, outcome)
+                if outcome.ok or outcome.kind == "lease-lost":
+                    return True
+            else:
+                ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
+        finally:
+            ctx.discard_session()  # whatever happened, the handler's transaction is over before the next write
         self._after_failure(item, handler, outcome)
+        return True
+
+    def _record_unrecordable(self, item, exc: Exception) -> bool:
+        """Storing the handler's outcome failed (text or values the database refuses): record a
+        plain ASCII error instead, by the usual retry rules. False if that fails too."""
+        handler = self._handler(item)
+        log.error("%s trace=%s: could not record the outcome (%s); recording a plain error instead",
+                  self._describe(item), item.trace_id, log_text(describe(exc)))
+        error = ascii_text(f"outcome not recordable: {describe(exc, 900)}")
+        try:
+            self._after_failure(item, handler, Outcome(ERROR, 0.0, error))
+        except Exception as err:
+            log.error("%s: could not record a plain error either (%s)", self._describe(item), log_text(describe(err)))
+            return False
         return True
 
     @staticmethod
@@ -168,20 +222,23 @@ class Processor:
 
     def _ack_with_session(self, item, handler, ctx: Context, outcome: Outcome) -> Outcome:
         """Commit the handler's writes and its ack together, or neither."""
+        transaction = ctx.transaction
+        if transaction.session.failed_with is not None:
+            ctx.discard_session()
+            return Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
+                                                   f"catching a database error): {transaction.session.failed_with}")
         try:
-            if self._sql_ack(ctx.session, [item.id], item.claim_token, clock.utcnow()) != 1:
+            if self._sql_ack(transaction.session, [item.id], item.claim_token, clock.utcnow()) != 1:
                 ctx.discard_session()
                 self.stats.lease_lost += 1
                 self._log(item, handler, "lease-lost", outcome, "lease expired before the ack; rolled back")
                 return Outcome("lease-lost", outcome.seconds)
             crash_point("before-ack-commit")
-            ctx.session.commit()
+            transaction.commit()
             crash_point("after-ack-commit")
         except Exception as exc:  # the handler's writes failed at commit (constraint, conflict): a failed attempt
             ctx.discard_session(invalidate=True)
-            return Outcome("error", outcome.seconds, f"commit failed: {describe(exc)}")
-        finally:
-            ctx.close()
+            return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
         self.stats.done += 1
         self._log(item, handler, "done", outcome)
         return outcome
@@ -267,7 +324,7 @@ class Processor:
         line = (f"{self._describe(item)} outcome={outcome_name} "
                 f"attempt={item.attempts}/{handler.max_attempts if handler else '?'} trace={item.trace_id} ms={ms}")
         if outcome is not None and outcome.error:
-            line += f" error={outcome.error[:300]!r}"
+            line += f" error={log_text(outcome.error)!r}"  # the full text is in the item's row
         if note:
             line += f" ({note})"
         if outcome_name == "done":

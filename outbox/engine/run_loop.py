@@ -126,5 +126,12 @@ def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Ca
         except Exception:
             pass  # the database is what failed; the row stays "running"
         raise
-    heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
+    try:
+        heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
+    except DBAPIError as exc:
+        if not (is_connection_lost(exc) and result.stop_reason == "lost-connection"):
+            raise
+        # The run already ended on the database being away: its summary says so; the row stays
+        # "running" (as for a killed run) rather than the run ending on a second, vaguer error.
+        log.warning("could not finish the heartbeat row: database still unreachable")
     return result

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Callable
 
 from outbox.core import clock
-from outbox.core.db import in_transaction, session_factory
+from outbox.core.db import in_transaction
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
@@ -36,19 +36,8 @@ class Relay(Processor):
         self._warned: set[str] = set()
 
     def run(self, budget: Budget) -> int:
-        """Relay until nothing is due or the budget says stop; returns deliveries handled + events fanned out.
-
-        One pooled connection is held for the round (never a transaction across
-        handlers): every checkout would otherwise cost a pre-ping and a reset
-        ROLLBACK, two round trips per delivery.
-        """
-        self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
-        with self.runtime.engine.connect() as connection:
-            self.sessions = session_factory(connection)
-            try:
-                return self._run(budget)
-            finally:
-                self.sessions = self.runtime.sessions
+        """Relay until nothing is due or the budget says stop; returns deliveries handled + events fanned out."""
+        return self.on_one_connection(lambda: self._run(budget))
 
     def _run(self, budget: Budget) -> int:
         work = 0

@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 from typing import Callable
 
 from outbox.core import clock
-from outbox.core.db import in_transaction, session_factory
+from outbox.core.db import in_transaction
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import RETRY_LATER, Outcome
 from outbox.engine.processor import Processor
-from outbox.queue import jobstore, pauses
 from outbox.engine.registry import Jobs
+from outbox.queue import jobstore, pauses
 
 log = logging.getLogger("cronbox")
 
@@ -37,13 +37,7 @@ class Worker(Processor):
 
     def run(self, budget: Budget) -> int:
         """Run jobs until none is due or the budget says stop; returns the number of jobs handled."""
-        self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
-        with self.runtime.engine.connect() as connection:
-            self.sessions = session_factory(connection)  # one checkout per round, not per job
-            try:
-                return self._run(budget)
-            finally:
-                self.sessions = self.runtime.sessions
+        return self.on_one_connection(lambda: self._run(budget))
 
     @property
     def queues(self) -> list[str]:

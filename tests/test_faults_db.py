@@ -1,0 +1,162 @@
+"""The database connection cut under a running tick: a loopback TCP proxy (tests/tcp_proxy.py) sits
+between the tick and MariaDB and kills both of its connections (lock and work) at a chosen moment,
+then refuses new ones until the test lets them through again. The shared server is never stopped."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from outbox.events.models import Delivery
+from outbox.queue.models import Job
+from tests.conftest import MYSQL_URL, start_cli
+from tests.handlers.effects import effects, metadata as effects_metadata
+from tests.handlers.faults import write as write_job
+from tests.tcp_proxy import TcpProxy
+from tests.test_mysql import _lock_holder
+from tests.test_tick import _wait_for, heartbeats, record
+
+BACKENDS = ["mysql-skip-locked"]  # the proxy is TCP; claim modes are covered where batches are cut
+HANDLERS = "tests.handlers.effects,tests.handlers.faults"
+
+
+@pytest.fixture
+def proxy():
+    with TcpProxy(make_url(MYSQL_URL).port or 3306) as p:
+        yield p
+
+
+@pytest.fixture
+def tick_env(env, runtime, proxy, tmp_path):
+    effects_metadata.create_all(runtime.engine)
+    return {**env, "DATABASE_URL": proxy.url(env["DATABASE_URL"]), "CRONBOX_HANDLERS": HANDLERS,
+            "TEST_EFFECTS_FILE": str(tmp_path / "effects.txt")}
+
+
+def log_text(runtime) -> str:
+    return "".join(p.read_text() for p in sorted(runtime.settings.logs_dir.glob("cronbox-*.log")))
+
+
+def pauses(runtime) -> int:
+    """How many times a run saw the database go and paused before reconnecting."""
+    return log_text(runtime).count("pausing 3s, then reconnecting")
+
+
+def db_effects(runtime, consumer: str) -> Counter:
+    with runtime.sessions() as session:
+        return Counter(dict(session.execute(select(effects.c.event_id, func.count())
+                                            .where(effects.c.consumer == consumer).group_by(effects.c.event_id)).all()))
+
+
+def not_done(runtime) -> int:
+    with runtime.sessions() as session:
+        return (session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
+                + session.scalar(select(func.count()).select_from(Job).where(Job.status != "done")))
+
+
+def cut_until_paused(runtime, proxy: TcpProxy) -> None:
+    """Kill both connections and refuse new ones until the run has noticed and paused, then let it in."""
+    seen = pauses(runtime)
+    proxy.refuse()
+    assert proxy.cut() >= 1
+    _wait_for(lambda: pauses(runtime) > seen, "the run to notice the lost connection", 20)
+    proxy.accept()
+
+
+def finish(proc, timeout: float = 60) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert "Traceback" not in out + err and "Logging error" not in err, out + err
+    return out, err
+
+
+def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_delivered(runtime, tick_env, proxy,
+                                                                                 mysql_admin, database):
+    proc = start_cli(tick_env, "tick", "--max-time", "15")
+    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    [first] = record(runtime, "ping", 1)
+    _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the first event to be delivered")
+    holder = _lock_holder(mysql_admin, database.name)
+
+    seen = pauses(runtime)
+    proxy.refuse()
+    assert proxy.cut() == 2  # the lock connection and the work connection: both went through the proxy
+    later = record(runtime, "ping", 3)  # committed while the tick cannot reach the database
+    # Refused through two rounds (~4 s): the second finds the lock connection dead and the server
+    # unreachable; the run must wait that out too, not take it for a lock lost to another tick.
+    _wait_for(lambda: pauses(runtime) >= seen + 2, "the tick to find the database gone twice", 20)
+    proxy.accept()
+
+    out, err = finish(proc)
+    assert proc.returncode == 0, out + err
+    assert out.count("\n") == 1 and "delivered 4" in out and "stopped: max-time" in out, out
+    assert err == ""
+    assert db_effects(runtime, "effects.ping") == Counter({i: 1 for i in [first, *later]})
+    assert _lock_holder(mysql_admin, database.name) is None  # released at the end
+    logs = log_text(runtime)
+    assert f"lock {database.name}:tick re-taken" in logs and "could not be re-taken" not in logs
+    [beat] = heartbeats(runtime)
+    assert beat.outcome == "max-time" and beat.delivered == 4 and holder is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mysql-skip-locked", "mysql-token"], indirect=True)
+def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_applies_once(
+        runtime, tick_env, proxy, tmp_path):
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    ids = record(runtime, "faulty", 12)
+    with runtime.sessions.begin() as session:
+        for n in range(12):
+            write_job.job.dispatch(session, {"n": n})
+    proc = start_cli({**tick_env, "TEST_GATE_DIR": str(gates), "TEST_GATE_AT": "5"}, "tick", "--max-time", "15")
+
+    for kind in ("consumer", "job"):  # the relay's batch first, then the worker's
+        _wait_for((gates / f"{kind}.inside").exists, f"the {kind} batch to reach its fifth item", 30)
+        seen = pauses(runtime)
+        proxy.refuse()
+        assert proxy.cut() >= 1
+        (gates / f"{kind}.release").write_text("go")
+        _wait_for(lambda: pauses(runtime) > seen, "the tick to notice the lost connection", 20)
+        proxy.accept()
+
+    out, err = finish(proc)
+    assert proc.returncode == 0, out + err
+    assert "stopped: max-time" in out and err == ""
+    for _ in range(3):  # leases of what the cut batches held may outlast the first tick
+        if not not_done(runtime):
+            break
+        time.sleep(3.1)
+        follow = start_cli(tick_env, "tick", "--no-linger")
+        out, err = finish(follow)
+        assert follow.returncode == 0, out + err
+    assert not_done(runtime) == 0
+    assert db_effects(runtime, "faults.db") == Counter({i: 1 for i in ids})  # DB effects exactly once
+    assert db_effects(runtime, "faults.write") == Counter({n: 1 for n in range(12)})
+    quiet = Counter(int(line) for line in Path(tick_env["TEST_EFFECTS_FILE"]).read_text().split())
+    assert set(quiet) == set(ids)  # external effects at least once: every acked delivery was done
+    assert pauses(runtime) >= 2
+
+
+def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_line(runtime, tick_env, proxy):
+    proc = start_cli(tick_env, "tick", "--max-time", "8")
+    [first] = record(runtime, "ping", 1)
+    _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the tick to be in its loop")
+    proxy.refuse()
+    proxy.cut()
+    later = record(runtime, "ping", 2)  # committed, never reachable by this tick: left for the next one
+    out, err = finish(proc)
+    assert proc.returncode == 1, out + err
+    lines = (out + err).splitlines()
+    assert len(lines) == 1 and "database unreachable until the end of the run" in lines[0], out + err
+    assert "stopped: lost-connection" in lines[0]
+    assert pauses(runtime) >= 2  # it kept trying until --max-time, not giving up at the first failure
+
+    proxy.accept()
+    proc = start_cli(tick_env, "tick", "--no-linger")
+    out, err = finish(proc)
+    assert proc.returncode == 0 and "delivered 2" in out, out + err
+    assert db_effects(runtime, "effects.ping") == Counter({i: 1 for i in [first, *later]})
