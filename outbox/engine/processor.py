@@ -17,16 +17,18 @@ Whatever a handler raises or returns ends as that item's outcome (outbox.executi
 recording it fails for a reason other than the database going away, a plain ASCII error is
 recorded instead, so one bad item never stops the run. Log lines carry the error masked
 (outbox.logs.log_text); the full text goes only to the item's row.
-Subclasses supply the SQL (`_sql_*`), the handler lookup and the handler's arguments.
+Each family supplies its store (the module that owns its rows' SQL: `LeaseStore` below), the
+handler lookup and the handler's arguments.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Callable, Protocol
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from outbox.core import clock
 from outbox.core.db import in_transaction, is_connection_lost, session_factory
@@ -46,6 +48,19 @@ from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 
 log = logging.getLogger("cronbox")
+
+
+class LeaseStore(Protocol):
+    """The writes the processor makes to a family's rows, each guarded by the item's claim token
+    (False / a short count: the lease was lost to another run, whose outcome wins). The family's
+    store module implements them beside its claim SQL."""
+
+    def ack(self, session: Session, ids: list[int], token: str, now: datetime) -> int: ...
+    def reschedule(self, session: Session, item, next_at: datetime, error: str | None,
+                   refund_attempt: bool) -> bool: ...
+    def give_up(self, session: Session, item, error: str, traceback: str | None, now: datetime) -> bool: ...
+    def release(self, session: Session, ids: list[int], token: str, now: datetime) -> int: ...
+    def extend(self, session: Session, item, lease_until: datetime) -> bool: ...
 
 
 @dataclass
@@ -89,15 +104,11 @@ class Processor:
         self.stats = RunStats()
         self._started = False  # has the current item's handler been called?
 
+    store: LeaseStore  # outbox.events.deliveries / outbox.queue.jobstore
+
     # -- to implement --------------------------------------------------------------
     def _handler(self, item): raise NotImplementedError
     def _args(self, item, ctx: Context) -> tuple: raise NotImplementedError
-    def _sql_ack(self, session, ids: list[int], token: str, now: datetime) -> int: raise NotImplementedError
-    def _sql_reschedule(self, session, item, next_at: datetime, error: str | None, refund: bool) -> bool:
-        raise NotImplementedError
-    def _sql_give_up(self, session, item, outcome: Outcome, now: datetime) -> bool: raise NotImplementedError
-    def _sql_release(self, session, ids: list[int], token: str) -> int: raise NotImplementedError
-    def _sql_extend(self, session, item, lease_until: datetime) -> bool: raise NotImplementedError
     def _describe(self, item) -> str: raise NotImplementedError
 
     def _before_call(self, item, handler) -> Outcome | None:
@@ -214,7 +225,7 @@ class Processor:
         if not self._outlasts(handler, item.lease_until):
             return True
         lease_until = clock.utcnow() + timedelta(seconds=handler.timeout + self.runtime.settings.lease_margin)
-        if in_transaction(self.sessions, lambda s: self._sql_extend(s, item, lease_until)):
+        if in_transaction(self.sessions, lambda s: self.store.extend(s, item, lease_until)):
             return True
         self.stats.lease_lost += 1
         log.warning("%s lease-lost before start (another run holds it)", self._describe(item))
@@ -228,7 +239,7 @@ class Processor:
             return Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
                                                    f"catching a database error): {transaction.session.failed_with}")
         try:
-            if self._sql_ack(transaction.session, [item.id], item.claim_token, clock.utcnow()) != 1:
+            if self.store.ack(transaction.session, [item.id], item.claim_token, clock.utcnow()) != 1:
                 ctx.discard_session()
                 self.stats.lease_lost += 1
                 self._log(item, handler, "lease-lost", outcome, "lease expired before the ack; rolled back")
@@ -250,7 +261,7 @@ class Processor:
         ids = [item.id for item in items]
         crash_point("before-ack-commit")
         try:
-            acked = in_transaction(self.sessions, lambda s: self._sql_ack(s, ids, items[0].claim_token,
+            acked = in_transaction(self.sessions, lambda s: self.store.ack(s, ids, items[0].claim_token,
                                                                           clock.utcnow()))
         except Exception:
             if not best_effort:
@@ -272,7 +283,7 @@ class Processor:
             next_at = self._retry_later_at(item, handler, outcome, now)
             if next_at is not None:
                 def reschedule(session):
-                    if not self._sql_reschedule(session, item, next_at, None, True):
+                    if not self.store.reschedule(session, item, next_at, None, True):
                         return False
                     self._on_retry_later(session, item, handler, outcome, now)
                     return True
@@ -286,13 +297,14 @@ class Processor:
             self._give_up(item, handler, outcome)
             return
         next_at = now + timedelta(seconds=handler.backoff.delay(item.attempts))
-        held = in_transaction(self.sessions, lambda s: self._sql_reschedule(s, item, next_at, outcome.error, False))
+        held = in_transaction(self.sessions, lambda s: self.store.reschedule(s, item, next_at, outcome.error, False))
         if self._lease_held(held, item, handler, outcome):
             self.stats.retried += 1
             self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
 
     def _give_up(self, item, handler, outcome: Outcome) -> None:
-        held = in_transaction(self.sessions, lambda s: self._sql_give_up(s, item, outcome, clock.utcnow()))
+        held = in_transaction(self.sessions, lambda s: self.store.give_up(s, item, outcome.error or "failed", outcome.traceback,
+                                                                      clock.utcnow()))
         if self._lease_held(held, item, handler, outcome):
             self.stats.gave_up += 1
             self._log(item, handler, self.gave_up_word, outcome)
@@ -311,7 +323,7 @@ class Processor:
             return
         token = items[0].claim_token
         try:
-            released = in_transaction(self.sessions, lambda s: self._sql_release(s, [i.id for i in items], token))
+            released = in_transaction(self.sessions, lambda s: self.store.release(s, [i.id for i in items], token, clock.utcnow()))
         except Exception:
             if not best_effort:
                 raise

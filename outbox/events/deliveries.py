@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from outbox.core import paging
@@ -148,8 +148,10 @@ def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     return result.rowcount
 
 
-def reschedule(session: Session, delivery_id: int, token: str, *, next_at: datetime, error: str | None,
-               refund_attempt: bool = False) -> bool:
+# The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
+# extend. Each is guarded by the claim token: 0 rows means the lease was lost, and the caller rolls back.
+
+def reschedule(session: Session, item, next_at: datetime, error: str | None, refund_attempt: bool) -> bool:
     """Back to pending for a later attempt (refund_attempt: RetryLater, which uses no attempt)."""
     values = {"claim_token": None, "lease_until": None, "next_attempt_at": next_at}
     if error is not None:
@@ -157,28 +159,29 @@ def reschedule(session: Session, delivery_id: int, token: str, *, next_at: datet
     if refund_attempt:
         values["attempts"] = D.c.attempts - 1
     result = session.execute(
-        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING).values(values)
+        update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING).values(values)
     )
     return result.rowcount == 1
 
 
-def extend(session: Session, delivery_id: int, token: str, lease_until: datetime) -> bool:
+def extend(session: Session, item, lease_until: datetime) -> bool:
     result = session.execute(
-        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING)
+        update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING)
         .values(lease_until=lease_until)
     )
     return result.rowcount == 1
 
 
-def kill(session: Session, delivery_id: int, token: str, *, error: str, now: datetime) -> bool:
+def give_up(session: Session, item, error: str, traceback: str | None, now: datetime) -> bool:
+    """Dead: it holds its key for this consumer until `outbox retry` or `outbox skip`."""
     result = session.execute(
-        update(D).where(D.c.id == delivery_id, D.c.claim_token == token, D.c.status == PENDING)
+        update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING)
         .values(status=DEAD, claim_token=None, lease_until=None, last_error=error[:ERROR_MAX], finished_at=now)
     )
     return result.rowcount == 1
 
 
-def release(session: Session, ids: list[int], token: str) -> int:
+def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Give back leases on deliveries claimed but not started; their attempt is not counted."""
     if not ids:
         return 0

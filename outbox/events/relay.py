@@ -7,7 +7,6 @@ claiming, leases and retries stay as they are.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import Callable
 
 from outbox.core import clock
@@ -15,7 +14,6 @@ from outbox.core.db import in_transaction
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
-from outbox.engine.handler_call import Outcome
 from outbox.engine.processor import Processor
 from outbox.events import deliveries
 
@@ -27,6 +25,7 @@ FAN_OUT_BATCH = 500
 class Relay(Processor):
     kind = "delivery"
     gave_up_word = "dead"
+    store = deliveries
 
     def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None):
         super().__init__(runtime)
@@ -78,22 +77,6 @@ class Relay(Processor):
 
     def _describe(self, item) -> str:
         return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} type={item.event_type}")
-
-    def _sql_ack(self, session, ids, token, now: datetime) -> int:
-        return deliveries.ack(session, ids, token, now)
-
-    def _sql_reschedule(self, session, item, next_at, error, refund) -> bool:
-        return deliveries.reschedule(session, item.id, item.claim_token, next_at=next_at, error=error,
-                                     refund_attempt=refund)
-
-    def _sql_give_up(self, session, item, outcome: Outcome, now) -> bool:
-        return deliveries.kill(session, item.id, item.claim_token, error=outcome.error or "failed", now=now)
-
-    def _sql_release(self, session, ids, token) -> int:
-        return deliveries.release(session, ids, token)
-
-    def _sql_extend(self, session, item, lease_until) -> bool:
-        return deliveries.extend(session, item.id, item.claim_token, lease_until)
 
     def _warn_unregistered(self) -> None:
         rows = in_transaction(self.sessions, lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))

@@ -102,20 +102,23 @@ def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     ).rowcount
 
 
-def reschedule(session: Session, job_id: int, token: str, *, next_at: datetime, error: str | None,
-               refund_attempt: bool) -> bool:
+# The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
+# extend. Each is guarded by the claim token: 0 rows means the lease was lost, and the caller rolls back.
+
+def reschedule(session: Session, item, next_at: datetime, error: str | None, refund_attempt: bool) -> bool:
     values = {"status": READY, "available_at": next_at, "claim_token": None}
     if error is not None:
         values["last_error"] = error[:ERROR_MAX]
     if refund_attempt:
         values["attempts"] = J.c.attempts - 1
-    return session.execute(update(J).where(_held([job_id], token)).values(values)).rowcount == 1
+    return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1
 
 
-def fail(session: Session, job_id: int, token: str, *, error: str, error_class: str | None, traceback: str | None,
-         now: datetime) -> bool:
+def give_up(session: Session, item, error: str, traceback: str | None, now: datetime) -> bool:
+    """Failed, with the error's class apart so the failed list can be read at a glance."""
+    error_class = error.split(":", 1)[0] if ":" in error else None
     return session.execute(
-        update(J).where(_held([job_id], token))
+        update(J).where(_held([item.id], item.claim_token))
         .values(status=FAILED, available_at=None, claim_token=None, unique_key=None, finished_at=now,
                 last_error=error[:ERROR_MAX], error_class=(error_class or "")[:191] or None, traceback=traceback)
     ).rowcount == 1
@@ -131,8 +134,9 @@ def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
     ).rowcount
 
 
-def extend(session: Session, job_id: int, token: str, lease_until: datetime) -> bool:
-    return session.execute(update(J).where(_held([job_id], token)).values(available_at=lease_until)).rowcount == 1
+def extend(session: Session, item, lease_until: datetime) -> bool:
+    return session.execute(update(J).where(_held([item.id], item.claim_token))
+                           .values(available_at=lease_until)).rowcount == 1
 
 
 # ---- operator actions -------------------------------------------------------------

@@ -26,6 +26,7 @@ log = logging.getLogger("cronbox")
 class Worker(Processor):
     kind = "job"
     gave_up_word = "failed"
+    store = jobstore
 
     def __init__(self, runtime, queues: list[str] | None = None, *, batch_size: int = 100,
                  before_batch: Callable[[], None] | None = None):
@@ -114,22 +115,3 @@ class Worker(Processor):
         if now >= item.retry_until:
             return None
         return min(next_at, item.retry_until)
-
-    def _sql_ack(self, session, ids, token, now) -> int:
-        return jobstore.ack(session, ids, token, now)
-
-    def _sql_reschedule(self, session, item, next_at, error, refund) -> bool:
-        return jobstore.reschedule(session, item.id, item.claim_token, next_at=next_at, error=error,
-                                   refund_attempt=refund)
-
-    def _sql_give_up(self, session, item, outcome: Outcome, now) -> bool:
-        error = outcome.error or "failed"
-        error_class = error.split(":", 1)[0] if ":" in error else None
-        return jobstore.fail(session, item.id, item.claim_token, error=error, error_class=error_class,
-                             traceback=outcome.traceback, now=now)
-
-    def _sql_release(self, session, ids, token) -> int:
-        return jobstore.release(session, ids, token, clock.utcnow())
-
-    def _sql_extend(self, session, item, lease_until) -> bool:
-        return jobstore.extend(session, item.id, item.claim_token, lease_until)
