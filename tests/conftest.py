@@ -8,6 +8,7 @@ dropped afterwards: nothing assumes `test` is empty.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import sqlite3
@@ -74,19 +75,46 @@ class Database:
 
 
 def pytest_generate_tests(metafunc):
-    """Every test using a database runs on each backend in BACKENDS, or in its module's own BACKENDS:
-    modules whose tests the claim mode cannot change run MariaDB once (skip-locked), not twice."""
+    """Every test using a database runs on each backend in BACKENDS, or on those its closest
+    `@pytest.mark.backends(...)` names (a module's `pytestmark`, or the test's own): modules whose
+    tests the claim mode cannot change run MariaDB once (skip-locked), not twice."""
     if "backend" not in metafunc.fixturenames:
         return
-    if any("backend" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")):
-        return  # the test (or its module) chose its backends itself
-    metafunc.parametrize("backend", getattr(metafunc.module, "BACKENDS", BACKENDS))
+    marker = metafunc.definition.get_closest_marker("backends")
+    metafunc.parametrize("backend", list(marker.args) if marker else BACKENDS, indirect=True)
 
 
 @pytest.fixture
 def backend(request):
-    """Set by pytest_generate_tests, or by a module's own `parametrize("backend", ..., indirect=True)`."""
+    """Set by pytest_generate_tests from the backends marker."""
     return request.param
+
+
+class ServerSettingsLock:
+    """Tests run in parallel (pytest-xdist) against one MariaDB server. A test that changes a server
+    setting (`SET GLOBAL wait_timeout = 2`) would break the connections of tests running beside it,
+    so every MariaDB test holds this lock shared, and such a test holds it exclusive: a reader-writer
+    lock across the worker processes, on a file they share (flock; one descriptor per process, so
+    the exclusive holder converts its own shared lock)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def shared(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def exclusive(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def server_settings_lock(tmp_path_factory) -> ServerSettingsLock:
+    base = tmp_path_factory.getbasetemp()
+    shared_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one per test run
+    return ServerSettingsLock(shared_folder / "mariadb-server-settings.lock")
 
 
 @pytest.fixture
@@ -95,6 +123,9 @@ def database(backend, tmp_path, request):
         yield Database(backend, f"sqlite:///{tmp_path / 'instance' / 'cronbox.db'}", "auto")
         return
     admin = request.getfixturevalue("mysql_admin")
+    lock = request.getfixturevalue("server_settings_lock")
+    lock.shared()
+    request.addfinalizer(lock.release)
     name = f"cronbox_test_{secrets.token_hex(6)}"
     with admin.connect() as connection:
         connection.execute(text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4"))

@@ -20,7 +20,7 @@ from storage.models import AuditEntry, Grant, GrantUse, SealedFile
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.storage_helpers import files_under, flip_byte, grant, put, read, row, sealed_path, store  # noqa: F401
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 NAME = "Jane Doe – HIV result.pdf"
 

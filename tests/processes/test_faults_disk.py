@@ -20,10 +20,10 @@ from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries
 from tests.storage_helpers import files_under, put, read, store  # noqa: F401  (store is a fixture)
-from tests.test_storage_http import AUTH, checked, make_app
-from tests.test_tick import record
+from tests.web.test_storage_http import AUTH, checked, make_app
+from tests.processes.test_tick import record
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing here
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing here
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from cron.scheduling import once
 from cron.scheduling.models import OnceRequest
 from tests.conftest import ONE_MYSQL_MODE
 
-BACKENDS = ONE_MYSQL_MODE
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 OLD = 60  # seconds: ripe
 
 

@@ -22,11 +22,11 @@ from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, run_cli
 from tests.console_helpers import PASSWORD, make_app
 from tests.handlers import jobs as test_jobs
-from tests.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
+from tests.processes.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
 from cron.operator import credentials
 
 CHROMIUM = "/usr/bin/chromium"
-pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 
 def _need_browser():

@@ -10,7 +10,7 @@ from outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
 from web.ops import chart
 
-pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 NOW = datetime(2026, 11, 30, 12, 30, 40)
 START = datetime(2026, 11, 29, 12, 31)  # the first of the 1440 minutes shown
 

@@ -30,7 +30,7 @@ from cron.operator import credentials
 from cron.operator import throttle
 
 # The console does not care how jobs are claimed: one MariaDB mode is enough here.
-pytestmark = pytest.mark.parametrize("backend", ["sqlite", "mysql-skip-locked"])
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 
 

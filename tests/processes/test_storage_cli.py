@@ -9,9 +9,9 @@ from app import create_app
 from outbox.core.settings import load_settings
 from storage.errors import KeyFolderError
 from tests.conftest import ONE_MYSQL_MODE, run_cli
-from tests.test_cli import one_line_error
+from tests.processes.test_cli import one_line_error
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 
 def ok(env, *args, **extra):

@@ -22,7 +22,7 @@ from storage.tokens import Tokens
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under, grant, put, sealed_path
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 UPLOAD_TOKEN = "upload-secret-0123456789"
 SECURITY = {

@@ -18,7 +18,7 @@ from outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.test_tick import LEASE, _wait_for
+from tests.processes.test_tick import LEASE, _wait_for
 
 HANDLERS = "tests.handlers.jobs"
 
@@ -64,7 +64,7 @@ def start_workers(job_env, count: int, *args) -> list[subprocess.Popen]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", MYSQL_BACKENDS, indirect=True)
+@pytest.mark.backends(*MYSQL_BACKENDS)
 @pytest.mark.parametrize("workers", [2, 4])
 def test_concurrent_workers_drain_1000_jobs_without_overlap(runtime, job_env, tmp_path, workers):
     dispatch(runtime, test_jobs.record_run.job, 1000)
@@ -166,7 +166,7 @@ def test_sigterm_finishes_the_current_job_and_releases_the_rest_at_once(runtime,
     assert all(r.status == "ready" and r.claim_token is None and r.attempts == 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("backend", MYSQL_BACKENDS, indirect=True)
+@pytest.mark.backends(*MYSQL_BACKENDS)
 def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_env, tmp_path, mysql_admin,
                                                                     database):
     dispatch(runtime, test_jobs.record_run.job, 30)

@@ -22,9 +22,9 @@ from outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries, relay
-from tests.test_tick import HANDLERS, _wait_for, heartbeats, record
+from tests.processes.test_tick import HANDLERS, _wait_for, heartbeats, record
 
-pytestmark = pytest.mark.parametrize("backend", MYSQL_BACKENDS, indirect=True)
+pytestmark = pytest.mark.backends(*MYSQL_BACKENDS)
 
 
 def test_event_committed_late_is_delivered_and_the_open_transaction_never_blocks_the_relay(runtime, registry,
@@ -107,7 +107,8 @@ def test_killed_lock_connection_taken_by_another_stops_the_tick(runtime, tick_en
 
 
 @pytest.fixture
-def short_wait_timeout(mysql_admin):
+def short_wait_timeout(mysql_admin, database, server_settings_lock):
+    server_settings_lock.exclusive()  # no other test's connection may meet this setting
     with mysql_admin.connect() as connection:
         previous = connection.execute(text("SELECT @@GLOBAL.wait_timeout")).scalar()
         connection.execute(text("SET GLOBAL wait_timeout = 2"))
@@ -116,6 +117,7 @@ def short_wait_timeout(mysql_admin):
     finally:
         with mysql_admin.connect() as connection:
             connection.execute(text(f"SET GLOBAL wait_timeout = {int(previous)}"))
+        server_settings_lock.shared()
 
 
 @pytest.fixture
@@ -228,7 +230,7 @@ def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, ti
 def test_a_migrate_request_file_lets_a_tick_bring_the_schema_up_first(env, database, tmp_path):
     """No SSH: after a deploy whose code needs a newer schema, the tick refuses to run, unless the
     operator dropped a `migrate` request file; then it migrates first and carries on."""
-    from tests.test_ops import write_cmd
+    from tests.db.test_ops import write_cmd
 
     proc = run_cli(env, "tick", "--no-linger")
     assert proc.returncode == 1 and "run `python -m cron migrate`" in proc.stderr

@@ -6,7 +6,7 @@ import pytest
 from outbox.core.migrate import SCHEMA_HEAD
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, run_cli
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 
 def one_line_error(proc) -> str:

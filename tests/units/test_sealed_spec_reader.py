@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-VECTORS_DIR = Path(__file__).parent / "vectors"
+VECTORS_DIR = Path(__file__).parents[1] / "vectors"
 FIXTURE = json.loads((VECTORS_DIR / "sealed_v1.json").read_text(encoding="utf-8"))
 INPUTS, DERIVED = FIXTURE["inputs"], FIXTURE["derived"]
 

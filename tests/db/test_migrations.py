@@ -11,7 +11,7 @@ from outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, curr
 from outbox.engine.runtime import Runtime
 from tests.conftest import ONE_MYSQL_MODE
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 
 def test_schema_head_constant_is_the_migrations_head(settings):

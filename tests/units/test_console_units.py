@@ -64,7 +64,7 @@ def test_cursors_parse_or_refuse():
             paging.parse_cursor(bad, kinds)
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])  # files and a few rows: the database kind changes nothing
+@pytest.mark.backends("sqlite")  # files and a few rows: the database kind changes nothing
 def test_ops_commands_set_password_and_setup_token(env, runtime):
     settings = runtime.settings
     short = run_cli(env, "ops", "set-password", input_text="short\n")

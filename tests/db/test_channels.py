@@ -22,7 +22,7 @@ from outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
 from tests.fake_providers import API_KEY, TWILIO_SID, TWILIO_TOKEN, Providers
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 SECRET_TEXT = "Your code is 4711-SECRET"

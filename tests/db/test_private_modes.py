@@ -16,7 +16,7 @@ from outbox.core.settings import load_settings
 from outbox.engine.runtime import Runtime
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 
-BACKENDS = ONE_MYSQL_MODE
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
 
 @pytest.fixture

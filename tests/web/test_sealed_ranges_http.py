@@ -17,9 +17,9 @@ from storage.format import CHUNK_SIZE, SEALED_CHUNK
 from storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import flip_byte, grant, put, sealed_path
-from tests.test_storage_streaming import Server, _wait_for, app, private_tmp  # noqa: F401  (fixtures)
+from tests.web.test_storage_streaming import Server, _wait_for, app, private_tmp  # noqa: F401  (fixtures)
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 DATA = os.urandom(4 * CHUNK_SIZE)  # chunks 0-3; the last one (3) is full
 
 

@@ -17,10 +17,10 @@ from tests.conftest import MYSQL_URL, start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job
 from tests.tcp_proxy import TcpProxy
-from tests.test_mysql import _lock_holder
-from tests.test_tick import _wait_for, heartbeats, record
+from tests.db.test_mysql import _lock_holder
+from tests.processes.test_tick import _wait_for, heartbeats, record
 
-BACKENDS = ["mysql-skip-locked"]  # the proxy is TCP; claim modes are covered where batches are cut
+pytestmark = pytest.mark.backends("mysql-skip-locked")  # the proxy is TCP; claim modes are covered where batches are cut
 HANDLERS = "tests.handlers.effects,tests.handlers.faults"
 
 
@@ -103,7 +103,7 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["mysql-skip-locked", "mysql-token"], indirect=True)
+@pytest.mark.backends("mysql-skip-locked", "mysql-token")
 def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_applies_once(
         runtime, tick_env, proxy, tmp_path):
     gates = tmp_path / "gates"

@@ -28,7 +28,7 @@ from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env
 from tests.helpers import deliveries, invoke
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 T0 = datetime(2026, 11, 30, 12, 2, 30)
 
@@ -275,7 +275,7 @@ def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime
     from outbox.channels import send_email  # noqa: F401
     from outbox.engine.runtime import Runtime
     from outbox.queue.worker import Worker
-    from tests.test_channels import Mailbox, free_port
+    from tests.db.test_channels import Mailbox, free_port
     from aiosmtpd.controller import Controller
 
     mailbox = Mailbox()

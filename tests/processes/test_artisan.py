@@ -31,7 +31,7 @@ BARE_PATH = "/usr/bin:/bin"
 LINKED = ("outbox", "storage", "cron", "migrations", "web", "app.py")
 # What the script needs from PATH besides a Python (the no-Python test runs with only these).
 TOOLS = ("readlink", "sed", "tail", "date", "mkdir", "find", "rm", "sort", "tr", "grep", "head")
-sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+sqlite_only = pytest.mark.backends("sqlite")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from outbox.engine.registry import DEFAULT, Jobs
 from outbox.queue.models import Job
 from tests.handlers import jobs as test_jobs  # noqa: F401  (registers jobs.* in the global registry)
 from tests.helpers import invoke
-from tests.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
+from tests.processes.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 

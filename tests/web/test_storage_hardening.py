@@ -19,9 +19,9 @@ from storage.models import AuditEntry, Grant, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.helpers import invoke
 from tests.storage_helpers import files_under, flip_byte, grant, put, sealed_path
-from tests.test_storage_http import AUTH, _flip, audit_rows, checked, make_app, uses
+from tests.web.test_storage_http import AUTH, _flip, audit_rows, checked, make_app, uses
 
-BACKENDS = ONE_MYSQL_MODE
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 WHOLE = os.urandom(4 * CHUNK_SIZE)  # whole chunks: flip_byte's arithmetic
 T0 = datetime(2026, 3, 2, 9, 0, 0)  # on a 10-minute boundary (refusal windows are fixed)
 

@@ -25,7 +25,7 @@ from storage.models import AuditEntry
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under, flip_byte, grant, put
 
-BACKENDS = ONE_MYSQL_MODE  # the claim mode changes nothing these tests check
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 MiB = 1024 * 1024
 MARKER = b"PHI-MARKER-5e1f0c9a"
