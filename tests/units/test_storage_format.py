@@ -206,7 +206,8 @@ def test_truncation_at_every_chunk_boundary(sealed_file):
         _fails(raw[: header + chunks * SEALED_CHUNK], ids)
 
 
-@pytest.mark.parametrize("junk", [b"\x00", os.urandom(16), os.urandom(17), os.urandom(SEALED_CHUNK)])
+@pytest.mark.parametrize("junk", [b"\x00", bytes(range(16)), bytes(range(100, 117)), bytes(SEALED_CHUNK)],
+                         ids=["1 byte", "16 bytes", "17 bytes", "a whole chunk"])
 def test_appended_junk(sealed_file, junk):
     _algorithm, _data, raw, ids = sealed_file
     _fails(raw + junk, ids)
