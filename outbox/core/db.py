@@ -132,8 +132,14 @@ def _private_database_file(settings: Settings, url: str) -> None:
     path = make_url(url).database
     if not path or path == ":memory:" or path.startswith("file:"):
         return
+    # Only a file that does not exist yet is created here (O_EXCL), and an existing one is narrowed by
+    # path (chmod), never opened: closing any descriptor of a file drops every POSIX lock this process
+    # holds on it, including those of SQLite connections already open on the database (the web app's
+    # pool), which then lets another process read around their locks.
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # no O_TRUNC: an existing file is kept
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
     except OSError:
         return  # SQLite reports what is wrong with the path when it connects
     database = Path(path).resolve()
