@@ -10,6 +10,7 @@ from its click context (`command_runner()`).
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 from functools import partial
@@ -67,6 +68,13 @@ class Group(click.Group):
                 raise CommandFailed(f"database unreachable: {describe(exc.orig)}") from exc
             log.exception("database error")
             raise CommandFailed(f"database error: {describe(exc.orig)}") from exc
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk or quota: the operator's to fix
+                where = f" ({exc.filename})" if exc.filename else ""
+                raise CommandFailed(f"disk full{where}: {exc.strerror}; free some space or raise the account's quota"
+                                    ) from exc
+            log.exception("internal error")
+            raise CommandFailed(f"internal error: {describe(exc)} (traceback in the cronbox log)") from exc
         except Exception as exc:
             log.exception("internal error")
             raise CommandFailed(f"internal error: {describe(exc)} (traceback in the cronbox log)") from exc

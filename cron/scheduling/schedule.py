@@ -34,6 +34,7 @@ from cron.scheduling.models import ScheduleRun
 from outbox.core import clock
 from outbox.core.db import in_transaction, insert_ignore
 from outbox.core.errors import RegistrationError
+from outbox.core.logs import log_text
 from outbox.engine.budget import Budget
 from outbox.engine.handler_call import Outcome, call_handler
 from outbox.engine.registry import DEFAULT, Registry
@@ -186,7 +187,7 @@ def run_task(runtime, task: Task, slot: datetime) -> str | None:
     line = f"task={task.name} slot={slot:%Y-%m-%dT%H:%M}Z outcome={status} trace={ctx.trace_id} " \
            f"ms={outcome.seconds * 1000:.0f}"
     if outcome.error:
-        log.error("%s error=%r", line, outcome.error[:300])
+        log.error("%s error=%r", line, log_text(outcome.error))
     else:
         log.info(line)
     return status

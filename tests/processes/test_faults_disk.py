@@ -102,7 +102,7 @@ def test_storage_put_command_on_a_full_disk_is_one_line_and_leaves_nothing(env, 
     proc = run_cli(env, "storage", "put", str(source), "--owner", "patient:4")
     assert proc.returncode == 1 and proc.stdout == ""
     [line] = proc.stderr.splitlines()
-    assert "No space left on device" in line
+    assert line.startswith("error: disk full") and "No space left on device" in line and "internal" not in line
     assert sealed_rows(store) == [earlier_id] and leftovers(store, {earlier_id}) == []
     assert read(store, earlier_id) == earlier
 
