@@ -12,7 +12,7 @@
 # Cron gives us /bin/sh, PATH=/usr/bin:/bin, $HOME as the working directory and none of the app's
 # variables: hence POSIX sh only, absolute paths, and settings read from the app's .env. The .env is
 # NEVER sourced (a value like $(...) or `...` would run): only the literal CRONBOX_PYTHON= and
-# CRONBOX_INSTANCE= lines are read, as text. The environment wins over .env, as in outbox/settings.py.
+# CRONBOX_INSTANCE= lines are read, as text. The environment wins over .env, as in outbox/core/settings.py.
 #
 # Python, first usable of: CRONBOX_PYTHON (environment, then .env; an unusable one is an error, not
 # a reason to quietly run another interpreter); ./venv/bin/python; ./.venv/bin/python; the cPanel
@@ -94,7 +94,7 @@ trim() {  # surrounding whitespace off, as str.strip() does on the Python side
     printf '%s' "$t"
 }
 
-# A setting: the environment wins over .env, and a blank value means unset (outbox/settings.py).
+# A setting: the environment wins over .env, and a blank value means unset (outbox/core/settings.py).
 # Two literal names, so no eval: `from` says where the value came from, for error messages.
 instance=${CRONBOX_INSTANCE-$(dotenv CRONBOX_INSTANCE)}
 instance=$(trim "$instance")

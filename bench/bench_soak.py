@@ -3,7 +3,7 @@
     nice -n 10 .venv/bin/python -m bench.bench_soak [--events 1000000] [--jobs 1000000] [--days 35]
         [--ticks-per-day 48] [--mysql mysql+pymysql://root:@127.0.0.1/test] [--no-write]
 
-Time is frozen (outbox.clock) and advanced by 24 h / --ticks-per-day before each tick; before each
+Time is frozen (outbox.core.clock) and advanced by 24 h / --ticks-per-day before each tick; before each
 tick the share of events and jobs for that slice of the day is recorded and dispatched (in
 transactions of 500). Each tick is `run_tick(..., linger=False)`: the code path `python -m cron
 tick` takes, lock, scheduler (the daily `cronbox.prune`, hourly sweep, 5-minute health check), relay

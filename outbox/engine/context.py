@@ -1,6 +1,6 @@
 """What a consumer or job receives.
 
-`ctx.session` is opened on first use, inside a transaction the runner holds
+`ctx.session` is opened on first use, inside a transaction the processor holds
 open on its connection; the session only ever works in a SAVEPOINT of it
 ("create_savepoint" mode). The ack then runs in that same transaction and
 commits the handler's writes with it, so they happen exactly once, and nothing
@@ -17,7 +17,7 @@ the handler does to its session can end the transaction early:
 outlive the attempt); the session then joins a new attempt transaction.
 
 A handler that never touches it has no database effects to protect, which lets
-the runner batch its ack.
+the processor batch its ack (QuietAcks).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _forget_failure(session: HandlerSession, previous_transaction) -> None:
 
 
 class HandlerTransaction:
-    """The attempt's transaction on the runner's connection: the handler's savepoints, then the ack."""
+    """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack."""
 
     def __init__(self, connection: Connection):
         self.connection = connection
@@ -101,7 +101,7 @@ class HandlerTransaction:
             self.outer = self.connection.begin()
 
     def commit(self) -> None:
-        """Commit the handler's writes and whatever the runner added through `session` (the ack).
+        """Commit the handler's writes and whatever the processor added through `session` (the ack).
         COMMIT keeps the savepoint still open, so no RELEASE round trip is needed."""
         try:
             self.session.flush()

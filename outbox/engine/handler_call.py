@@ -6,7 +6,7 @@ escaped), one line, bounded. A BaseException the handler raises itself
 (SystemExit, KeyboardInterrupt, GeneratorExit, its own) is a failed attempt like
 any other; only cronbox's own HandlerTimeout and a real Ctrl-C (SignalInterrupt)
 keep their meaning. In cron runs SIGINT/SIGTERM never raise at all: StopSignals
-(outbox.runner) turns them into a stop after the current handler.
+(outbox.engine.run_loop) turns them into a stop after the current handler.
 
 The timeout is a SIGALRM timer (setitimer) that raises HandlerTimeout inside the
 handler. Signals only reach the main thread, so in any other thread there is no

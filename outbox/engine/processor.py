@@ -7,16 +7,16 @@ For each claimed item, in claim order:
 3. give up at once on an item whose attempts are used up (a crash mid-attempt);
 4. call the handler with a fresh Context, then
    - success with ctx.session used: the ack joins the handler's transaction (exactly once;
-     the handler's session only ever holds savepoints in it, see outbox.context);
+     the handler's session only ever holds savepoints in it, see outbox.engine.context);
    - success without it: the ack is batched with the others (nothing to protect);
    - RetryLater: back to waiting without using an attempt (subclasses may bound it);
    - failure: retry after the handler's backoff, or give up (dead / failed).
 
 Every state change is guarded by the claim token; a lost lease is rolled back and logged.
-Whatever a handler raises or returns ends as that item's outcome (outbox.execution); if even
+Whatever a handler raises or returns ends as that item's outcome (outbox.engine.handler_call); if even
 recording it fails for a reason other than the database going away, a plain ASCII error is
 recorded instead, so one bad item never stops the run. Log lines carry the error masked
-(outbox.logs.log_text); the full text goes only to the item's row.
+(outbox.core.logs.log_text); the full text goes only to the item's row.
 Each family supplies its store (the module that owns its rows' SQL: `LeaseStore` below), the
 handler lookup and the handler's arguments.
 """

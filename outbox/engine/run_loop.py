@@ -36,8 +36,6 @@ class RunResult:
     stop_reason: str
     exit_code: int = 0
     error: str | None = None
-    rounds: int = 0
-    lost_connections: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -85,7 +83,6 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             except DBAPIError as exc:
                 if not is_connection_lost(exc):
                     raise
-                result.lost_connections += 1
                 log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",
                             describe(exc.orig or exc)[:200], RECONNECT_PAUSE)
                 if not _pause(budget, RECONNECT_PAUSE):
@@ -94,7 +91,6 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
                     result.error = "database unreachable until the end of the run"
                     break
                 continue
-            result.rounds += 1
             if work:
                 continue
             if not linger or not _pause(budget, poll):
