@@ -19,28 +19,12 @@ from storage.models import AuditEntry, Grant, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.helpers import invoke
 from tests.storage_helpers import files_under, flip_byte, grant, put, sealed_path
-from tests.web.test_storage_http import AUTH, _flip, audit_rows, checked, make_app, uses
+from tests.web.test_storage_http import app, client, store  # noqa: F401  (fixtures)
+from tests.web.test_storage_http import AUTH, _flip, audit_rows, checked, uses
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 WHOLE = os.urandom(4 * CHUNK_SIZE)  # whole chunks: flip_byte's arithmetic
 T0 = datetime(2026, 3, 2, 9, 0, 0)  # on a 10-minute boundary (refusal windows are fixed)
-
-
-@pytest.fixture
-def app(runtime, env):
-    application = make_app(env)
-    yield application
-    application.extensions["cronbox"].dispose()
-
-
-@pytest.fixture
-def store(app):
-    return app.extensions["cronbox.storage"]
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
 
 
 def _log_text(store) -> str:
