@@ -8,7 +8,7 @@
 | CRONBOX_SMS_RATE, CRONBOX_MAIL_RATE | - | shared rate limits, e.g. 5/s, 100/m |
 | CRONBOX_CHANNEL_TIMEOUT | 10 | seconds for each network step |
 | CRONBOX_CHANNEL_PAUSE | 900 | seconds a channel waits after "out of credit" / "bad credentials" |
-| CRONBOX_MAIL_DRIVER | smtp if CRONBOX_SMTP_HOST is set, else log | smtp, or log (development: nothing is sent) |
+| CRONBOX_MAIL_DRIVER | smtp | smtp, or log (development: nothing is sent) |
 | CRONBOX_SMTP_HOST, _PORT, _USER, _PASSWORD, _SECURITY | -, 587, -, -, starttls | security: starttls, ssl or none |
 | CRONBOX_MAIL_FROM | - | From address |
 | CRONBOX_ADMIN_PHONE, CRONBOX_ADMIN_EMAIL | - | where admin alerts go |
@@ -65,7 +65,9 @@ def _parse(settings) -> ChannelConfig:
         raise SettingsError(f"CRONBOX_SMS_DRIVER={driver!r} is not one of {', '.join(SMS_DRIVERS)}")
     # No SMTP host means development (or mail not set up yet): log instead of pausing the channel on
     # every job. Naming the driver explicitly still wins, so production can insist on smtp.
-    mail_driver = (get("CRONBOX_MAIL_DRIVER") or ("smtp" if get("CRONBOX_SMTP_HOST") else "log")).lower()
+    # smtp unless log is asked for: a production app that forgot its SMTP host must see a paused channel
+    # and an alert, not mail that quietly went nowhere.
+    mail_driver = (get("CRONBOX_MAIL_DRIVER") or "smtp").lower()
     if mail_driver not in MAIL_DRIVERS:
         raise SettingsError(f"CRONBOX_MAIL_DRIVER={mail_driver!r} is not one of {', '.join(MAIL_DRIVERS)}")
     security = (get("CRONBOX_SMTP_SECURITY") or "starttls").lower()
