@@ -1,4 +1,4 @@
-"""`queue ...`: work, status, failed, retry, forget, flush, prune."""
+"""`queue ...`: work, status, failed, retry, resume, forget, flush, prune."""
 from __future__ import annotations
 
 import click
@@ -11,7 +11,7 @@ from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
-from outbox.queue import jobstore
+from outbox.queue import jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from outbox.queue.worker import Worker
 
@@ -60,15 +60,22 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep):
 
 @queue.command()
 def status():
-    """Per queue: ready, delayed, reserved, failed, oldest ready age."""
+    """Per queue: ready, delayed, reserved, failed, oldest ready age; then paused channels."""
     rt = runtime()
     now = clock.utcnow()
-    queues = in_transaction(rt.sessions, lambda s: jobstore.overview(s, rt.default_queues(), now))
+    queues, paused = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
+                                                            pauses.active(s, now)))
     if not queues:
         click.echo("no queues")
-        return
-    rows = [[st.queue, st.ready, st.delayed, st.reserved, st.failed, age(st.oldest_ready_at, now)] for st in queues]
-    click.echo(table(["queue", "ready", "delayed", "reserved", "failed", "oldest ready"], rows))
+    else:
+        rows = [[st.queue, st.ready, st.delayed, st.reserved, st.failed, age(st.oldest_ready_at, now)]
+                for st in queues]
+        click.echo(table(["queue", "ready", "delayed", "reserved", "failed", "oldest ready"], rows))
+    if paused:
+        click.echo("paused channels (lift with `queue resume CHANNEL`):")
+        click.echo(table(["channel", "until", "left", "reason"],
+                         [[p.channel, f"{p.paused_until:%Y-%m-%d %H:%M:%S} UTC", age(now, p.paused_until), p.reason]
+                          for p in paused]))
 
 
 @queue.command()
@@ -107,6 +114,24 @@ def retry(ids, all_, queue_name):
     click.echo(f"retry: {count} jobs queued again")
     if unknown:
         raise UnknownIds("failed job", unknown)
+
+
+@queue.command()
+@click.argument("channel")
+def resume(channel):
+    """Lift CHANNEL's pause (after fixing its settings or topping up credit): the jobs it held back are
+    due at once, with their attempts intact. Exit 0 also when CHANNEL is not paused; 2 when no job
+    sends through it. If the cause is not fixed, the next send pauses the channel again."""
+    rt = runtime()
+    moved = in_transaction(rt.sessions, lambda s: pauses.lift(s, rt.jobs, channel, clock.utcnow()))
+    if moved is not None:
+        click.echo(f"queue resume: channel {channel} resumed; {moved} waiting jobs are due now")
+        return
+    known = pauses.channels(rt.jobs)
+    if channel not in known:
+        raise click.UsageError(f"no job sends through channel {channel!r} "
+                               f"(channels: {', '.join(sorted(known)) or 'none'})")
+    click.echo(f"queue resume: channel {channel} is not paused; nothing to do")
 
 
 @queue.command()

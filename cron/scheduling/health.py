@@ -21,7 +21,7 @@ from outbox.core import clock
 from outbox.core.db import insert_ignore
 from outbox.engine.models import Heartbeat
 from outbox.events import deliveries
-from outbox.queue import jobstore
+from outbox.queue import jobstore, pauses
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 ORDER = {OK: 0, WARN: 1, FAIL: 2}
@@ -110,6 +110,11 @@ def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], 
         checks.append(Check(f"queue.{name}", grade, f"{q.ready} ready, oldest {age:.0f}s, {q.delayed} delayed, "
                                                    f"{q.reserved} reserved", q.ready))
         checks.append(Check(f"queue.{name}.failed", WARN if q.failed else OK, f"{q.failed} failed jobs", q.failed))
+    # A warning, not a failure: the pause already alerted the operator and ends by itself.
+    for pause in pauses.active(session, now):
+        left = (pause.paused_until - now).total_seconds()
+        checks.append(Check(f"channel.{pause.channel}", WARN, f"paused for {left:.0f}s more: {pause.reason} "
+                                                             f"(lift with `queue resume {pause.channel}`)", round(left)))
     return checks, queues
 
 

@@ -8,6 +8,7 @@
 | CRONBOX_SMS_RATE, CRONBOX_MAIL_RATE | - | shared rate limits, e.g. 5/s, 100/m |
 | CRONBOX_CHANNEL_TIMEOUT | 10 | seconds for each network step |
 | CRONBOX_CHANNEL_PAUSE | 900 | seconds a channel waits after "out of credit" / "bad credentials" |
+| CRONBOX_MAIL_DRIVER | smtp | smtp, or log (development: nothing is sent) |
 | CRONBOX_SMTP_HOST, _PORT, _USER, _PASSWORD, _SECURITY | -, 587, -, -, starttls | security: starttls, ssl or none |
 | CRONBOX_MAIL_FROM | - | From address |
 | CRONBOX_ADMIN_PHONE, CRONBOX_ADMIN_EMAIL | - | where admin alerts go |
@@ -20,6 +21,7 @@ from outbox.core.errors import SettingsError
 from outbox.queue.ratelimit import RateLimit
 
 SMS_DRIVERS = ("log", "kavenegar", "twilio")
+MAIL_DRIVERS = ("smtp", "log")
 SMTP_SECURITY = ("starttls", "ssl", "none")
 
 
@@ -36,6 +38,7 @@ class ChannelConfig:
     mail_rate: RateLimit | None
     timeout: float
     pause_seconds: float
+    mail_driver: str
     smtp_host: str | None
     smtp_port: int
     smtp_user: str | None
@@ -60,6 +63,13 @@ def _parse(settings) -> ChannelConfig:
     driver = (get("CRONBOX_SMS_DRIVER") or "log").lower()
     if driver not in SMS_DRIVERS:
         raise SettingsError(f"CRONBOX_SMS_DRIVER={driver!r} is not one of {', '.join(SMS_DRIVERS)}")
+    # No SMTP host means development (or mail not set up yet): log instead of pausing the channel on
+    # every job. Naming the driver explicitly still wins, so production can insist on smtp.
+    # smtp unless log is asked for: a production app that forgot its SMTP host must see a paused channel
+    # and an alert, not mail that quietly went nowhere.
+    mail_driver = (get("CRONBOX_MAIL_DRIVER") or "smtp").lower()
+    if mail_driver not in MAIL_DRIVERS:
+        raise SettingsError(f"CRONBOX_MAIL_DRIVER={mail_driver!r} is not one of {', '.join(MAIL_DRIVERS)}")
     security = (get("CRONBOX_SMTP_SECURITY") or "starttls").lower()
     if security not in SMTP_SECURITY:
         raise SettingsError(f"CRONBOX_SMTP_SECURITY={security!r} is not one of {', '.join(SMTP_SECURITY)}")
@@ -75,6 +85,7 @@ def _parse(settings) -> ChannelConfig:
         mail_rate=_rate(get, "CRONBOX_MAIL_RATE", "channel:mail"),
         timeout=_float(get, "CRONBOX_CHANNEL_TIMEOUT", 10.0),
         pause_seconds=_float(get, "CRONBOX_CHANNEL_PAUSE", 900.0),
+        mail_driver=mail_driver,
         smtp_host=get("CRONBOX_SMTP_HOST"),
         smtp_port=int(_float(get, "CRONBOX_SMTP_PORT", 465.0 if security == "ssl" else 587.0)),
         smtp_user=get("CRONBOX_SMTP_USER"),

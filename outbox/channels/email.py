@@ -1,4 +1,4 @@
-"""E-mail over SMTP (smtplib): STARTTLS, implicit TLS or plain, with timeouts.
+"""E-mail over SMTP (smtplib): STARTTLS, implicit TLS or plain, with timeouts; or a log driver for development.
 
 SMTP has no idempotency key. Every message carries a Message-ID made from the
 job's idempotency key, so if an attempt's outcome is unknown (timeout after
@@ -40,6 +40,9 @@ def build_message(config: ChannelConfig, ctx, *, to: str, subject: str, text: st
 
 
 def send(config: ChannelConfig, ctx, *, to: str, subject: str, text: str, html: str | None = None) -> None:
+    if config.mail_driver == "log":
+        _log_only(ctx, to=to, text=text, html=html)
+        return
     if not config.smtp_host or not config.mail_from:
         raise ChannelPaused(CHANNEL, config.pause_seconds, "SMTP is not configured (CRONBOX_SMTP_HOST, CRONBOX_MAIL_FROM)")
     message = build_message(config, ctx, to=to, subject=subject, text=text, html=html)
@@ -59,6 +62,16 @@ def send(config: ChannelConfig, ctx, *, to: str, subject: str, text: str, html: 
         raise
     attempts.record(ctx, channel=CHANNEL, recipient=to, outcome="sent", provider_id=message["Message-ID"])
     log.info("mail sent to=%s key=%s trace=%s", attempts.mask_recipient(to), ctx.idempotency_key, ctx.trace_id)
+
+
+def _log_only(ctx, *, to: str, text: str, html: str | None) -> None:
+    """Development driver: no network; records the attempt and logs that a message would go out
+    (masked address, sizes only: the subject and body may carry health data)."""
+    size = len(text) + len(html or "")
+    attempts.record(ctx, channel=CHANNEL, recipient=to, outcome="sent", provider_status="log",
+                    detail=f"{size} characters")
+    log.info("mail (log driver) to=%s chars=%d key=%s trace=%s", attempts.mask_recipient(to), size,
+             ctx.idempotency_key, ctx.trace_id)
 
 
 def _deliver(config: ChannelConfig, message: EmailMessage) -> None:

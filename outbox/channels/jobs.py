@@ -102,4 +102,5 @@ def alert_on_pause(session: Session, settings, channel: str, seconds: float, rea
     other channel: an SMS provider out of credit cannot carry its own alert."""
     admin_alert(session, settings, key=f"channel-paused:{channel}", subject=f"{channel} channel paused",
                 body=f"The {channel} channel stopped sending for {seconds:.0f}s: {reason}. "
-                     "Jobs wait and resume by themselves.", skip_channel=channel)
+                     f"Jobs wait and resume by themselves; once the cause is fixed, `queue resume {channel}` "
+                     "(or Resume on the console's Queues page) sends them at once.", skip_channel=channel)

@@ -157,6 +157,20 @@ def retry_failed(session: Session, ids: list[int] | None, queue: str | None, now
     return count, unknown
 
 
+def hasten(session: Session, handlers, until: datetime, now: datetime) -> int:
+    """Make due now the ready jobs of `handlers` waiting until at most `until`: those a channel pause
+    held back (a lifted pause's jobs). Only jobs claimed before (reserved_at set) move: one dispatched
+    with a delay has never run and keeps its time. Returns how many moved."""
+    if not handlers:
+        return 0
+    return session.execute(
+        update(J).where(J.c.queue.in_({h.queue for h in handlers}), J.c.status == READY,
+                        J.c.available_at > now, J.c.available_at <= until,
+                        J.c.handler.in_([h.name for h in handlers]), J.c.reserved_at.is_not(None))
+        .values(available_at=now)
+    ).rowcount
+
+
 def forget(session: Session, ids: list[int]) -> tuple[int, list[int]]:
     found = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == FAILED)))
     session.execute(delete(J).where(J.c.id.in_(found)))

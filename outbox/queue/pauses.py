@@ -3,10 +3,13 @@
 Shared by every worker through the database. Jobs of a paused channel wait via
 RetryLater (no attempt used) instead of each burning an attempt on the same
 answer. Pausing also dispatches one admin alert, unique per channel while it waits.
+A pause ends by itself at `paused_until`, or when the operator lifts it (`queue resume CHANNEL`,
+the console's Queues page) after fixing its cause.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -14,10 +17,15 @@ from sqlalchemy.orm import Session
 
 from outbox.core.db import insert_ignore
 from outbox.core.errors import RetryLater
+from outbox.engine.registry import Jobs
+from outbox.queue import jobstore
 from outbox.queue.models import ChannelPause
 
 log = logging.getLogger("cronbox")
 P = ChannelPause.__table__
+# A job held back by a pause was rescheduled to the pause's end as read a moment before (the gate's
+# clock, then the reschedule's): it may sit a little past `paused_until`.
+DEFER_SLACK = timedelta(seconds=60)
 
 
 class ChannelPaused(RetryLater):
@@ -46,3 +54,39 @@ def pause(session: Session, channel: str, seconds: float, reason: str, now: date
 
 def resume(session: Session, channel: str) -> bool:
     return session.execute(delete(P).where(P.c.channel == channel)).rowcount == 1
+
+
+@dataclass(frozen=True)
+class Pause:
+    channel: str
+    paused_until: datetime
+    reason: str
+    since: datetime
+
+
+def active(session: Session, now: datetime) -> list[Pause]:
+    """Channels paused now, by name: what `queue status`, `health` and the console show."""
+    rows = session.execute(select(P.c.channel, P.c.paused_until, P.c.reason, P.c.created_at)
+                           .where(P.c.paused_until > now).order_by(P.c.channel))
+    return [Pause(*row) for row in rows]
+
+
+def channels(registry: Jobs) -> set[str]:
+    """Channels some registered job sends through."""
+    return {h.channel for h in registry.all() if h.channel is not None}
+
+
+def lift(session: Session, registry: Jobs, channel: str, now: datetime) -> int | None:
+    """End a channel's pause and make the jobs it held back due now (no attempt used: they never
+    called the provider). None when the channel was not paused (a stale row is removed all the same).
+    If the cause is not fixed, the next send pauses the channel again."""
+    until = session.scalar(select(P.c.paused_until).where(P.c.channel == channel))
+    if until is None:
+        return None
+    resume(session, channel)
+    if until <= now:
+        return None
+    handlers = [h for h in registry.all() if h.channel == channel]
+    moved = jobstore.hasten(session, handlers, until + DEFER_SLACK, now)
+    log.warning("channel %s resumed by the operator; %d waiting jobs due now", channel, moved)
+    return moved

@@ -340,3 +340,45 @@ def test_email_refused_recipient_fails_and_refused_connection_retries(env, runti
     finally:
         rt.dispose()
         closed.dispose()
+
+
+@pytest.mark.parametrize("with_smtp", [False, True], ids=["no-smtp-host", "over-a-configured-smtp-server"])
+def test_mail_log_driver_sends_nothing_and_records_a_masked_attempt(env, runtime, smtp_server, caplog, with_smtp):
+    caplog.set_level("INFO", logger="cronbox")
+    controller, mailbox = smtp_server
+    smtp = {"CRONBOX_SMTP_HOST": "127.0.0.1", "CRONBOX_SMTP_PORT": str(controller.port),
+            "CRONBOX_SMTP_SECURITY": "none", "CRONBOX_MAIL_FROM": "clinic@example.com"} if with_smtp else {}
+    rt = make_runtime(env, runtime, **smtp, CRONBOX_MAIL_DRIVER="log")
+    try:
+        with rt.sessions.begin() as session:
+            job_id = send_email.dispatch(session, {"to": "patient@example.org", "subject": "HIV result",
+                                                   "text": SECRET_TEXT, "html": f"<p>{SECRET_TEXT}</p>"})
+        assert work(rt, ["mail"]).done == 1
+        assert job(rt, job_id).status == "done" and job(rt, job_id).attempts == 1
+        assert mailbox.messages == []
+        with rt.sessions() as session:
+            [attempt] = session.scalars(select(SendAttempt)).all()
+            assert session.get(ChannelPause, "mail") is None
+        assert (attempt.channel, attempt.outcome, attempt.provider_status) == ("mail", "sent", "log")
+        assert attempt.recipient_masked == "p***@example.org"
+        assert "patient" not in (attempt.detail or "") and SECRET_TEXT not in (attempt.detail or "")
+        assert "mail (log driver) to=p***@example.org" in caplog.text
+        assert "patient@example.org" not in caplog.text and SECRET_TEXT not in caplog.text
+        assert "HIV result" not in caplog.text
+    finally:
+        rt.dispose()
+
+
+def test_mail_driver_setting(env):
+    from outbox.channels.config import channel_config
+    from outbox.core.errors import SettingsError
+
+    def driver(**extra):
+        return channel_config(load_settings(environ={**env, **extra})).mail_driver
+
+    assert driver() == "smtp"  # never silently nothing: an unconfigured SMTP channel pauses and alerts
+    assert driver(CRONBOX_SMTP_HOST="smtp.example.com") == "smtp"
+    assert driver(CRONBOX_SMTP_HOST="smtp.example.com", CRONBOX_MAIL_DRIVER="LOG") == "log"
+    assert driver(CRONBOX_MAIL_DRIVER="log") == "log"
+    with pytest.raises(SettingsError, match="CRONBOX_MAIL_DRIVER='sendmail' is not one of smtp, log"):
+        driver(CRONBOX_MAIL_DRIVER="sendmail")

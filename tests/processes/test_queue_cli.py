@@ -118,3 +118,23 @@ def test_the_tick_drains_the_queues_after_the_relay(runtime, job_env):
     assert report.worker.stats.done == 3
     assert "jobs done 3" in report.summary()
     assert statuses(runtime) == ["done"] * 3
+
+
+def test_queue_resume_as_cron_runs_it(runtime, env):
+    """A real process: one line, exit 2 for a channel nothing sends through, 0 for one not paused, then a pause
+    lifted (the alert and the held jobs are in tests/db/test_channel_pauses.py)."""
+    from outbox.queue import pauses
+    from tests.conftest import run_cli
+
+    unknown = run_cli(env, "queue", "resume", "fax")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().splitlines() == [
+        "error: no job sends through channel 'fax' (channels: mail, sms) (see `python -m cron queue resume --help`)"]
+    quiet = run_cli(env, "queue", "resume", "mail")
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "queue resume: channel mail is not paused; nothing to do"
+    with runtime.sessions.begin() as session:
+        pauses.pause(session, "mail", 900, "SMTP login refused (535)", clock.utcnow())
+    lifted = run_cli(env, "queue", "resume", "mail")
+    assert lifted.returncode == 0 and "channel mail resumed; 0 waiting jobs are due now" in lifted.stdout
+    with runtime.sessions() as session:
+        assert pauses.active(session, clock.utcnow()) == []

@@ -18,10 +18,12 @@ from cron.operator.models import OperatorAction, OperatorSession
 from cron.scheduling import once as once_requests
 from cron.scheduling.models import OnceRequest
 import outbox
+import outbox.channels
 from outbox.core import clock
 from outbox.events.consumers import consumer
 from outbox.events.models import Delivery
-from outbox.queue.models import Job
+from outbox.queue import pauses
+from outbox.queue.models import ChannelPause, Job
 from storage import audit
 from storage.models import AuditEntry, Grant, SealedFile
 from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app
@@ -104,6 +106,7 @@ def test_anonymous_requests_are_sent_to_login_or_refused(app, runtime):
         assert response.headers["Location"].startswith("/ops/login?next=")
     for path in POST_ACTIONS:  # a valid CSRF token from the login page, but no session
         response = anonymous.post(path, {"id": str(failed), "all": "yes", "confirm": "yes", "task": "cronbox.health",
+                                         "channel": "sms",
                                          "command": "migrate", "grant": "ab" * 16}, page="/ops/login")
         assert response.status_code == 401, path
     assert job_status(runtime, failed) == "failed"
@@ -115,7 +118,7 @@ def test_anonymous_requests_are_sent_to_login_or_refused(app, runtime):
 def test_posts_without_a_valid_csrf_token_are_refused(operator, runtime):
     failed = failed_job(runtime)
     form = {"id": str(failed), "all": "yes", "confirm": "yes", "task": "cronbox.health", "command": "migrate",
-            "password": PASSWORD}
+            "password": PASSWORD, "channel": "sms"}
     for path in POST_ACTIONS + ["/ops/login", "/ops/setup"]:
         assert operator.post(path, form, csrf=False).status_code == 400, path
         assert operator.post(path, {**form, "csrf_token": "forged"}, csrf=False).status_code == 400, path
@@ -322,6 +325,36 @@ def test_queue_retry_forget_and_flush(operator, runtime):
     assert operator.get("/ops/queues?queue=bad name!").status_code == 400
     assert [a for a, _, _ in actions_logged(runtime) if a.startswith("queue.")] == [
         "queue.retry", "queue.forget", "queue.flush", "queue.retry", "queue.retry"]
+
+
+def test_paused_channels_are_shown_and_resumed(operator, runtime):
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            pauses.pause(session, "sms", 900, "Kavenegar 418: out of credit", T0)
+            held = outbox.channels.send_sms.dispatch(session, {"to": "+15550001111", "text": "code 4711"})
+            session.execute(Job.__table__.update().where(Job.id == held)  # as the worker leaves a held job
+                            .values(available_at=T0 + timedelta(seconds=900), reserved_at=T0))
+        page = operator.get("/ops/queues").get_data(as_text=True)
+        assert 'id="paused-sms"' in page and "Kavenegar 418: out of credit" in page
+        assert "2026-11-30 12:15:00 UTC" in page and 'aria-label="Resume channel sms"' in page
+
+        assert operator.post("/ops/queues/resume", {"channel": "sms"}, csrf=False).status_code == 400
+        assert operator.post("/ops/queues/resume", {"channel": "sms", "csrf_token": "forged"},
+                             csrf=False).status_code == 400
+        with runtime.sessions() as session:
+            assert session.get(ChannelPause, "sms") is not None
+        resumed = flashed(operator.post("/ops/queues/resume", {"channel": "sms"}), operator)
+        assert "Channel sms resumed; 1 waiting jobs run at the next tick." in resumed
+        assert 'id="paused-sms"' not in resumed
+        with runtime.sessions() as session:
+            assert session.get(ChannelPause, "sms") is None
+            assert session.get(Job, held).available_at == T0
+        again = flashed(operator.post("/ops/queues/resume", {"channel": "sms"}), operator)
+        assert "Channel sms is not paused." in again
+        for bad in ({}, {"channel": ""}, {"channel": "x" * 33}):
+            assert operator.post("/ops/queues/resume", bad).status_code == 400
+    assert [a for a in actions_logged(runtime) if a[0] == "queue.resume"] == [
+        ("queue.resume", "sms", "ok"), ("queue.resume", "sms", "not-paused")]
 
 
 # ---- schedule and one-off runs --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Queues: per queue ready / delayed / reserved / failed; failed jobs; retry, forget, flush."""
+"""Queues: per queue ready / delayed / reserved / failed; paused channels; failed jobs; retry, forget, flush, resume."""
 from __future__ import annotations
 
 from flask import abort, render_template, request
@@ -6,7 +6,7 @@ from flask import abort, render_template, request
 from cron.scheduling import once as once_requests
 from outbox.core import clock, paging
 from outbox.core.db import in_transaction
-from outbox.queue import jobstore
+from outbox.queue import jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from web import runtime
 
@@ -28,9 +28,24 @@ def queues():
     now = clock.utcnow()
     only = _queue_arg(request.args.get("queue"))
     cursor = paging.parse_cursor(request.args.get("after"), jobstore.FAILED_KEY)
-    rows, page = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
-                                                        jobstore.failed_page(s, cursor, queue=only)))
-    return render_template("ops/queues.html", queues=rows, page=page, only=only, now=now)
+    rows, paused, page = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
+                                                                pauses.active(s, now),
+                                                                jobstore.failed_page(s, cursor, queue=only)))
+    return render_template("ops/queues.html", queues=rows, paused=paused, page=page, only=only, now=now)
+
+
+@bp.post("/queues/resume")
+def queues_resume():
+    """Lift a channel's pause now (the operator fixed its cause); the jobs it held back run at the next tick."""
+    channel = request.form.get("channel", "")
+    if not channel or len(channel) > 32:
+        abort(400, description="not a channel name")
+    rt = runtime()
+    moved = act("queue.resume", channel, lambda s: pauses.lift(s, rt.jobs, channel, clock.utcnow()),
+                outcome=lambda result: "ok" if result is not None else "not-paused")
+    if moved is None:
+        return done(f"Channel {channel} is not paused.", "ops.queues")
+    return done(f"Channel {channel} resumed; {moved} waiting jobs run at the next tick.", "ops.queues")
 
 
 @bp.post("/queues/retry")
