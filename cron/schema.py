@@ -3,12 +3,20 @@
 Each family keeps its tables beside its code; this is the one place that names them all, so
 `migrations/env.py` and the schema tests cannot miss a family. It lives in `cron` because the
 scheduling and operator tables do (outbox never imports cron).
+
+It also draws the line between cronbox's tables and the host app's in a shared database: every
+table whose name starts with `cronbox_` (the version table `cronbox_alembic_version` too) is
+cronbox's, migrated by `python -m cron migrate`. `migrations/env.py` compares only those; the
+host's own Alembic env.py passes `include_name` (or `include_object`) so that its
+`--autogenerate` leaves them alone instead of proposing to drop them. The prefix, not this
+metadata's list, decides: a table an older or newer cronbox has is still cronbox's.
 """
 from __future__ import annotations
 
 import cron.operator.models  # noqa: F401
 import cron.scheduling.models  # noqa: F401
 import outbox.channels.models  # noqa: F401
+from outbox.core.migrate import VERSION_TABLE
 from outbox.core.models import Base
 import outbox.engine.models  # noqa: F401
 import outbox.events.models  # noqa: F401
@@ -16,3 +24,22 @@ import outbox.queue.models  # noqa: F401
 import storage.models  # noqa: F401
 
 metadata = Base.metadata
+PREFIX = "cronbox_"
+
+
+def is_cronbox_table(name: str | None) -> bool:
+    return bool(name) and name.startswith(PREFIX)
+
+
+def include_name(name, type_, parent_names) -> bool:
+    """For the host's `context.configure(include_name=...)`: skip reflecting cronbox's tables."""
+    return not (type_ == "table" and is_cronbox_table(name))
+
+
+def include_object(object_, name, type_, reflected, compare_to) -> bool:
+    """For the host's `context.configure(include_object=...)`: skip cronbox's tables and what is on them
+    (columns, indexes, constraints), whether found in the database or in the host's metadata."""
+    if type_ == "table":
+        return not is_cronbox_table(name)
+    table = getattr(object_, "table", None)
+    return not is_cronbox_table(getattr(table, "name", None))

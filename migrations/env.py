@@ -5,16 +5,18 @@ ours: the host app shares the database and may have its own Alembic history.
 """
 from alembic import context
 
-from cron.schema import metadata
+from cron.schema import is_cronbox_table, metadata
+from outbox.core.migrate import VERSION_TABLE
 
 config = context.config
 target_metadata = metadata
-VERSION_TABLE = "cronbox_alembic_version"
 
 
 def include_name(name, type_, parent_names):
+    """Only cronbox's own tables (the host's are the host's); the host's env.py uses the complement,
+    cron.schema.include_name."""
     if type_ == "table":
-        return bool(name) and name.startswith("cronbox_") and name != VERSION_TABLE
+        return is_cronbox_table(name) and name != VERSION_TABLE
     return True
 
 

@@ -7,6 +7,7 @@
                               content_type="application/pdf", owner="patient:1842")
         grant_id = storage.grant(session, file_id, "patient:1842", expires_in=3600, max_uses=3)
     url = storage.signed_url(grant_id, ttl=300)               # "/files/<token>", audited
+    link = storage.signed_url(grant_id, absolute=True)        # CRONBOX_BASE_URL + "/files/<token>"
 
 The module-level functions use the process's configured Storage: create_app()
 and every `python -m cron storage ...` command configure it; elsewhere call
@@ -21,7 +22,9 @@ from outbox.core.settings import Settings, load_settings
 
 from outbox.core.db import make_engine, session_factory
 
-from .errors import GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge, UnknownKey
+# Every error the functions below raise (README, "Sealed files", says which and the HTTP answer for each).
+from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge,
+                     UnknownKey)
 from .models import SealedFile
 from .service import OpenedFile, Sealed, Storage
 from .vault import valid_id
@@ -57,9 +60,10 @@ def revoke(session: Session, grant_id: str) -> bool:
     return current().revoke(session, grant_id)
 
 
-def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None) -> str:
-    """`/files/<token>` for the grant, valid `ttl` seconds (at most CRONBOX_URL_MAX_TTL)."""
-    return current().signed_url(grant_id, ttl, session=session)
+def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None, absolute: bool = False) -> str:
+    """`/files/<token>` for the grant, valid `ttl` seconds (at most CRONBOX_URL_MAX_TTL); with `absolute=True`
+    `<CRONBOX_BASE_URL>/files/<token>` (BaseUrlMissing when that is not set)."""
+    return current().signed_url(grant_id, ttl, session=session, absolute=absolute)
 
 
 def open_file(session: Session, file_id: str) -> OpenedFile:
@@ -71,6 +75,7 @@ def open_file(session: Session, file_id: str) -> OpenedFile:
 
 
 __all__ = [
+    "BaseUrlMissing",
     "GrantInvalid",
     "IntegrityError",
     "KeyFolderError",

@@ -40,6 +40,14 @@ class GrantInvalid(StorageError):
     """A grant cannot be used (revoked, expired, exhausted)."""
 
 
+class BaseUrlMissing(StorageError):
+    """An absolute link was asked for, but CRONBOX_BASE_URL (the site's own address) is not set."""
+
+    def __init__(self):
+        super().__init__("an absolute link needs CRONBOX_BASE_URL, the site's address (e.g. https://clinic.example); "
+                         "set it in .env")
+
+
 class TooLarge(StorageError):
     """A stream was longer than the allowed upload size."""
 

@@ -26,7 +26,7 @@ from outbox.core.settings import Settings
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable
-from .errors import GrantInvalid, IntegrityError, NotFound, StorageError, TooLarge
+from .errors import BaseUrlMissing, GrantInvalid, IntegrityError, NotFound, StorageError, TooLarge
 from .format import SealedReader, Sealer, new_data_key, new_file_id, open_meta, seal_meta, unwrap_key, wrap_key
 from .keys import KeyRing
 from .models import Grant, SealedFile
@@ -312,10 +312,20 @@ class Storage:
         return True
 
     def signed_url(self, grant_id: str, ttl: int = 300, *, session: Session | None = None,
-                   client: audit.Client = audit.CLI) -> str:
-        """A `/files/<token>` link for a usable grant, valid `ttl` seconds; audited as issued."""
+                   client: audit.Client = audit.CLI, absolute: bool = False) -> str:
+        """A `/files/<token>` link for a usable grant, valid `ttl` seconds; audited as issued.
+
+        `absolute=True` puts CRONBOX_BASE_URL in front (for an e-mail or SMS), never the request's
+        Host header: whoever sends a request chooses that one, and a link to their host would hand
+        them the token. Refused before anything is issued when the setting is missing.
+        """
         if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= self.settings.url_max_ttl:
             raise StorageError(f"ttl must be 1 to {self.settings.url_max_ttl} seconds (CRONBOX_URL_MAX_TTL)")
+        prefix = ""
+        if absolute:
+            if self.settings.base_url is None:
+                raise BaseUrlMissing()
+            prefix = self.settings.base_url
 
         def work(s: Session) -> str:
             grant = s.get(Grant, grant_id) if valid_id(grant_id) else None
@@ -327,7 +337,7 @@ class Storage:
             token, claims = self.tokens().issue(grant_id, ttl)
             audit.record(s, "issue", "ok", file_id=grant.file_id, grant_id=grant_id, subject=grant.subject,
                          jti=claims.jti, client=client, detail=f"ttl={ttl}s")
-            return f"/files/{token}"
+            return f"{prefix}/files/{token}"
 
         return work(session) if session is not None else in_transaction(self._sessions(), work)
 

@@ -1,8 +1,14 @@
+"""`demo`: example paid appointments, for the README's "Try it".
+
+cron.demo is imported inside the command, never when this module loads: importing it registers
+its two consumers, and every process builds the command tree (the host's `outbox status`, its
+Flask app), where they would fan out each `appointment.paid` and die on the missing demo tables.
+Its consumers exist only in a process that runs the demo or names it in CRONBOX_HANDLERS.
+"""
 from decimal import Decimal
 
 import click
 
-from cron import demo as domain
 from cron.commands.base import runtime
 from outbox.core.db import in_transaction
 
@@ -11,6 +17,7 @@ from outbox.core.db import in_transaction
 @click.option("--count", type=click.IntRange(min=1, max=10000), default=3, show_default=True)
 def demo(count):
     """Record example paid appointments (payment + escrow written synchronously, events in the outbox)."""
+    from cron import demo as domain  # here, not at the top: see the module's docstring
     rt = runtime()
     domain.create_tables(rt.engine)
     for number in range(count):

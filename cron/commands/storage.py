@@ -73,12 +73,13 @@ def revoke(grant_id):
 @storage.command()
 @click.argument("grant_id")
 @click.option("--ttl", type=DURATION, default="5m", show_default=True, help="How long the link works.")
-def url(grant_id, ttl):
-    """Print a signed download link (/files/<token>) for a grant."""
+@click.option("--absolute", is_flag=True, help="Prefix CRONBOX_BASE_URL: a link for an e-mail or SMS.")
+def url(grant_id, ttl, absolute):
+    """Print a signed download link (/files/<token>, or with --absolute CRONBOX_BASE_URL/files/<token>)."""
     st = _storage()
     if not 1 <= ttl <= st.settings.url_max_ttl:
         raise click.BadParameter(f"must be 1s to {st.settings.url_max_ttl}s (CRONBOX_URL_MAX_TTL)", param_hint="--ttl")
-    click.echo(st.signed_url(grant_id, int(ttl)))
+    click.echo(st.signed_url(grant_id, int(ttl), absolute=absolute))
 
 
 @storage.command()

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 
@@ -49,6 +50,7 @@ class Settings:
     seal_algorithm: str = "auto"
     audit_retention_days: int = 2192
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
+    base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -139,6 +141,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         seal_algorithm=seal_algorithm,
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
+        base_url=_base_url(get("CRONBOX_BASE_URL")),
         raw=dict(values),
     )
 
@@ -210,6 +213,26 @@ def _number(get, name: str, default, kind, *, minimum):
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def _base_url(raw: str | None) -> str | None:
+    """The site's own address, the only source of absolute links: never a request's Host header, which
+    whoever sends the request chooses. `https://host/app/` becomes `https://host/app` (links append
+    `/files/...`); anything a link could not be built on safely is refused here, at start-up."""
+    if raw is None:
+        return None
+    refuse = f"CRONBOX_BASE_URL={raw!r} must be http(s)://host[:port][/path], without user, query or fragment"
+    if any(ch.isspace() or not ch.isprintable() or ch == "\\" for ch in raw):
+        raise SettingsError(refuse)
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        raise SettingsError(refuse) from None
+    if (parts.scheme.lower() not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+            or parts.query or parts.fragment or "?" in raw or "#" in raw):
+        raise SettingsError(refuse)
+    return f"{parts.scheme.lower()}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
 def _switch(get, name: str) -> bool:

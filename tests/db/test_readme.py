@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 
@@ -57,9 +58,10 @@ def app_models():
 
 def test_the_readme_has_the_snippets_this_test_runs():
     snippets = readme_snippets()
-    assert len(snippets) == 4
+    assert len(snippets) == 5
     assert "outbox.record(" in snippets[0] and ".dispatch(" in snippets[1]
     assert "send_sms.dispatch" in snippets[2] and "storage.put(" in snippets[3]
+    assert "include_name" in snippets[4]  # the host's env.py lines: run by test_host_alembic.py
 
 
 def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch):
@@ -67,7 +69,7 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
     metadata.create_all(runtime.engine)
     monkeypatch.setattr(outbox, "consumer", partial(outbox.consumer, registry=registry))
     monkeypatch.setattr(outbox, "job", partial(outbox.job, registry=registry))
-    storage.configure(settings, runtime.sessions)
+    storage.configure(replace(settings, base_url="https://clinic.example"), runtime.sessions)
     namespace = {"Session": runtime.sessions, "payment": Payment("120.00"), "Notification": Notification,
                  "request": SimpleNamespace(stream=io.BytesIO(b"%PDF-1.7 a scan" * 1000))}
     snippets = readme_snippets()
@@ -89,6 +91,7 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
     assert jobs["send_reminder"] == "done"  # registered and run from the README's own decorator
     assert {"cronbox.sms", "cronbox.email", "cronbox.notify"} <= set(jobs)  # dispatched in the transaction
     assert namespace["url"].startswith("/files/")
+    assert namespace["link"].startswith("https://clinic.example/files/")
     with runtime.sessions() as session:
         opened = storage.open_file(session, namespace["file_id"])
         try:

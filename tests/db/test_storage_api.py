@@ -5,6 +5,7 @@ import io
 import os
 import stat
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -150,6 +151,27 @@ def test_missing_file_is_an_integrity_error(store):
 
 
 # --- grants and uses -----------------------------------------------------------------------------
+
+def test_an_absolute_link_needs_the_base_url_and_issues_nothing_without_it(store, runtime):
+    g = grant(store, put(store, b"data"))
+
+    def issued() -> int:
+        return len(in_transaction(store.sessions, lambda s: s.scalars(
+            select(AuditEntry).where(AuditEntry.action == "issue")).all()))
+
+    for call in (lambda: store.signed_url(g, 60, absolute=True), lambda: storage.signed_url(g, absolute=True)):
+        with pytest.raises(storage.BaseUrlMissing, match="needs CRONBOX_BASE_URL"):
+            call()
+    assert issued() == 0  # refused before a token was made or audited
+    with pytest.raises(NotFound):  # with the setting, the grant is checked as for a relative link
+        storage.Storage(replace(store.settings, base_url="https://x.example"), store.sessions).signed_url(
+            "f" * 32, absolute=True)
+    based = storage.Storage(replace(store.settings, base_url="https://clinic.example/app"), store.sessions)
+    link = based.signed_url(g, 60, absolute=True)
+    assert link.startswith("https://clinic.example/app/files/") and link.count("/files/") == 1
+    assert based.signed_url(g, 60).startswith("/files/")  # relative unless asked
+    assert issued() == 2
+
 
 def test_grant_validation_and_signed_url_refusals(store):
     file_id = put(store, b"data")

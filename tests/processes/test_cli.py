@@ -1,10 +1,13 @@
 """The command-line contract, through real processes: exit codes, one-line errors, no tracebacks."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from outbox.core.migrate import SCHEMA_HEAD
-from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, run_cli
+from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env, run_cli
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -112,6 +115,27 @@ def test_demo_then_tick_delivers(env, database):
     assert proc.returncode == 0, proc.stderr
     proc = run_cli(demo_env, "tick", "--no-linger")
     assert proc.returncode == 0 and "delivered 4" in proc.stdout, proc.stdout + proc.stderr
+
+
+DEMO_CONSUMERS = ("demo.clinic_receipt", "demo.notify_patient")
+APP_CONSUMERS = ("import sys, app; rt = app.application.extensions['cronbox']; "
+                 "print(sorted(rt.consumers.names()), 'cron.demo' in sys.modules)")
+
+
+@pytest.mark.parametrize("handlers, registered", [("", False), ("tests.handlers.effects", False),
+                                                  ("cron.demo", True)])
+def test_demo_consumers_exist_only_where_cron_demo_is_named(env, runtime, handlers, registered):
+    """The host's `outbox status` and its Flask app build the whole command tree, `demo` included:
+    that must not register the demo's consumers (they would fan out and die on the missing demo tables)."""
+    status = run_cli(env, "outbox", "status", CRONBOX_HANDLERS=handlers)
+    assert status.returncode == 0, status.stderr
+    assert all((name in status.stdout) is registered for name in DEMO_CONSUMERS), status.stdout
+    flask = subprocess.run([sys.executable, "-c", APP_CONSUMERS], env=child_env(env, CRONBOX_HANDLERS=handlers),
+                           cwd=str(APP_ROOT), capture_output=True, text=True)
+    assert flask.returncode == 0, flask.stderr
+    names, imported = flask.stdout.rsplit(" ", 1)
+    assert all((name in names) is registered for name in DEMO_CONSUMERS), names
+    assert imported.strip() == str(registered)
 
 
 def test_no_command_prints_the_help_and_exits_2(env):

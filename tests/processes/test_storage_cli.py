@@ -46,6 +46,18 @@ def test_put_grant_url_revoke_verify_audit_sweep(env, runtime, tmp_path):
     assert "rewrap: done, 1 re-wrapped under enc-0002-" in ok(env, "rewrap")
 
 
+def test_url_absolute_is_on_the_base_url_and_a_clear_error_without_it(env, runtime, tmp_path):
+    source = tmp_path / "scan.pdf"
+    source.write_bytes(b"%PDF-1.7 scan")
+    grant_id = ok(env, "grant", ok(env, "put", str(source), "--owner", "patient:1"), "--subject", "user:7")
+    proc = run_cli(env, "storage", "url", grant_id, "--absolute")
+    assert proc.returncode == 1 and "needs CRONBOX_BASE_URL" in one_line_error(proc)
+    link = ok(env, "url", grant_id, "--absolute", CRONBOX_BASE_URL="https://host.example/app/")
+    assert link.startswith("https://host.example/app/files/") and "\n" not in link
+    proc = run_cli(env, "storage", "url", grant_id, "--absolute", CRONBOX_BASE_URL="host.example")
+    assert proc.returncode == 1 and one_line_error(proc).startswith("error: CRONBOX_BASE_URL='host.example' must be")
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["grant", "0" * 32, "--subject", "u"], 1, f"no file {'0' * 32}"),
     (["grant", "x", "--subject", "u", "--expires-in", "soon"], 2, "is not a duration"),

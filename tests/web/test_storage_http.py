@@ -15,6 +15,7 @@ from app import create_app
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.settings import load_settings
+import storage
 from storage import keys, maintenance
 from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry, Grant
@@ -118,6 +119,33 @@ def test_head_answers_like_get_without_a_body_or_a_use(client, store, file_id):
     assert uses(store, g) == 0
     assert checked(client.head(url, headers={"Range": "bytes=0-9"})).headers["Content-Range"] == \
         f"bytes 0-9/{len(DATA)}"
+
+
+# --- absolute links for a host app's e-mails and SMS ----------------------------------------------
+
+@pytest.mark.parametrize("base, prefix", [("https://clinic.example", ""), ("https://clinic.example/", ""),
+                                          ("https://host.example/app/", "/app")])
+def test_an_absolute_link_uses_the_base_url_never_the_requests_host_and_downloads(runtime, env, base, prefix):
+    """A host route issuing a link for an e-mail: the request says Host: evil.example, the link does not."""
+    application = make_app(env, CRONBOX_BASE_URL=base)
+    store = application.extensions["cronbox.storage"]
+
+    @application.route("/host/link/<grant_id>")
+    def host_link(grant_id):
+        return storage.signed_url(grant_id, ttl=60, absolute=True)
+
+    try:
+        g = grant(store, put(store, DATA))
+        client = application.test_client()
+        for headers in ({"Host": "evil.example"}, {"Host": "evil.example", "X-Forwarded-Host": "evil.example",
+                                                   "X-Forwarded-Proto": "http"}):
+            link = client.get(f"/host/link/{g}", headers=headers).get_data(as_text=True)
+            site = "https://" + base.split("/")[2]
+            assert link.startswith(f"{site}{prefix}/files/") and "evil" not in link, link
+        response = checked(client.get(link.removeprefix(site + prefix), base_url=site + prefix))  # mounted at the prefix
+        assert response.status_code == 200 and response.data == DATA
+    finally:
+        application.extensions["cronbox"].dispose()
 
 
 # --- tokens --------------------------------------------------------------------------------------
