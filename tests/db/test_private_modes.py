@@ -67,9 +67,8 @@ def test_everything_cronbox_creates_is_private(env, usual_umask, tmp_path):
     assert {p: oct(m) for p, m in folders.items() if m != 0o700} == {}
 
 
-def test_an_older_wider_database_file_of_ours_is_narrowed(env, usual_umask, backend):
-    if backend != "sqlite":
-        pytest.skip("only SQLite keeps the database in a file")
+@pytest.mark.backends("sqlite")  # only SQLite keeps the database in a file
+def test_an_older_wider_database_file_of_ours_is_narrowed(env, usual_umask):
     instance = Path(env["CRONBOX_INSTANCE"])
     instance.mkdir(mode=0o700)
     database = instance / "cronbox.db"
