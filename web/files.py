@@ -15,33 +15,28 @@ expired"; every other refusal (tampered, future-dated, unknown, revoked, used
 up) the same 404. Every answer under /files carries no-store, nosniff,
 no-referrer and a sandboxing CSP. Each attempt is audited with its reason.
 
-Uploads are sealed while they arrive: a raw body is read from the WSGI input
-stream straight into the sealer, a multipart form's file part is written into
-a SealingWriter acting as Werkzeug's stream factory (otherwise Werkzeug would
-spill parts over 500 KiB to a plaintext temporary file). What the web server
-may buffer before Python sees the body is documented in the README.
+Uploads are sealed while they arrive, received by web.uploads (shared with
+the host's own routes, `seal_upload`); this module adds who may upload and
+how the answer looks. What the web server may buffer before Python sees the
+body is documented in the README.
 """
 from __future__ import annotations
 
-import errno
 import logging
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
-from urllib.parse import unquote
 
-from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
-from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
-from werkzeug.formparser import FormDataParser
+from flask import Blueprint, Flask, Request, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
 import storage as sealed_storage
 from storage import audit, grants, refusals
-from storage.errors import GrantInvalid, IntegrityError, StorageError, TooLarge, UnknownKey
+from storage.errors import GrantInvalid, IntegrityError, UnknownKey
 from storage.keys import check_key_folder
-from storage.service import OpenedFile, Storage, owner_text
+from storage.service import OpenedFile
 from storage.tokens import TokenRefused
 
 from . import runtime
@@ -49,6 +44,7 @@ from .auth import bearer_matches
 from .client import client_ip
 from .disposition import content_disposition, content_type
 from .ranges import plan
+from .uploads import UploadRefused, receive, record, storage_for_app
 
 log = logging.getLogger("cronbox")
 bp = Blueprint("files", __name__)
@@ -65,17 +61,10 @@ NOT_FOUND = _PAGE.format(title="Not found", text="There is nothing here.")
 EXPIRED = _PAGE.format(title="Link expired", text="This download link has expired. Ask for a new one.")
 UNAVAILABLE = _PAGE.format(title="File unavailable", text="This file cannot be served right now. "
                                                            "The problem has been recorded.")
-_DIGITS = re.compile(r"[0-9]{1,30}")
-# Werkzeug applies this both to each text field and to its parse buffer (fed 64 KiB at a time).
-MAX_FORM_FIELDS = 256 * 1024
 
 
 def _page(body: str, status: int) -> Response:
     return Response(body, status=status, mimetype="text/html")
-
-
-def storage_for_app() -> Storage:
-    return current_app.extensions["cronbox.storage"]
 
 
 def _client() -> audit.Client:
@@ -322,104 +311,21 @@ def upload():
     def refuse(message: str, status: int) -> Response:
         return authorizer.reply(None, message, status) if authorizer.reply else _json_error(message, status)
 
-    limit = settings.upload_max
-    length, problem = _declared_length(request)
-    if problem:
-        return refuse(problem, 400)
-    if length is not None and length > limit:
-        return refuse(f"the file is larger than the limit of {limit} bytes", 413)
-    if length is None and "wsgi.input_terminated" not in request.environ:
-        return refuse("send a Content-Length (or a chunked body)", 411)
     client = _client()
     try:
-        if request.mimetype == "multipart/form-data":
-            sealed, owner = _receive_form(st, limit)
-        else:
-            sealed, owner = _receive_body(st, limit)
-    except TooLarge as exc:
-        return refuse(str(exc), 413)
-    except RequestEntityTooLarge:
-        return refuse("a form field is too large", 413)
-    except ClientDisconnected:
-        return refuse("the upload was interrupted", 400)
-    except (StorageError, ValueError) as exc:
-        return refuse(str(exc), 400)
-    except OSError as exc:  # the sealed file's disk is full (or over quota): nothing of it stays (discarded)
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        log.error("files: upload refused: no space left for sealed files (%s)", exc.strerror)
-        return refuse("no space left on the server to store the file; try again later", 507)
+        received = receive(st, request)
+    except UploadRefused as refused:
+        return refuse(refused.message, refused.status)
     try:
-        file_id = in_transaction(runtime().sessions, lambda s: st.add(s, sealed, owner=owner, client=client,
-                                                                      actor=principal))
-    except StorageError as exc:
-        st.discard(sealed)
-        return refuse(str(exc), 400)
+        file_id = in_transaction(runtime().sessions, lambda s: record(st, s, received, client=client, actor=principal))
+    except UploadRefused as refused:
+        return refuse(refused.message, refused.status)
     except BaseException:
-        st.discard(sealed)
+        st.discard(received.sealed)  # the commit failed: the row is not there, so neither may the file be
         raise
     if authorizer.reply:
         return authorizer.reply(file_id, None, 201)
-    return jsonify(id=file_id, size=sealed.size), 201
-
-
-def _declared_length(req: Request) -> tuple[int | None, str | None]:
-    """The body length the client declared: (length or None when absent, or a problem).
-
-    Read from the raw CONTENT_LENGTH, because Werkzeug turns a value that is
-    not a number (`-1`, `abc`, `1e3`) into 0, which would seal an empty file
-    and answer 201. HTTP allows only ASCII digits (RFC 9110, 8.6).
-    """
-    raw = req.environ.get("CONTENT_LENGTH")
-    if raw is None or raw == "":
-        return None, None
-    if not _DIGITS.fullmatch(raw):
-        return None, "Content-Length must be a number of bytes (digits only)"
-    return int(raw), None
-
-
-def _owner(value: str | None) -> str:
-    """Checked before a byte is sealed, with the rule Storage.add applies (a bad owner is a 400, not a 500)."""
-    if not value:
-        raise StorageError("say whose file this is: X-Cronbox-Owner header (raw body) or an `owner` form field")
-    return owner_text(value)
-
-
-def _receive_body(st: Storage, limit: int):
-    """Raw body: the file's bytes; its name in X-Cronbox-Filename (percent-encoded UTF-8), type in Content-Type."""
-    owner = _owner(request.headers.get("X-Cronbox-Owner"))
-    name = unquote(request.headers.get("X-Cronbox-Filename", "upload"), errors="strict")
-    sealed = st.seal(request.stream, filename=name, content_type=request.mimetype or "application/octet-stream",
-                     limit=limit)
-    return sealed, owner
-
-
-def _receive_form(st: Storage, limit: int):
-    """multipart/form-data with one file part (sealed as it streams) and an `owner` field."""
-    writers = []
-
-    def stream_factory(total_content_length, content_type, filename, content_length=None):
-        if writers:
-            raise StorageError("send exactly one file per upload")
-        writer = st.writer(filename=filename or "upload", content_type=content_type or "application/octet-stream",
-                           limit=limit)
-        writers.append(writer)
-        return writer
-
-    parser = FormDataParser(stream_factory=stream_factory, max_form_memory_size=MAX_FORM_FIELDS,
-                            max_form_parts=32, silent=False)
-    try:
-        _stream, form, files = parser.parse(request.stream, request.mimetype, request.content_length,
-                                            request.mimetype_params)
-        if not writers or not files:
-            raise StorageError("no complete file part in the form")
-        owner = _owner(form.get("owner"))
-        sealed = writers[0].finish()
-    except BaseException:
-        for writer in writers:
-            writer.discard()
-        raise
-    return sealed, owner
+    return jsonify(id=file_id, size=received.sealed.size), 201
 
 
 def register(app: Flask) -> None:

@@ -2,7 +2,8 @@
 
 Each ```python block of README.md runs in order in one namespace holding what the README leaves to
 the reader's app: `Session` (a sessionmaker), `payment` and `Notification` (the app's models), and
-`request.stream` (an upload). Consumers and jobs register in this test's registry. Then the tick's
+`request.stream` (an upload); the upload-route snippet gets `app`, a host Flask app with cronbox's
+blueprints registered, and its route is then called with a real multipart form. Consumers and jobs register in this test's registry. Then the tick's
 relay and worker run, and the effects the README promises are checked.
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from functools import partial
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from flask import Flask
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import registry as mapper_registry
 
 import outbox
@@ -24,7 +26,9 @@ from outbox.events.models import Delivery
 from outbox.events.relay import Relay
 from outbox.queue.models import Job
 from outbox.queue.worker import Worker
+from storage.models import SealedFile
 from tests.conftest import APP_ROOT
+from web import register_blueprints
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
@@ -58,10 +62,11 @@ def app_models():
 
 def test_the_readme_has_the_snippets_this_test_runs():
     snippets = readme_snippets()
-    assert len(snippets) == 5
+    assert len(snippets) == 6
     assert "outbox.record(" in snippets[0] and ".dispatch(" in snippets[1]
     assert "send_sms.dispatch" in snippets[2] and "storage.put(" in snippets[3]
-    assert "include_name" in snippets[4]  # the host's env.py lines: run by test_host_alembic.py
+    assert "seal_upload(" in snippets[4]
+    assert "include_name" in snippets[5]  # the host's env.py lines: run by test_host_alembic.py
 
 
 def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch):
@@ -79,6 +84,7 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
         with runtime.sessions.begin() as session:  # the channels snippet runs inside the reader's transaction
             exec(compile(snippets[2], "README.md", "exec"), {**namespace, "session": session})
         exec(compile(snippets[3], "README.md", "exec"), namespace)
+        uploaded, refused = post_scans(runtime, snippets[4])
     finally:
         storage.configure(settings, runtime.sessions)  # a fresh default, not this test's, for later tests
 
@@ -98,3 +104,31 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
             assert b"".join(opened.iter_range(0, opened.size)) == b"%PDF-1.7 a scan" * 1000
         finally:
             opened.close()
+
+    assert refused.status_code == 400  # a form without a file: nothing kept
+    assert uploaded.status_code == 201, uploaded.data
+    answer = uploaded.get_json()
+    assert answer["visit"] == "12" and answer["size"] == len(SCAN)
+    with runtime.sessions() as session:
+        assert session.get(SealedFile, answer["id"]).owner == "patient:5"
+        opened = storage.open_file(session, answer["id"])
+        try:
+            assert b"".join(bytes(chunk) for chunk in opened.iter_range(0, opened.size)) == SCAN
+        finally:
+            opened.close()
+        assert session.scalar(select(func.count()).select_from(SealedFile)) == 2  # put's and this one
+
+
+SCAN = b"%PDF-1.7 an uploaded scan " * 40000  # 1 MiB: over Werkzeug's 500 KiB spool threshold
+
+
+def post_scans(runtime, snippet: str):
+    """The upload snippet's route in a host Flask app with cronbox registered, then two uploads to it."""
+    app = Flask("clinic")
+    app.extensions["cronbox"] = runtime
+    register_blueprints(app)
+    exec(compile(snippet, "README.md", "exec"), {"app": app, "Session": runtime.sessions})
+    client = app.test_client()
+    form = {"visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}
+    return (client.post("/patients/5/scans", data=form, content_type="multipart/form-data"),
+            client.post("/patients/5/scans", data={"visit": "12"}, content_type="multipart/form-data"))

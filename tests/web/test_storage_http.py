@@ -353,6 +353,8 @@ def test_multipart_upload(client, store):
     ({**AUTH, "X-Cronbox-Owner": "p:1", "X-Cronbox-Filename": "x" * 300}, 400),
     ({**AUTH, "X-Cronbox-Owner": "p" * 192}, 400),  # owner too long: refused before sealing, not a 500
     ({**AUTH, "X-Cronbox-Owner": "p:\t1"}, 400),  # a control character (legal in a header)
+    ({**AUTH, "X-Cronbox-Owner": "p:1", "Content-Type": "application/x-www-form-urlencoded"}, 400),  # not a file
+    ({**AUTH, "X-Cronbox-Owner": "p:1", "Content-Type": "multipart/mixed; boundary=b"}, 400),
 ])
 def test_upload_refusals_leave_nothing_behind(client, store, headers, status):
     response = checked(client.post("/files", data=b"secret scan", headers=headers))
