@@ -9,7 +9,6 @@ from __future__ import annotations
 from flask import Flask
 
 from cron.cli import cli as cron_cli
-import cron.commands  # noqa: F401  (registers the cron commands before mounting them)
 from outbox.core.settings import Settings, load_settings
 from outbox.engine.runtime import open_runtime
 from web import register_blueprints

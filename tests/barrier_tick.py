@@ -10,7 +10,6 @@ from pathlib import Path
 ready_dir, go_file, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 
 from cron.cli import main  # noqa: E402  (import everything before the barrier)
-import cron.commands  # noqa: E402,F401
 
 (ready_dir / str(os.getpid())).write_text("ready")
 deadline = time.monotonic() + 60
