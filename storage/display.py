@@ -3,16 +3,16 @@
 Names, subjects and details in the console and the command line's output come
 from whoever uploaded a file or called the API. A right-to-left override shows
 `invoice\u202Efdp.exe` as `invoiceexe.pdf`; NUL and other C0/C1 controls cut a
-line short or move a terminal's cursor. `UNSHOWABLE` is the one list of these
-characters: the download's Content-Disposition (web.disposition) removes the
-same ones, and owners and subjects containing them are refused when written.
+line short or move a terminal's cursor. The one list of these characters is
+outbox.core.text.UNSHOWABLE: the download's Content-Disposition (web.disposition)
+removes the same ones, and owners and subjects containing them are refused when written.
 """
 from __future__ import annotations
 
 import re
 
-# C0 controls, DEL, C1 controls; the bidi marks, embeddings, overrides and isolates; line/paragraph separators.
-UNSHOWABLE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+from outbox.core.text import UNSHOWABLE
+
 _UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater
+from outbox.core.text import UNSHOWABLE
 
 OK, RETRY_LATER, PERMANENT, ERROR, TIMEOUT = "ok", "retry-later", "permanent", "error", "timeout"
 ERROR_MAX = 1000  # the last_error columns
@@ -53,18 +54,24 @@ class Outcome:
 
 
 _LINE_BREAKS = re.compile(r"[\t\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
-_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+_UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")  # what is left of them once line breaks are spaces
+_UNSHOWABLE_BUT_LINES = re.compile(f"(?![\\t\\n\\r])[{UNSHOWABLE}]")  # a traceback keeps its lines
 
 
 def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> str:
-    """`text` made safe to print, log and store: lone surrogates and control characters escaped,
+    """`text` made safe to print, log and store: lone surrogates, control and bidi characters escaped,
     line breaks turned into spaces (unless `one_line` is False), at most `limit` characters."""
     text = str.__str__(text)[:limit]  # an exact str: a subclass could override what follows
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if one_line:
         text = _LINE_BREAKS.sub(" ", text)
-    text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = (_UNSHOWABLE if one_line else _UNSHOWABLE_BUT_LINES).sub(_escape, text)
     return text[:limit].strip()
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def ascii_text(text: str) -> str:

@@ -126,3 +126,18 @@ def test_bad_settings_say_which_and_why(tmp_path, name, value, message):
     with pytest.raises(SettingsError, match=message) as info:
         load_settings(app_root=tmp_path, environ={name: value})
     assert name in str(info.value)
+
+
+@pytest.mark.parametrize("char", ["\u202e", "\u202d", "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f",
+                                  "\u061c", "\x00", "\x1b", "\x7f", "\x9b"])
+def test_handler_error_texts_escape_controls_and_bidi_marks(char):
+    """A handler's error read in a log or the console must not be reordered or cut by what it carries
+    (`pay\u202egnp.exe` would read as `payexe.png`): the same characters storage.display replaces."""
+    from outbox.engine.handler_call import clean_text
+    from storage.display import has_unshowable
+
+    one_line = clean_text(f"pay{char}gnp.exe")
+    traceback = clean_text(f"File x\n  line{char}\n", one_line=False)
+    escaped = f"\\x{ord(char):02x}" if ord(char) <= 0xFF else f"\\u{ord(char):04x}"
+    assert not has_unshowable(one_line) and one_line == f"pay{escaped}gnp.exe"
+    assert traceback.splitlines()[0] == "File x" and not has_unshowable(traceback.replace("\n", ""))
