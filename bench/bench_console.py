@@ -332,7 +332,7 @@ def measure(label: str, url: str | None, n: int, repeat: int) -> dict:
                 c.exec_driver_sql("ANALYZE TABLE " + ", ".join(BIG_TABLES))
         app = make_app({**t.env, "CRONBOX_HANDLERS": ""})
         operator = logged_in(app)
-        capture = Capture(app.extensions["cronbox"].engine)
+        capture = Capture(app.extensions["cronbox"].runtime.engine)
         results = {}
         for page_label, path, empty_text in pages(t, n):
             def get():
@@ -362,7 +362,7 @@ def measure(label: str, url: str | None, n: int, repeat: int) -> dict:
         return {"counts": counts, "fill_s": fill_s, "pages": results}
     finally:
         if app is not None:
-            app.extensions["cronbox"].dispose()
+            app.extensions["cronbox"].runtime.dispose()
         t.close()
 
 

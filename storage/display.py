@@ -4,7 +4,7 @@ Names, subjects and details in the console and the command line's output come
 from whoever uploaded a file or called the API. A right-to-left override shows
 `invoice\u202Efdp.exe` as `invoiceexe.pdf`; NUL and other C0/C1 controls cut a
 line short or move a terminal's cursor. The one list of these characters is
-outbox.core.text.UNSHOWABLE: the download's Content-Disposition (web.disposition)
+outbox.core.text.UNSHOWABLE: the download's Content-Disposition (cronbox.disposition)
 removes the same ones, and owners and subjects containing them are refused when written.
 """
 from __future__ import annotations

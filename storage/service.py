@@ -337,7 +337,7 @@ class Storage:
             token, claims = self.tokens().issue(grant_id, ttl)
             audit.record(s, "issue", "ok", file_id=grant.file_id, grant_id=grant_id, subject=grant.subject,
                          jti=claims.jti, client=client, detail=f"ttl={ttl}s")
-            return f"{prefix}/files/{token}"
+            return f"{prefix}{self.settings.files_prefix}/files/{token}"
 
         return work(session) if session is not None else in_transaction(self._sessions(), work)
 

@@ -21,7 +21,7 @@ def make_app(env: dict, runtime=None, **extra):
     application = create_app(load_settings(environ={**env, **extra}))
     application.testing = True
     if runtime is not None:
-        application.extensions["cronbox"].registry = registry_with_consumers_of(runtime)
+        application.extensions["cronbox"].runtime.registry = registry_with_consumers_of(runtime)
     return application
 
 

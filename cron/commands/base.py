@@ -18,6 +18,7 @@ from functools import partial
 import click
 from sqlalchemy.exc import DBAPIError
 
+from cron.hostapp import current_host_app
 from outbox.core.db import is_unreachable
 from outbox.core.errors import CronboxError
 from outbox.engine.handler_call import describe
@@ -87,15 +88,24 @@ class State:
     def __init__(self, runtime: Runtime | None = None):
         self._runtime = runtime
         self._owned = runtime is None
+        self._host = None
 
     def runtime(self, *, migrate: bool = True) -> Runtime:
         if self._runtime is None:
-            self._runtime = open_runtime(role="cron", migrate=migrate)
+            self._host = current_host_app()  # CRONBOX_APP or `flask --app`: the host's settings and context
+            if self._host is not None:
+                self._runtime = self._host.open_runtime(migrate=migrate)
+            else:
+                self._runtime = open_runtime(role="cron", migrate=migrate)
         return self._runtime
 
     def close(self):
-        if self._runtime is not None and self._owned:
-            self._runtime.dispose()
+        try:
+            if self._runtime is not None and self._owned:
+                self._runtime.dispose()
+        finally:
+            if self._host is not None:
+                self._host.close()
 
 
 def runtime(migrate: bool = True) -> Runtime:

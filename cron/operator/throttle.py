@@ -4,7 +4,7 @@ Each try takes a slot of a fixed-window counter (outbox.queue.ratelimit, shared 
 every web process through the database) *before* the password is checked, so
 parallel guesses cannot slip past the limit; a right password gives its slots
 back, in the windows it took them from. The client is its IP as the web app
-resolved it per CRONBOX_TRUSTED_PROXIES (web.client); IPv6 clients count per /64, the block
+resolved it per CRONBOX_TRUSTED_PROXIES (cronbox.client); IPv6 clients count per /64, the block
 one subscriber gets, so rotating addresses inside it buys nothing. The global
 ceiling stops a guesser with many networks; it can lock the operator out for
 the rest of the window too, which `ops unlock` (a cron line) undoes.

@@ -171,7 +171,7 @@ def run_task(runtime, task: Task, slot: datetime) -> str | None:
     if run_id is None:
         return None
     ctx = TaskContext(name=task.name, slot=slot, runtime=runtime)
-    outcome = call_handler(task.fn, (ctx,), timeout=task.timeout)
+    outcome = call_handler(task.fn, (ctx,), timeout=task.timeout, scope=runtime.scope_for(ctx))
     if outcome.ok:
         try:
             ctx.finish(True)

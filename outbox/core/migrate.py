@@ -19,13 +19,16 @@ log = logging.getLogger("cronbox")
 
 SCHEMA_HEAD = "0005_console"
 VERSION_TABLE = "cronbox_alembic_version"
+# The scripts are package data of `cron`, whose schema module assembles every family's tables for them;
+# named as a package resource (found in a checkout and in site-packages alike), not imported from here.
+SCRIPT_LOCATION = "cron:migrations"
 
 
 def alembic_config(settings: Settings, connection=None):
     from alembic.config import Config  # imported here: a routine tick never needs Alembic (~100 ms)
 
     config = Config()
-    config.set_main_option("script_location", str(settings.app_root / "migrations"))
+    config.set_main_option("script_location", SCRIPT_LOCATION)
     config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
     if connection is not None:
         config.attributes["connection"] = connection

@@ -1,13 +1,19 @@
-"""Settings: `.env` in the app root first, then the process environment.
+"""Settings: `.env` in the app root first, then the process environment (then, inside a host
+Flask app, its `app.config["CRONBOX_*"]`, passed in as `overrides`).
 
 Cron on a shared host starts us with a bare environment and `$HOME` as the
-working directory, so nothing here may depend on either: the app root is the
-folder this package lives in, and every relative path is resolved against it.
+working directory, so nothing here may depend on either. The app root is, in order:
+CRONBOX_APP_ROOT (artisan_via_cron.sh exports its own folder), this checkout when
+cronbox runs from one (the standalone app), or the working directory when it holds
+artisan_via_cron.sh or a .env. Every relative path is resolved against it. An
+installed cronbox with none of them, and no DATABASE_URL or CRONBOX_APP either,
+refuses to start rather than create a database inside site-packages.
 The environment wins over `.env` so tests and one-off runs can override a value.
 """
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -18,7 +24,8 @@ from dotenv import dotenv_values
 from outbox.core.durations import parse_duration
 from outbox.core.errors import SettingsError
 
-APP_ROOT = Path(__file__).resolve().parents[2]  # outbox/core/settings.py -> the checkout
+CHECKOUT = Path(__file__).resolve().parents[2]  # outbox/core/settings.py -> the checkout (or site-packages)
+ROOT_MARKERS = ("artisan_via_cron.sh", ".env")
 
 CLAIM_MODES = ("auto", "skip-locked", "token")
 TLS_MODES = ("off", "on")
@@ -51,6 +58,7 @@ class Settings:
     audit_retention_days: int = 2192
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
+    files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -87,13 +95,56 @@ class Settings:
         return self.keys_dir or self.instance / "keys"
 
 
-def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    root = Path(app_root or APP_ROOT).resolve()
+def is_checkout(folder: Path = CHECKOUT) -> bool:
+    """Is this cronbox running from its own source tree (the standalone app), not an installed copy?"""
+    return (folder / "artisan_via_cron.sh").is_file() and (folder / "cron").is_dir() and not _installed(folder)
+
+
+def _installed(path: Path) -> bool:
+    """Inside an interpreter's site-packages (where nothing of the app may be created)?"""
+    path = path.resolve()
+    for name in ("purelib", "platlib"):
+        where = sysconfig.get_paths().get(name)
+        if where and path.is_relative_to(Path(where).resolve()):
+            return True
+    return "site-packages" in path.parts or "dist-packages" in path.parts
+
+
+def find_app_root(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The app root by the rules in this module's docstring, or None when there is none."""
+    environ = os.environ if environ is None else environ
+    configured = (environ.get("CRONBOX_APP_ROOT") or "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    if is_checkout():
+        return CHECKOUT
+    cwd = Path.cwd()
+    if any((cwd / marker).is_file() for marker in ROOT_MARKERS) and not _installed(cwd):
+        return cwd
+    return None
+
+
+NO_APP_ROOT = ("no app root: run from the folder holding artisan_via_cron.sh (`python -m cron install-script DIR` "
+               "puts one there), or set CRONBOX_APP_ROOT, CRONBOX_APP=module:factory or DATABASE_URL")
+
+
+def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | None = None, *,
+                  overrides: Mapping[str, str] | None = None, instance: Path | None = None) -> Settings:
+    """`overrides` (a host app's config) win over everything; `instance` is the default instance folder
+    when CRONBOX_INSTANCE is not set (a host app's instance_path/cronbox)."""
+    env = os.environ if environ is None else environ
+    found = Path(app_root).resolve() if app_root else find_app_root(env)
+    if found is None:
+        if not any((env.get(name) or "").strip() for name in ("DATABASE_URL", "CRONBOX_APP")):
+            raise SettingsError(NO_APP_ROOT)
+        found = Path.cwd()
+    root = found
     values: dict[str, str] = {}
     env_file = root / ".env"
     if env_file.is_file():
         values.update({k: v for k, v in dotenv_values(env_file).items() if v is not None})
-    values.update(os.environ if environ is None else environ)
+    values.update(env)
+    values.update(overrides or {})
 
     def get(name: str) -> str | None:
         raw = values.get(name)
@@ -102,7 +153,11 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         raw = raw.strip()
         return raw or None
 
-    instance = _resolve(root, get("CRONBOX_INSTANCE") or "instance")
+    instance = _resolve(root, get("CRONBOX_INSTANCE")) if get("CRONBOX_INSTANCE") else (
+        Path(instance).resolve() if instance else root / "instance")
+    if _installed(instance):  # an installed cronbox never writes into its own install folder
+        raise SettingsError(f"the instance folder {instance} would be inside site-packages: set CRONBOX_INSTANCE "
+                            "or CRONBOX_APP_ROOT")
     database_url = _absolute_sqlite_url(root, get("DATABASE_URL") or f"sqlite:///{instance / 'cronbox.db'}")
     claim_mode = (get("CRONBOX_CLAIM_MODE") or "auto").lower()
     if claim_mode not in CLAIM_MODES:
@@ -142,6 +197,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
         base_url=_base_url(get("CRONBOX_BASE_URL")),
+        files_prefix=url_prefix(get("CRONBOX_FILES_PREFIX"), "CRONBOX_FILES_PREFIX"),
         raw=dict(values),
     )
 
@@ -240,3 +296,13 @@ def _switch(get, name: str) -> bool:
     if value not in ("on", "off"):
         raise SettingsError(f"{name}={value!r} must be on or off")
     return value == "on"
+
+
+def url_prefix(raw: str | None, name: str) -> str:
+    """A URL prefix for one of cronbox's parts in a host app: "" or "/a/b" (no trailing slash)."""
+    if raw is None or raw.strip("/ ") == "":
+        return ""
+    value = "/" + raw.strip().strip("/")
+    if not all(part and all(ch.isalnum() or ch in "-._~" for ch in part) for part in value[1:].split("/")):
+        raise SettingsError(f"{name}={raw!r} must be a path such as /clinic/files-area (letters, digits, - . _ ~)")
+    return value

@@ -4,7 +4,7 @@ C0 and C1 controls and DEL cut a line short or move a terminal's cursor; the bid
 embeddings, overrides and isolates make `invoice\u202Efdp.exe` read as `invoiceexe.pdf` (and an
 error text read as something else); U+2028/U+2029 break lines. Handler errors escape them
 (outbox.engine.handler_call.clean_text), names and subjects shown to operators replace them
-(storage.display), downloads' Content-Disposition drops them (web.disposition).
+(storage.display), downloads' Content-Disposition drops them (cronbox.disposition).
 """
 from __future__ import annotations
 

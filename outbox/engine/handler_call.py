@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater
 from outbox.core.text import UNSHOWABLE
@@ -108,7 +108,10 @@ def _raise_interrupt(signum, frame):
     raise SignalInterrupt()
 
 
-def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
+def call_handler(fn: Callable, args: tuple, *, timeout: float,
+                 scope: Callable[[], ContextManager] | None = None) -> Outcome:
+    """Call a handler and say how it went; never raises for anything the handler does.
+    `scope` wraps the call (a host app's app context): its failures count as the handler's."""
     main_thread = threading.current_thread() is threading.main_thread()
     use_timer = timeout > 0 and main_thread
     if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -125,7 +128,11 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float) -> Outcome:
     started = time.monotonic()
     try:
         try:
-            result = fn(*args)
+            if scope is None:
+                result = fn(*args)
+            else:
+                with scope():
+                    result = fn(*args)
         finally:
             if use_timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)

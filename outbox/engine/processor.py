@@ -185,7 +185,8 @@ class Processor:
             outcome = self._before_call(item, handler)
             if outcome is None:
                 self._started = True
-                outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout)
+                outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout,
+                                       scope=self.runtime.scope_for(ctx))
                 budget.record(outcome.seconds)
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)

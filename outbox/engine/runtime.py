@@ -9,6 +9,7 @@ import importlib
 import threading
 import logging
 import sys
+from typing import Any, Callable, ContextManager
 
 from sqlalchemy.engine import Engine
 
@@ -39,6 +40,14 @@ class Runtime:
         # While a tick holds its lock, commands it runs take their locks on the same connection. Per
         # thread: a threaded web server may run two web ticks on one runtime.
         self._local = threading.local()
+        # Wraps every handler, job and task call: a host Flask app's app context (cronbox.hosting),
+        # given the call's context. None: handlers run bare (the standalone app).
+        self.handler_scope: Callable[[Any], ContextManager] | None = None
+
+    def scope_for(self, ctx) -> Callable[[], ContextManager] | None:
+        """What call_handler wraps the call of a handler receiving `ctx` in, if anything."""
+        scope = self.handler_scope
+        return None if scope is None else (lambda: scope(ctx))
 
     @property
     def consumers(self):
@@ -116,10 +125,13 @@ def load_handlers(settings: Settings) -> list[str]:
     return list(settings.handlers)
 
 
-def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrate: bool = True) -> Runtime:
+def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrate: bool = True,
+                 handlers: bool = True) -> Runtime:
+    """`handlers=False`: the caller imports CRONBOX_HANDLERS later (a host app, after its factory returns)."""
     settings = settings or load_settings()
     configure_logging(settings.private_dir("logs"))
-    load_handlers(settings)
+    if handlers:
+        load_handlers(settings)
     runtime = Runtime(settings, role=role)
     if migrate:
         runtime.ensure_schema()

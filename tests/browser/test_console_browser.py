@@ -64,7 +64,7 @@ def server(runtime, job_env):
     finally:
         http.shutdown()
         thread.join(10)
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def test_operator_walkthrough(server, page, runtime, job_env, artifacts):
     page.get_by_role("button", name="Seal and store").click()
     assert "Sealed as file" in page.get_by_role("status").inner_text()
     file_id = page.url.rsplit("=", 1)[1]
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     with runtime.sessions.begin() as session:
         grant_id = store.grant(session, file_id, "doctor:2")
     link = store.signed_url(grant_id, ttl=600)

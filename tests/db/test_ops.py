@@ -316,7 +316,7 @@ def client_for(env, runtime):
 
     def make(**extra):
         app = create_app(load_settings(environ={**env, **extra}))
-        app.extensions["cronbox"].registry = registry_with_consumers_of(runtime)
+        app.extensions["cronbox"].runtime.registry = registry_with_consumers_of(runtime)
         return app.test_client()
 
     return make

@@ -28,7 +28,7 @@ from outbox.queue.models import Job
 from outbox.queue.worker import Worker
 from storage.models import SealedFile
 from tests.conftest import APP_ROOT
-from web import register_blueprints
+from cronbox import Cronbox
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
@@ -125,8 +125,7 @@ SCAN = b"%PDF-1.7 an uploaded scan " * 40000  # 1 MiB: over Werkzeug's 500 KiB s
 def post_scans(runtime, snippet: str):
     """The upload snippet's route in a host Flask app with cronbox registered, then two uploads to it."""
     app = Flask("clinic")
-    app.extensions["cronbox"] = runtime
-    register_blueprints(app)
+    Cronbox().init_app(app, settings=runtime.settings).use_runtime(runtime)
     exec(compile(snippet, "README.md", "exec"), {"app": app, "Session": runtime.sessions})
     client = app.test_client()
     form = {"visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}

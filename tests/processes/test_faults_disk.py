@@ -123,7 +123,7 @@ def test_an_upload_on_a_full_disk_is_a_507_and_leaves_nothing(runtime, env, stor
         assert response.status_code == 507, response.get_data(as_text=True)
         assert "space" in response.json["error"]
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
     assert sealed_rows(store) == [earlier_id]
     assert leftovers(store, {earlier_id}) == []
     assert read(store, earlier_id) == earlier

@@ -8,7 +8,7 @@ import pytest
 from outbox.core import clock
 from outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
-from web.ops import chart
+from cronbox.ops import chart
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 NOW = datetime(2026, 11, 30, 12, 30, 40)
@@ -69,7 +69,7 @@ def test_the_overview_draws_it(runtime, env, beats):
         assert 'd="M0 100V90 M1 100V20 M1439 100V90"' in page and 'd="M0 86 L1 20 M600 100 M1439 96"' in page
         assert "1,436 of 1,440 minutes without a tick" in page
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 @pytest.mark.parametrize("value, expected", [(0, 1), (1, 1), (2, 2), (3, 5), (7, 10), (10, 10), (11, 20),

@@ -1,8 +1,8 @@
-"""Imports point one way (outbox <- storage <- cron <- web <- app.py) and no module cycles.
+"""Imports point one way (outbox <- storage <- cron <- cronbox <- app.py) and no module cycles.
 
 Every project module is parsed (not imported), so an import inside a function counts as much as
 one at the top: a lazy import that closes a cycle only hides it until someone calls that function.
-A submodule importing names from one of its own packages (`from . import bp` in `web/ops/guard.py`)
+A submodule importing names from one of its own packages (`from . import bp` in `cronbox/ops/guard.py`)
 is exempt: with its package importing it in turn (`outbox/__init__.py` exposing `outbox.record`) that
 pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cron.cli`
 importing `cron.commands`, whose modules import `cron.cli`, runs half-initialised modules.
@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # The layers, lowest first: a module may import its own layer and the ones below it, never above.
-LAYERS = ["outbox", "storage", "cron", "web", "app"]
-SOURCES = ["outbox", "storage", "cron", "web", "app.py", "passenger_wsgi.py", "migrations"]
+LAYERS = ["outbox", "storage", "cron", "cronbox", "app"]
+SOURCES = ["outbox", "storage", "cron", "cronbox", "app.py", "passenger_wsgi.py"]  # cron/ holds migrations/
 
 
 def module_name(path: Path) -> str:
@@ -84,8 +84,6 @@ def layer(module: str) -> int | None:
     top = module.split(".")[0]
     if top == "passenger_wsgi":
         return LAYERS.index("app")
-    if top == "migrations":
-        return LAYERS.index("cron")  # run by `cron migrate`; may use outbox and storage, never web
     return LAYERS.index(top) if top in LAYERS else None
 
 
@@ -112,7 +110,7 @@ def test_the_parser_sees_imports_inside_functions_and_relative_ones(graph, tmp_p
 def test_imports_point_one_way(graph):
     against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
                      if layer(a) is not None and layer(b) is not None and layer(b) > layer(a))
-    assert against == [], "imports against outbox <- storage <- cron <- web <- app.py:\n" + "\n".join(against)
+    assert against == [], "imports against outbox <- storage <- cron <- cronbox <- app.py:\n" + "\n".join(against)
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

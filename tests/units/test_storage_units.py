@@ -12,9 +12,9 @@ from outbox.core import clock
 from outbox.core.errors import SettingsError
 from outbox.core.settings import load_settings
 from storage.tokens import Tokens, TokenRefused
-from web.client import client_ip
-from web.disposition import clean_name, content_disposition, content_type
-from web.ranges import plan
+from cronbox.client import client_ip
+from cronbox.disposition import clean_name, content_disposition, content_type
+from cronbox.ranges import plan
 
 ETAG = '"abc"'
 

@@ -40,7 +40,7 @@ T0 = datetime(2026, 11, 30, 12, 0, 0)
 def app(runtime, env):
     application = make_app(env, runtime)
     yield application
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 @pytest.fixture
@@ -166,7 +166,7 @@ def test_a_hash_in_env_wins_and_setup_stays_closed(runtime, env):
         assert browser.log_in("from the dotenv file").status_code == 303
         assert browser.get("/ops/").status_code == 200
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
@@ -191,7 +191,7 @@ def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
         outcomes = [o for action, _, o in actions_logged(runtime) if action == "login"]
         assert outcomes.count("wrong-password") == throttle.PER_CLIENT[0] and outcomes.count("throttled") == 1  # once per window
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 def test_logout_ends_the_session_on_the_server(operator, runtime):
@@ -245,7 +245,7 @@ def test_secure_cookie_behind_a_trusted_proxy(runtime, env):
         response = application.test_client().get("/ops/setup", headers={"X-Forwarded-Proto": "https"})
         assert "Secure" in response.headers["Set-Cookie"]
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 def test_next_only_leads_inside_the_console(app):
@@ -388,7 +388,7 @@ def test_schedule_run_now_and_one_off_requests(operator, runtime):
 # ---- files ----------------------------------------------------------------------------------
 
 def test_files_audit_filters_revoke_and_no_phi_in_the_page(operator, runtime):
-    store = operator.app.extensions["cronbox.storage"]
+    store = operator.app.extensions["cronbox"].storage
     with runtime.sessions.begin() as session:
         file_id = store.put(session, io.BytesIO(b"%PDF secret result"), filename="HIV-result-Jane-Doe.pdf",
                             content_type="application/pdf", owner="patient:42")
@@ -431,14 +431,14 @@ def test_file_names_only_when_the_operator_may_see_them(runtime, env):
     application = make_app(env, runtime, CRONBOX_OPS_SHOW_FILE_NAMES="on")
     try:
         operator = logged_in(application)
-        store = application.extensions["cronbox.storage"]
+        store = application.extensions["cronbox"].storage
         with runtime.sessions.begin() as session:
             file_id = store.put(session, io.BytesIO(b"x"), filename="scan-0042.pdf", content_type="application/pdf",
                                 owner="patient:42")
             store.grant(session, file_id, "doctor:7")
         assert "scan-0042.pdf" in operator.get("/ops/files").get_data(as_text=True)
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 def test_long_lists_are_paged_by_key(operator, runtime):
@@ -602,7 +602,7 @@ def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, ru
     file_id = response.headers["Location"].rsplit("=", 1)[1]
     shown = operator.get(response.headers["Location"]).get_data(as_text=True)
     assert f"Sealed as file {file_id}." in shown and "x-ray of Jane" not in shown
-    store = operator.app.extensions["cronbox.storage"]
+    store = operator.app.extensions["cronbox"].storage
     with runtime.sessions() as session:
         row = session.get(SealedFile, file_id)
         assert row.owner == "patient:77" and store.describe(row)[0] == "x-ray of Jane.pdf"

@@ -1,4 +1,4 @@
-"""web.uploads.seal_upload in a host's own Flask route: sealed while it streams, nothing else written, refusals
+"""cronbox.uploads.seal_upload in a host's own Flask route: sealed while it streams, nothing else written, refusals
 leave nothing behind. On every backend."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import storage
 from storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under
-from web import register_blueprints
-from web.uploads import UploadRefused, seal_upload
+from cronbox import Cronbox
+from cronbox.uploads import UploadRefused, seal_upload
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
@@ -64,8 +64,7 @@ def host_app(runtime) -> Flask:
     """The user's own Flask app with cronbox registered on it, and two routes of its own."""
     app = Flask("clinic")
     app.testing = True
-    app.extensions["cronbox"] = runtime
-    register_blueprints(app)
+    Cronbox().init_app(app, settings=runtime.settings).use_runtime(runtime)
 
     @app.post("/scans")
     def scans():
@@ -96,7 +95,7 @@ def host_app(runtime) -> Flask:
 @pytest.fixture
 def host(runtime):
     app = host_app(runtime)
-    app.extensions["cronbox.storage"].keyring()  # master keys are made on first use: before the hook listens
+    app.extensions["cronbox"].storage.keyring()  # master keys are made on first use: before the hook listens
     yield app
     storage.configure(runtime.settings, runtime.sessions)
 
@@ -212,7 +211,7 @@ BAD = {
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
 def test_a_refused_upload_gets_its_status_and_leaves_no_file_or_row(case, declared, host, runtime, sealed_dir):
     body, content_type, status = BAD[case]
-    st = host.extensions["cronbox.storage"]
+    st = host.extensions["cronbox"].storage
     st.settings = replace(st.settings, upload_max=10000)  # CRONBOX_UPLOAD_MAX, for this app's Storage only
     assert call(host, body, content_type, declared=declared) == status, case
     assert list(files_under(sealed_dir)) == []

@@ -50,7 +50,7 @@ def _serve_outcomes(store, file_id: str) -> list[tuple[str, int]]:
 @pytest.fixture
 def damaged(app):  # noqa: F811
     """A four-chunk file whose chunk 1 (a middle chunk) has one flipped bit."""
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     file_id = put(store, DATA)
     flip_byte(store, file_id, len(DATA), chunk=1, offset=99, mask=0x10)
     with Server(app) as server:
@@ -99,7 +99,7 @@ def test_a_range_reaching_the_damaged_chunk_stops_there_visibly(damaged, byte_ra
                                     "byte appended"])
 @pytest.mark.parametrize("byte_range", [None, "bytes=0-9", "bytes=-1"])
 def test_header_length_and_last_chunk_damage_is_refused_before_any_byte(app, damage, byte_range):  # noqa: F811
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     file_id = put(store, DATA)
     path = sealed_path(store, file_id)
     raw = bytearray(path.read_bytes())

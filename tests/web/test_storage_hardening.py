@@ -225,7 +225,7 @@ def test_file_names_in_the_console_are_neutralised_like_a_download(runtime, env)
     application = console_app(env, runtime, CRONBOX_OPS_SHOW_FILE_NAMES="on")
     try:
         operator = logged_in(application)
-        st = application.extensions["cronbox.storage"]
+        st = application.extensions["cronbox"].storage
         for name in UNSAFE_NAMES:
             file_id = put(st, b"x", name=name)
             grant(st, file_id)
@@ -234,7 +234,7 @@ def test_file_names_in_the_console_are_neutralised_like_a_download(runtime, env)
             audit.record(session, "redeem", "granted", subject="user:\u202e7", detail="by \x1b[2Jx")
         page = operator.get("/ops/files").get_data(as_text=True)
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
     for raw, cleaned in UNSAFE_NAMES.items():
         assert cleaned in page
     for char in "\x00\x1b\x7f\x85\u061c\u200e\u200f\u2028\u2029\u202e\u2066\u2067\u2068\u2069":

@@ -45,12 +45,12 @@ def make_app(env, **extra):
 def app(runtime, env):
     application = make_app(env)
     yield application
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 @pytest.fixture
 def store(app):
-    return app.extensions["cronbox.storage"]
+    return app.extensions["cronbox"].storage
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_head_answers_like_get_without_a_body_or_a_use(client, store, file_id):
 def test_an_absolute_link_uses_the_base_url_never_the_requests_host_and_downloads(runtime, env, base, prefix):
     """A host route issuing a link for an e-mail: the request says Host: evil.example, the link does not."""
     application = make_app(env, CRONBOX_BASE_URL=base)
-    store = application.extensions["cronbox.storage"]
+    store = application.extensions["cronbox"].storage
 
     @application.route("/host/link/<grant_id>")
     def host_link(grant_id):
@@ -145,7 +145,7 @@ def test_an_absolute_link_uses_the_base_url_never_the_requests_host_and_download
         response = checked(client.get(link.removeprefix(site + prefix), base_url=site + prefix))  # mounted at the prefix
         assert response.status_code == 200 and response.data == DATA
     finally:
-        application.extensions["cronbox"].dispose()
+        application.extensions["cronbox"].runtime.dispose()
 
 
 # --- tokens --------------------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def _status(application, environ: dict) -> int:
 
 def test_upload_size_limit(runtime, env):
     application = make_app(env, CRONBOX_UPLOAD_MAX="100K")
-    client, store = application.test_client(), application.extensions["cronbox.storage"]
+    client, store = application.test_client(), application.extensions["cronbox"].storage
     headers = {**AUTH, "X-Cronbox-Owner": "p:1"}
     assert checked(client.post("/files", data=b"x" * (100 * 1024 + 1), headers=headers)).status_code == 413
 
@@ -391,7 +391,7 @@ def test_upload_size_limit(runtime, env):
     assert response.status_code == 413
     assert _no_sealed_files(store) == []
     assert checked(client.post("/files", data=b"x" * (100 * 1024), headers=headers)).status_code == 201
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 def test_multipart_with_two_files_is_refused(client, store):
@@ -404,20 +404,20 @@ def test_uploads_are_off_without_a_token(runtime, env):
     application = create_app(load_settings(environ=env))
     response = checked(application.test_client().post("/files", data=b"x", headers={"Authorization": "Bearer x"}))
     assert response.status_code == 404
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 @pytest.mark.parametrize("proxies, expected", [("0", "127.0.0.1"), ("1", "10.0.0.2"), ("2", "203.0.113.9"),
                                                ("3", "127.0.0.1")])
 def test_client_ip_in_the_audit_follows_trusted_proxies(runtime, env, proxies, expected):
     application = make_app(env, CRONBOX_TRUSTED_PROXIES=proxies)
-    store = application.extensions["cronbox.storage"]
+    store = application.extensions["cronbox"].storage
     url = store.signed_url(grant(store, put(store, b"x")))
     application.test_client().get(url, headers={"X-Forwarded-For": "203.0.113.9, 10.0.0.2",
                                                 "User-Agent": "Mozilla/5.0 test"})
     entry = audit_rows(store, "redeem")[-1]
     assert entry.client_ip == expected and entry.user_agent == "Mozilla/5.0 test"
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 # --- fuzz ----------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def app(runtime, env, private_tmp):
     application = create_app(load_settings(environ={**env, "CRONBOX_UPLOAD_TOKEN": UPLOAD_TOKEN,
                                                     "CRONBOX_UPLOAD_MAX": "100M"}))
     yield application
-    application.extensions["cronbox"].dispose()
+    application.extensions["cronbox"].runtime.dispose()
 
 
 def _contains_marker(path) -> bool:
@@ -153,7 +153,7 @@ def _contains_marker(path) -> bool:
 
 
 def test_memory_does_not_grow_with_size_and_no_plaintext_lands_anywhere(app, private_tmp, tmp_path):
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     with Server(app) as server:
         download(server, store.signed_url(grant(store, upload(server, MiB))))  # warm-up: imports, pools, caches
         growth = {}
@@ -187,7 +187,7 @@ def _serve_entries(store):
 
 
 def test_a_corrupt_middle_chunk_aborts_the_connection_after_the_good_bytes(app):
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     data = os.urandom(5 * CHUNK_SIZE)
     file_id = put(store, data)
     flip_byte(store, file_id, len(data), chunk=2, offset=7, mask=0x01)
@@ -210,7 +210,7 @@ def test_a_corrupt_middle_chunk_aborts_the_connection_after_the_good_bytes(app):
 
 
 def test_a_client_that_hangs_up_is_audited_with_the_bytes_sent(app):
-    store = app.extensions["cronbox.storage"]
+    store = app.extensions["cronbox"].storage
     file_id = put(store, os.urandom(64 * CHUNK_SIZE))
     with Server(app) as server:
         connection = server.connection()

@@ -4,7 +4,7 @@ Never file contents, never a signed link or token. File names are sealed
 (they can be PHI themselves: "HIV test.pdf"), so they stay hidden unless
 CRONBOX_OPS_SHOW_FILE_NAMES=on says this operator may see them; then the
 names of the files on the page are unsealed, nothing else, and shown as a
-download would save them (web.disposition: no control or bidi characters).
+download would save them (cronbox.disposition: no control or bidi characters).
 Subjects and details are shown without those characters too (storage.display).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from outbox.core.db import in_transaction
 from storage import audit, grants
 from storage.display import shown
 from storage.errors import StorageError
-from web import runtime
-from web.disposition import clean_name
+from cronbox.state import runtime
+from cronbox.disposition import clean_name
 
 from .. import bp
 from ..guard import act, client, confirm_page, confirmed, done
@@ -42,7 +42,7 @@ def _names(session, file_ids: set[str]) -> dict[str, str]:
     """What a download would save each file as (no control or bidi characters), when names are shown."""
     if not show_names():
         return {}
-    names = current_app.extensions["cronbox.storage"].names(session, file_ids)
+    names = current_app.extensions["cronbox"].storage.names(session, file_ids)
     return {i: clean_name(n) if n is not None else "(cannot unseal)" for i, n in names.items()}
 
 
@@ -79,7 +79,7 @@ def files_revoke():
     if not confirmed():
         return confirm_page("Revoke grant?", f"Revoke grant {grant_id}? Every link issued for it stops working "
                                              "at once.", "Revoke")
-    st = current_app.extensions["cronbox.storage"]
+    st = current_app.extensions["cronbox"].storage
     who = audit.Client(client(), request.headers.get("User-Agent"))
     try:
         changed = act("files.revoke", grant_id, lambda s: st.revoke(s, grant_id, client=who, actor="operator"),

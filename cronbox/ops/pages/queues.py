@@ -8,7 +8,7 @@ from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from outbox.queue import jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp
 from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note

@@ -8,7 +8,7 @@ from flask import Response, flash, redirect, render_template, request, session, 
 from cron.operator import credentials, sessions, throttle
 from outbox.core import clock
 from outbox.core.db import in_transaction
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp
 from ..guard import act, client, safe_next, settings

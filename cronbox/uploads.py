@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from flask import Request, current_app, request as current_request
+from flask import Request, request as current_request
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 from werkzeug.formparser import FormDataParser
@@ -29,6 +29,7 @@ from storage.errors import StorageError, TooLarge
 from storage.service import Sealed, Storage, owner_text
 
 from .client import client_ip
+from .state import state
 
 log = logging.getLogger("cronbox")
 
@@ -84,12 +85,8 @@ class SealedUpload:
 
 
 def storage_for_app() -> Storage:
-    """The Storage that `web.register_blueprints` (web.files.register) configured for this app."""
-    try:
-        return current_app.extensions["cronbox.storage"]
-    except KeyError:
-        raise RuntimeError("cronbox's blueprints are not registered on this app: call "
-                           "web.register_blueprints(app) (create_app does)") from None
+    """The Storage of the current app's cronbox (RuntimeError when Cronbox().init_app was not called)."""
+    return state().storage
 
 
 def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field: str = "owner") -> Received:
@@ -135,7 +132,7 @@ def seal_upload(request: Request | None = None, *, session: Session, owner: str 
     """Seal the current request's upload while it streams and add its row to `session` (not committed).
 
     For a host route: `request` defaults to Flask's, `storage` to the app's
-    (registered by web.register_blueprints). Raises UploadRefused (400/411/
+    (set up by Cronbox().init_app). Raises UploadRefused (400/411/
     413/507) with nothing kept. Commit `session` soon: the sealed file is on
     disk before its row, and `storage sweep` removes a file whose row has not
     committed after an hour (a rollback leaves just such an orphan).

@@ -15,7 +15,7 @@ expired"; every other refusal (tampered, future-dated, unknown, revoked, used
 up) the same 404. Every answer under /files carries no-store, nosniff,
 no-referrer and a sandboxing CSP. Each attempt is audited with its reason.
 
-Uploads are sealed while they arrive, received by web.uploads (shared with
+Uploads are sealed while they arrive, received by cronbox.uploads (shared with
 the host's own routes, `seal_upload`); this module adds who may upload and
 how the answer looks. What the web server may buffer before Python sees the
 body is documented in the README.
@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 
 from flask import Blueprint, Flask, Request, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -39,7 +40,7 @@ from storage.keys import check_key_folder
 from storage.service import OpenedFile
 from storage.tokens import TokenRefused
 
-from . import runtime
+from .state import runtime
 from .auth import bearer_matches
 from .client import client_ip
 from .disposition import content_disposition, content_type
@@ -100,22 +101,31 @@ def _refuse_unsigned(sessions, reason: str, status: int, client: audit.Client, m
                     "`storage sweep` records their number", refusals.RECORDED, refusals.WINDOW // 60)
 
 
-def _within_files(path: str) -> bool:
-    return path == "/files" or path.startswith("/files/")
-
-
-@bp.after_app_request
+@bp.after_request
 def _security_headers(response: Response) -> Response:
-    if _within_files(request.path):
-        for name, value in SECURITY_HEADERS.items():
-            response.headers[name] = value
+    """Only this blueprint's answers: the host's own pages keep their headers."""
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value
     return response
 
 
-@bp.app_errorhandler(404)
+@bp.errorhandler(404)
 def _not_found(error: HTTPException):
-    """Route misses under /files (`/files/a/b`, encoded slashes) look like any refused token."""
-    return _page(NOT_FOUND, 404) if _within_files(request.path) else error
+    return _page(NOT_FOUND, 404)
+
+
+class AnyRest(PathConverter):
+    """Whatever follows /files/, leading slashes too (Werkzeug's `path` refuses those)."""
+    regex = ".*"
+    part_isolating = False  # it spans slashes
+
+
+@bp.route("/files/<cronbox_rest:rest>", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"],
+          merge_slashes=False)
+def _no_such_file(rest: str = ""):
+    """Route misses under /files (`/files/a/b`, encoded slashes) look like any refused token, from a
+    route of our own: an app-wide 404 handler would replace the host's."""
+    return _page(NOT_FOUND, 404)
 
 
 # --- downloads -----------------------------------------------------------------------------------
@@ -267,7 +277,7 @@ def download(token: str):
 # --- uploads -------------------------------------------------------------------------------------
 
 def bearer_upload_token(req: Request, settings: Settings) -> str | None:
-    """`Authorization: Bearer <CRONBOX_UPLOAD_TOKEN>`, compared in constant time (web.auth)."""
+    """`Authorization: Bearer <CRONBOX_UPLOAD_TOKEN>`, compared in constant time (cronbox.auth)."""
     return "upload-token" if bearer_matches(settings.upload_token) else None
 
 
@@ -328,9 +338,8 @@ def upload():
     return jsonify(id=file_id, size=received.sealed.size), 201
 
 
-def register(app: Flask) -> None:
-    """Refuse to start with an unsafe key folder; make the app's Storage the module-level default."""
-    rt = app.extensions["cronbox"]
-    check_key_folder(rt.settings)
-    app.extensions["cronbox.storage"] = sealed_storage.configure(rt.settings, rt.sessions)
-    app.register_blueprint(bp)
+def register(app: Flask, *, url_prefix: str = "") -> None:
+    """Refuse to start with an unsafe key folder; mount the blueprint (at CRONBOX_FILES_PREFIX)."""
+    check_key_folder(app.extensions["cronbox"].settings)
+    app.url_map.converters.setdefault("cronbox_rest", AnyRest)  # a name of our own: no host rule changes
+    app.register_blueprint(bp, url_prefix=url_prefix or None)

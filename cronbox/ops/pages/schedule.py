@@ -7,7 +7,7 @@ from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks
 from cron.scheduling import once as once_requests
 from cron.scheduling import schedule as scheduler
 from outbox.core import clock
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp
 from ..guard import act, done

@@ -6,7 +6,7 @@ from flask import render_template, request
 from outbox.core import clock, paging
 from outbox.core.db import in_transaction
 from outbox.events import deliveries
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp
 from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note

@@ -1,6 +1,6 @@
 """Uploading a sealed file from the console's Files page (POST /files with the operator's session).
 
-The upload itself is web.files' streamed, sealed upload; this module only
+The upload itself is cronbox.files' streamed, sealed upload; this module only
 says who may use it from a browser and where the browser goes afterwards. The
 CSRF token rides in the query string of the form's action: the body is sealed
 while it streams, so the authorization cannot wait for a form field that may
@@ -17,8 +17,8 @@ from cron.operator import credentials, sessions
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
-from web import runtime
-from web.files import UploadAuthorizer
+from cronbox.state import runtime
+from cronbox.files import UploadAuthorizer
 
 from .guard import act
 

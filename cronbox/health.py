@@ -2,17 +2,18 @@
 `Authorization: Bearer <CRONBOX_HEALTH_TOKEN>`."""
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, jsonify
 
 from cron.scheduling.health import FAIL, run_checks
-from web.auth import bearer_matches
+from cronbox.auth import bearer_matches
+from cronbox.state import state
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/health")
 def health():
-    rt = current_app.extensions["cronbox"]  # not web.runtime(): health must answer with the database down
+    rt = state().runtime  # not cronbox.state.runtime(): health must answer with the database down
     report = run_checks(rt)
     body = report.as_json() if bearer_matches(rt.settings.health_token) else {"status": report.status}
     response = jsonify(body)

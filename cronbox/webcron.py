@@ -19,8 +19,8 @@ from cron.scheduling.tick import run_tick
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.queue.ratelimit import at_most_every
-from web import runtime
-from web.auth import bearer_matches
+from cronbox.state import runtime
+from cronbox.auth import bearer_matches
 
 bp = Blueprint("webcron", __name__)
 

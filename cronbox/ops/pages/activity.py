@@ -6,7 +6,7 @@ from flask import render_template, request
 from cron.operator import actions
 from outbox.core import paging
 from outbox.core.db import in_transaction
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp
 

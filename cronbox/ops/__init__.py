@@ -9,7 +9,7 @@ What guards it, in the order a request meets it:
 The session cookie is HttpOnly, SameSite=Lax and Secure whenever the request
 came over HTTPS (as ProxyFix reads it behind CRONBOX_TRUSTED_PROXIES); its
 signing key is derived from the URL-signing key, so there is no extra secret
-to keep. Pages live in web/ops/pages/, one module per page.
+to keep. Pages live in cronbox/ops/pages/, one module per page.
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ class ConsoleCookie(SecureCookieSessionInterface):
 
 def _secret_keys(app: Flask) -> list[bytes]:
     """Session signing keys derived from the URL-signing keys, newest first (older ones still verify)."""
-    ring = app.extensions["cronbox.storage"].keyring()
+    ring = app.extensions["cronbox"].storage.keyring()
     return [hmac.new(key, b"cronbox ops session v1", hashlib.sha256).digest()
             for key in reversed(ring.signing_keys)]
 
 
-def register(app: Flask) -> None:
-    from web import files
+def register(app: Flask, *, url_prefix: str = "/ops") -> None:
+    from cronbox import files
 
     from . import guard, pages, upload  # noqa: F401  (registers the routes on bp)
 
@@ -63,4 +63,4 @@ def register(app: Flask) -> None:
     if settings.trusted_proxies:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=0, x_proto=settings.trusted_proxies)
     csrf.init_app(app)
-    app.register_blueprint(bp)
+    app.register_blueprint(bp, url_prefix=url_prefix)

@@ -15,8 +15,8 @@ from cron.operator import actions, credentials, sessions
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
-from web import runtime
-from web.client import client_ip
+from cronbox.state import runtime
+from cronbox.client import client_ip
 
 from . import bp, csrf
 from outbox.core.paging import MAX_ID, BadCursor

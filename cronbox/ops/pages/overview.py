@@ -9,7 +9,7 @@ from outbox.core.db import in_transaction
 from outbox.engine import heartbeat
 from outbox.events import deliveries
 from outbox.queue import jobstore
-from web import runtime
+from cronbox.state import runtime
 
 from .. import bp, chart
 

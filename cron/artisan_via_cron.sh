@@ -1,0 +1,1 @@
+../artisan_via_cron.sh

@@ -1,0 +1,16 @@
+"""cronbox inside a Flask app: the extension and what a host's own routes use.
+
+    from cronbox import Cronbox, seal_upload, UploadRefused
+
+`Cronbox().init_app(app, db=db)` mounts the parts (sealed downloads and uploads under /files,
+/health, the web-cron endpoint, the operator console under /ops), each a blueprint that can be
+switched off or moved; see cronbox.extension. Domain code records events with `outbox.record`
+and files with `storage.put`, as in the standalone app.
+"""
+from __future__ import annotations
+
+from .extension import Cronbox
+from .state import CronboxState, state
+from .uploads import UploadRefused, seal_upload
+
+__all__ = ["Cronbox", "CronboxState", "UploadRefused", "seal_upload", "state"]

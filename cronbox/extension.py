@@ -1,0 +1,141 @@
+"""`Cronbox`: cronbox as a Flask extension inside the host's own app.
+
+    cronbox = Cronbox()
+    def create_app():
+        app = Flask(__name__)
+        app.config.from_prefixed_env()   # or app.config["CRONBOX_..."] = ...
+        db.init_app(app)
+        cronbox.init_app(app, db=db)
+        return app
+
+Settings come from `app.config["CRONBOX_*"]` first, then the app root's `.env`, then the
+environment. The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
+otherwise, so `outbox.record(db.session, ...)` and the cron tick always meet in one database.
+The instance folder is `<app.instance_path>/cronbox` unless CRONBOX_INSTANCE is set: cronbox
+writes only there.
+
+cronbox keeps an engine of its own (a small pool on the web side, one connection in a cron
+process) rather than borrowing the host's: its connections are set to READ COMMITTED and UTC
+(and SQLite's BEGIN IMMEDIATE), which the host's own queries must not inherit, and its claims
+and locks must not wait behind the host's pool. A host's `db.session` still writes cronbox's
+event rows in the host's transaction (`outbox.record`); in cron processes the host's session
+is bound to the handler's connection instead (cronbox.hosting).
+
+Each part is a blueprint, switched off with CRONBOX_<PART>=off and moved with
+CRONBOX_<PART>_PREFIX (files, health, webcron, ops). Nothing outside these blueprints is
+touched: no app-wide error handler, session interface, secret key or CSRF setting.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from flask import Flask
+
+from outbox.core.errors import SettingsError
+from outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
+
+from .state import PARTS, CronboxState
+
+
+class Cronbox:
+    def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None):
+        self.db = db
+        self._settings = settings
+        if app is not None:
+            self.init_app(app, db=db, settings=settings)
+
+    def init_app(self, app: Flask, *, db: Any = None, settings: Settings | None = None) -> CronboxState:
+        """Set cronbox up on `app`. `db`: the host's Flask-SQLAlchemy (initialised on `app` first);
+        `settings`: ready-made Settings (the standalone app) instead of reading the configuration."""
+        if "cronbox" in app.extensions:
+            raise RuntimeError("cronbox is already set up on this app (init_app called twice)")
+        db = db if db is not None else self.db
+        settings = settings or self._settings or settings_for(app, db)
+        state = CronboxState(app=app, settings=settings, db=db, parts=_parts(settings))
+        app.extensions["cronbox"] = state
+        _register_parts(app, state)
+        from cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
+
+        if "cron" not in app.cli.commands:
+            app.cli.add_command(cron_cli, "cron")
+        return state
+
+
+def settings_for(app: Flask, db: Any = None) -> Settings:
+    """Settings for a host app: its config's CRONBOX_* over .env and the environment."""
+    overrides = {name: _text(value) for name, value in app.config.items()
+                 if name.startswith("CRONBOX_") and value is not None}
+    database = overrides.get("CRONBOX_DATABASE_URL") or (os.environ.get("CRONBOX_DATABASE_URL") or "").strip()
+    if not database and db is not None:
+        database = host_database_url(app, db)
+    if database:
+        overrides["DATABASE_URL"] = database
+    return load_settings(app_root(app, overrides), overrides=overrides,
+                         instance=Path(app.instance_path) / "cronbox")
+
+
+def host_database_url(app: Flask, db: Any) -> str:
+    """The URL of the host's default engine (Flask-SQLAlchemy resolves relative SQLite paths)."""
+    try:
+        with app.app_context():
+            engine = db.engine
+    except (KeyError, RuntimeError) as exc:
+        raise RuntimeError("call db.init_app(app) before cronbox.init_app(app, db=db)") from exc
+    return engine.url.render_as_string(hide_password=False)
+
+
+def app_root(app: Flask, overrides: Mapping[str, str]) -> Path:
+    """CRONBOX_APP_ROOT, else the nearest folder at or above the app's package holding
+    artisan_via_cron.sh or .env, else the folder above the app's instance folder (Flask's
+    default instance folder sits in the app root)."""
+    configured = overrides.get("CRONBOX_APP_ROOT") or (os.environ.get("CRONBOX_APP_ROOT") or "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    here = Path(app.root_path).resolve()
+    for folder in (here, *list(here.parents)[:3]):
+        if any((folder / marker).is_file() for marker in ROOT_MARKERS):
+            return folder
+    return Path(app.instance_path).resolve().parent
+
+
+def _text(value: Any) -> str:
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _parts(settings: Settings) -> dict[str, str]:
+    """The parts switched on, each with its URL prefix."""
+    parts = {}
+    for part in PARTS:
+        name = f"CRONBOX_{part.upper()}"
+        switch = (settings.get(name) or "on").lower()
+        if switch not in ("on", "off"):
+            raise SettingsError(f"{name}={switch!r} must be on or off")
+        if switch == "on":
+            parts[part] = settings.files_prefix if part == "files" else url_prefix(
+                settings.get(f"{name}_PREFIX"), f"{name}_PREFIX")
+    return parts
+
+
+def _register_parts(app: Flask, state: CronboxState) -> None:
+    from cron.format import age
+
+    from . import files, health, ops, webcron  # here: they import cronbox.state, which is ready now
+
+    parts = state.parts
+    if "health" in parts:
+        app.register_blueprint(health.bp, url_prefix=parts["health"] or None)
+    if "webcron" in parts:
+        app.register_blueprint(webcron.bp, url_prefix=parts["webcron"] or None)
+    if "files" in parts:
+        files.register(app, url_prefix=parts["files"])
+    if "ops" in parts:
+        ops.register(app, url_prefix=parts["ops"] + "/ops")
+    app.add_template_filter(age, "cronbox_ago")  # the console's templates; a name no host filter has

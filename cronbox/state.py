@@ -1,0 +1,91 @@
+"""What cronbox keeps for one Flask app, in `app.extensions["cronbox"]`.
+
+The runtime (engine, sessions, handlers) and the sealed storage are built on first use, not by
+`init_app`: a cron process hands in its own one-connection runtime before anything asks
+(cronbox.hosting), and a web process opens its small pool only when a request needs it. Handler
+modules (CRONBOX_HANDLERS) are imported on that first use too, after the host's factory returned,
+so they may import the host's models and `db` without an import cycle.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, current_app
+
+from outbox.core.settings import Settings
+from outbox.engine.runtime import Runtime, load_handlers, open_runtime
+
+PARTS = ("files", "health", "webcron", "ops")
+
+
+@dataclass
+class CronboxState:
+    app: Flask
+    settings: Settings
+    db: Any = None  # the host's Flask-SQLAlchemy object, when init_app was given one
+    parts: dict[str, str] = field(default_factory=dict)  # part -> URL prefix, for the parts switched on
+    _runtime: Runtime | None = None
+    _storage: Any = None
+    _schema_checked: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The process's runtime for this app (a web pool unless a cron process handed in its own)."""
+        if self._runtime is None:
+            with self._lock:
+                if self._runtime is None:
+                    self._runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
+                    load_handlers(self.settings)
+        return self._runtime
+
+    def use_runtime(self, runtime: Runtime) -> None:
+        """Run on `runtime` (a cron command's) instead of opening a web pool; storage follows it."""
+        with self._lock:
+            self._runtime, self._storage = runtime, None
+
+    @property
+    def storage(self):
+        """The sealed storage on this app's runtime (also the module-level `storage.*` default)."""
+        if self._storage is None:
+            import storage as sealed_storage  # here: libsodium and cryptography load only when files are used
+
+            runtime = self.runtime
+            with self._lock:
+                if self._storage is None:
+                    self._storage = sealed_storage.configure(self.settings, runtime.sessions)
+        return self._storage
+
+    def attach_cron(self, runtime: Runtime) -> None:
+        """A cron command's runtime (cron.hostapp): handlers run in this app's context on its
+        connection, and the handler modules are imported now, after the factory returned."""
+        from .hosting import HostScope, close_host_pools
+
+        close_host_pools(self.app, self.db)
+        runtime.handler_scope = HostScope(self.app, self.db)
+        self.use_runtime(runtime)
+        load_handlers(self.settings)
+
+    def checked_runtime(self) -> Runtime:
+        """The runtime, after migrating a fresh embedded SQLite database once (MySQL: `cron migrate`)."""
+        runtime = self.runtime
+        if not self._schema_checked:
+            runtime.ensure_schema()
+            self._schema_checked = True
+        return runtime
+
+
+def state(app: Flask | None = None) -> CronboxState:
+    """cronbox's state for `app` (default: the current app); RuntimeError when init_app was not called."""
+    app = app or current_app
+    try:
+        return app.extensions["cronbox"]
+    except KeyError:
+        raise RuntimeError("cronbox is not set up on this app: call Cronbox().init_app(app)") from None
+
+
+def runtime() -> Runtime:
+    """The current app's cronbox runtime; migrates a fresh SQLite database on first use."""
+    return state().checked_runtime()
