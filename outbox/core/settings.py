@@ -303,6 +303,7 @@ def url_prefix(raw: str | None, name: str) -> str:
     if raw is None or raw.strip("/ ") == "":
         return ""
     value = "/" + raw.strip().strip("/")
-    if not all(part and all(ch.isalnum() or ch in "-._~" for ch in part) for part in value[1:].split("/")):
+    if not all(part and part not in (".", "..") and all(ch.isascii() and (ch.isalnum() or ch in "-._~") for ch in part)
+               for part in value[1:].split("/")):
         raise SettingsError(f"{name}={raw!r} must be a path such as /clinic/files-area (letters, digits, - . _ ~)")
     return value
