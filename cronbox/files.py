@@ -42,6 +42,7 @@ from storage.tokens import TokenRefused
 
 from .state import runtime
 from .auth import bearer_matches
+from .hostcsrf import exempt_from_host_csrf
 from .client import client_ip
 from .disposition import content_disposition, content_type
 from .ranges import plan
@@ -49,6 +50,7 @@ from .uploads import UploadRefused, receive, record, storage_for_app
 
 log = logging.getLogger("cronbox")
 bp = Blueprint("files", __name__)
+exempt_from_host_csrf(bp)  # POST /files: a bearer token, and a body only we may read
 
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask
 
+from cronbox.hostcsrf import exempt_from_host_csrf
+
 bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates", static_folder="static")
+exempt_from_host_csrf(bp)  # the console checks its own token (cronbox.ops.csrf)
 
 
 def register(app: Flask, *, url_prefix: str = "/ops") -> None:
