@@ -1,4 +1,4 @@
-"""Uploading a sealed file from the console's Files page: POST <console>/files/upload.
+"""Uploading a sealed file from the console's Files page: POST <console>/upload.
 
 The upload itself is cronbox.files' streamed, sealed upload (`sealed_upload`,
 the same code as POST /files); this module only says where the browser goes
@@ -32,6 +32,6 @@ def back_to_the_console(file_id: str | None, error: str | None, status: int) -> 
     return redirect(url_for("ops.files", file=file_id), code=303)
 
 
-@bp.post("/files/upload")
+@bp.post("/upload")
 def files_upload():
     return sealed_upload(PRINCIPAL, back_to_the_console)

@@ -594,7 +594,7 @@ def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
 def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, runtime):
     """Under the console's own path, where its cookie goes (POST /files never sees that cookie)."""
     page = operator.get("/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/ops/files/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
     def form():
         return {"owner": "patient:77", "file": (io.BytesIO(b"%PDF x-ray"), "x-ray of Jane.pdf")}
 
@@ -614,7 +614,7 @@ def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, ru
     refused = operator.client.post(action, data={"file": (io.BytesIO(b"x"), "a.pdf")},
                                    content_type="multipart/form-data")  # no owner
     assert refused.status_code == 303 and "Upload refused" in flashed(refused, operator)
-    for bad in ["/ops/files/upload", "/ops/files/upload?csrf_token=forged"]:  # a session alone, a forged token: no
+    for bad in ["/ops/upload", "/ops/upload?csrf_token=forged"]:  # a session alone, a forged token: no
         assert operator.client.post(bad, data=form(), content_type="multipart/form-data").status_code == 400
     stranger = Operator(operator.app)  # a token without the session: no
     assert stranger.client.post(action, data=form(), content_type="multipart/form-data").status_code == 400

@@ -201,7 +201,7 @@ def test_the_console_upload_stays_under_the_console(make, runtime):
     operator = Operator(app, base="/admin/ops")
     assert operator.set_up().status_code == 303
     page = operator.get("/admin/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/admin/ops/files/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    action = re.search(r'action="(/admin/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
     response = operator.client.post(action, data={"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")},
                                     content_type="multipart/form-data")
     assert response.status_code == 303 and response.headers["Location"].startswith("/admin/ops/files?file=")
@@ -263,7 +263,7 @@ def test_a_tampered_console_cookie_is_a_fresh_visit_and_a_new_signing_key_logs_n
     assert operator.post("/ops/once", {"command": "migrate"}).status_code == 303
 
 
-def test_the_hosts_csrf_protect_leaves_cronbox_bearer_posts_alone(env, tmp_path):
+def test_the_hosts_csrf_protect_leaves_cronbox_bearer_posts_alone(runtime, env, tmp_path):  # runtime: the schema
     """POST /files and POST /cron/tick carry a bearer token a browser never sends on its own: the
     host's CSRFProtect (set up before cronbox here, after it in `late`) must not refuse them, nor read
     the upload's body as a form; the host's own forms stay protected."""
