@@ -1,10 +1,13 @@
-"""Who is asking: the client IP as CRONBOX_TRUSTED_PROXIES allows us to believe it.
+"""Who is asking, and over what: the client IP and HTTPS as CRONBOX_TRUSTED_PROXIES allows us to believe them.
 
 With N trusted proxies (cPanel's nginx in front of Apache, a CDN), the client
-is the N-th address from the right of X-Forwarded-For, as Werkzeug's ProxyFix
-reads it; anything further left was written by the client and proves nothing.
-With 0 (the default) the header is ignored. Used for the audit trail and,
-later, login throttling.
+is the N-th address from the right of X-Forwarded-For, and the scheme the N-th
+value from the right of X-Forwarded-Proto, as Werkzeug's ProxyFix reads them;
+anything further left was written by the client and proves nothing. With 0
+(the default) the headers are ignored. Read here, per request, rather than by
+wrapping the app in ProxyFix: cronbox must not change what the host's own
+routes see as `remote_addr` or `scheme`. Used for the audit trail, login
+throttling and the console cookie's Secure flag.
 """
 from __future__ import annotations
 
@@ -13,14 +16,25 @@ import ipaddress
 from flask import Request
 
 
+def _forwarded(request: Request, header: str, trusted_proxies: int) -> str | None:
+    """The value the outermost trusted proxy wrote into `header`, or None."""
+    if trusted_proxies <= 0:
+        return None
+    hops = [part.strip() for part in request.headers.get(header, "").split(",") if part.strip()]
+    return hops[-trusted_proxies] if len(hops) >= trusted_proxies else None
+
+
 def client_ip(request: Request, trusted_proxies: int) -> str | None:
-    remote = request.remote_addr
-    if trusted_proxies > 0:
-        hops = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",") if part.strip()]
-        if len(hops) >= trusted_proxies:
-            candidate = hops[-trusted_proxies]
-            try:
-                return str(ipaddress.ip_address(candidate))
-            except ValueError:
-                return remote
-    return remote
+    candidate = _forwarded(request, "X-Forwarded-For", trusted_proxies)
+    if candidate is not None:
+        try:
+            return str(ipaddress.ip_address(candidate))
+        except ValueError:
+            pass
+    return request.remote_addr
+
+
+def is_https(request: Request, trusted_proxies: int) -> bool:
+    """Whether the browser's request came over HTTPS: the trusted proxy's word, else the connection's."""
+    scheme = _forwarded(request, "X-Forwarded-Proto", trusted_proxies)
+    return (scheme or request.scheme).lower() == "https"

@@ -42,6 +42,7 @@ from storage.tokens import TokenRefused
 
 from .state import runtime
 from .auth import bearer_matches
+from .hostcsrf import exempt_from_host_csrf
 from .client import client_ip
 from .disposition import content_disposition, content_type
 from .ranges import plan
@@ -49,6 +50,7 @@ from .uploads import UploadRefused, receive, record, storage_for_app
 
 log = logging.getLogger("cronbox")
 bp = Blueprint("files", __name__)
+exempt_from_host_csrf(bp)  # POST /files: a bearer token, and a body only we may read
 
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
@@ -285,9 +287,10 @@ def bearer_upload_token(req: Request, settings: Settings) -> str | None:
 class UploadAuthorizer:
     """One way to be allowed to upload. `check` returns a principal (recorded in the audit) or None;
     `configured` says whether this way exists at all (with none configured, POST /files is a 404).
-    `reply`, when set, makes the answer for this principal from (file id, error, status): the console
-    sends its browser back to its Files page instead of showing JSON. A browser-facing authorizer
-    must bring CSRF protection with it, which a bearer token, never sent automatically, does not need."""
+    `reply`, when set, makes the answer for this principal from (file id, error, status), e.g. a
+    redirect back to a page instead of JSON. A browser-facing authorizer must bring CSRF protection
+    with it, which a bearer token, never sent automatically, does not need. (The operator console
+    has its own upload route under its own path, where its cookie goes: cronbox.ops.upload.)"""
 
     name: str
     configured: Callable[[Settings], bool]
@@ -317,9 +320,18 @@ def upload():
     if found is None:
         return _json_error("authorization required", 401, **{"WWW-Authenticate": 'Bearer realm="cronbox"'})
     authorizer, principal = found
+    return sealed_upload(principal, authorizer.reply)
+
+
+def sealed_upload(principal: str, reply: Callable[[str | None, str | None, int], Response] | None = None
+                  ) -> Response:
+    """Seal this request's body as a file uploaded by `principal`, who is already authorized. `reply`
+    makes the answer from (file id, error, status) instead of JSON: the console's own upload route
+    sends the browser back to its Files page (cronbox.ops.upload)."""
+    st = storage_for_app()
 
     def refuse(message: str, status: int) -> Response:
-        return authorizer.reply(None, message, status) if authorizer.reply else _json_error(message, status)
+        return reply(None, message, status) if reply else _json_error(message, status)
 
     client = _client()
     try:
@@ -333,8 +345,8 @@ def upload():
     except BaseException:
         st.discard(received.sealed)  # the commit failed: the row is not there, so neither may the file be
         raise
-    if authorizer.reply:
-        return authorizer.reply(file_id, None, 201)
+    if reply:
+        return reply(file_id, None, 201)
     return jsonify(id=file_id, size=received.sealed.size), 201
 
 

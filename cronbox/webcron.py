@@ -21,8 +21,10 @@ from outbox.core.db import in_transaction
 from outbox.queue.ratelimit import at_most_every
 from cronbox.state import runtime
 from cronbox.auth import bearer_matches
+from cronbox.hostcsrf import exempt_from_host_csrf
 
 bp = Blueprint("webcron", __name__)
+exempt_from_host_csrf(bp)  # a bearer token, never sent by a browser on its own
 
 
 def _seconds(settings, name: str, default: float) -> float:

@@ -39,38 +39,41 @@ def csrf_token(html: str) -> str:
 
 
 class Operator:
-    """A browser-like client: keeps cookies, fetches a CSRF token from a page before each POST."""
+    """A browser-like client: keeps cookies, fetches a CSRF token from a page before each POST.
+    `base`: where the console is mounted (CRONBOX_OPS_PREFIX + /ops); `environ`: WSGI environ for every
+    request (REMOTE_ADDR, HTTP_X_FORWARDED_PROTO, HTTP_REFERER, ...)."""
 
-    def __init__(self, app, **environ):
+    def __init__(self, app, *, base: str = "/ops", client=None, **environ):
         self.app = app
-        self.client = app.test_client()
+        self.base = base
+        self.client = client or app.test_client()
         self.environ = environ
 
     def get(self, path: str, **kwargs):
         return self.client.get(path, environ_base=self.environ, **kwargs)
 
-    def token(self, page: str = "/ops/login") -> str:
-        return csrf_token(self.get(page).get_data(as_text=True))
+    def token(self, page: str | None = None) -> str:
+        return csrf_token(self.get(page or f"{self.base}/login").get_data(as_text=True))
 
-    def post(self, path: str, data: dict | None = None, *, page: str = "/ops/", csrf: bool = True, **kwargs):
+    def post(self, path: str, data: dict | None = None, *, page: str | None = None, csrf: bool = True, **kwargs):
         form = dict(data or {})
         if csrf:
-            form["csrf_token"] = self.token(page)
+            form["csrf_token"] = self.token(page or f"{self.base}/")
         return self.client.post(path, data=form, environ_base=self.environ, **kwargs)
 
     def set_up(self, password: str = PASSWORD):
-        page = self.get("/ops/setup").get_data(as_text=True)
+        page = self.get(f"{self.base}/setup").get_data(as_text=True)
         token = credentials.token_file(self.app.extensions["cronbox"].settings).read_text().strip()
-        return self.client.post("/ops/setup", environ_base=self.environ,
+        return self.client.post(f"{self.base}/setup", environ_base=self.environ,
                                 data={"csrf_token": csrf_token(page), "token": token, "password": password,
                                       "confirm_password": password})
 
     def log_in(self, password: str = PASSWORD):
-        return self.post("/ops/login", {"password": password}, page="/ops/login")
+        return self.post(f"{self.base}/login", {"password": password}, page=f"{self.base}/login")
 
 
-def logged_in(app) -> Operator:
-    operator = Operator(app)
+def logged_in(app, **kwargs) -> Operator:
+    operator = Operator(app, **kwargs)
     response = operator.set_up()
     assert response.status_code == 303, response.get_data(as_text=True)
     return operator

@@ -1,66 +1,33 @@
-"""The operator console at /ops/: one operator, server-rendered pages, no script, no CDN.
+"""The operator console at /ops/ (CRONBOX_OPS_PREFIX moves it): one operator, server-rendered pages, no script.
 
-What guards it, in the order a request meets it:
-- every POST carries a CSRF token (Flask-WTF), checked before anything else;
+What guards it, in the order a request meets it (guard.py):
+- every unsafe request carries the console's CSRF token (cronbox.ops.csrf),
+  checked before anything else;
 - every page but login, setup and the stylesheet needs a live operator
   session (cron.operator.sessions: a row per login, ended by logout);
 - answers carry no-store, a strict Content-Security-Policy (no script at
   all, styles from our own stylesheet) and frame-ancestors 'none'.
-The session cookie is HttpOnly, SameSite=Lax and Secure whenever the request
-came over HTTPS (as ProxyFix reads it behind CRONBOX_TRUSTED_PROXIES); its
-signing key is derived from the URL-signing key, so there is no extra secret
-to keep. Pages live in cronbox/ops/pages/, one module per page.
+
+It lives inside the host's app and changes nothing of it: its session is its
+own cookie `cronbox_ops` on the console's path (cronbox.ops.cookie), signed
+with a key derived from the URL-signing keys, never the host's SECRET_KEY,
+flask.session or session interface; its CSRF check, error pages, template
+helpers and headers belong to this blueprint only; proxies are believed per
+request (cronbox.client), the host's wsgi_app is not wrapped. Templates live
+in templates/cronbox_ops/, a folder name no host template shadows. Pages live
+in cronbox/ops/pages/, one module per page.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
+from flask import Blueprint, Flask
 
-from flask import Blueprint, Flask, request
-from flask.sessions import SecureCookieSessionInterface
-from flask_wtf.csrf import CSRFProtect
-from werkzeug.middleware.proxy_fix import ProxyFix
+from cronbox.hostcsrf import exempt_from_host_csrf
 
 bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates", static_folder="static")
-csrf = CSRFProtect()
-COOKIE = "cronbox_ops"
-
-
-class ConsoleCookie(SecureCookieSessionInterface):
-    """Flask's signed cookie, Secure exactly when the request came over HTTPS."""
-
-    def get_cookie_secure(self, app: Flask) -> bool:
-        return request.is_secure
-
-
-def _secret_keys(app: Flask) -> list[bytes]:
-    """Session signing keys derived from the URL-signing keys, newest first (older ones still verify)."""
-    ring = app.extensions["cronbox"].storage.keyring()
-    return [hmac.new(key, b"cronbox ops session v1", hashlib.sha256).digest()
-            for key in reversed(ring.signing_keys)]
+exempt_from_host_csrf(bp)  # the console checks its own token (cronbox.ops.csrf)
 
 
 def register(app: Flask, *, url_prefix: str = "/ops") -> None:
-    from cronbox import files
-
     from . import guard, pages, upload  # noqa: F401  (registers the routes on bp)
 
-    if upload.AUTHORIZER not in files.upload_authorizers:  # one list for every app in the process
-        files.upload_authorizers.append(upload.AUTHORIZER)
-
-    settings = app.extensions["cronbox"].settings
-    keys = _secret_keys(app)
-    app.secret_key = keys[0]
-    app.config.update(
-        SECRET_KEY_FALLBACKS=keys[1:],
-        SESSION_COOKIE_NAME=COOKIE,
-        SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Lax",
-        WTF_CSRF_CHECK_DEFAULT=False,  # only /ops/ posts need it: guard.py calls csrf.protect()
-        WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the session, which has its own limits
-    )
-    app.session_interface = ConsoleCookie()
-    if settings.trusted_proxies:
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=0, x_proto=settings.trusted_proxies)
-    csrf.init_app(app)
     app.register_blueprint(bp, url_prefix=url_prefix)

@@ -1,4 +1,8 @@
-"""Request plumbing of the console: CSRF and login checks, security headers, errors, action helpers."""
+"""Request plumbing of the console: CSRF and login checks, its cookie, security headers, errors, action helpers.
+
+Everything here is the blueprint's own (before_request, after_request, errorhandler, context_processor):
+a host's pages never meet it.
+"""
 from __future__ import annotations
 
 import logging
@@ -6,8 +10,7 @@ import posixpath
 from typing import Callable, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from flask import Response, abort, current_app, flash, g, redirect, render_template, request, session, url_for
-from flask_wtf.csrf import CSRFError
+from flask import Response, abort, current_app, g, redirect, render_template, request, url_for
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -18,12 +21,15 @@ from outbox.core.errors import SchemaError
 from cronbox.state import runtime
 from cronbox.client import client_ip
 
-from . import bp, csrf
+from . import bp, cookie, csrf
 from outbox.core.paging import MAX_ID, BadCursor
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
 PUBLIC = {"ops.login", "ops.setup", "ops.static"}
+# The upload's body is sealed while it streams: its token rides in the query string (cronbox.ops.upload).
+TOKEN_IN_QUERY = {"ops.files_upload"}
+OPERATOR = "cronbox_ops_operator"  # flask.g: the live operator session of this request, if any
 HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -41,38 +47,58 @@ def client() -> str | None:
     return client_ip(request, settings().trusted_proxies)
 
 
+def signed_in():
+    """The live operator session of this request (set by check_request), or None."""
+    return g.get(OPERATOR)
+
+
 @bp.before_request
 def check_request():
-    g.ops_session = None
-    if request.method not in ("GET", "HEAD", "OPTIONS"):
-        csrf.protect()  # raises CSRFError (400) without a valid token for this session
+    setattr(g, OPERATOR, None)
+    if request.method not in ("GET", "HEAD", "OPTIONS"):  # raises CsrfRefused (400) without this visit's token
+        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
     if request.endpoint in PUBLIC:
         return None
     fingerprint = credentials.fingerprint(settings())
-    current = in_transaction(runtime().sessions,
-                             lambda s: sessions.check(s, session.get("ops"), clock.utcnow(), fingerprint))
+    raw = cookie.current().get("ops")
+    current = in_transaction(runtime().sessions, lambda s: sessions.check(s, raw, clock.utcnow(), fingerprint))
     if current is None:
         if request.method in ("GET", "HEAD"):
-            return redirect(url_for("ops.login", next=request.full_path.rstrip("?")))
+            return redirect(url_for("ops.login", next=request.script_root + request.full_path.rstrip("?")))
         return Response("Log in first.\n", status=401, mimetype="text/plain")
-    g.ops_session = current
+    setattr(g, OPERATOR, current)
     return None
 
 
 @bp.after_request
-def security_headers(response: Response) -> Response:
+def finish(response: Response) -> Response:
     response.headers.update(HEADERS)
     if request.endpoint != "ops.static":  # the stylesheet may be cached; pages never
         response.headers["Cache-Control"] = "no-store"
-    return response
+    return cookie.save(response)
+
+
+@bp.context_processor
+def template_helpers() -> dict:
+    """What the console's templates use, for the console's templates only (a host's see none of it).
+    Imported macros see them through `import ... with context`."""
+    return {"csrf_token": csrf.token, "page_link": page_link, "operator": signed_in(),
+            "flashed_messages": lambda: cookie.current().pop_flashes()}
 
 
 def _error_page(status: int, title: str, text: str):
-    return render_template("ops/error.html", title=title, text=text), status
+    return render_template("cronbox_ops/error.html", title=title, text=text), status
 
 
-@bp.errorhandler(CSRFError)
-def csrf_refused(error: CSRFError):
+@bp.route("/<path:rest>", methods=["GET", "HEAD", "POST"])
+def no_such_page(rest: str):
+    """Misses under the console get the console's 404 page from a route of its own: an app-wide 404
+    handler would be the host's (which may answer JSON)."""
+    return not_found(None)
+
+
+@bp.errorhandler(csrf.CsrfRefused)
+def csrf_refused(error: csrf.CsrfRefused):
     log.warning("ops: form refused (%s) from %s", error.description, client() or "-")
     return _error_page(400, "Form refused", "The form was too old or did not come from this console. "
                                             "Go back, reload the page and try again.")
@@ -108,13 +134,14 @@ def not_found(error):
 
 
 def safe_next(target: str | None) -> str:
-    """Only a plain path inside the console: never another host, never a header-breaking character."""
+    """Only a plain path inside the console (where it is mounted): never another host, never a
+    header-breaking character."""
     default = url_for("ops.overview")
     if not target or len(target) > 500 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target) or "\\" in target:
         return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc or posixpath.normpath(parts.path) + "/" != parts.path.rstrip("/") + "/" \
-            or not parts.path.startswith("/ops/"):
+            or not parts.path.startswith(default):
         return default
     return target
 
@@ -122,10 +149,7 @@ def safe_next(target: str | None) -> str:
 def page_link(name: str, value: str) -> str:
     """This page's URL with its query string, `name` set to `value` (the pager's "Older" link)."""
     query = [(k, v) for k, v in request.args.items(multi=True) if k != name] + [(name, value)]
-    return request.path + "?" + urlencode(query)
-
-
-bp.app_template_global("page_link")(page_link)
+    return request.script_root + request.path + "?" + urlencode(query)
 
 
 def act(action: str, target: str | None, work: Callable[[Session], T] | None = None, *, detail: str | None = None,
@@ -178,10 +202,10 @@ def confirm_page(title: str, message: str, button: str, **extra: str):
     fields = [(k, v) for k, values in request.form.lists() if k not in ("csrf_token", "confirm", *extra)
               for v in values] + list(extra.items())
     back = safe_next(request.form.get("back") or request.referrer and urlsplit(request.referrer).path)
-    return render_template("ops/confirm.html", title=title, message=message, button=button, fields=fields,
+    return render_template("cronbox_ops/confirm.html", title=title, message=message, button=button, fields=fields,
                            action=request.path, back=back)
 
 
 def done(message: str, endpoint: str, **values) -> Response:
-    flash(message)
+    cookie.flash(message)
     return redirect(url_for(endpoint, **values), code=303)

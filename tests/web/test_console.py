@@ -195,10 +195,10 @@ def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
 
 
 def test_logout_ends_the_session_on_the_server(operator, runtime):
-    cookie = operator.client.get_cookie("cronbox_ops")
+    cookie = operator.client.get_cookie("cronbox_ops", path="/ops")
     assert cookie is not None
     copy = Operator(operator.app)
-    copy.client.set_cookie("cronbox_ops", cookie.value)
+    copy.client.set_cookie("cronbox_ops", cookie.value, path="/ops")
     assert copy.get("/ops/").status_code == 200  # the same cookie works in another browser...
     assert operator.post("/ops/logout").status_code == 303
     assert copy.get("/ops/").status_code == 302  # ...until logout deletes the session row
@@ -402,7 +402,7 @@ def test_files_audit_filters_revoke_and_no_phi_in_the_page(operator, runtime):
     page = operator.get("/ops/files").get_data(as_text=True)
     for secret in ["HIV-result-Jane-Doe", "%PDF", path.rsplit("/", 1)[-1], PASSWORD,
                    credentials.password_hash(operator.app.extensions["cronbox"].settings),
-                   operator.client.get_cookie("cronbox_ops").value]:
+                   operator.client.get_cookie("cronbox_ops", path="/ops").value]:
         assert secret not in page
     assert grant_id in page and "doctor:7" in page and file_id in page
 
@@ -592,8 +592,9 @@ def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
 
 
 def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, runtime):
+    """Under the console's own path, where its cookie goes (POST /files never sees that cookie)."""
     page = operator.get("/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/files\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
     def form():
         return {"owner": "patient:77", "file": (io.BytesIO(b"%PDF x-ray"), "x-ray of Jane.pdf")}
 
@@ -613,7 +614,12 @@ def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, ru
     refused = operator.client.post(action, data={"file": (io.BytesIO(b"x"), "a.pdf")},
                                    content_type="multipart/form-data")  # no owner
     assert refused.status_code == 303 and "Upload refused" in flashed(refused, operator)
-    for bad in ["/files", "/files?csrf_token=forged"]:  # a session alone, or a forged token: no
-        assert operator.client.post(bad, data=form(), content_type="multipart/form-data").status_code == 401
+    for bad in ["/ops/upload", "/ops/upload?csrf_token=forged"]:  # a session alone, a forged token: no
+        assert operator.client.post(bad, data=form(), content_type="multipart/form-data").status_code == 400
     stranger = Operator(operator.app)  # a token without the session: no
-    assert stranger.client.post(action, data=form(), content_type="multipart/form-data").status_code == 401
+    assert stranger.client.post(action, data=form(), content_type="multipart/form-data").status_code == 400
+    token = action.split("csrf_token=", 1)[1]
+    elsewhere = operator.client.post(f"/files?csrf_token={token}", data=form(), content_type="multipart/form-data")
+    assert elsewhere.status_code == 404  # POST /files knows no operator (and no upload token is set here)
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(SealedFile)) == 1

@@ -15,4 +15,4 @@ from .. import bp
 def activity():
     cursor = paging.parse_cursor(request.args.get("after"), (int,))
     page = in_transaction(runtime().sessions, lambda s: actions.page(s, cursor))
-    return render_template("ops/activity.html", page=page)
+    return render_template("cronbox_ops/activity.html", page=page)

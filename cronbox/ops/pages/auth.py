@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import logging
 
-from flask import Response, flash, redirect, render_template, request, session, url_for
+from flask import Response, redirect, render_template, request, url_for
 
 from cron.operator import credentials, sessions, throttle
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from cronbox.state import runtime
 
-from .. import bp
+from .. import bp, cookie
 from ..guard import act, client, safe_next, settings
 
 log = logging.getLogger("cronbox")
@@ -37,7 +37,8 @@ def _throttled(wait: int, template: str, **context):
 
 def _start_session(action: str, ticket: throttle.Ticket) -> None:
     """A fresh session id (never reuse one from before the login) and a fresh CSRF token."""
-    agent, old = request.headers.get("User-Agent"), session.get("ops")
+    console = cookie.current()
+    agent, old = request.headers.get("User-Agent"), console.get("ops")
     fingerprint = credentials.fingerprint(settings())
     ip = client()
 
@@ -47,8 +48,8 @@ def _start_session(action: str, ticket: throttle.Ticket) -> None:
         return sessions.start(s, clock.utcnow(), fingerprint=fingerprint, client_ip=ip, user_agent=agent)
 
     raw = act(action, None, work)
-    session.clear()
-    session["ops"] = raw
+    console.clear()
+    console.set("ops", raw)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -58,31 +59,33 @@ def login():
         return redirect(url_for("ops.setup"))
     target = safe_next(request.values.get("next"))
     if request.method == "GET":
-        return render_template("ops/login.html", next=target)
+        return render_template("cronbox_ops/login.html", next=target)
     ticket = _take_try()
     if ticket.wait is not None:
-        return _throttled(ticket.wait, "ops/login.html", next=target)
+        return _throttled(ticket.wait, "cronbox_ops/login.html", next=target)
     if not credentials.check_password(st, request.form.get("password", "")):
         act("login", None, outcome="wrong-password")
-        return render_template("ops/login.html", next=target, error="Wrong password."), 401
+        return render_template("cronbox_ops/login.html", next=target, error="Wrong password."), 401
     _start_session("login", ticket)
     return redirect(target, code=303)
 
 
 @bp.post("/logout")
 def logout():
-    raw = session.get("ops")
+    console = cookie.current()
+    raw = console.get("ops")
     act("logout", None, lambda s: sessions.end(s, raw))
-    session.clear()
-    flash("Logged out.")
+    console.clear()
+    console.flash("Logged out.")
     return redirect(url_for("ops.login"), code=303)
 
 
 @bp.post("/logout-everywhere")
 def logout_everywhere():
     act("logout-everywhere", None, sessions.end_all, outcome=lambda count: "ok")
-    session.clear()
-    flash("Every console session has been ended.")
+    console = cookie.current()
+    console.clear()
+    console.flash("Every console session has been ended.")
     return redirect(url_for("ops.login"), code=303)
 
 
@@ -95,19 +98,19 @@ def setup():
     credentials.ensure_setup_token(st)
     where = credentials.TOKEN_FILE
     if request.method == "GET":
-        return render_template("ops/setup.html", token_file=where)
+        return render_template("cronbox_ops/setup.html", token_file=where)
     ticket = _take_try()
     if ticket.wait is not None:
-        return _throttled(ticket.wait, "ops/setup.html", token_file=where)
+        return _throttled(ticket.wait, "cronbox_ops/setup.html", token_file=where)
     if not credentials.check_setup_token(st, request.form.get("token", "")):
         act("setup", None, outcome="wrong-token")
-        return render_template("ops/setup.html", token_file=where, error="That is not the setup token."), 401
+        return render_template("cronbox_ops/setup.html", token_file=where, error="That is not the setup token."), 401
     try:
         credentials.validate_new_password(request.form.get("password", ""), request.form.get("confirm_password", ""))
         credentials.store_password(st, request.form["password"], replace=False)
     except credentials.CredentialError as exc:
         in_transaction(runtime().sessions, lambda s: throttle.give_back(s, ticket))
-        return render_template("ops/setup.html", token_file=where, error=f"Not set: {exc}."), 400
+        return render_template("cronbox_ops/setup.html", token_file=where, error=f"Not set: {exc}."), 400
     _start_session("setup", ticket)
-    flash("Password set. Keep it in a password manager: the setup token is gone.")
+    cookie.flash("Password set. Keep it in a password manager: the setup token is gone.")
     return redirect(url_for("ops.overview"), code=303)

@@ -67,7 +67,7 @@ def files():
 
     audit_page, grants_page, names = in_transaction(runtime().sessions, read)
     filters = {k: v for k, v in (("file", file_id), ("subject", subject), ("outcome", outcome)) if v}
-    return render_template("ops/files.html", page=audit_page, grants=grants_page, names=names, filters=filters,
+    return render_template("cronbox_ops/files.html", page=audit_page, grants=grants_page, names=names, filters=filters,
                            grant_state=grant_state, now=now, show_names=show_names(), shown=shown)
 
 

@@ -31,7 +31,7 @@ def once():
     cursor = paging.parse_cursor(request.args.get("after"), (int,))
     page = in_transaction(runtime().sessions, lambda s: once_requests.page(s, cursor))
     allowed = [" ".join(p) for p in once_requests.ALLOWED]
-    return render_template("ops/once.html", page=page, allowed=allowed, argv_text=argv_text, now=clock.utcnow(),
+    return render_template("cronbox_ops/once.html", page=page, allowed=allowed, argv_text=argv_text, now=clock.utcnow(),
                            command=request.args.get("command", ""))
 
 
@@ -62,4 +62,4 @@ def once_show(request_id: int):
     row = in_transaction(runtime().sessions, lambda s: once_requests.get(s, request_id))
     if row is None:
         abort(404)
-    return render_template("ops/once_show.html", row=row, command=argv_text(row.argv), now=clock.utcnow())
+    return render_template("cronbox_ops/once_show.html", row=row, command=argv_text(row.argv), now=clock.utcnow())

@@ -18,7 +18,7 @@ def outbox():
     cursor = paging.parse_cursor(request.args.get("after"), deliveries.DEAD_KEY)
     view, page = in_transaction(rt.sessions, lambda s: (deliveries.overview(s, rt.consumers, now),
                                                         deliveries.dead_page(s, cursor)))
-    return render_template("ops/outbox.html", consumers=view.consumers, unfanned=view.unfanned,
+    return render_template("cronbox_ops/outbox.html", consumers=view.consumers, unfanned=view.unfanned,
                            blocked=view.blocked, page=page, now=now)
 
 

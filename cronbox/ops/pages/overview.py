@@ -30,5 +30,5 @@ def overview():
     queues = report.queues  # read by the health checks a moment ago: counting failed jobs once is enough
     names = list(dict.fromkeys(rt.default_queues() + sorted(queues)))
     queue_rows = [queues.get(n) or jobstore.QueueStatus(n) for n in names]
-    return render_template("ops/overview.html", report=report, backlog=backlog, unfanned=unfanned,
+    return render_template("cronbox_ops/overview.html", report=report, backlog=backlog, unfanned=unfanned,
                            queues=queue_rows, ticks=ticks, drawing=chart.draw(data, rt.settings.cron_interval), now=now)

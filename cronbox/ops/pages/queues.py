@@ -31,7 +31,7 @@ def queues():
     rows, paused, page = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
                                                                 pauses.active(s, now),
                                                                 jobstore.failed_page(s, cursor, queue=only)))
-    return render_template("ops/queues.html", queues=rows, paused=paused, page=page, only=only, now=now)
+    return render_template("cronbox_ops/queues.html", queues=rows, paused=paused, page=page, only=only, now=now)
 
 
 @bp.post("/queues/resume")

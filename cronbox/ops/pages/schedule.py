@@ -16,7 +16,7 @@ from ..guard import act, done
 @bp.get("/schedule")
 def schedule():
     rt = runtime()
-    return render_template("ops/schedule.html", tasks=scheduler.status(rt), now=clock.utcnow())
+    return render_template("cronbox_ops/schedule.html", tasks=scheduler.status(rt), now=clock.utcnow())
 
 
 @bp.post("/schedule/run")
