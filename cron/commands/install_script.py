@@ -46,7 +46,7 @@ def cron_line(target: Path, python: str | None) -> str:
                 type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path))
 @click.option("--force", is_flag=True, help=f"Replace an existing {SCRIPT} that differs from this cronbox's.")
 def install_script(folder: Path, force: bool):
-    """Copy artisan_via_cron.sh into FOLDER (default: here), the app's folder, and print its cron line."""
+    """Copy artisan_via_cron.sh into DIR (default: here), the app's folder, and print its cron line."""
     content = packaged_script()
     target = folder.resolve() / SCRIPT
     if target.is_dir():
