@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from cron.commands import demo, health, migrate, once, outbox, queue, schedule, tick
+from cron.commands import demo, health, install_script, migrate, once, outbox, queue, schedule, tick
 from cron.commands.base import Group, State, run
 from outbox.engine.runtime import Runtime
 
@@ -24,8 +24,8 @@ def cli(ctx):
     ctx.call_on_close(state.close)
 
 
-for command in (demo.demo, health.health, migrate.migrate, once.once, outbox.outbox, queue.queue,
-                schedule.schedule, tick.tick):
+for command in (demo.demo, health.health, install_script.install_script, migrate.migrate, once.once,
+                outbox.outbox, queue.queue, schedule.schedule, tick.tick):
     cli.add_command(command)
 
 

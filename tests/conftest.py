@@ -245,3 +245,12 @@ def start_cli(env: dict[str, str], *args: str, cwd: Path | None = None, **extra:
         env=child_env(env, **extra), cwd=str(cwd or Path("/")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@pytest.fixture(scope="session")
+def installed_venv() -> Path:
+    """The python of a virtualenv outside the checkout with cronbox pip-installed from it, shared by
+    the xdist workers and later sessions while the sources do not change (tests/package_helpers.py)."""
+    from tests.package_helpers import installed_build
+
+    return installed_build().python

@@ -33,8 +33,9 @@ def _record(action: str, work=None, *, detail: str | None = None):
         result = work(s) if work else None
         return result, actions.record(s, action, operator="cli", detail=detail)
 
+    rt = runtime(migrate=False)  # outside the try: a settings mistake is the operator's to fix, not an outage
     try:
-        result, row = in_transaction(runtime(migrate=False).sessions, run)
+        result, row = in_transaction(rt.sessions, run)
     except (DBAPIError, CronboxError) as exc:
         click.echo(f"ops: warning: {action} not recorded and sessions not ended ({type(exc).__name__}); "
                    "run `ops logout-all` when the database is back", err=True)

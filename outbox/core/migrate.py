@@ -58,6 +58,9 @@ def upgrade(settings: Settings, engine: Engine) -> tuple[str | None, str]:
     with engine.begin() as connection:
         command.upgrade(alembic_config(settings, connection), "head")
     after = current_revision(engine)
+    if after != SCHEMA_HEAD:  # the scripts found are not this code's (a broken install lost some)
+        raise SchemaError(f"the migrations in {SCRIPT_LOCATION} end at {after or 'nothing'}, this code needs "
+                          f"{SCHEMA_HEAD}: reinstall cronbox")
     if before != after:
         log.info("migrated schema from %s to %s", before or "empty", after)
     return before, after

@@ -3,9 +3,10 @@ Flask app, its `app.config["CRONBOX_*"]`, passed in as `overrides`).
 
 Cron on a shared host starts us with a bare environment and `$HOME` as the
 working directory, so nothing here may depend on either. The app root is, in order:
-CRONBOX_APP_ROOT (artisan_via_cron.sh exports its own folder), this checkout when
-cronbox runs from one (the standalone app), or the working directory when it holds
-artisan_via_cron.sh or a .env. Every relative path is resolved against it. An
+CRONBOX_APP_ROOT; the working directory when it holds artisan_via_cron.sh (which runs
+from its own folder; `python -m cron install-script` puts a copy into a host app's); this
+checkout when cronbox runs from one (the standalone app); the working directory when it holds
+a .env. Every relative path is resolved against it. An
 installed cronbox with none of them, and no DATABASE_URL or CRONBOX_APP either,
 refuses to start rather than create a database inside site-packages.
 The environment wins over `.env` so tests and one-off runs can override a value.
@@ -116,10 +117,16 @@ def find_app_root(environ: Mapping[str, str] | None = None) -> Path | None:
     configured = (environ.get("CRONBOX_APP_ROOT") or "").strip()
     if configured:
         return Path(configured).expanduser().resolve()
+    cwd = Path.cwd()
+    if _installed(cwd):
+        cwd = None
+    # The script before the checkout: a host app using an editable install (`pip install -e`) of this
+    # checkout runs from its own folder. A bare .env after it: cron's $HOME may hold someone else's.
+    if cwd is not None and (cwd / "artisan_via_cron.sh").is_file():
+        return cwd
     if is_checkout():
         return CHECKOUT
-    cwd = Path.cwd()
-    if any((cwd / marker).is_file() for marker in ROOT_MARKERS) and not _installed(cwd):
+    if cwd is not None and any((cwd / marker).is_file() for marker in ROOT_MARKERS):
         return cwd
     return None
 

@@ -28,7 +28,9 @@ from tests.handlers.effects import metadata as effects_metadata
 
 SCRIPT = APP_ROOT / "artisan_via_cron.sh"
 BARE_PATH = "/usr/bin:/bin"
-LINKED = ("outbox", "storage", "cron", "migrations", "web", "app.py")
+# The app folder links the checkout's packages (and tests/, for CRONBOX_HANDLERS=tests.handlers.*): the
+# script's own folder, not the checkout the links lead to, is the app root.
+LINKED = ("outbox", "storage", "cron", "cronbox", "tests", "app.py")
 # What the script needs from PATH besides a Python (the no-Python test runs with only these).
 TOOLS = ("readlink", "sed", "tail", "date", "mkdir", "find", "rm", "sort", "tr", "grep", "head")
 sqlite_only = pytest.mark.backends("sqlite")

@@ -1,0 +1,362 @@
+"""cronbox installed as a package (`pip install <checkout>`, a wheel) into a virtualenv outside the
+checkout, and run the way a host app on shared hosting runs it: from a bare cron environment, in a
+folder that is not the checkout, with a host package of its own beside it.
+
+The venv and the wheel are built once per source state (tests/package_helpers.py).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from outbox.core.migrate import SCHEMA_HEAD
+from outbox.core.settings import NO_APP_ROOT
+from tests.package_helpers import CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env
+
+pytestmark = pytest.mark.timeout(900)  # the first test waits for the build
+
+SCRIPT = "artisan_via_cron.sh"
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)")
+
+
+@pytest.fixture(scope="module")
+def build() -> Build:
+    return installed_build()
+
+
+def run(build: Build, *args: str, cwd: Path, home: Path, stdin: str = "", **extra: str):
+    return subprocess.run([str(build.python), *args], cwd=str(cwd), env=installed_env(home, **extra),
+                          capture_output=True, text=True, timeout=120, input=stdin)
+
+
+def cron(build: Build, *args: str, cwd: Path, home: Path, **extra: str):
+    return run(build, "-m", "cron", *args, cwd=cwd, home=home, **extra)
+
+
+def one_line_error(proc) -> str:
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def written_by_cronbox(folder: Path) -> list[Path]:
+    """What a cronbox run may have left: an instance folder, a database, its logs or locks."""
+    return [p for p in folder.rglob("*") if p.name in ("instance", "logs", "locks", "keys", "private")
+            or p.suffix in (".db", ".db-journal", ".db-wal", ".lock")]
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """An empty working folder and an empty $HOME, both outside the checkout."""
+    cwd, home = tmp_path / "empty", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    return cwd, home
+
+
+def pins(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = PIN.match(line.strip())
+        if match:
+            found[normalized(match.group(1))] = match.group(2)
+    return found
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def package_files() -> dict[str, Path]:
+    """Every file of the four packages in the checkout, by its path in a wheel."""
+    files = {}
+    for package in PACKAGES:
+        for path in (CHECKOUT / package).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                files[path.relative_to(CHECKOUT).as_posix()] = path
+    return files
+
+
+def test_wheel_holds_the_four_packages_with_their_data_and_the_real_cron_script(build):
+    wheels = list(build.wheel.glob("cronbox-*.whl"))
+    assert len(wheels) == 1, wheels
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        infos = {info.filename: info for info in wheel.infolist()}
+        dist_info = {name.split("/")[0] for name in infos if name.split("/")[0].endswith(".dist-info")}
+        assert len(dist_info) == 1
+        (meta,) = dist_info
+        assert {name.split("/")[0] for name in infos} == {*PACKAGES, meta}
+        assert wheel.read(f"{meta}/top_level.txt").decode().split() == sorted(PACKAGES)
+        shipped = {name for name in infos if not name.startswith(meta)}
+        # Every source file, template, stylesheet and migration of the packages, and nothing else.
+        assert shipped == set(package_files())
+        for name, path in package_files().items():
+            assert wheel.read(name) == path.read_bytes(), name
+        script = infos[f"cron/{SCRIPT}"]
+        mode = script.external_attr >> 16
+        assert not stat.S_ISLNK(mode) and mode & 0o777 == 0o755
+        assert wheel.read(f"cron/{SCRIPT}") == (CHECKOUT / SCRIPT).read_bytes()  # the content, not a link
+        assert wheel.read(f"cron/{SCRIPT}").startswith(b"#!/bin/sh\n")
+
+
+def test_installed_distribution_is_the_four_packages_at_the_pinned_versions(build, folders):
+    cwd, home = folders
+    probe = r"""
+import json, sysconfig
+from importlib import metadata
+dist = metadata.distribution("cronbox")
+print(json.dumps({
+    "top_level": dist.read_text("top_level.txt").split(),
+    "record": [str(f) for f in dist.files],
+    "versions": {d.metadata["Name"]: d.version for d in metadata.distributions()},
+    "purelib": sysconfig.get_paths()["purelib"],
+    "requires": dist.requires,
+}))
+"""
+    proc = run(build, "-c", probe, cwd=cwd, home=home)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["top_level"] == sorted(PACKAGES)
+    in_site_packages = [f for f in found["record"] if not f.startswith("..")]  # ../../../bin/cronbox
+    tops = {f.split("/")[0] for f in in_site_packages if ".dist-info/" not in f}
+    assert tops == set(PACKAGES), tops  # no app, web, migrations, tests, bench, examples, passenger_wsgi
+    site = Path(found["purelib"])
+    for name in ("app.py", "passenger_wsgi.py", "web", "migrations", "tests", "bench", "examples"):
+        assert not (site / name).exists(), name
+    installed = site / "cron" / SCRIPT
+    assert not installed.is_symlink() and installed.read_bytes() == (CHECKOUT / SCRIPT).read_bytes()
+    assert installed.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in (site / "cron" / "migrations" / "versions").glob("*.py"))[-1].startswith(
+        SCHEMA_HEAD.split("_")[0])
+
+    # requirements.txt was the constraint file of the install: each runtime pin is what got installed,
+    # and each has a range in pyproject.toml (pip refused the install if a range excluded a pin).
+    versions = {normalized(name): version for name, version in found["versions"].items()}
+    pinned = pins(CHECKOUT / "requirements.txt")
+    assert {name: versions.get(name) for name in pinned} == pinned
+    declared = tomllib.loads((CHECKOUT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    ranged = {normalized(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in declared}
+    assert ranged == set(pinned)
+
+
+# Commands that check their arguments before opening the database get valid ones here, so every
+# command reaches the point where it needs an app root.
+ARGUMENTS = {
+    "once add": ["migrate"],
+    "outbox retry": ["--all"],
+    "outbox skip": ["--all"],
+    "queue retry": ["--all"],
+    "storage grant": ["1", "--subject", "x"],
+    "storage put": ["{file}", "--owner", "x"],
+}
+STDIN = {"ops set-password": "a long enough operator password\n"}
+NEEDS_NO_APP = {"install-script"}  # writes into the folder it is given; tested below
+
+
+def leaf_commands(build: Build, cwd: Path, home: Path) -> dict[str, list[str]]:
+    """Every command of the installed tree, with a value for each required argument."""
+    walk = r"""
+import json, click
+from cron.cli import cli
+ctx = click.Context(cli)
+found = {}
+def walk(group, path):
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            walk(command, path + [name])
+        else:
+            found[" ".join(path + [name])] = [p.human_readable_name for p in command.params
+                                             if p.required and isinstance(p, click.Argument)]
+walk(cli, [])
+print(json.dumps(found))
+"""
+    proc = run(build, "-c", walk, cwd=cwd, home=home)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_without_an_app_root_every_command_refuses_in_one_line_and_writes_nothing(build, folders, tmp_path):
+    cwd, home = folders
+    upload = tmp_path / "upload.txt"
+    upload.write_text("a file to seal")
+    commands = leaf_commands(build, cwd, home)
+    assert "tick" in commands and "migrate" in commands and "storage verify" in commands
+
+    def attempt(name: str):
+        args = [a.format(file=upload) for a in ARGUMENTS.get(name, ["1"] * len(commands[name]))]
+        return name, run(build, "-m", "cron", *name.split(), *args, cwd=cwd, home=home, stdin=STDIN.get(name, ""))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # one process per command, a few at a time
+        results = list(pool.map(attempt, sorted(set(commands) - NEEDS_NO_APP)))
+    for name, proc in results:
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
+        assert one_line_error(proc) == f"error: {NO_APP_ROOT}", name
+        assert proc.stdout == "", name
+    assert list(cwd.iterdir()) == [] and list(home.iterdir()) == []
+    assert written_by_cronbox(build.venv) == []
+
+
+def test_help_works_anywhere(build, folders):
+    cwd, home = folders
+    for where in (cwd, Path("/")):
+        proc = cron(build, "--help", cwd=where, home=home)
+        assert proc.returncode == 0 and proc.stderr == ""
+        assert "install-script" in proc.stdout and "tick" in proc.stdout
+        proc = cron(build, "install-script", "--help", cwd=where, home=home)
+        assert proc.returncode == 0 and "[DIR]" in proc.stdout
+    assert list(cwd.iterdir()) == [] and written_by_cronbox(build.venv) == []
+
+
+def test_install_script_makes_the_folder_an_app_root_that_migrates_and_ticks(build, folders, tmp_path):
+    cwd, home = folders
+    app = tmp_path / "my app"  # a space: the printed cron line must quote it
+    app.mkdir()
+    installed = cron(build, "install-script", cwd=app, home=home)  # DIR defaults to the current folder
+    assert installed.returncode == 0, installed.stderr
+    script = app / SCRIPT
+    assert script.read_bytes() == (CHECKOUT / SCRIPT).read_bytes()
+    assert script.stat().st_mode & 0o777 == 0o755 and not script.is_symlink()
+    assert sorted(p.name for p in app.iterdir()) == [SCRIPT]  # no database, no instance folder: just the script
+    line = installed.stdout.strip().splitlines()[-1]
+    assert line == f"* * * * * CRONBOX_PYTHON={build.python} '{script}' tick"
+
+    migrated = cron(build, "migrate", cwd=app, home=home)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.strip() == f"migrate: empty -> {SCHEMA_HEAD}"  # the migrations came from the package
+    assert (app / "instance" / "cronbox.db").is_file()
+    ticked = cron(build, "tick", "--no-linger", cwd=app, home=home)
+    assert ticked.returncode == 0, ticked.stderr
+    assert ticked.stdout.startswith("tick: delivered 0")
+
+    # The printed line, as cron runs it: /bin/sh, $HOME as the working folder, a bare environment.
+    command = line.removeprefix("* * * * * ") + " --no-linger"
+    by_cron = subprocess.run(["/bin/sh", "-c", command], cwd=str(home), env=installed_env(home),
+                             capture_output=True, text=True, timeout=120)
+    assert by_cron.returncode == 0 and by_cron.stdout + by_cron.stderr == "", by_cron.stderr
+    logs = list((app / "instance" / "logs").glob("cron-*.log"))
+    assert logs and "exit 0: tick --no-linger" in logs[0].read_text()
+    assert list(home.iterdir()) == [] and list(cwd.iterdir()) == []
+    assert written_by_cronbox(build.venv) == []
+
+
+def test_install_script_never_overwrites_another_script_without_force(build, folders, tmp_path):
+    cwd, home = folders
+    app = tmp_path / "app"
+    app.mkdir()
+    mine = app / SCRIPT
+    mine.write_text("#!/bin/sh\necho the host's own script\n")
+    refused = cron(build, "install-script", str(app), cwd=cwd, home=home)
+    assert refused.returncode == 1
+    assert "differs" in one_line_error(refused) and "--force" in refused.stderr
+    assert mine.read_text() == "#!/bin/sh\necho the host's own script\n"
+
+    forced = cron(build, "install-script", "--force", str(app), cwd=cwd, home=home)
+    assert forced.returncode == 0 and mine.read_bytes() == (CHECKOUT / SCRIPT).read_bytes()
+    mine.chmod(0o644)  # uploaded through File Manager: the same script, not executable
+    again = cron(build, "install-script", str(app), cwd=cwd, home=home)
+    assert again.returncode == 0 and "already" in again.stdout and mine.stat().st_mode & 0o777 == 0o755
+
+    elsewhere = tmp_path / "elsewhere.sh"
+    elsewhere.write_text("#!/bin/sh\n")
+    mine.unlink()
+    mine.symlink_to(elsewhere)  # a link to another file: replaced by --force, its target left alone
+    assert cron(build, "install-script", str(app), cwd=cwd, home=home).returncode == 1
+    assert cron(build, "install-script", "--force", str(app), cwd=cwd, home=home).returncode == 0
+    assert not mine.is_symlink() and elsewhere.read_text() == "#!/bin/sh\n"
+
+    (tmp_path / "folder" / SCRIPT).mkdir(parents=True)
+    assert cron(build, "install-script", str(tmp_path / "folder"), cwd=cwd, home=home).returncode == 1
+    missing = cron(build, "install-script", str(tmp_path / "nowhere"), cwd=cwd, home=home)
+    assert missing.returncode == 2 and "does not exist" in one_line_error(missing)
+    assert list(cwd.iterdir()) == []
+
+
+HOST_WEB = '''"""The host's own package `web`, with cronbox set up in its factory."""
+from flask import Flask
+
+from cronbox import Cronbox
+
+
+def create_app():
+    app = Flask(__name__)
+    app.config["CRONBOX_HANDLERS"] = "web.events"
+    Cronbox().init_app(app)
+    return app
+'''
+
+HOST_EVENTS = '''import outbox
+
+
+@outbox.consumer("greeted", name="web.log_greeting")
+def log_greeting(event, ctx):
+    from pathlib import Path
+    Path(__file__).resolve().parents[1].joinpath("greeted.txt").write_text(event.payload["who"])
+'''
+
+
+def test_a_host_package_named_web_runs_beside_the_installed_cronbox(build, folders, tmp_path):
+    cwd, home = folders
+    host = tmp_path / "clinic"
+    (host / "web").mkdir(parents=True)
+    (host / "web" / "__init__.py").write_text(HOST_WEB)
+    (host / "web" / "events.py").write_text(HOST_EVENTS)
+    probe = (
+        "import importlib.util, sys; print(importlib.util.find_spec('web') is None)"
+    )
+    assert run(build, "-c", probe, cwd=cwd, home=home).stdout.strip() == "True"  # cronbox brings no `web`
+
+    imported = run(build, "-c", "import web, cronbox; app = web.create_app(); "
+                   "print(web.__file__); print(app.extensions['cronbox'].settings.database_url)",
+                   cwd=host, home=home)
+    assert imported.returncode == 0, imported.stderr
+    web_file, database = imported.stdout.strip().splitlines()
+    assert Path(web_file) == host / "web" / "__init__.py"
+    assert database == f"sqlite:///{host / 'instance' / 'cronbox' / 'cronbox.db'}"
+
+    # Its cron commands: CRONBOX_APP names the host's factory, from cron's $HOME.
+    assert cron(build, "migrate", cwd=host, home=home, CRONBOX_APP="web:create_app").returncode == 0
+    record = ("import outbox, web; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
+              "with rt.sessions.begin() as s: outbox.record(s, 'greeted', {'who': 'Ada'})")
+    recorded = run(build, "-c", record, cwd=host, home=home)
+    assert recorded.returncode == 0, recorded.stderr
+    ticked = cron(build, "tick", "--no-linger", cwd=home, home=home, CRONBOX_APP="web:create_app",
+                  CRONBOX_APP_ROOT=str(host))
+    assert ticked.returncode == 0, ticked.stderr
+    assert ticked.stdout.startswith("tick: delivered 1")
+    assert (host / "greeted.txt").read_text() == "Ada"
+    assert written_by_cronbox(build.venv) == [] and list(cwd.iterdir()) == []
+
+
+def test_the_standalone_checkout_keeps_its_embedded_sqlite_default(tmp_path):
+    """README's "Try it" command, as written, in a copy of the checkout (its own venv, instance/)."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(CHECKOUT, checkout, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    readme = (checkout / "README.md").read_text(encoding="utf-8")
+    try_it = readme.split("## Try it", 1)[1]
+    command = re.search(r"```sh\n(.+?)\n```", try_it, re.S).group(1)
+    assert "python -m cron demo" in command and "python -m cron tick" in command
+    from tests.package_helpers import pip_env
+
+    env = {**pip_env(), "HOME": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    env.pop("CRONBOX_APP_ROOT", None)
+    env.pop("CRONBOX_APP", None)
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # python3 as the README's reader has it
+    done = subprocess.run(["/bin/sh", "-c", command], cwd=str(checkout), env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tick: delivered 6" in done.stdout
+    assert (checkout / "instance" / "cronbox.db").is_file()
