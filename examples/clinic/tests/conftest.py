@@ -68,7 +68,7 @@ def clinic_env(monkeypatch, tmp_path, database_url, instance):
         "CRONBOX_SMS_DRIVER": "log",
         "CRONBOX_MAIL_DRIVER": "log",
         "CRONBOX_BASE_URL": "https://clinic.example",
-        "CRONBOX_UPLOAD_MAX": "8M",
+        "CRONBOX_UPLOAD_MAX": "6M",
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
