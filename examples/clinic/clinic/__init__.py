@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import click
 from dotenv import dotenv_values
 from flask import Flask
 
@@ -45,11 +44,5 @@ def create_app(config: dict | None = None) -> Flask:
     from . import views
 
     app.register_blueprint(views.bp)
-
-    @app.cli.command("init-db")
-    def init_db():
-        """Create the clinic's tables (cronbox's: `python -m cron migrate`)."""
-        db.create_all()
-        click.echo("clinic tables created")
 
     return app

@@ -97,20 +97,33 @@ def run_cron(clinic_env, tmp_path):
     return run
 
 
+def upgrade_clinic() -> None:
+    """`alembic upgrade head` with the clinic's alembic.ini, in this process (its logging left alone)."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(EXAMPLE_ROOT / "alembic.ini"))
+    config.attributes["configure_logger"] = False
+    command.upgrade(config, "head")
+
+
 @pytest.fixture
-def make_app(clinic_env, run_cron):
-    """Build the clinic (cronbox's tables migrated by `python -m cron migrate`, the clinic's by `init-db`)."""
+def migrated(clinic_env, run_cron):
+    """cronbox's tables by `python -m cron migrate` (a cron line), the clinic's by its own Alembic."""
+    run_cron("migrate")
+    upgrade_clinic()
+
+
+@pytest.fixture
+def make_app(migrated):
     from clinic import create_app
     from clinic.models import db
 
-    run_cron("migrate")
     apps = []
 
-    def make():
-        app = create_app({"TESTING": True})
-        if not apps:
-            result = app.test_cli_runner().invoke(args=["init-db"])
-            assert result.exit_code == 0, result.output
+    def make(config: dict | None = None, *, app=None):
+        """A new clinic app (or `app`, built elsewhere), closed after the test."""
+        app = app or create_app({"TESTING": True, **(config or {})})
         apps.append(app)
         return app
 
