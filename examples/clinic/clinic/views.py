@@ -63,6 +63,7 @@ def pay(appointment_id: int):
 def upload_scan(patient_id: int):
     """A multipart form with one file part, sealed while it streams: never touch request.files here."""
     db.get_or_404(Patient, patient_id)
+    db.session.commit()  # no transaction (nor pooled connection) held while the upload streams in
     try:
         upload = seal_upload(session=db.session, owner=f"patient:{patient_id}")
     except UploadRefused as refused:  # 400, 411, 413, 507: nothing of it was kept

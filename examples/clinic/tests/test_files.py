@@ -188,6 +188,7 @@ def test_the_absolute_link_downloads_the_scan(server, make_app, booked):
     file_id = loads(answer)["id"]
     client = app.test_client()
     assert client.post(f"/patients/{patient + 1}/scans/{file_id}/link", headers=STAFF).status_code == 404
+    assert client.post(f"/patients/{patient}/scans/not-a-file/link", headers=STAFF).status_code == 404
     linked = client.post(f"/patients/{patient}/scans/{file_id}/link", headers=STAFF)
     assert linked.status_code == 201, linked.data
     url = linked.get_json()["url"]
