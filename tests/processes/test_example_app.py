@@ -16,10 +16,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from tests.conftest import APP_ROOT
 
@@ -29,6 +30,7 @@ BUILD_INPUTS = ("pyproject.toml", "README.md", "artisan_via_cron.sh", "requireme
 EXAMPLE_REQUIREMENTS = ("requirements.txt", "requirements-test.txt")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "instance", ".env", ".pytest_cache", "build", "*.egg-info")
 TIMEOUT = 900
+STALE_AFTER = 2 * 86400
 # Passed on to the example's tests: which database to use, and whether a missing MariaDB is a failure.
 PASSED_ON = ("TEST_MYSQL_URL", "CRONBOX_REQUIRE_MYSQL", "CI")
 
@@ -89,7 +91,21 @@ def example_venv() -> Path:
             run([python, "-m", "pip", "install", "-q", "-c", source / "requirements.txt", source,
                  "-r", requirements_without_cronbox(root), *example_test_requirements()], env=pip_env(), cwd=root)
             (root / "ready").write_text("ok\n")
+        os.utime(root)  # in use: another session's clean-up keeps it
+    remove_stale(keep=root)
     return python
+
+
+def remove_stale(keep: Path) -> None:
+    """Virtualenvs of other source states unused for two days, each under its own lock (never one in use)."""
+    for other in Path(tempfile.gettempdir()).glob("cronbox-example-venv-*"):
+        if other == keep or not other.is_dir() or time.time() - other.stat().st_mtime < STALE_AFTER:
+            continue
+        try:
+            with FileLock(f"{other}.lock", timeout=0):
+                shutil.rmtree(other, ignore_errors=True)
+        except Timeout:
+            continue
 
 
 @pytest.mark.timeout(TIMEOUT)
