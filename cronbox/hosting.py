@@ -49,16 +49,16 @@ class HostScope:
 def _serve_handler_sessions(db: Any) -> None:
     """Make `db.session` hand out the running handler's ctx.session (once per `db`)."""
     registry = db.session.registry
-    if getattr(registry, "_cronbox_bound", False):
-        return
+    if getattr(registry.createfunc, "_cronbox_bound", False):  # the mark is on the function: the
+        return  # registry (ScopedRegistry/ThreadLocalRegistry) has __slots__ and takes no attribute
     original = registry.createfunc
 
     def create():
         ctx = _handler_ctx.get()
         return ctx.session if ctx is not None else original()
 
+    create._cronbox_bound = True
     registry.createfunc = create
-    registry._cronbox_bound = True
 
 
 def close_host_pools(app: Flask, db: Any) -> None:

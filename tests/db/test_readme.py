@@ -34,8 +34,31 @@ pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 
-def readme_snippets() -> list[str]:
+EXCERPT = re.compile(r"# (examples/\S+\.py)( \(abridged\))?\n")
+
+
+def all_snippets() -> list[str]:
     return SNIPPET.findall((APP_ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def readme_snippets() -> list[str]:
+    """The snippets run here: all but the excerpts of the example app (whose own tests run them)."""
+    return [s for s in all_snippets() if not EXCERPT.match(s)]
+
+
+def test_the_readme_excerpts_of_the_example_app_are_its_code():
+    """A snippet opening with `# examples/...py` (abridged) shows lines of that file, in its order
+    (`...` stands for lines left out): what the README teaches is what examples/clinic's tests run."""
+    excerpts = [s for s in all_snippets() if EXCERPT.match(s)]
+    assert len(excerpts) >= 3
+    for snippet in excerpts:
+        first, *lines = snippet.splitlines()
+        path = EXCERPT.match(first + "\n").group(1)
+        source = iter((APP_ROOT / path).read_text(encoding="utf-8").splitlines())
+        for line in lines:
+            if line.strip() in ("", "..."):
+                continue
+            assert any(line.rstrip() == candidate.rstrip() for candidate in source), f"{path}: {line!r}"
 
 
 def app_models():
