@@ -37,8 +37,16 @@ class CronboxState:
         if self._runtime is None:
             with self._lock:
                 if self._runtime is None:
-                    self._runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
-                    load_handlers(self.settings)
+                    from .hosting import HostScope
+
+                    runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
+                    runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
+                    try:
+                        load_handlers(self.settings)
+                    except BaseException:
+                        runtime.dispose()
+                        raise
+                    self._runtime = runtime
         return self._runtime
 
     def use_runtime(self, runtime: Runtime) -> None:

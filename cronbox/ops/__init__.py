@@ -34,8 +34,12 @@ class ConsoleCookie(SecureCookieSessionInterface):
 
 
 def _secret_keys(app: Flask) -> list[bytes]:
-    """Session signing keys derived from the URL-signing keys, newest first (older ones still verify)."""
-    ring = app.extensions["cronbox"].storage.keyring()
+    """Session signing keys derived from the URL-signing keys, newest first (older ones still verify).
+    Read from the key folder, not through the app's storage: that would open the runtime (and import
+    CRONBOX_HANDLERS) inside the host's factory, before a cron process hands in its own."""
+    from storage import keys  # here: libsodium and cryptography load only when the console is on
+
+    ring = keys.load(app.extensions["cronbox"].settings)
     return [hmac.new(key, b"cronbox ops session v1", hashlib.sha256).digest()
             for key in reversed(ring.signing_keys)]
 

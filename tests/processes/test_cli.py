@@ -118,7 +118,7 @@ def test_demo_then_tick_delivers(env, database):
 
 
 DEMO_CONSUMERS = ("demo.clinic_receipt", "demo.notify_patient")
-APP_CONSUMERS = ("import sys, app; rt = app.application.extensions['cronbox']; "
+APP_CONSUMERS = ("import sys, app; rt = app.application.extensions['cronbox'].runtime; "
                  "print(sorted(rt.consumers.names()), 'cron.demo' in sys.modules)")
 
 
