@@ -466,3 +466,28 @@ def test_a_scheduled_task_runs_in_the_host_app_on_the_tasks_session(host):
     assert ran.returncode == 0 and "schedule run clinic.summary: ok" in ran.stdout, ran
     after = task_notes(host)
     assert len(after) == 4 and ("task db.session", "clinic: 1 paid") in after  # Model.query, current_app.name
+
+
+# --- web ticks: the same host scope ----------------------------------------------------------------
+
+WEB_TICK = (
+    "from clinic import create_app\n"
+    "answer = create_app().test_client().post('/cron/tick', headers={'Authorization': 'Bearer web-tick-token'})\n"
+    "print(answer.status_code, answer.json['delivered'], answer.json['retried'])\n")
+
+
+def test_a_web_tick_runs_the_hosts_consumer_in_the_same_scope(host):
+    """POST /cron/tick runs handlers inside a request of the host's app: db.session there must still be
+    the handler's session (not the request's, whose commit() would really commit), on cronbox's
+    connection, so a failed attempt leaves nothing."""
+    host.env.update(CLINIC_CRONBOX_CRON_TOKEN="web-tick-token", CLINIC_CRONBOX_WEB_TICK_INTERVAL="1")
+    paid = host.pay("Ann")
+    failed = host.python(WEB_TICK, CLINIC_FAIL="1")
+    assert failed.stdout.splitlines()[-1] == "200 0 1", failed.stdout
+    assert host.notes(paid) == [] and host.status(paid) == "booked"
+    assert host.delivery(paid)[1:4] == ("pending", 1, RECEIPT_ERROR.format(paid))
+    host.rows("UPDATE cronbox_deliveries SET next_attempt_at = :t WHERE status = 'pending'", t=_utc_in(-1))
+    time.sleep(1.1)  # CRONBOX_WEB_TICK_INTERVAL
+    ran = host.python(WEB_TICK)
+    assert ran.stdout.splitlines()[-1] == "200 1 0", ran.stdout
+    assert host.notes(paid) == paid_notes(paid) and host.status(paid) == "paid"
