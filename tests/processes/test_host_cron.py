@@ -18,7 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -219,7 +221,7 @@ def run_scenario(host: Host, start_tick, request, tmp_path, done=finish) -> None
             watch.__exit__()
     delivered(result, 1)
     if watch:
-        assert watch.samples and max(watch.samples) <= 2, watch.samples
+        assert watch.samples and max(watch.samples) <= 2, Counter(watch.samples)  # connections: how often seen
         assert 1 <= int(seen_by_consumer) <= 2
     assert host.notes(first) == paid_notes(first)
     assert host.status(first) == "paid"  # Model.query's object, changed and committed with the ack
@@ -246,9 +248,8 @@ def run_scenario(host: Host, start_tick, request, tmp_path, done=finish) -> None
     assert others == 0  # no demo (or any other) consumer fanned out the clinic's events
 
 
-def _utc_in(seconds: float):
-    from datetime import datetime, timedelta, timezone
-
+def _utc_in(seconds: float) -> datetime:
+    """A naive UTC time, as cronbox's columns hold them."""
     return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).replace(tzinfo=None)
 
 
@@ -491,3 +492,23 @@ def test_a_web_tick_runs_the_hosts_consumer_in_the_same_scope(host):
     ran = host.python(WEB_TICK)
     assert ran.stdout.splitlines()[-1] == "200 1 0", ran.stdout
     assert host.notes(paid) == paid_notes(paid) and host.status(paid) == "paid"
+
+
+# --- the extension's settings for a host app ------------------------------------------------------
+
+@pytest.mark.backends("sqlite")
+def test_cronbox_works_in_the_hosts_database_and_instance_unless_told_otherwise(host, tmp_path):
+    probe = ("from clinic import create_app\n"
+             "settings = create_app().extensions['cronbox'].settings\n"
+             "print(settings.database_url, settings.instance)\n")
+
+    def seen(**extra) -> list[str]:
+        return host.python(probe, **extra).stdout.splitlines()[-1].split()
+
+    assert seen() == [host.url, str(host.root / "instance" / "cronbox")]  # db's engine, app.instance_path/cronbox
+    assert seen(DATABASE_URL="sqlite:///elsewhere.db")[0] == host.url  # the host's db wins over DATABASE_URL
+    own = [f"sqlite:///{tmp_path / name}.db" for name in ("dotenv", "environ", "config")]
+    (host.root / ".env").write_text(f"CRONBOX_DATABASE_URL={own[0]}\n")
+    assert seen()[0] == own[0]
+    assert seen(CRONBOX_DATABASE_URL=own[1])[0] == own[1]  # the environment wins over .env
+    assert seen(CRONBOX_DATABASE_URL=own[1], CLINIC_CRONBOX_DATABASE_URL=own[2])[0] == own[2]  # app.config first
