@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -207,18 +208,12 @@ def run_scenario(host: Host, start_tick, request, tmp_path, done=finish) -> None
         k=f"appointment:{first}") == [("appointment.paid", None)]
 
     inside, release = tmp_path / "inside", tmp_path / "release"
-    watch = ConnectionWatch(request, host.database_name) if host.is_mysql else None
-    if watch:
-        watch.__enter__()
-    try:
+    with ConnectionWatch(request, host.database_name) if host.is_mysql else nullcontext() as watch:
         proc = start_tick(CLINIC_INSIDE_FILE=str(inside), CLINIC_RELEASE_FILE=str(release))
         seen_by_consumer = wait_for(inside, proc)
         time.sleep(0.2)  # a few samples while the consumer holds its transaction open
         release.write_text("go")
         result = done(proc)
-    finally:
-        if watch:
-            watch.__exit__()
     delivered(result, 1)
     if watch:
         assert watch.samples and max(watch.samples) <= 2, Counter(watch.samples)  # connections: how often seen
