@@ -71,10 +71,10 @@ class CronboxState:
         connection, and the handler modules are imported now, after the factory returned."""
         from .hosting import HostScope, close_host_pools
 
-        close_host_pools(self.app, self.db)
         runtime.handler_scope = HostScope(self.app, self.db)
         self.use_runtime(runtime)
         load_handlers(self.settings)
+        close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened
 
     def checked_runtime(self) -> Runtime:
         """The runtime, after migrating a fresh embedded SQLite database once (MySQL: `cron migrate`)."""
