@@ -4,15 +4,20 @@
 #   * * * * * /home/USER/app/artisan_via_cron.sh tick
 #
 # Runs `python -m cron ARGS...` from the app folder (this script's folder, symlinks followed) with the
-# app's Python, and appends the run to <instance>/logs/cron-YYYY-MM-DD.log (UTC): a start line, the
-# command's output, an exit line. Prints nothing when the command succeeds, so cron mails nothing,
+# app's Python and CRONBOX_APP_ROOT set to that folder, and appends the run to
+# <instance>/logs/cron-YYYY-MM-DD.log (UTC): a start line, the command's output, an exit line. Prints nothing when the command succeeds, so cron mails nothing,
 # and exactly one line when it fails, so cron mails the owner; exits with the command's exit code.
 # "skipped: tick already running" is a success (exit 0): overlapping per-minute lines stay quiet.
 #
 # Cron gives us /bin/sh, PATH=/usr/bin:/bin, $HOME as the working directory and none of the app's
 # variables: hence POSIX sh only, absolute paths, and settings read from the app's .env. The .env is
-# NEVER sourced (a value like $(...) or `...` would run): only the literal CRONBOX_PYTHON= and
-# CRONBOX_INSTANCE= lines are read, as text. The environment wins over .env, as in outbox/core/settings.py.
+# NEVER sourced (a value like $(...) or `...` would run): only the literal CRONBOX_PYTHON=,
+# CRONBOX_INSTANCE= and CRONBOX_APP= lines are read, as text. The environment wins over .env, as in
+# outbox/core/settings.py.
+#
+# Instance folder: CRONBOX_INSTANCE; else, for a host Flask app (CRONBOX_APP=module:factory set),
+# ./instance/cronbox, where the Cronbox extension keeps it (<app.instance_path>/cronbox, and Flask's
+# instance_path is <app folder>/instance); else ./instance. Python reads CRONBOX_APP itself.
 #
 # Python, first usable of: CRONBOX_PYTHON (environment, then .env; an unusable one is an error, not
 # a reason to quietly run another interpreter); ./venv/bin/python; ./.venv/bin/python; the cPanel
@@ -98,6 +103,8 @@ trim() {  # surrounding whitespace off, as str.strip() does on the Python side
 # Two literal names, so no eval: `from` says where the value came from, for error messages.
 instance=${CRONBOX_INSTANCE-$(dotenv CRONBOX_INSTANCE)}
 instance=$(trim "$instance")
+host_app=${CRONBOX_APP-$(dotenv CRONBOX_APP)}
+host_app=$(trim "$host_app")
 if [ -n "${CRONBOX_PYTHON+set}" ]; then
     python_setting=$(trim "$CRONBOX_PYTHON") from="the environment"
 else
@@ -118,7 +125,11 @@ home_path() {  # ~ and ${HOME} at the start, as expanduser and dotenv do on the 
     esac
 }
 
-instance=$(home_path "${instance:-instance}")
+if [ -z "$instance" ]; then
+    instance=instance
+    [ -z "$host_app" ] || instance=instance/cronbox  # the extension's default for a host app
+fi
+instance=$(home_path "$instance")
 case $instance in
     /*) ;;
     *) instance=$app/$instance ;;
@@ -226,6 +237,9 @@ done
 [ -n "$cmdline" ] || cmdline="(no command)"
 
 printf '%s [%s] start: %s (python: %s)\n' "$(stamp)" "$$" "$cmdline" "$py" >>"$log"
+# Python finds the app (its .env, CRONBOX_APP's package) here, not in cron's working directory ($HOME).
+CRONBOX_APP_ROOT=$app
+export CRONBOX_APP_ROOT
 started=$(date -u +%s)
 
 # A SIGTERM/SIGINT/SIGHUP sent to the process group also reaches Python, which finishes its current

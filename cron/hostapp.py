@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 
 from outbox.core.errors import SettingsError
 from outbox.core.settings import find_app_root
+from outbox.engine.handler_call import describe
 from outbox.engine.runtime import Runtime, open_runtime
 
 FACTORY_NAMES = ("create_app", "make_app")
@@ -28,10 +29,13 @@ def app_spec(environ=None) -> tuple[str | None, Path | None]:
     """(CRONBOX_APP, the app root it is imported from), from the environment or the root's .env."""
     environ = os.environ if environ is None else environ
     root = find_app_root(environ)
-    spec = (environ.get("CRONBOX_APP") or "").strip()
-    if not spec and root is not None and (root / ".env").is_file():
-        spec = (dotenv_values(root / ".env").get("CRONBOX_APP") or "").strip()
-    return spec or None, root
+    if "CRONBOX_APP" in environ:  # set, even blank, it wins over .env (as in outbox.core.settings)
+        spec = environ["CRONBOX_APP"]
+    elif root is not None and (root / ".env").is_file():
+        spec = dotenv_values(root / ".env").get("CRONBOX_APP")
+    else:
+        spec = None
+    return (spec or "").strip() or None, root
 
 
 def load_app(spec: str, root: Path | None):
@@ -43,8 +47,7 @@ def load_app(spec: str, root: Path | None):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise SettingsError(f"CRONBOX_APP={spec}: could not import {module_name!r}: {type(exc).__name__}: {exc}"
-                            ) from exc
+        raise SettingsError(f"CRONBOX_APP={spec}: could not import {module_name!r}: {describe(exc)}") from exc
     names = [attribute] if attribute else [*FACTORY_NAMES, *APP_NAMES]
     for name in names:
         target = getattr(module, name.removesuffix("()"), None)
@@ -53,7 +56,7 @@ def load_app(spec: str, root: Path | None):
         try:
             app = target() if callable(target) and not _is_app(target) else target
         except Exception as exc:
-            raise SettingsError(f"CRONBOX_APP={spec}: {name}() failed: {type(exc).__name__}: {exc}") from exc
+            raise SettingsError(f"CRONBOX_APP={spec}: {name}() failed: {describe(exc)}") from exc
         if not _is_app(app):
             raise SettingsError(f"CRONBOX_APP={spec}: {name} is not a Flask app or a factory returning one")
         return app

@@ -8,8 +8,8 @@
         cronbox.init_app(app, db=db)
         return app
 
-Settings come from `app.config["CRONBOX_*"]` first, then the app root's `.env`, then the
-environment. The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
+Settings come from `app.config["CRONBOX_*"]` first, then the environment, then the app root's
+`.env` (as everywhere in cronbox, the environment wins over `.env`). The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
 otherwise, so `outbox.record(db.session, ...)` and the cron tick always meet in one database.
 The instance folder is `<app.instance_path>/cronbox` unless CRONBOX_INSTANCE is set: cronbox
 writes only there.
@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from dotenv import dotenv_values
 from flask import Flask
 
 from outbox.core.errors import SettingsError
@@ -67,13 +68,21 @@ def settings_for(app: Flask, db: Any = None) -> Settings:
     """Settings for a host app: its config's CRONBOX_* over .env and the environment."""
     overrides = {name: _text(value) for name, value in app.config.items()
                  if name.startswith("CRONBOX_") and value is not None}
-    database = overrides.get("CRONBOX_DATABASE_URL") or (os.environ.get("CRONBOX_DATABASE_URL") or "").strip()
+    root = app_root(app, overrides)
+    database = overrides.get("CRONBOX_DATABASE_URL") or _outside_config("CRONBOX_DATABASE_URL", root)
     if not database and db is not None:
         database = host_database_url(app, db)
     if database:
         overrides["DATABASE_URL"] = database
-    return load_settings(app_root(app, overrides), overrides=overrides,
-                         instance=Path(app.instance_path) / "cronbox")
+    return load_settings(root, overrides=overrides, instance=Path(app.instance_path) / "cronbox")
+
+
+def _outside_config(name: str, root: Path) -> str:
+    """A setting from the environment, else the app root's .env (as load_settings ranks them)."""
+    if name in os.environ:
+        return os.environ[name].strip()
+    env_file = root / ".env"
+    return ((dotenv_values(env_file).get(name) if env_file.is_file() else None) or "").strip()
 
 
 def host_database_url(app: Flask, db: Any) -> str:

@@ -1,12 +1,14 @@
-"""A host app's handlers in a cron process: inside its app context, on the handler's connection.
+"""A host app's handlers (consumers, jobs, scheduled tasks): inside its app context, on the
+handler's connection, in cron processes and in web ticks alike.
 
-While a consumer, job or task runs, a fresh app context of the host app is pushed (so
-`current_app`, `g` and the host's extensions work as in a request), and the host's
-Flask-SQLAlchemy `db.session` *is* the handler's `ctx.session`: `Model.query`,
-`db.session.add()` and `ctx.session` write on one connection, in the savepoint of the
-attempt's transaction. They commit once, with the ack, or roll back together on a failed
-attempt; `db.session.commit()` keeps the writes for that ack (it releases the savepoint),
-exactly as `ctx.session.commit()` does. Outside handlers `db.session` is the host's own.
+While a handler runs, a fresh app context of the host app is pushed (so `current_app`, `g`
+and the host's extensions work as in a request), and the host's Flask-SQLAlchemy
+`db.session` *is* the handler's `ctx.session`: `Model.query`, `db.session.add()` and
+`ctx.session` write on one connection, in the savepoint of the attempt's transaction. They
+commit once, with the ack, or roll back together on a failed attempt; `db.session.commit()`
+keeps the writes for that ack (it releases the savepoint), exactly as `ctx.session.commit()`
+does. A scheduled task's ctx.session is a plain session committed when the task succeeds, so
+there `db.session` is that one. Outside handlers `db.session` is the host's own.
 
 With cronbox's own connection (one, plus one for the run lock) doing all the work, a cron
 process never opens the host's pool; connections the host's factory left in it are closed.
@@ -54,6 +56,8 @@ def _serve_handler_sessions(db: Any) -> None:
     original = registry.createfunc
 
     def create():
+        # ctx.session is built on first use, so a handler that never touches either session keeps
+        # its cheap batched ack.
         ctx = _handler_ctx.get()
         return ctx.session if ctx is not None else original()
 

@@ -37,8 +37,16 @@ class CronboxState:
         if self._runtime is None:
             with self._lock:
                 if self._runtime is None:
-                    self._runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
-                    load_handlers(self.settings)
+                    from .hosting import HostScope
+
+                    runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
+                    runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
+                    try:
+                        load_handlers(self.settings)
+                    except BaseException:
+                        runtime.dispose()
+                        raise
+                    self._runtime = runtime
         return self._runtime
 
     def use_runtime(self, runtime: Runtime) -> None:
@@ -63,10 +71,10 @@ class CronboxState:
         connection, and the handler modules are imported now, after the factory returned."""
         from .hosting import HostScope, close_host_pools
 
-        close_host_pools(self.app, self.db)
         runtime.handler_scope = HostScope(self.app, self.db)
         self.use_runtime(runtime)
         load_handlers(self.settings)
+        close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened
 
     def checked_runtime(self) -> Runtime:
         """The runtime, after migrating a fresh embedded SQLite database once (MySQL: `cron migrate`)."""

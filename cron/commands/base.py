@@ -140,5 +140,12 @@ def run(root: click.Group, argv: list[str] | None = None, *, runtime: Runtime | 
 
 
 def command_runner():
-    """Runs command lines on the tree of the command now running (for one-off requests)."""
-    return partial(run, click.get_current_context().find_root().command)
+    """Runs command lines on cronbox's tree of the command now running (for one-off requests): the
+    outermost group holding the State, which under `flask --app clinic cron` is the `cron` group,
+    not Flask's root."""
+    tree = context = click.get_current_context()
+    while context is not None:
+        if isinstance(context.obj, State):
+            tree = context
+        context = context.parent
+    return partial(run, tree.command)

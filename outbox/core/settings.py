@@ -3,7 +3,7 @@ Flask app, its `app.config["CRONBOX_*"]`, passed in as `overrides`).
 
 Cron on a shared host starts us with a bare environment and `$HOME` as the
 working directory, so nothing here may depend on either. The app root is, in order:
-CRONBOX_APP_ROOT; the working directory when it holds artisan_via_cron.sh (which runs
+CRONBOX_APP_ROOT (artisan_via_cron.sh exports its own folder); the working directory when it holds artisan_via_cron.sh (which runs
 from its own folder; `python -m cron install-script` puts a copy into a host app's); this
 checkout when cronbox runs from one (the standalone app); the working directory when it holds
 a .env. Every relative path is resolved against it. An

@@ -2,9 +2,9 @@
 
 Each test builds an app folder `$HOME/apps/my app` (a space on purpose) holding a copy of the script
 and symlinks to the worktree's packages, so a `.env` written there never touches the real app root.
-Python resolves those symlinks, so its own settings still come from the environment the test passes
-(DATABASE_URL, CRONBOX_INSTANCE); the script's own `.env` reading is checked through the Python it
-picks and the log folder it writes to. Stand-in interpreters are small sh wrappers that record that
+The script exports CRONBOX_APP_ROOT=<that folder>, so Python reads a `.env` written there too, but the
+environment the test passes (DATABASE_URL, CRONBOX_INSTANCE) wins over it; the script's own `.env`
+reading is checked through the Python it picks and the log folder it writes to. Stand-in interpreters are small sh wrappers that record that
 they ran (and the exact argv) and exec the real virtualenv's Python.
 """
 from __future__ import annotations
@@ -28,9 +28,8 @@ from tests.handlers.effects import metadata as effects_metadata
 
 SCRIPT = APP_ROOT / "artisan_via_cron.sh"
 BARE_PATH = "/usr/bin:/bin"
-# The app folder links the checkout's packages (and tests/, for CRONBOX_HANDLERS=tests.handlers.*): the
-# script's own folder, not the checkout the links lead to, is the app root.
-LINKED = ("outbox", "storage", "cron", "cronbox", "tests", "app.py")
+# The script exports CRONBOX_APP_ROOT (this app folder), where Python then finds the handler modules too.
+LINKED = ("outbox", "storage", "cron", "cronbox", "app.py", "tests")
 # What the script needs from PATH besides a Python (the no-Python test runs with only these).
 TOOLS = ("readlink", "sed", "tail", "date", "mkdir", "find", "rm", "sort", "tr", "grep", "head")
 sqlite_only = pytest.mark.backends("sqlite")
@@ -385,6 +384,36 @@ def test_the_environment_wins_over_dotenv_for_the_instance(app, tmp_path):
     silent_success(run(app, "--help", env={"CRONBOX_INSTANCE": str(tmp_path / "from-env")}))
     assert " exit 0: --help (" in app.log(tmp_path / "from-env")
     assert not (app.root / "from-dotenv").exists()
+
+
+@pytest.mark.parametrize("dotenv, env, where", [
+    ("CRONBOX_APP = 'clinic:create_app'  # the host app\n", {}, "instance/cronbox"),
+    ("CRONBOX_APP=clinic:create_app\nCRONBOX_INSTANCE=var/cb\n", {}, "var/cb"),
+    ("", {"CRONBOX_APP": "clinic:create_app"}, "instance/cronbox"),
+    ("CRONBOX_APP=clinic:create_app\n", {"CRONBOX_APP": " "}, "instance"),  # set in the environment, blank: unset
+    ("CRONBOX_APP=$(touch {pwned})\n", {}, "instance/cronbox"),  # text, never run
+])
+def test_a_host_app_keeps_the_log_in_the_extensions_instance(app, tmp_path, dotenv, env, where):
+    """With CRONBOX_APP the instance folder is the Cronbox extension's, <app.instance_path>/cronbox
+    (Flask's instance_path is <app folder>/instance): the cron log goes next to cronbox's own log."""
+    pwned = tmp_path / "pwned"
+    app.python(".venv/bin/python", "venv")
+    app.dotenv(dotenv.format(pwned=pwned))
+    silent_success(run(app, "--help", env=env))
+    assert " exit 0: --help (" in app.log(app.root / where)
+    others = {"instance", "instance/cronbox", "var/cb"} - {where}
+    assert not any((app.root / other / "logs").exists() for other in others)
+    assert not pwned.exists()
+
+
+def test_python_gets_the_app_folder_as_cronbox_app_root(app):
+    seen = app.home / "app-root.txt"
+    python = app.root / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nprintf "%s" "$CRONBOX_APP_ROOT" >{shlex.quote(str(seen))}\nexit 0\n')
+    python.chmod(0o755)
+    silent_success(run(app, "tick", env={"CRONBOX_APP_ROOT": "/somewhere/else"}))
+    assert seen.read_text() == str(app.root)  # the folder whose .env the script read, symlinks resolved
 
 
 # --- arguments, exit codes, the log --------------------------------------------------------------

@@ -101,3 +101,16 @@ def test_the_alembic_filter_leaves_every_cronbox_table_and_what_is_on_it():
     assert schema.include_object(mine, "appointments", "table", False, None)
     assert schema.include_object(mine.c.cronbox_ref, "cronbox_ref", "column", False, None)
     assert schema.include_object(index, "ix_cronbox_ref", "index", False, None)
+
+
+def test_cronbox_app_comes_from_the_environment_then_the_app_roots_dotenv(tmp_path):
+    """As every setting: set in the environment (even blank, which means unset) it wins over .env."""
+    from cron.hostapp import app_spec
+
+    (tmp_path / ".env").write_text("CRONBOX_APP = 'clinic:create_app'  # the host\n")
+    root = {"CRONBOX_APP_ROOT": str(tmp_path)}
+    assert app_spec(root) == ("clinic:create_app", tmp_path.resolve())
+    assert app_spec({**root, "CRONBOX_APP": " wsgi:app "}) == ("wsgi:app", tmp_path.resolve())
+    assert app_spec({**root, "CRONBOX_APP": ""}) == (None, tmp_path.resolve())
+    (tmp_path / ".env").write_text("CRONBOX_HANDLERS=clinic.handlers\n")
+    assert app_spec(root) == (None, tmp_path.resolve())

@@ -1,0 +1,2 @@
+"""A module whose import fails (a dependency missing on the server)."""
+import clinic_dependency_not_installed  # noqa: F401
