@@ -245,3 +245,6 @@ def start_cli(env: dict[str, str], *args: str, cwd: Path | None = None, **extra:
         env=child_env(env, **extra), cwd=str(cwd or Path("/")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )
+
+
+from tests.rabbit import amqp_vhost, rabbit  # noqa: E402,F401  (the RabbitMQ fixtures)
