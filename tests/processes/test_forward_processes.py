@@ -137,3 +137,26 @@ def test_a_hanging_broker_does_not_stop_the_ticks_jobs_and_the_tick_exits_in_tim
     with runtime.sessions() as session:
         rows = list(session.scalars(select(Delivery)))
     assert rows and all(d.status == "pending" and "broker unreachable" in d.last_error for d in rows)
+
+
+def test_operator_commands_see_a_forward_target_like_any_consumer(fwd_env, runtime, rabbit):
+    """Dead after its attempts (unroutable: no queue bound for the routing key), listed by `outbox dead`
+    with the reason, counted by `outbox status`, revived by `outbox retry`, delivered once bound."""
+    env, queue = fwd_env
+    exchange = env["TEST_AMQP_EXCHANGE"]
+    rabbit.channel.queue_unbind(queue, exchange, "fwd.#")
+    env = {**env, "TEST_FORWARD_MAX_ATTEMPTS": "1"}
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "fwd.unbound", {"n": 1}, key="k")
+        outbox.record(session, "fwd.unbound", {"n": 2}, key="k")
+    assert run_cli(env, "tick", "--no-linger").returncode == 0
+    dead = run_cli(env, "outbox", "dead")
+    assert "to-broker" in dead.stdout and "unroutable" in dead.stdout, dead.stdout
+    status = run_cli(env, "outbox", "status")
+    line = next(l for l in status.stdout.splitlines() if l.startswith("to-broker"))
+    assert line.split()[1:5] == ["1", "1", "1", "1"], status.stdout  # pending (due, held back), dead, blocked keys
+    late = rabbit.queue(exchange, "fwd.unbound", what="late")
+    assert run_cli(env, "outbox", "retry", "--all").returncode == 0
+    assert run_cli(env, "tick", "--no-linger").returncode == 0
+    assert [json.loads(m.body)["n"] for m in rabbit.take(late)] == [1, 2]
+    assert pending(runtime) == 0
