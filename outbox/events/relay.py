@@ -129,10 +129,12 @@ class Relay(Processor):
                                       "but never finished (process killed or lease expired)"))
                 continue
             try:
-                event = Event(item.event_id, item.event_type, item.key, None, item.created_at)
+                # A routing-key function sees the event as a consumer would; a fixed key needs no parse.
+                payload = load_payload(item.payload) if callable(target.target.routing_key) else None
+                event = Event(item.event_id, item.event_type, item.key, payload, item.created_at)
                 messages.append(Outgoing(target.target.exchange, target.target.key_for(event),
                                          item.payload.encode("utf-8"), message_properties(item)))
-            except Exception as exc:  # a routing_key function that raised
+            except Exception as exc:  # a routing_key function that raised, or a payload it could not read
                 self._after_failure(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
             live.append(item)

@@ -204,3 +204,23 @@ def test_in_process_consumers_and_forwards_share_a_batch(runtime, registry, rabb
     assert run(relay).done == 6
     relay.close()
     assert seen == [0, 1, 2] and len(rabbit.take(queue)) == 3
+
+
+def test_a_routing_key_function_sees_the_event_and_its_failure_is_that_deliverys(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    lab = rabbit.queue(exchange, "lab.blood", what="lab")
+
+    def route(event):
+        return f"lab.{event.payload['kind']}"  # KeyError for an event without a kind
+
+    outbox.forward("result", exchange=exchange, routing_key=route, name="to-broker", registry=registry,
+                   backoff=[10])
+    with clock.frozen(T0):
+        record(runtime, "result", [{"kind": "blood"}, {"no": "kind"}, {"kind": "blood"}])
+        relay = relay_with(runtime, rabbit.url)
+        stats = run(relay)
+        relay.close()
+    assert stats.done == 2 and stats.retried == 1
+    assert [json.loads(m.body) for m in rabbit.take(lab)] == [{"kind": "blood"}, {"kind": "blood"}]
+    (failed,) = [d for d in deliveries(runtime, consumer="to-broker") if d.status == "pending"]
+    assert failed.last_error.startswith("no routing key: KeyError")
