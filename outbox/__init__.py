@@ -12,6 +12,7 @@
 """
 from outbox.engine.context import Context, Event
 from outbox.events.consumers import consumer
+from outbox.events.forward import forward
 from outbox.core.errors import (
     CronboxError,
     HandlerTimeout,
@@ -41,6 +42,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "consumer",
+    "forward",
     "job",
     "load_settings",
     "open_runtime",

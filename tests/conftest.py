@@ -254,3 +254,6 @@ def installed_venv() -> Path:
     from tests.package_helpers import installed_build
 
     return installed_build().python
+
+
+from tests.rabbit import amqp_vhost, rabbit  # noqa: E402,F401  (the RabbitMQ fixtures)

@@ -25,9 +25,12 @@ def publish(ctx, max_time):
     rt = runtime()
     relay = Relay(rt)
     budget = Budget(max_time=max_time, memory_mb=None)
-    result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
-                        lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
-                                 "dead": relay.stats.gave_up})
+    try:
+        result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
+                            lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
+                                     "dead": relay.stats.gave_up})
+    finally:
+        relay.close()
     s = relay.stats
     click.echo(f"publish: delivered {s.done}, retried {s.retried}, deferred {s.deferred}, dead {s.gave_up} "
                f"(stopped: {result.stop_reason})")

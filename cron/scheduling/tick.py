@@ -79,6 +79,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         log.info("skipped: tick already running")
         return TickReport(skipped=True)
     started = clock.monotonic()
+    relay = None
     runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
         _check_schema(runtime, run_command)
@@ -105,5 +106,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:
+        if relay is not None:
+            relay.close()  # the broker connection, if the relay forwarded anything
         runtime.host_lock = None
         lock.release()

@@ -3,7 +3,8 @@
 `CRONBOX_CRASH_AT=<step>[:<n>]` makes the process exit abruptly (os._exit: no
 `finally`, no flush, like the SIGKILL a host's memory limit sends) the n-th
 time (default: first) it reaches <step>. Steps: after-claim, before-ack-commit,
-after-ack-commit. Unset in production; reading one environment variable is
+after-ack-commit, after-publish (forwarding: the batch written to the broker, its confirms not
+yet read). Unset in production; reading one environment variable is
 the whole cost.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ class Named(Generic[T]):
 
     def add(self, item: T) -> None:
         existing = self._by_name.get(item.name)
-        if existing is not None and _where(existing.fn) != _where(item.fn):
+        if existing is not None and _origin(existing) != _origin(item):
             raise RegistrationError(f"two {self.kind}s are named {item.name!r}; give one an explicit name=")
         self._by_name[item.name] = item
 
@@ -55,7 +55,8 @@ class Named(Generic[T]):
 
 class Consumers(Named):
     def for_type(self, event_type: str) -> list:
-        return [c for c in self.in_order() if c.event_type == event_type]
+        """Consumers of this type: exact names, or patterns for forward targets (outbox.events.forward)."""
+        return [c for c in self.in_order() if c.matches(event_type)]
 
 
 class Jobs(Named):
@@ -87,6 +88,13 @@ class Registry:
         twin.consumers, twin.jobs, twin.tasks = self.consumers.copy(), self.jobs.copy(), self.tasks.copy()
         twin.pause_listeners = list(self.pause_listeners)
         return twin
+
+
+def _origin(item) -> tuple:
+    """What makes two registrations the same one: the function's place, or (an item without a
+    function, a forward target) what it declares."""
+    declared = getattr(item, "origin", None)
+    return declared if declared is not None else _where(item.fn)
 
 
 def _where(fn: Callable) -> tuple:

@@ -26,6 +26,9 @@ class Consumer:
     backoff: Backoff
     timeout: float
 
+    def matches(self, event_type: str) -> bool:
+        return event_type == self.event_type
+
 
 def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
              timeout: float = 30, registry: Registry | None = None):

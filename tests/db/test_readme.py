@@ -85,38 +85,52 @@ def app_models():
 
 def test_the_readme_has_the_snippets_this_test_runs():
     snippets = readme_snippets()
-    assert len(snippets) == 6
-    assert "outbox.record(" in snippets[0] and ".dispatch(" in snippets[1]
-    assert "send_sms.dispatch" in snippets[2] and "storage.put(" in snippets[3]
-    assert "seal_upload(" in snippets[4]
-    assert "include_name" in snippets[5]  # the host's env.py lines: run by test_host_alembic.py
+    assert len(snippets) == 7
+    assert "outbox.record(" in snippets[0] and "outbox.forward(" in snippets[1] and ".dispatch(" in snippets[2]
+    assert "send_sms.dispatch" in snippets[3] and "storage.put(" in snippets[4]
+    assert "seal_upload(" in snippets[5]
+    assert "include_name" in snippets[6]  # the host's env.py lines: run by test_host_alembic.py
 
 
-def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch):
+def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch, rabbit):
     metadata, Payment, Notification = app_models()
     metadata.create_all(runtime.engine)
+    # The forwarding snippet's exchanges, in this session's own vhost, each with a queue bound.
+    queues = {}
+    for exchange in ("clinic", "audit", "lab"):
+        rabbit.channel.exchange_declare(exchange, "topic", durable=True, auto_delete=False)
+        rabbit.exchanges.append(exchange)
+        queues[exchange] = rabbit.queue(exchange, "#", what=exchange)
+    settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
     monkeypatch.setattr(outbox, "consumer", partial(outbox.consumer, registry=registry))
+    monkeypatch.setattr(outbox, "forward", partial(outbox.forward, registry=registry))
     monkeypatch.setattr(outbox, "job", partial(outbox.job, registry=registry))
     storage.configure(replace(settings, base_url="https://clinic.example"), runtime.sessions)
     namespace = {"Session": runtime.sessions, "payment": Payment("120.00"), "Notification": Notification,
                  "request": SimpleNamespace(stream=io.BytesIO(b"%PDF-1.7 a scan" * 1000))}
     snippets = readme_snippets()
     try:
-        for snippet in snippets[:2]:
+        for snippet in snippets[:3]:
             exec(compile(snippet, "README.md", "exec"), namespace)
         with runtime.sessions.begin() as session:  # the channels snippet runs inside the reader's transaction
-            exec(compile(snippets[2], "README.md", "exec"), {**namespace, "session": session})
-        exec(compile(snippets[3], "README.md", "exec"), namespace)
-        uploaded, refused = post_scans(runtime, snippets[4])
+            exec(compile(snippets[3], "README.md", "exec"), {**namespace, "session": session})
+        exec(compile(snippets[4], "README.md", "exec"), namespace)
+        uploaded, refused = post_scans(runtime, snippets[5])
     finally:
         storage.configure(settings, runtime.sessions)  # a fresh default, not this test's, for later tests
 
-    Relay(runtime).run(Budget(max_time=30, memory_mb=None))
+    relay = Relay(runtime)
+    relay.run(Budget(max_time=30, memory_mb=None))
+    relay.close()
     Worker(runtime, ["sms"]).run(Budget(max_time=30, memory_mb=None))
     with runtime.sessions() as session:
         assert session.scalars(select(Notification.appointment_id)).all() == [7]  # committed with the ack
-        assert session.scalar(select(Delivery.status)) == "done"
+        assert dict(session.execute(select(Delivery.consumer, Delivery.status)).all()) == {
+            "notify_patient": "done", "amqp:clinic:appointment.*": "done", "audit-feed": "done"}
         jobs = {j.handler: j.status for j in session.scalars(select(Job))}
+    arrived = {exchange: rabbit.take(queue) for exchange, queue in queues.items()}
+    assert [m.properties["type"] for m in arrived["clinic"]] == ["appointment.paid"]
+    assert [m.delivery_info["routing_key"] for m in arrived["audit"]] == ["all"] and arrived["lab"] == []
     assert jobs["send_reminder"] == "done"  # registered and run from the README's own decorator
     assert {"cronbox.sms", "cronbox.email", "cronbox.notify"} <= set(jobs)  # dispatched in the transaction
     assert namespace["url"].startswith("/files/")

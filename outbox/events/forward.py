@@ -1,0 +1,127 @@
+"""Forwarding events to a message broker: the declaration and the message it becomes.
+
+    outbox.forward("appointment.*", exchange="clinic")            # routing key: the event type
+    outbox.forward("*", exchange="audit", routing_key="all", name="audit-feed")
+
+A forward target is registered as a consumer like any other (same registry, same name rules): its
+own delivery rows, per-key order, backoff, dead state, `outbox status/dead/retry/skip`, console and
+health all apply unchanged. Only the relay treats it differently: instead of calling a function it
+publishes the claimed batch to CRONBOX_AMQP_URL and acks each delivery once the broker confirmed it
+(outbox/events/broker.py).
+
+The message carries the event exactly as recorded: the stored JSON text as the body, and an identity
+that is the same on every retry (`message_id`), so a consumer on the other side can drop duplicates
+(delivery is at least once). The event id alone is not an identity: SQLite hands out a pruned row's
+id again; the event's random trace id makes it unique for good.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from datetime import timezone
+from typing import Callable
+
+from outbox.core.errors import RegistrationError
+from outbox.engine.backoff import Backoff
+from outbox.engine.registry import DEFAULT, Registry
+from outbox.events.consumers import MAX_NAME
+
+FORWARD_MAX_ATTEMPTS = 25  # with the default backoff (5 s doubling, capped at 15 min): about five hours
+FORWARD_TIMEOUT = 30.0  # seconds a batch may take from the first publish to the last confirm
+MAX_EXCHANGE = 127  # AMQP short strings are at most 255 bytes; keep names readable
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a forwarded delivery goes: an exchange and how its routing key is made."""
+    exchange: str
+    routing_key: str | Callable | None  # None: the event type; a callable gets the Event
+
+    def key_for(self, event) -> str:
+        if self.routing_key is None:
+            return event.type
+        if callable(self.routing_key):
+            return str(self.routing_key(event))
+        return self.routing_key
+
+
+@dataclass(frozen=True)
+class ForwardTarget:
+    """A consumer whose deliveries are published to the broker (see outbox.events.consumers.Consumer:
+    the relay and the operator commands read the same fields)."""
+    name: str
+    event_type: str  # a pattern: "appointment.*", "*"
+    target: Target
+    max_attempts: int
+    backoff: Backoff
+    timeout: float
+    fn: Callable | None = None  # nothing to call: the relay publishes instead
+
+    @property
+    def origin(self) -> tuple:
+        """Re-registering the same declaration (a module imported again) is fine; another one under
+        the same name is a RegistrationError (outbox.engine.registry)."""
+        key = self.target.routing_key
+        key = getattr(key, "__qualname__", None) if callable(key) else key
+        return ("forward", self.event_type, self.target.exchange, key)
+
+    def matches(self, event_type: str) -> bool:
+        return fnmatch.fnmatchcase(event_type, self.event_type)
+
+
+def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable | None = None,
+            name: str | None = None, max_attempts: int = FORWARD_MAX_ATTEMPTS, backoff=5.0,
+            timeout: float = FORWARD_TIMEOUT, registry: Registry | None = None) -> ForwardTarget:
+    """Forward events whose type matches `event_type` (shell-style: `*`, `?`, `[...]`; default: all
+    events) to `exchange` on the broker at CRONBOX_AMQP_URL. The name (default
+    "amqp:<exchange>:<pattern>") is the identity stored in the delivery rows: set it explicitly if
+    you may change the exchange or pattern later."""
+    if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
+        raise RegistrationError(f"event type pattern must be a non-empty string of at most {MAX_NAME} characters")
+    if not isinstance(exchange, str) or len(exchange) > MAX_EXCHANGE:
+        raise RegistrationError(f"exchange must be a string of at most {MAX_EXCHANGE} characters")
+    if routing_key is not None and not callable(routing_key) and not isinstance(routing_key, str):
+        raise RegistrationError("routing_key must be None (the event type), a string or a function of the event")
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise RegistrationError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise RegistrationError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    target_name = name or f"amqp:{exchange}:{event_type}"
+    if len(target_name) > MAX_NAME:
+        raise RegistrationError(f"forward name {target_name[:40]!r}... is longer than {MAX_NAME} characters")
+    target = ForwardTarget(target_name, event_type, Target(exchange, routing_key), max_attempts,
+                           Backoff.of(backoff), float(timeout))
+    (registry or DEFAULT).consumers.add(target)
+    return target
+
+
+def is_forward(consumer) -> bool:
+    return isinstance(consumer, ForwardTarget)
+
+
+CONTENT_TYPE = "application/json"
+
+
+def message_id(event_id: int, trace_id: str) -> str:
+    return f"cronbox-{event_id}-{trace_id}"
+
+
+def message_properties(item) -> dict:
+    """AMQP properties of a claimed delivery's message: persistent, JSON, and the event's identity,
+    type, key, trace id and time. The same for every attempt of the event."""
+    created = item.created_at if item.created_at.tzinfo else item.created_at.replace(tzinfo=timezone.utc)
+    headers = {"x-event-type": item.event_type, "x-event-id": item.event_id, "x-trace-id": item.trace_id,
+               "x-created-at": created.isoformat(timespec="microseconds")}
+    if item.key is not None:
+        headers["x-event-key"] = item.key
+    return {
+        "content_type": CONTENT_TYPE,
+        "content_encoding": "utf-8",
+        "delivery_mode": 2,  # persistent
+        "message_id": message_id(item.event_id, item.trace_id),
+        "correlation_id": item.trace_id,
+        "type": item.event_type,
+        "timestamp": int(created.timestamp()),  # AMQP timestamps are whole seconds; x-created-at is exact
+        "app_id": "cronbox",
+        "application_headers": headers,
+    }

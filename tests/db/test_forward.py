@@ -1,0 +1,226 @@
+"""Forwarding to the real RabbitMQ, in-process, on SQLite and MariaDB: what arrives, what is acked,
+order per key, and every way the broker can fail a batch (unroutable, exchange missing, refused,
+cut, closed by the broker)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+import outbox
+from outbox.core import clock
+from outbox.engine.budget import Budget
+from outbox.events.relay import Relay
+from tests.helpers import deliveries
+from tests.rabbit import url
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+
+T0 = datetime(2026, 12, 1, 9, 0, 0)
+
+
+def relay_with(runtime, amqp_url: str) -> Relay:
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url  # raw is this test's own dict
+    return Relay(runtime)
+
+
+def run(relay: Relay):
+    relay.run(Budget(max_time=30, memory_mb=None))
+    return relay.stats
+
+
+def record(runtime, event_type, payloads, *, key=None, rollback=False):
+    with runtime.sessions() as session:
+        events = [outbox.record(session, event_type, p, key=key(i) if callable(key) else key)
+                  for i, p in enumerate(payloads)]
+        session.flush()
+        out = [(e.id, e.trace_id) for e in events]
+        (session.rollback if rollback else session.commit)()
+    return out
+
+
+def by_status(runtime, consumer):
+    return {d.event_id: d for d in deliveries(runtime, consumer=consumer)}
+
+
+def test_committed_events_arrive_exactly_as_recorded_rolled_back_never(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "clinic.#")
+    outbox.forward("clinic.*", exchange=exchange, name="to-broker", registry=registry)
+    payloads = [{"n": n, "text": "ünïcode ✓", "nested": {"list": [1, 2.5, None, True]}} for n in range(7)]
+    committed = record(runtime, "clinic.booked", payloads, key=lambda i: f"patient:{i % 3}")
+    record(runtime, "clinic.booked", [{"n": "rolled back"}], rollback=True)
+    record(runtime, "other.type", [{"n": "not forwarded"}])
+    relay = relay_with(runtime, rabbit.url)
+    try:
+        stats = run(relay)
+    finally:
+        relay.close()
+    messages = rabbit.take(queue)
+    assert stats.done == 7 and relay.broker.connects == 1
+    assert [json.loads(m.body) for m in messages] == payloads  # one key per claim round: order may
+    # interleave across keys, but these were claimed in one batch in id order
+    for (event_id, trace_id), message, n in zip(committed, messages, range(7)):
+        p = message.properties
+        assert p["message_id"] == f"cronbox-{event_id}-{trace_id}"
+        assert p["delivery_mode"] == 2 and p["content_type"] == "application/json" and p["type"] == "clinic.booked"
+        headers = p["application_headers"]
+        assert headers["x-event-key"] == f"patient:{n % 3}" and headers["x-trace-id"] == trace_id
+        assert headers["x-event-id"] == event_id and headers["x-created-at"].endswith("+00:00")
+    assert all(d.status == "done" for d in deliveries(runtime, consumer="to-broker"))
+    assert not relay.broker.is_open  # closed at the end of the run
+
+
+def test_unroutable_is_a_visible_failure_and_holds_its_key_while_other_keys_flow(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    good = rabbit.queue(exchange, "ok.#", what="good")
+    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
+    with clock.frozen(T0):
+        blocked = record(runtime, "nobody.listens", [{"i": i} for i in range(3)], key="blocked")
+        flowing = record(runtime, "ok.flows", [{"i": i} for i in range(3)], key="flowing")
+        relay = relay_with(runtime, rabbit.url)
+        run(relay)
+        rows = by_status(runtime, "to-broker")
+        first_blocked = rows[blocked[0][0]]
+        assert first_blocked.status == "pending" and first_blocked.attempts == 1
+        assert "unroutable" in first_blocked.last_error and "nobody.listens" in first_blocked.last_error
+        assert all(rows[e].attempts == 0 for e, _ in blocked[1:])  # held back behind it, never published
+        assert all(rows[e].status == "done" for e, _ in flowing)
+        assert [json.loads(m.body)["i"] for m in rabbit.take(good)] == [0, 1, 2]
+
+        # Fixed by binding a queue: after the backoff the key drains, in order.
+        late = rabbit.queue(exchange, "nobody.#", what="late")
+        clock.advance(11)
+        run(relay)
+        relay.close()
+    assert [json.loads(m.body)["i"] for m in rabbit.take(late)] == [0, 1, 2]
+    assert all(d.status == "done" for d in deliveries(runtime, consumer="to-broker"))
+
+
+def test_missing_exchange_fails_its_target_alone(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange)
+    outbox.forward("*", exchange=exchange, name="fine", registry=registry)
+    outbox.forward("*", exchange=rabbit.name("missing"), name="misconfigured", registry=registry, backoff=[10])
+    with clock.frozen(T0):
+        events = record(runtime, "thing.happened", [{"i": i} for i in range(4)])
+        relay = relay_with(runtime, rabbit.url)
+        run(relay)
+        relay.close()
+    assert len(rabbit.take(queue)) == 4
+    assert all(d.status == "done" for d in deliveries(runtime, consumer="fine"))
+    bad = deliveries(runtime, consumer="misconfigured")
+    assert len(bad) == 4 and all(d.status == "pending" and d.attempts == 1 for d in bad)
+    assert all("channel closed by the broker" in d.last_error and "NOT_FOUND" in d.last_error for d in bad)
+    assert len(events) == 4
+
+
+def test_broker_refusing_then_back_nothing_acked_unconfirmed(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange)
+    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10], max_attempts=2)
+    with TcpProxy(5672) as proxy, clock.frozen(T0):
+        proxy.refuse()
+        record(runtime, "e", [{"i": i} for i in range(5)], key=lambda i: f"k{i}")
+        relay = relay_with(runtime, url(rabbit.vhost, proxy.port))
+        stats = run(relay)
+        assert stats.done == 0 and stats.retried == 5
+        rows = deliveries(runtime, consumer="to-broker")
+        assert all(d.status == "pending" and "broker unreachable" in d.last_error for d in rows)
+        assert rabbit.take(queue) == []
+        proxy.accept()
+        clock.advance(11)
+        stats = run(relay)
+        relay.close()
+    assert stats.done == 5
+    assert sorted(json.loads(m.body)["i"] for m in rabbit.take(queue)) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("fault", ["cut", "broker-close"])
+def test_a_kept_connection_that_died_is_reopened_not_counted_as_a_failure(runtime, registry, rabbit, fault):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange)
+    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
+    with TcpProxy(5672) as proxy:
+        relay = relay_with(runtime, url(rabbit.vhost, proxy.port))
+        record(runtime, "e", [{"batch": 1}])
+        assert run(relay).done == 1 and relay.broker.is_open
+        if fault == "cut":
+            assert proxy.cut() == 1
+        else:
+            assert rabbit.close_cronbox_connections() == 1
+        record(runtime, "e", [{"batch": 2}])
+        stats = run(relay)
+        relay.close()
+    assert stats.done == 2 and stats.retried == 0 and relay.broker.connects == 2
+    assert [json.loads(m.body)["batch"] for m in rabbit.take(queue)] == [1, 2]
+
+
+def test_a_broker_that_never_answers_costs_the_timeout_not_the_run(runtime, registry, rabbit):
+    """A peer that accepts the TCP connection and then never answers (a black hole): the batch waits
+    no longer than the target's timeout, nothing is acked, the delivery retries."""
+    import socket
+    import threading
+
+    hole = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.append(hole.accept()), daemon=True).start()
+    outbox.forward("*", exchange=rabbit.exchange(), name="to-broker", registry=registry, timeout=1)
+    record(runtime, "e", [{"i": 1}])
+    relay = relay_with(runtime, url(rabbit.vhost, hole.getsockname()[1]))
+    started = clock.monotonic()
+    stats = run(relay)
+    relay.close()
+    hole.close()
+    assert clock.monotonic() - started < 5
+    assert stats.done == 0 and stats.retried == 1
+    (row,) = deliveries(runtime, consumer="to-broker")
+    assert row.status == "pending" and "broker unreachable" in row.last_error
+
+
+def test_without_a_url_forwarding_waits_visibly(runtime, registry):
+    outbox.forward("*", exchange="anything", name="to-broker", registry=registry)
+    record(runtime, "e", [{"i": 1}])
+    relay = Relay(runtime)
+    stats = run(relay)
+    (row,) = deliveries(runtime, consumer="to-broker")
+    assert stats.retried == 1 and row.status == "pending" and "CRONBOX_AMQP_URL is not set" in row.last_error
+
+
+def test_in_process_consumers_and_forwards_share_a_batch(runtime, registry, rabbit):
+    seen = []
+
+    @outbox.consumer("e", name="local", registry=registry)
+    def local(event, ctx):
+        seen.append(event.payload["i"])
+
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange)
+    outbox.forward("e", exchange=exchange, name="to-broker", registry=registry)
+    record(runtime, "e", [{"i": i} for i in range(3)])
+    relay = relay_with(runtime, rabbit.url)
+    assert run(relay).done == 6
+    relay.close()
+    assert seen == [0, 1, 2] and len(rabbit.take(queue)) == 3
+
+
+def test_a_routing_key_function_sees_the_event_and_its_failure_is_that_deliverys(runtime, registry, rabbit):
+    exchange = rabbit.exchange()
+    lab = rabbit.queue(exchange, "lab.blood", what="lab")
+
+    def route(event):
+        return f"lab.{event.payload['kind']}"  # KeyError for an event without a kind
+
+    outbox.forward("result", exchange=exchange, routing_key=route, name="to-broker", registry=registry,
+                   backoff=[10])
+    with clock.frozen(T0):
+        record(runtime, "result", [{"kind": "blood"}, {"no": "kind"}, {"kind": "blood"}])
+        relay = relay_with(runtime, rabbit.url)
+        stats = run(relay)
+        relay.close()
+    assert stats.done == 2 and stats.retried == 1
+    assert [json.loads(m.body) for m in rabbit.take(lab)] == [{"kind": "blood"}, {"kind": "blood"}]
+    (failed,) = [d for d in deliveries(runtime, consumer="to-broker") if d.status == "pending"]
+    assert failed.last_error.startswith("no routing key: KeyError")

@@ -1,0 +1,162 @@
+"""Forwarding as cron runs it: tick processes killed at every boundary of the publisher and at
+random, against the real RabbitMQ. At least once, duplicates identical, nothing acked unconfirmed,
+per-key order kept; and a broker that hangs does not stop the tick's other work."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from sqlalchemy import func, select
+
+import outbox
+from outbox.core.faults import CRASH_EXIT_CODE
+from outbox.events.models import Delivery
+from tests.conftest import run_cli, start_cli
+from tests.handlers import jobs as test_jobs
+from tests.rabbit import url
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+
+LEASE = 1.1  # the forward target's timeout (1 s) + CRONBOX_LEASE_MARGIN=0, and a little
+KEYS = ["a", "b", "c", None]
+
+
+@pytest.fixture
+def fwd_env(env, runtime, rabbit):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "fwd.#")
+    return {**env, "CRONBOX_HANDLERS": "tests.handlers.forwarding", "TEST_AMQP_EXCHANGE": exchange,
+            "CRONBOX_AMQP_URL": rabbit.url}, queue
+
+
+def record(runtime, count: int) -> dict[int, tuple]:
+    """Events fwd.n with keys a/b/c/none in turn; returns event id -> (trace id, key, payload)."""
+    out = {}
+    with runtime.sessions.begin() as session:
+        events = [outbox.record(session, "fwd.n", {"n": n}, key=KEYS[n % len(KEYS)]) for n in range(count)]
+        session.flush()
+        for n, e in enumerate(events):
+            out[e.id] = (e.trace_id, e.key, {"n": n})
+    return out
+
+
+def pending(runtime) -> int:
+    with runtime.sessions() as session:
+        return session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
+
+
+def finish(env, runtime, *, rounds: int = 20) -> None:
+    """Clean ticks until every delivery is done (expired leases are claimed one at a time)."""
+    for _ in range(rounds):
+        time.sleep(LEASE)
+        proc = run_cli(env, "tick", "--no-linger", "--max-time", "30")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        if pending(runtime) == 0:
+            return
+    raise AssertionError(f"{pending(runtime)} deliveries still not done")
+
+
+def check_arrivals(messages, recorded: dict[int, tuple]) -> int:
+    """Every event at least once, each copy identical, per-key order of first arrivals kept.
+    Returns the number of duplicates."""
+    by_id = defaultdict(list)
+    order = []
+    for m in messages:
+        mid = m.properties["message_id"]
+        by_id[mid].append((m.body, m.properties["application_headers"].get("x-event-key")))
+        if len(by_id[mid]) == 1:
+            order.append(m.properties["application_headers"]["x-event-id"])
+    expected = {f"cronbox-{eid}-{trace}": (json.dumps(payload, separators=(",", ":")), key)
+                for eid, (trace, key, payload) in recorded.items()}
+    assert set(by_id) == set(expected), "lost or foreign messages"
+    for mid, copies in by_id.items():
+        body, key = expected[mid]
+        assert all((b.decode() if isinstance(b, bytes) else b, k) == (body, key) for b, k in copies)
+    for key in KEYS[:-1]:
+        ids = [eid for eid in order if recorded[eid][1] == key]
+        assert ids == sorted(ids), f"key {key}: arrived out of order {ids}"
+    return sum(len(c) - 1 for c in by_id.values())
+
+
+@pytest.mark.parametrize("step", ["after-claim", "after-publish", "before-ack-commit", "after-ack-commit"])
+def test_crash_at_every_boundary_of_the_publisher(fwd_env, runtime, rabbit, step):
+    env, queue = fwd_env
+    recorded = record(runtime, 12)
+    proc = run_cli(env, "tick", "--no-linger", "--max-time", "30", CRONBOX_CRASH_AT=f"{step}:2")
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    finish(env, runtime)
+    duplicates = check_arrivals(rabbit.take(queue), recorded)
+    if step in ("after-claim",):
+        assert duplicates == 0  # nothing of the crashed batch had been published
+    if step in ("after-publish", "before-ack-commit"):
+        assert duplicates >= 1  # published (maybe confirmed), not acked: published again, same message_id
+
+
+def test_random_sigkills(fwd_env, runtime, rabbit):
+    env, queue = fwd_env
+    recorded = record(runtime, 300)
+    rng = random.Random(11)
+    for _ in range(6):
+        proc = start_cli(env, "tick", "--no-linger", "--max-time", "30")
+        time.sleep(rng.uniform(0.3, 1.2))
+        proc.kill()
+        proc.communicate()
+        time.sleep(LEASE)
+    finish(env, runtime, rounds=60)
+    check_arrivals(rabbit.take(queue), recorded)
+
+
+def test_a_hanging_broker_does_not_stop_the_ticks_jobs_and_the_tick_exits_in_time(fwd_env, runtime, tmp_path):
+    env, _queue = fwd_env
+    hole = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(hole.accept()), daemon=True).start()
+    record(runtime, 3)
+    with runtime.sessions.begin() as session:
+        for n in range(3):
+            test_jobs.record_run.job.dispatch(session, {"n": n})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    env = {**env, "CRONBOX_HANDLERS": "tests.handlers.forwarding,tests.handlers.jobs", "TEST_RUNS_DIR": str(runs),
+           "CRONBOX_AMQP_URL": url("x", hole.getsockname()[1])}
+    proc = run_cli(env, "tick", "--max-time", "4")
+    hole.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The tick's own time (the interpreter's start-up on a loaded machine is not the tick's): each
+    # connect attempt waits at most the target's 1 s timeout, so the run ends within a second of 4 s.
+    took = float(re.search(r" in ([0-9.]+)s \(stopped: max-time\)", proc.stdout + proc.stderr).group(1))
+    assert took < 5.2, proc.stderr[-3000:]
+    lines = "".join(p.read_text() for p in runs.glob("runs-*.txt")).split("\n")
+    assert sorted(line.split()[0] for line in lines if line) == ["0", "1", "2"]
+    with runtime.sessions() as session:
+        rows = list(session.scalars(select(Delivery)))
+    assert rows and all(d.status == "pending" and "broker unreachable" in d.last_error for d in rows)
+
+
+def test_operator_commands_see_a_forward_target_like_any_consumer(fwd_env, runtime, rabbit):
+    """Dead after its attempts (unroutable: no queue bound for the routing key), listed by `outbox dead`
+    with the reason, counted by `outbox status`, revived by `outbox retry`, delivered once bound."""
+    env, queue = fwd_env
+    exchange = env["TEST_AMQP_EXCHANGE"]
+    rabbit.channel.queue_unbind(queue, exchange, "fwd.#")
+    env = {**env, "TEST_FORWARD_MAX_ATTEMPTS": "1"}
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "fwd.unbound", {"n": 1}, key="k")
+        outbox.record(session, "fwd.unbound", {"n": 2}, key="k")
+    assert run_cli(env, "tick", "--no-linger").returncode == 0
+    dead = run_cli(env, "outbox", "dead")
+    assert "to-broker" in dead.stdout and "unroutable" in dead.stdout, dead.stdout
+    status = run_cli(env, "outbox", "status")
+    line = next(l for l in status.stdout.splitlines() if l.startswith("to-broker"))
+    assert line.split()[1:5] == ["1", "1", "1", "1"], status.stdout  # pending (due, held back), dead, blocked keys
+    late = rabbit.queue(exchange, "fwd.unbound", what="late")
+    assert run_cli(env, "outbox", "retry", "--all").returncode == 0
+    assert run_cli(env, "tick", "--no-linger").returncode == 0
+    assert [json.loads(m.body)["n"] for m in rabbit.take(late)] == [1, 2]
+    assert pending(runtime) == 0
