@@ -20,9 +20,11 @@ import socket
 import ssl
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import amqp
+if TYPE_CHECKING:
+    import amqp
 
 from outbox.core import clock
 from outbox.core.errors import SettingsError
@@ -30,6 +32,14 @@ from outbox.core.faults import crash_point
 from outbox.engine.handler_call import describe
 
 log = logging.getLogger("cronbox")
+
+
+def _amqp():
+    """py-amqp, imported on the first forwarded batch: a tick without forward targets never pays its
+    ~70 ms import (ARCHITECTURE.md: the broker client only when a broker is used)."""
+    import amqp
+
+    return amqp
 
 CONNECT_TIMEOUT = 5.0
 NO_URL = "CRONBOX_AMQP_URL is not set: nowhere to forward to"
@@ -170,7 +180,7 @@ class Broker:
                 for index, message in enumerate(messages):
                     self._next_tag += 1
                     batch.by_tag[self._next_tag] = index
-                    channel.basic_publish(amqp.Message(message.body, **message.properties),
+                    channel.basic_publish(_amqp().Message(message.body, **message.properties),
                                           exchange=message.exchange, routing_key=message.routing_key, mandatory=True)
             crash_point("after-publish")
             while batch.by_tag:
@@ -184,7 +194,7 @@ class Broker:
             self.close(graceful=False)
         except Exception as exc:
             unconfirmed = f"not confirmed: {_why(exc)}"
-            self._lost = not isinstance(exc, amqp.exceptions.ChannelError)
+            self._lost = not isinstance(exc, _amqp().exceptions.ChannelError)
             log.warning("amqp: %d of %d messages unconfirmed: %s", batch.unconfirmed, len(messages), _why(exc))
             self.close(graceful=False)
         finally:
@@ -200,7 +210,7 @@ class Broker:
             tls = {"server_hostname": a.host, "cert_reqs": ssl.CERT_REQUIRED}
             if a.ca_file:
                 tls["ca_certs"] = a.ca_file
-        connection = amqp.Connection(host=f"{a.host}:{a.port}", userid=a.user, password=a.password,
+        connection = _amqp().Connection(host=f"{a.host}:{a.port}", userid=a.user, password=a.password,
                                      virtual_host=a.vhost, ssl=tls, connect_timeout=connect_timeout,
                                      read_timeout=connect_timeout, write_timeout=connect_timeout,
                                      heartbeat=0, client_properties={"connection_name": "cronbox relay"})
@@ -272,8 +282,8 @@ def _coalesced_writes(transport):
 
 
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, amqp.exceptions.ChannelError):
+    if isinstance(exc, _amqp().exceptions.ChannelError):
         return f"channel closed by the broker: {describe(exc, 400)}"
-    if isinstance(exc, amqp.exceptions.ConnectionError):
+    if isinstance(exc, _amqp().exceptions.ConnectionError):
         return f"connection closed by the broker: {describe(exc, 400)}"
     return f"connection lost: {describe(exc, 400)}"

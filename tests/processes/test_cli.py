@@ -142,3 +142,14 @@ def test_no_command_prints_the_help_and_exits_2(env):
     proc = run_cli(env)
     assert proc.returncode == 2 and proc.stdout.startswith("Usage:") and "Commands:" in proc.stdout
     assert one_line_error(proc) == "error: no command given (see `python -m cron --help`)"
+
+
+def test_a_tick_without_forward_targets_never_loads_the_broker_client(env):
+    """py-amqp (~70 ms to import) loads only when a tick forwards: the per-minute cron line of an app
+    without forward targets must not pay for it."""
+    code = ("import sys; from cron.cli import main; code = main(['tick', '--no-linger']); "
+            "print(code, sorted(m for m in ('amqp', 'vine') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env(env), cwd="/", capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout
