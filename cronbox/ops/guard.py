@@ -91,8 +91,6 @@ def check_host_request():
     (bound to the visit and to that identity). cronbox's own password pages are not offered."""
     if request.endpoint == "ops.static":
         return None
-    if request.endpoint in PASSWORD_PAGES:
-        return not_found(None)
     try:
         who = hostauth.identity("console_operator")
     except hostauth.HookFailed:
@@ -103,6 +101,8 @@ def check_host_request():
             return redirect(hostauth.login_redirect_target(login_url, hostauth.requested_path()))
         return not_allowed()
     setattr(g, HOST_OPERATOR, who)
+    if request.endpoint in PASSWORD_PAGES:
+        return not_found(None)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
     return None
