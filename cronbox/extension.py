@@ -39,11 +39,19 @@ from outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_pref
 
 from .state import PARTS, CronboxState
 
+HOOKS = ("console_operator", "console_login_url", "console_logout_url", "upload_operator")  # cronbox.hostauth
+
 
 class Cronbox:
-    def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None):
+    def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None, **hooks: Any):
+        """`hooks`: init_app's console_operator, console_login_url, console_logout_url, upload_operator,
+        for every app this object is set up on."""
+        unknown = set(hooks) - set(HOOKS)
+        if unknown:
+            raise TypeError(f"Cronbox() got unexpected arguments: {', '.join(sorted(unknown))}")
         self.db = db
         self._settings = settings
+        self._hooks = hooks
         if app is not None:
             self.init_app(app, db=db, settings=settings)
 
@@ -65,6 +73,11 @@ class Cronbox:
         of `cronbox.upload_csrf_token()`, besides the upload bearer token."""
         if "cronbox" in app.extensions:
             raise RuntimeError("cronbox is already set up on this app (init_app called twice)")
+        given = {"console_operator": console_operator, "console_login_url": console_login_url,
+                 "console_logout_url": console_logout_url, "upload_operator": upload_operator}
+        given = {name: value if value is not None else self._hooks.get(name) for name, value in given.items()}
+        console_operator, console_login_url = given["console_operator"], given["console_login_url"]
+        console_logout_url, upload_operator = given["console_logout_url"], given["upload_operator"]
         for name, hook in (("console_operator", console_operator), ("upload_operator", upload_operator)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be a function of the request")

@@ -98,7 +98,10 @@ def check_host_request():
     if who is None:
         login_url = current_app.extensions["cronbox"].console_login_url
         if login_url and request.method in ("GET", "HEAD"):
-            return redirect(hostauth.login_redirect_target(login_url, hostauth.requested_path()))
+            try:
+                return redirect(hostauth.login_redirect_target(login_url, hostauth.requested_path()))
+            except Exception as exc:  # the host's function: a refusal, not a 500
+                log.warning("cronbox: console_login_url raised %s; request refused", type(exc).__name__)
         return not_allowed()
     setattr(g, HOST_OPERATOR, who)
     if request.endpoint in PASSWORD_PAGES:

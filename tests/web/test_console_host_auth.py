@@ -285,8 +285,47 @@ def test_uploads_through_the_hook_for_staff_only_with_the_token(make, runtime):
     assert upload(browser(broken), query).status_code == 403
 
 
-def test_hooks_are_checked_at_init_app(runtime, env, tmp_path):
+def test_hooks_are_checked_at_init_app_and_may_be_given_to_the_constructor(runtime, env, tmp_path):
     (tmp_path / "clinic").mkdir()
     for bad in [{"console_operator": "staff"}, {"upload_operator": 42}, {"console_login_url": "/login"}]:
         with pytest.raises(TypeError):
             Cronbox().init_app(clinic(tmp_path / "clinic"), settings=load_settings(environ=env), **bad)
+    with pytest.raises(TypeError):
+        Cronbox(console_operater=staff_only)  # a typo is not silently a console without the host's login
+    app = clinic(tmp_path / "clinic")
+    Cronbox(console_operator=staff_only).init_app(app, settings=load_settings(environ=env)).use_runtime(runtime)
+    assert browser(app, "alice").get("/ops/").status_code == 200
+    assert browser(app, "bob").get("/ops/").status_code == 403
+
+
+def test_the_consoles_own_upload_form_works_behind_the_hosts_login(make, runtime):
+    app = make(console_operator=staff_only)
+    staff = browser(app, "alice")
+    page = staff.get("/ops/files").get_data(as_text=True)
+    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    assert staff.post("/ops/upload?csrf_token=forged", data=dict(form), content_type="multipart/form-data"
+                      ).status_code == 400
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    done = staff.post(action, data=form, content_type="multipart/form-data")
+    assert done.status_code == 303 and done.headers["Location"].startswith("/ops/files?file=")
+    assert ("staff:alice", "files.upload") in [(who, what) for who, what, _, _ in logged_actions(runtime)]
+    with runtime.sessions() as s:
+        assert s.scalar(select(AuditEntry.detail).where(AuditEntry.action == "put")).endswith("by staff:alice")
+    # Logged out of the host: the same form, the same token, refused before a byte is sealed.
+    staff.get("/sign-out")
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    assert staff.post(action, data=form, content_type="multipart/form-data").status_code == 403
+    with runtime.sessions() as s:
+        assert len(list(s.scalars(select(SealedFile.id)))) == 1
+
+
+def test_a_raising_login_url_function_is_a_refusal_too(make, caplog):
+    def login_url(next_path):
+        raise KeyError(next_path)
+
+    app = make(console_operator=staff_only, console_login_url=login_url)
+    with caplog.at_level(logging.WARNING, logger="cronbox"):
+        assert browser(app).get("/ops/").status_code == 403
+    assert [r.getMessage() for r in caplog.records if r.name == "cronbox"] == [
+        "cronbox: console_login_url raised KeyError; request refused"]
