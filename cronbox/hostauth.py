@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import logging
 import time
-from typing import Callable, Optional
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from flask import Request, current_app, g, request
@@ -31,7 +30,6 @@ from flask import Request, current_app, g, request
 from .client import referrer_refusal
 
 log = logging.getLogger("cronbox")
-Hook = Callable[[Request], Optional[str]]
 CONSOLE_OPERATOR = "cronbox_console_operator"  # flask.g: the identity the console let in, for this request
 IDENTITY_MAX = 64  # cronbox_ops_actions.operator
 
@@ -61,7 +59,8 @@ def _ask(kind: str) -> str | None | HookFailed:
     except Exception as exc:  # the host's code: any failure is a refusal, not a 500
         log.warning("cronbox: %s hook raised %s; request refused", kind, type(exc).__name__)
         return HookFailed(type(exc).__name__)
-    found = (found or "").strip()[:IDENTITY_MAX]
+    # One log line per action: no control characters from the host's data (a name with a newline).
+    found = "".join("?" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in (found or "").strip())[:IDENTITY_MAX]
     return found or None
 
 

@@ -320,6 +320,14 @@ def test_the_consoles_own_upload_form_works_behind_the_hosts_login(make, runtime
         assert len(list(s.scalars(select(SealedFile.id)))) == 1
 
 
+def test_an_identity_is_one_line_of_at_most_64_characters(make, runtime):
+    app = make(console_operator=lambda req: "  staff:eve\nforged: log line" + "x" * 100)
+    client = browser(app)
+    assert client.post("/ops/once", data={"command": "migrate", "csrf_token": token(client)}).status_code == 303
+    (who, action, _, _), = logged_actions(runtime)
+    assert action == "once.add" and who.startswith("staff:eve?forged: log line") and len(who) == 64
+
+
 def test_a_raising_login_url_function_is_a_refusal_too(make, caplog):
     def login_url(next_path):
         raise KeyError(next_path)
