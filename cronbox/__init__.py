@@ -1,6 +1,6 @@
 """cronbox inside a Flask app: the extension and what a host's own routes use.
 
-    from cronbox import Cronbox, seal_upload, UploadRefused
+    from cronbox import Cronbox, seal_upload, UploadRefused, upload_csrf_token
 
 `Cronbox().init_app(app, db=db)` mounts the parts (sealed downloads and uploads under /files,
 /health, the web-cron endpoint, the operator console under /ops), each a blueprint that can be
@@ -10,7 +10,8 @@ and files with `storage.put`, as in the standalone app.
 from __future__ import annotations
 
 from .extension import Cronbox
+from .hostauth import upload_csrf_token
 from .state import CronboxState, state
 from .uploads import UploadRefused, seal_upload
 
-__all__ = ["Cronbox", "CronboxState", "UploadRefused", "seal_upload", "state"]
+__all__ = ["Cronbox", "CronboxState", "UploadRefused", "seal_upload", "state", "upload_csrf_token"]

@@ -12,6 +12,7 @@ throttling and the console cookie's Secure flag.
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 
 from flask import Request
 
@@ -38,3 +39,17 @@ def is_https(request: Request, trusted_proxies: int) -> bool:
     """Whether the browser's request came over HTTPS: the trusted proxy's word, else the connection's."""
     scheme = _forwarded(request, "X-Forwarded-Proto", trusted_proxies)
     return (scheme or request.scheme).lower() == "https"
+
+
+def referrer_refusal(request: Request, trusted_proxies: int) -> str | None:
+    """Over HTTPS, why the Referer does not prove a form came from this host (as Flask-WTF's strict mode
+    asks: a page of another origin on the same site cannot post with a token it has read); else None."""
+    if not is_https(request, trusted_proxies):
+        return None
+    referrer = request.referrer
+    if not referrer:
+        return "The referrer header is missing."
+    parts = urlsplit(referrer)
+    if parts.scheme != "https" or parts.netloc.lower() != request.host.lower():
+        return "The referrer does not match the host."
+    return None

@@ -29,32 +29,65 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dotenv import dotenv_values
-from flask import Flask
+from flask import Flask, Request
 
 from outbox.core.errors import SettingsError
 from outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
 
 from .state import PARTS, CronboxState
 
+HOOKS = ("console_operator", "console_login_url", "console_logout_url", "upload_operator")  # cronbox.hostauth
+
 
 class Cronbox:
-    def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None):
+    def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None, **hooks: Any):
+        """`hooks`: init_app's console_operator, console_login_url, console_logout_url, upload_operator,
+        for every app this object is set up on."""
+        unknown = set(hooks) - set(HOOKS)
+        if unknown:
+            raise TypeError(f"Cronbox() got unexpected arguments: {', '.join(sorted(unknown))}")
         self.db = db
         self._settings = settings
+        self._hooks = hooks
         if app is not None:
             self.init_app(app, db=db, settings=settings)
 
-    def init_app(self, app: Flask, *, db: Any = None, settings: Settings | None = None) -> CronboxState:
+    def init_app(self, app: Flask, *, db: Any = None, settings: Settings | None = None,
+                 console_operator: Callable[[Request], str | None] | None = None,
+                 console_login_url: str | Callable[[str], str] | None = None,
+                 console_logout_url: str | None = None,
+                 upload_operator: Callable[[Request], str | None] | None = None) -> CronboxState:
         """Set cronbox up on `app`. `db`: the host's Flask-SQLAlchemy (initialised on `app` first);
-        `settings`: ready-made Settings (the standalone app) instead of reading the configuration."""
+        `settings`: ready-made Settings (the standalone app) instead of reading the configuration.
+
+        The host's login instead of cronbox's own (cronbox.hostauth, README "Use your app's login for
+        the console"): `console_operator(request)` returns who is using the console (a string for the
+        activity log) or None, asked on every console request; then cronbox's password, login, setup
+        and logout pages are gone. A refused browser gets a 403 page, or is sent to
+        `console_login_url` (a URL, `next` added; or a function of the console path returning the
+        URL). `console_logout_url`: the host's logout page, linked from the console. `upload_operator`
+        (the same function or another) lets the host's logged-in users POST /files, with the token
+        of `cronbox.upload_csrf_token()`, besides the upload bearer token."""
         if "cronbox" in app.extensions:
             raise RuntimeError("cronbox is already set up on this app (init_app called twice)")
+        given = {"console_operator": console_operator, "console_login_url": console_login_url,
+                 "console_logout_url": console_logout_url, "upload_operator": upload_operator}
+        given = {name: value if value is not None else self._hooks.get(name) for name, value in given.items()}
+        console_operator, console_login_url = given["console_operator"], given["console_login_url"]
+        console_logout_url, upload_operator = given["console_logout_url"], given["upload_operator"]
+        for name, hook in (("console_operator", console_operator), ("upload_operator", upload_operator)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be a function of the request")
+        if console_operator is None and (console_login_url or console_logout_url):
+            raise TypeError("console_login_url and console_logout_url need console_operator")
         db = db if db is not None else self.db
         settings = settings or self._settings or settings_for(app, db)
-        state = CronboxState(app=app, settings=settings, db=db, parts=_parts(settings))
+        state = CronboxState(app=app, settings=settings, db=db, parts=_parts(settings),
+                             console_operator=console_operator, console_login_url=console_login_url,
+                             console_logout_url=console_logout_url, upload_operator=upload_operator)
         app.extensions["cronbox"] = state
         _register_parts(app, state)
         from cron.cli import cli as cron_cli  # `flask --app clinic cron tick`

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from flask import Blueprint, Flask, Request, Response, jsonify, request
+from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
@@ -40,6 +40,7 @@ from storage.keys import check_key_folder
 from storage.service import OpenedFile
 from storage.tokens import TokenRefused
 
+from . import hostauth
 from .state import runtime
 from .auth import bearer_matches
 from .hostcsrf import exempt_from_host_csrf
@@ -298,8 +299,14 @@ class UploadAuthorizer:
     reply: Callable[[str | None, str | None, int], Response] | None = None
 
 
+def _has_upload_hook(settings: Settings) -> bool:
+    return current_app.extensions["cronbox"].upload_operator is not None
+
+
 upload_authorizers: list[UploadAuthorizer] = [
-    UploadAuthorizer("upload-token", lambda settings: bool(settings.upload_token), bearer_upload_token)]
+    UploadAuthorizer("upload-token", lambda settings: bool(settings.upload_token), bearer_upload_token),
+    # The host's logged-in users (init_app(upload_operator=...)), with cronbox.upload_csrf_token().
+    UploadAuthorizer("upload-operator", _has_upload_hook, hostauth.upload_operator)]
 
 
 def _json_error(message: str, status: int, **headers) -> Response:
@@ -316,7 +323,10 @@ def upload():
     ways = [a for a in upload_authorizers if a.configured(settings)]
     if not ways:
         return _page(NOT_FOUND, 404)  # no way to authorize an upload is configured: the endpoint is off
-    found = next(((a, who) for a in ways for who in [a.check(request, settings)] if who), None)
+    try:
+        found = next(((a, who) for a in ways for who in [a.check(request, settings)] if who), None)
+    except hostauth.UploadForbidden as refused:
+        return _json_error(refused.message, 403)
     if found is None:
         return _json_error("authorization required", 401, **{"WWW-Authenticate": 'Bearer realm="cronbox"'})
     authorizer, principal = found

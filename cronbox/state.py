@@ -8,6 +8,8 @@ so they may import the host's models and `db` without an import cycle.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,11 @@ class CronboxState:
     settings: Settings
     db: Any = None  # the host's Flask-SQLAlchemy object, when init_app was given one
     parts: dict[str, str] = field(default_factory=dict)  # part -> URL prefix, for the parts switched on
+    # The host's login in front of cronbox (cronbox.hostauth): None keeps cronbox's own password and token.
+    console_operator: Any = None  # request -> operator identity or None
+    console_login_url: Any = None  # where the console sends a refused browser: a URL, or next_path -> URL
+    console_logout_url: str | None = None  # the console's "Log out" link: the host's logout page
+    upload_operator: Any = None  # request -> uploader identity or None, for POST /files from a browser
     _runtime: Runtime | None = None
     _storage: Any = None
     _schema_checked: bool = False
@@ -65,6 +72,12 @@ class CronboxState:
                 if self._storage is None:
                     self._storage = sealed_storage.configure(self.settings, runtime.sessions)
         return self._storage
+
+    def derived_keys(self, label: bytes) -> list[bytes]:
+        """Keys for `label` (the console's cookie and CSRF tokens, upload CSRF tokens), one per URL-signing
+        key, oldest first (the last one signs). Read per call (one scandir: storage.keyring), so a new
+        key is used without a restart and older ones still verify."""
+        return [hmac.new(key, label, hashlib.sha256).digest() for key in self.storage.keyring().signing_keys]
 
     def attach_cron(self, runtime: Runtime) -> None:
         """A cron command's runtime (cron.hostapp): handlers run in this app's context on its

@@ -5,6 +5,9 @@ What guards it, in the order a request meets it (guard.py):
   checked before anything else;
 - every page but login, setup and the stylesheet needs a live operator
   session (cron.operator.sessions: a row per login, ended by logout);
+- with the host's `console_operator` hook (cronbox.hostauth) the host's login
+  replaces the password and the operator session: the hook names the operator
+  on every request, the password pages are gone, the CSRF token stays;
 - answers carry no-store, a strict Content-Security-Policy (no script at
   all, styles from our own stylesheet) and frame-ancestors 'none'.
 

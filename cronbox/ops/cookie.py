@@ -22,7 +22,6 @@ blueprint's after_request when something changed.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from typing import Any
 
@@ -41,8 +40,7 @@ FIELDS = ("sid", "ops", "flash")
 def derived_keys(label: bytes) -> list[bytes]:
     """Keys for `label`, one per URL-signing key, oldest first (the last one signs). Read per request
     (one scandir: storage.keyring), so a new key is used without a restart."""
-    ring = current_app.extensions["cronbox"].storage.keyring()
-    return [hmac.new(key, label, hashlib.sha256).digest() for key in ring.signing_keys]
+    return current_app.extensions["cronbox"].derived_keys(label)
 
 
 def _serializer() -> URLSafeSerializer:

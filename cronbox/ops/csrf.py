@@ -9,18 +9,24 @@ new after each login and logout (the visit id is replaced), and still valid
 across `storage new-key` (older keys verify). Over HTTPS the Referer must name
 this host too, as Flask-WTF's strict mode asks: a page of another origin on the
 same site cannot post with a token it has read.
+
+Behind the host's login (the `console_operator` hook, cronbox.hostauth) there
+is no cronbox login to renew the visit id, so the token is bound to the host's
+identity as well: a token made for one staff user is refused for another in the
+same browser, and every visit still has its own (the console's cookie, which
+the host's session never holds).
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-from urllib.parse import urlsplit
 
-from flask import current_app, request
+from flask import current_app, g, request
 from werkzeug.exceptions import BadRequest
 
-from cronbox.client import is_https
+from cronbox import hostauth
+from cronbox.client import referrer_refusal
 
 from . import cookie
 
@@ -33,7 +39,13 @@ class CsrfRefused(BadRequest):
 
 
 def _mac(key: bytes, sid: str) -> str:
-    return base64.urlsafe_b64encode(hmac.new(key, sid.encode(), hashlib.sha256).digest()).rstrip(b"=").decode()
+    return base64.urlsafe_b64encode(hmac.new(key, _bound(sid).encode(), hashlib.sha256).digest()).rstrip(b"=").decode()
+
+
+def _bound(sid: str) -> str:
+    """What the token signs: the visit, and the host's identity when the host's login guards the console."""
+    who = g.get(hostauth.CONSOLE_OPERATOR)
+    return sid if who is None else f"{sid}\n{who}"
 
 
 def token() -> str:
@@ -51,10 +63,6 @@ def check(sent: str | None) -> None:
     given = sent.encode("utf-8", "replace")
     if not any(hmac.compare_digest(given, _mac(key, sid).encode()) for key in cookie.derived_keys(_KEYS)):
         raise CsrfRefused("The CSRF token is invalid.")
-    if is_https(request, current_app.extensions["cronbox"].settings.trusted_proxies):
-        referrer = request.referrer
-        if not referrer:
-            raise CsrfRefused("The referrer header is missing.")
-        parts = urlsplit(referrer)
-        if parts.scheme != "https" or parts.netloc.lower() != request.host.lower():
-            raise CsrfRefused("The referrer does not match the host.")
+    refusal = referrer_refusal(request, current_app.extensions["cronbox"].settings.trusted_proxies)
+    if refusal:
+        raise CsrfRefused(refusal)

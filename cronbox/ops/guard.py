@@ -19,6 +19,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
 from cronbox.state import runtime
+from cronbox import hostauth
 from cronbox.client import client_ip
 
 from . import bp, cookie, csrf
@@ -27,9 +28,11 @@ from outbox.core.paging import MAX_ID, BadCursor
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
 PUBLIC = {"ops.login", "ops.setup", "ops.static"}
+PASSWORD_PAGES = {"ops.login", "ops.setup", "ops.logout", "ops.logout_everywhere"}  # gone with the host's login
 # The upload's body is sealed while it streams: its token rides in the query string (cronbox.ops.upload).
 TOKEN_IN_QUERY = {"ops.files_upload"}
 OPERATOR = "cronbox_ops_operator"  # flask.g: the live operator session of this request, if any
+HOST_OPERATOR = hostauth.CONSOLE_OPERATOR  # flask.g: the host's identity for this request (console_operator)
 HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -52,9 +55,22 @@ def signed_in():
     return g.get(OPERATOR)
 
 
+def host_login() -> bool:
+    """Whether the host's own login guards the console (the `console_operator` hook)."""
+    return current_app.extensions["cronbox"].console_operator is not None
+
+
+def operator_name() -> str:
+    """Who acts, for the activity log and the file audit: the host's identity, else cronbox's one operator."""
+    return g.get(HOST_OPERATOR) or actions.OPERATOR
+
+
 @bp.before_request
 def check_request():
     setattr(g, OPERATOR, None)
+    setattr(g, HOST_OPERATOR, None)
+    if host_login():
+        return check_host_request()
     if request.method not in ("GET", "HEAD", "OPTIONS"):  # raises CsrfRefused (400) without this visit's token
         csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
     if request.endpoint in PUBLIC:
@@ -70,6 +86,37 @@ def check_request():
     return None
 
 
+def check_host_request():
+    """The host's hook decides who may use the console, on every request; then the console's CSRF token
+    (bound to the visit and to that identity). cronbox's own password pages are not offered."""
+    if request.endpoint == "ops.static":
+        return None
+    try:
+        who = hostauth.identity("console_operator")
+    except hostauth.HookFailed:
+        return not_allowed()
+    if who is None:
+        login_url = current_app.extensions["cronbox"].console_login_url
+        if login_url and request.method in ("GET", "HEAD"):
+            try:
+                return redirect(hostauth.login_redirect_target(login_url, hostauth.requested_path()))
+            except Exception as exc:  # the host's function: a refusal, not a 500
+                log.warning("cronbox: console_login_url raised %s; request refused", type(exc).__name__)
+        return not_allowed()
+    setattr(g, HOST_OPERATOR, who)
+    if request.endpoint in PASSWORD_PAGES:
+        return not_found(None)
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
+    return None
+
+
+def not_allowed():
+    """The host's hook said no (or failed): cronbox's refusal, never its password page."""
+    return _error_page(403, "Not allowed", "Your account may not use this console. Sign in to the site "
+                                           "with an account that may, or ask who runs it.")
+
+
 @bp.after_request
 def finish(response: Response) -> Response:
     response.headers.update(HEADERS)
@@ -82,7 +129,9 @@ def finish(response: Response) -> Response:
 def template_helpers() -> dict:
     """What the console's templates use, for the console's templates only (a host's see none of it).
     Imported macros see them through `import ... with context`."""
-    return {"csrf_token": csrf.token, "page_link": page_link, "operator": signed_in(),
+    state = current_app.extensions["cronbox"]
+    return {"csrf_token": csrf.token, "page_link": page_link, "operator": signed_in() or g.get(HOST_OPERATOR),
+            "host_login": state.console_operator is not None, "host_logout_url": state.console_logout_url,
             "flashed_messages": lambda: cookie.current().pop_flashes()}
 
 
@@ -160,7 +209,7 @@ def act(action: str, target: str | None, work: Callable[[Session], T] | None = N
 
     def run(s: Session):
         result = work(s) if work is not None else None
-        recorded[:] = [actions.record(s, action, target=target, detail=detail, client_ip=ip,
+        recorded[:] = [actions.record(s, action, target=target, detail=detail, client_ip=ip, operator=operator_name(),
                                       outcome=outcome(result) if callable(outcome) else outcome)]
         return result
 

@@ -17,10 +17,7 @@ from flask import Response, redirect, url_for
 from cronbox.files import sealed_upload
 
 from . import bp, cookie
-from .guard import act
-
-PRINCIPAL = "operator"
-
+from .guard import act, operator_name
 
 def back_to_the_console(file_id: str | None, error: str | None, status: int) -> Response:
     if error is not None:
@@ -34,4 +31,4 @@ def back_to_the_console(file_id: str | None, error: str | None, status: int) -> 
 
 @bp.post("/upload")
 def files_upload():
-    return sealed_upload(PRINCIPAL, back_to_the_console)
+    return sealed_upload(operator_name(), back_to_the_console)

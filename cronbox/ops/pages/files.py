@@ -22,7 +22,7 @@ from cronbox.state import runtime
 from cronbox.disposition import clean_name
 
 from .. import bp
-from ..guard import act, client, confirm_page, confirmed, done
+from ..guard import act, client, confirm_page, confirmed, done, operator_name
 
 FILTER_MAX = 191
 
@@ -82,7 +82,7 @@ def files_revoke():
     st = current_app.extensions["cronbox"].storage
     who = audit.Client(client(), request.headers.get("User-Agent"))
     try:
-        changed = act("files.revoke", grant_id, lambda s: st.revoke(s, grant_id, client=who, actor="operator"),
+        changed = act("files.revoke", grant_id, lambda s: st.revoke(s, grant_id, client=who, actor=operator_name()),
                       outcome=lambda changed: "ok" if changed else "already-revoked")
     except StorageError:
         return done(f"No grant {grant_id}.", "ops.files")

@@ -11,7 +11,7 @@ from outbox.core.db import in_transaction
 from cronbox.state import runtime
 
 from .. import bp
-from ..guard import act, confirm_page, confirmed, done
+from ..guard import act, confirm_page, confirmed, done, operator_name
 
 COMMAND_MAX = 500
 # Allow-listed commands that delete or rewrite stored data: the console asks before queueing them.
@@ -51,7 +51,7 @@ def once_add():
     if tuple(argv[:2]) in DESTRUCTIVE and not confirmed():
         return confirm_page("Run this command?", f"“{' '.join(argv)}” deletes or changes stored data for good. "
                                                  "Queue it for the next tick?", "Queue it")
-    row = act("once.add", text[:255], lambda s: once_requests.add(s, argv, source="console:operator"))
+    row = act("once.add", text[:255], lambda s: once_requests.add(s, argv, source=f"console:{operator_name()}"))
     return done(f"One-off run #{row.id} is pending; the next tick runs it.", "ops.once")
 
 

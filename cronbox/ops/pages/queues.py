@@ -11,7 +11,7 @@ from outbox.queue.jobs import QUEUE_NAME
 from cronbox.state import runtime
 
 from .. import bp
-from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, unchanged_note
+from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, operator_name, unchanged_note
 
 
 def _queue_arg(value: str | None) -> str | None:
@@ -81,5 +81,5 @@ def queues_flush():
                                                   "None of them will run again. The next tick does it.",
                             "Flush all failed jobs")
     row = act("queue.flush", "all failed", lambda s: once_requests.add(s, ["queue", "flush"],
-                                                                      source="console:operator"))
+                                                                      source=f"console:{operator_name()}"))
     return done(f"Every failed job will be deleted at the next tick (one-off run #{row.id}).", "ops.once")

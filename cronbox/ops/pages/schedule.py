@@ -10,7 +10,7 @@ from outbox.core import clock
 from cronbox.state import runtime
 
 from .. import bp
-from ..guard import act, done
+from ..guard import act, done, operator_name
 
 
 @bp.get("/schedule")
@@ -26,5 +26,5 @@ def schedule_run():
     if runtime().registry.tasks.get(name) is None:
         abort(400, description="no such task")
     request_row = act("schedule.run", name, lambda s: once_requests.add(s, ["schedule", "run", name],
-                                                                        source="console:operator"))
+                                                                        source=f"console:{operator_name()}"))
     return done(f"Task {name} will run at the next tick (one-off run #{request_row.id}).", "ops.once")

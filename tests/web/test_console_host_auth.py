@@ -1,0 +1,339 @@
+"""The host's own login guards the console and browser uploads (issue 16): `console_operator` / `upload_operator`.
+
+The host is a real Flask-Login app with a staff flag on its users. Staff reach the console under
+their own identity; others and anonymous visitors get cronbox's refusal (or the host's login page
+when it names one), never cronbox's password page; the console's forms still need its own CSRF
+token, destructive actions their confirmation, and every action lands in the activity log with the
+staff user's identity and address. Logging out of the host closes the console at the next request;
+a hook that raises is a 403 logged once. On SQLite and MariaDB.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from flask import Flask, abort, jsonify, request, session
+from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
+from sqlalchemy import select
+
+import cronbox
+from cron.operator.models import OperatorAction, OperatorSession
+from cronbox import Cronbox
+from outbox.core.settings import load_settings
+from storage.models import AuditEntry, SealedFile
+from tests.conftest import ONE_MYSQL_MODE
+from tests.console_helpers import CSRF, GET_PAGES, csrf_token
+from tests.web.test_console import dead_deliveries, delivery_status
+
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
+
+STAFF_IP = "198.51.100.7"
+
+
+class User(UserMixin):
+    def __init__(self, name: str, staff: bool):
+        self.id, self.staff = name, staff
+
+
+USERS = {"alice": User("alice", staff=True), "bob": User("bob", staff=False)}
+
+
+def staff_only(req) -> str | None:
+    """The host's hook, as the README shows it."""
+    return f"staff:{current_user.id}" if current_user.is_authenticated and current_user.staff else None
+
+
+def clinic(root: Path) -> Flask:
+    app = Flask("clinic", root_path=str(root))
+    app.config.update(SECRET_KEY="the clinic's own secret key", TESTING=True)
+    logins = LoginManager(app)
+    logins.user_loader(USERS.get)
+
+    @app.get("/sign-in/<name>")
+    def sign_in(name: str):
+        login_user(USERS[name])
+        return "signed in"
+
+    @app.get("/sign-out")
+    def sign_out():
+        logout_user()
+        return "signed out"
+
+    @app.get("/login")
+    def login_page():
+        return "the clinic's login page"
+
+    @app.get("/session")
+    def host_session():
+        return jsonify(sorted(session.keys()))
+
+    return app
+
+
+@pytest.fixture
+def make(runtime, env, tmp_path):
+    def make(**hooks) -> Flask:
+        (tmp_path / "clinic").mkdir(exist_ok=True)
+        app = clinic(tmp_path / "clinic")
+        Cronbox().init_app(app, settings=load_settings(environ=env), **hooks).use_runtime(runtime)
+        return app
+    return make
+
+
+def browser(app, name: str | None = None, **environ):
+    client = app.test_client()
+    client.environ_base.update({"REMOTE_ADDR": STAFF_IP, **environ})
+    if name:
+        assert client.get(f"/sign-in/{name}").status_code == 200
+    return client
+
+
+def token(client, page: str = "/ops/once") -> str:
+    return csrf_token(client.get(page).get_data(as_text=True))
+
+
+def logged_actions(runtime) -> list[tuple[str, str, str | None, str | None]]:
+    with runtime.sessions() as s:
+        return [(a.operator, a.action, a.target, a.client_ip)
+                for a in s.scalars(select(OperatorAction).order_by(OperatorAction.id))]
+
+
+def test_staff_reach_the_console_others_are_refused_and_never_see_the_password_page(make, runtime):
+    app = make(console_operator=staff_only, console_logout_url="/sign-out")
+    staff = browser(app, "alice")
+    for path in GET_PAGES:
+        page = staff.get(path)
+        assert page.status_code in (200, 404), path  # /ops/once/1: no such run yet
+        text = page.get_data(as_text=True)
+        assert "password" not in text.lower() and 'href="/sign-out"' in text, path
+    assert 'action="/ops/logout"' not in staff.get("/ops/").get_data(as_text=True)
+    assert "Log out every session" not in staff.get("/ops/activity").get_data(as_text=True)
+    # cronbox's own login, setup and logout are not offered at all.
+    for path in ["/ops/login", "/ops/setup"]:
+        assert staff.get(path).status_code == 404, path
+    for path in ["/ops/logout", "/ops/logout-everywhere"]:
+        assert staff.post(path, data={"csrf_token": token(staff)}).status_code == 404, path
+
+    for who in [browser(app, "bob"), browser(app)]:
+        for path in [*GET_PAGES, "/ops/login", "/ops/setup", "/ops/no-such-page"]:
+            refused = who.get(path)
+            text = refused.get_data(as_text=True)
+            assert refused.status_code == 403 and "Not allowed" in text, path
+            assert "password" not in text.lower() and "csrf_token" not in text, path
+        posted = who.post("/ops/once", data={"command": "migrate", "csrf_token": token(staff)})
+        assert posted.status_code == 403
+    assert browser(app).get("/ops/static/ops.css").status_code == 200  # the refusal page's stylesheet
+    with runtime.sessions() as s:
+        assert s.scalars(select(OperatorSession)).first() is None  # no cronbox session was ever made
+    # cronbox wrote nothing into the host's session: only what Flask-Login itself keeps.
+    assert "cronbox" not in " ".join(staff.get("/session").json)
+    for path in ["/ops/", "/ops/once", "/ops/activity"]:
+        cookies = {h.split("=", 1)[0] for h in staff.get(path).headers.getlist("Set-Cookie")}
+        assert cookies <= {"cronbox_ops"}, path
+
+
+def test_a_refused_browser_goes_to_the_hosts_login_with_a_safe_next(make):
+    app = make(console_operator=staff_only, console_login_url="/login?from=console")
+    anonymous = browser(app)
+    sent = anonymous.get("/ops/queues?queue=sms")
+    assert sent.status_code == 302
+    where = urlsplit(sent.headers["Location"])
+    assert where.path == "/login" and parse_qs(where.query) == {"from": ["console"], "next": ["/ops/queues?queue=sms"]}
+    for path in ["/ops//evil.example/", "/ops/%5C%5Cevil.example"]:
+        location = anonymous.get(path).headers.get("Location", "")
+        next_path = parse_qs(urlsplit(location).query).get("next", ["/"])[0]
+        assert next_path.startswith("/") and not next_path.startswith(("//", "/\\")), path
+    # A POST is refused, never redirected (a form's body would be lost); non-staff get the same door.
+    assert anonymous.post("/ops/once", data={"command": "migrate"}).status_code == 403
+    assert urlsplit(browser(app, "bob").get("/ops/").headers["Location"]).path == "/login"
+    # A callable decides the whole URL, e.g. Flask-Login's login_url().
+    app = make(console_operator=staff_only, console_login_url=lambda next_path: f"/login?back={next_path}")
+    assert browser(app).get("/ops/files").headers["Location"] == "/login?back=/ops/files"
+
+
+def test_forms_need_the_consoles_own_token_bound_to_the_visit_and_the_staff_user(make, runtime, registry):
+    app = make(console_operator=staff_only)
+    dead = dead_deliveries(runtime, registry, count=1)[0]
+    staff = browser(app, "alice")
+    page_token = token(staff)
+    other_visit = browser(app, "alice")
+    for form in [{}, {"csrf_token": "forged"}, {"csrf_token": token(other_visit)}]:
+        refused = staff.post("/ops/outbox/retry", data={"id": str(dead), **form})
+        assert refused.status_code == 400 and "Form refused" in refused.get_data(as_text=True), form
+    # The same browser, another staff user signed in: the token made for alice is not carol's.
+    USERS["carol"] = User("carol", staff=True)
+    try:
+        assert staff.get("/sign-in/carol").status_code == 200
+        assert staff.post("/ops/outbox/retry", data={"id": str(dead), "csrf_token": page_token}).status_code == 400
+        assert staff.get("/sign-in/alice").status_code == 200
+    finally:
+        del USERS["carol"]
+    assert delivery_status(runtime, dead) == "dead"
+    retried = staff.post("/ops/outbox/retry", data={"id": str(dead), "csrf_token": page_token})
+    assert retried.status_code == 303 and delivery_status(runtime, dead) == "pending"
+    assert "1 deliveries pending again." in staff.get("/ops/outbox").get_data(as_text=True)  # the flash
+
+
+def test_actions_are_logged_with_the_staff_identity_and_ip_and_destructive_ones_still_ask(make, runtime, registry):
+    app = make(console_operator=staff_only, upload_operator=staff_only)
+    dead = dead_deliveries(runtime, registry, count=1)[0]
+    staff = browser(app, "alice")
+    ask = staff.post("/ops/outbox/skip", data={"id": str(dead), "csrf_token": token(staff)})
+    assert ask.status_code == 200 and 'name="confirm" value="yes"' in ask.get_data(as_text=True)
+    assert delivery_status(runtime, dead) == "dead"  # nothing before the confirmation
+    confirmed = staff.post("/ops/outbox/skip", data={"id": str(dead), "confirm": "yes",
+                                                    "csrf_token": csrf_token(ask.get_data(as_text=True))})
+    assert confirmed.status_code == 303 and delivery_status(runtime, dead) == "skipped"
+
+    # A grant revoked from the Files page: the action log and the file audit both name alice.
+    st = app.extensions["cronbox"].storage
+    with runtime.sessions.begin() as s:
+        file_id = st.put(s, io.BytesIO(b"%PDF scan"), filename="scan.pdf", content_type="application/pdf",
+                         owner="patient:3")
+    with runtime.sessions.begin() as s:
+        grant = st.grant(s, file_id, "patient:3")
+    revoke = {"grant": grant, "confirm": "yes"}
+    assert staff.post("/ops/files/revoke", data={**revoke, "csrf_token": token(staff, "/ops/files")}).status_code == 303
+    assert ("staff:alice", "outbox.skip", f"#{dead}", STAFF_IP) in logged_actions(runtime)
+    assert ("staff:alice", "files.revoke", grant, STAFF_IP) in logged_actions(runtime)
+    with runtime.sessions() as s:
+        details = list(s.scalars(select(AuditEntry.detail).where(AuditEntry.action == "revoke")))
+    assert details == ["by staff:alice"]
+    page = staff.get("/ops/activity").get_data(as_text=True)
+    assert "staff:alice" in page and STAFF_IP in page
+
+
+def test_logging_out_of_the_host_closes_the_console_at_once(make):
+    app = make(console_operator=staff_only)
+    staff = browser(app, "alice")
+    held = token(staff)
+    assert staff.get("/ops/queues").status_code == 200
+    assert staff.get("/sign-out").status_code == 200
+    assert staff.get("/ops/queues").status_code == 403
+    assert staff.post("/ops/once", data={"command": "migrate", "csrf_token": held}).status_code == 403
+
+
+def test_a_hook_that_raises_is_a_403_logged_once_with_its_class(make, caplog):
+    def broken(req):
+        raise LookupError("patient 4711 Jane Doe")
+
+    app = make(console_operator=broken)
+    client = browser(app)
+    with caplog.at_level(logging.WARNING, logger="cronbox"):
+        refused = client.get("/ops/")
+    assert refused.status_code == 403 and "Not allowed" in refused.get_data(as_text=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "cronbox"]
+    assert lines == ["cronbox: console_operator hook raised LookupError; request refused"]
+    assert "Jane" not in caplog.text and "4711" not in caplog.text
+    # Not a string either is the host's mistake, refused the same way.
+    app = make(console_operator=lambda req: USERS["alice"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cronbox"):
+        assert browser(app).get("/ops/").status_code == 403
+    assert [r.getMessage() for r in caplog.records if r.name == "cronbox"] == [
+        "cronbox: console_operator hook raised TypeError; request refused"]
+
+
+def test_uploads_through_the_hook_for_staff_only_with_the_token(make, runtime):
+    app = make(console_operator=staff_only, upload_operator=staff_only)
+
+    @app.get("/scans/new")
+    def upload_form():  # the host's own page with its upload form
+        if not staff_only(request):
+            abort(403)
+        return f'<form method="post" action="/files?csrf_token={cronbox.upload_csrf_token()}"></form>'
+
+    def upload(client, query: str = "", **headers):
+        return client.post(f"/files{query}", headers=headers, content_type="multipart/form-data",
+                           data={"owner": "patient:5", "file": (io.BytesIO(b"%PDF scan"), "scan.pdf")})
+
+    staff = browser(app, "alice")
+    action = re.search(r'action="([^"]+)"', staff.get("/scans/new").get_data(as_text=True)).group(1)
+    query = "?" + urlsplit(action).query
+    done = upload(staff, query)
+    assert done.status_code == 201, done.get_data(as_text=True)
+    with runtime.sessions() as s:
+        assert s.get(SealedFile, done.json["id"]) is not None
+        detail = s.scalar(select(AuditEntry.detail).where(AuditEntry.file_id == done.json["id"],
+                                                          AuditEntry.action == "put"))
+    assert detail.endswith("by staff:alice")
+    sent_token = parse_qs(urlsplit(action).query)["csrf_token"][0]
+    assert upload(staff, **{"X-CSRF-Token": sent_token}).status_code == 201  # a script's header
+
+    # Without the token, with a forged one, or with alice's token in another user's browser: refused.
+    for query_string in ["", "?csrf_token=forged", f"?csrf_token={sent_token[:-2]}xx", "?csrf_token=1.abc"]:
+        refused = upload(staff, query_string)
+        assert refused.status_code == 403 and "CSRF" in refused.json["error"], query_string
+    USERS["carol"] = User("carol", staff=True)
+    try:
+        assert upload(browser(app, "carol"), query).status_code == 403
+    finally:
+        del USERS["carol"]
+    for other in [browser(app, "bob"), browser(app)]:
+        assert upload(other, query).status_code == 401
+    with runtime.sessions() as s:
+        assert len(list(s.scalars(select(SealedFile.id)))) == 2
+
+    # No hook and no upload token: POST /files stays switched off, as before.
+    assert upload(browser(make(console_operator=staff_only), "alice"), query).status_code == 404
+    # A hook that raises: 403, not a 500.
+    broken = make(upload_operator=lambda req: 1 / 0)
+    assert upload(browser(broken), query).status_code == 403
+
+
+def test_hooks_are_checked_at_init_app_and_may_be_given_to_the_constructor(runtime, env, tmp_path):
+    (tmp_path / "clinic").mkdir()
+    for bad in [{"console_operator": "staff"}, {"upload_operator": 42}, {"console_login_url": "/login"}]:
+        with pytest.raises(TypeError):
+            Cronbox().init_app(clinic(tmp_path / "clinic"), settings=load_settings(environ=env), **bad)
+    with pytest.raises(TypeError):
+        Cronbox(console_operater=staff_only)  # a typo is not silently a console without the host's login
+    app = clinic(tmp_path / "clinic")
+    Cronbox(console_operator=staff_only).init_app(app, settings=load_settings(environ=env)).use_runtime(runtime)
+    assert browser(app, "alice").get("/ops/").status_code == 200
+    assert browser(app, "bob").get("/ops/").status_code == 403
+
+
+def test_the_consoles_own_upload_form_works_behind_the_hosts_login(make, runtime):
+    app = make(console_operator=staff_only)
+    staff = browser(app, "alice")
+    page = staff.get("/ops/files").get_data(as_text=True)
+    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    assert staff.post("/ops/upload?csrf_token=forged", data=dict(form), content_type="multipart/form-data"
+                      ).status_code == 400
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    done = staff.post(action, data=form, content_type="multipart/form-data")
+    assert done.status_code == 303 and done.headers["Location"].startswith("/ops/files?file=")
+    assert ("staff:alice", "files.upload") in [(who, what) for who, what, _, _ in logged_actions(runtime)]
+    with runtime.sessions() as s:
+        assert s.scalar(select(AuditEntry.detail).where(AuditEntry.action == "put")).endswith("by staff:alice")
+    # Logged out of the host: the same form, the same token, refused before a byte is sealed.
+    staff.get("/sign-out")
+    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    assert staff.post(action, data=form, content_type="multipart/form-data").status_code == 403
+    with runtime.sessions() as s:
+        assert len(list(s.scalars(select(SealedFile.id)))) == 1
+
+
+def test_an_identity_is_one_line_of_at_most_64_characters(make, runtime):
+    app = make(console_operator=lambda req: "  staff:eve\nforged: log line" + "x" * 100)
+    client = browser(app)
+    assert client.post("/ops/once", data={"command": "migrate", "csrf_token": token(client)}).status_code == 303
+    (who, action, _, _), = logged_actions(runtime)
+    assert action == "once.add" and who.startswith("staff:eve?forged: log line") and len(who) == 64
+
+
+def test_a_raising_login_url_function_is_a_refusal_too(make, caplog):
+    def login_url(next_path):
+        raise KeyError(next_path)
+
+    app = make(console_operator=staff_only, console_login_url=login_url)
+    with caplog.at_level(logging.WARNING, logger="cronbox"):
+        assert browser(app).get("/ops/").status_code == 403
+    assert [r.getMessage() for r in caplog.records if r.name == "cronbox"] == [
+        "cronbox: console_login_url raised KeyError; request refused"]
