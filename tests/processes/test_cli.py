@@ -145,11 +145,11 @@ def test_no_command_prints_the_help_and_exits_2(env):
 
 
 @pytest.mark.backends("sqlite")  # the import is the same on MariaDB; SQLite needs no `migrate` first
-def test_a_tick_without_forward_targets_never_loads_the_broker_client(env):
-    """py-amqp (~70 ms to import) loads only when a tick forwards: the per-minute cron line of an app
-    without forward targets must not pay for it."""
+def test_a_plain_tick_never_loads_the_broker_client_or_flask(env):
+    """py-amqp (~70 ms to import) loads only when a tick forwards, Flask only for a host app
+    (CRONBOX_APP): the standalone per-minute cron line must not pay for either."""
     code = ("import sys; from cron.cli import main; code = main(['tick', '--no-linger']); "
-            "print(code, sorted(m for m in ('amqp', 'vine') if m in sys.modules))")
+            "print(code, sorted(m for m in ('amqp', 'vine', 'flask') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(env), cwd="/", capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
