@@ -204,18 +204,7 @@ class Broker:
     def _open(self, connect_timeout: float):
         if self._connection is not None:
             return self._channel
-        a = self.address
-        tls = False
-        if a.tls:
-            tls = {"server_hostname": a.host, "cert_reqs": ssl.CERT_REQUIRED}
-            if a.ca_file:
-                tls["ca_certs"] = a.ca_file
-        connection = _amqp().Connection(host=f"{a.host}:{a.port}", userid=a.user, password=a.password,
-                                     virtual_host=a.vhost, ssl=tls, connect_timeout=connect_timeout,
-                                     read_timeout=connect_timeout, write_timeout=connect_timeout,
-                                     heartbeat=0, client_properties={"connection_name": "cronbox relay"})
-        self._connection = connection
-        connection.connect()
+        self._connection = connection = open_connection(self.address, name="cronbox relay", timeout=connect_timeout)
         channel = connection.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
@@ -224,7 +213,7 @@ class Broker:
         channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
         self._channel, self._next_tag = channel, 0
         self.connects += 1
-        log.info("amqp: connected to %r", a)
+        log.info("amqp: connected to %r", self.address)
         return channel
 
     def close(self, *, graceful: bool = True) -> None:
@@ -243,6 +232,30 @@ class Broker:
             connection.collect()
         except Exception:
             pass
+
+
+def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0) -> "amqp.Connection":
+    """A connected py-amqp connection to `address` (TLS verified as parse_url says), named `name` in
+    the broker's connection list (operators and tests find cronbox's connections by it). The one
+    place a connection is made: the relay's publisher and the consumer both open theirs here."""
+    tls = False
+    if address.tls:
+        tls = {"server_hostname": address.host, "cert_reqs": ssl.CERT_REQUIRED}
+        if address.ca_file:
+            tls["ca_certs"] = address.ca_file
+    connection = _amqp().Connection(host=f"{address.host}:{address.port}", userid=address.user,
+                                    password=address.password, virtual_host=address.vhost, ssl=tls,
+                                    connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout,
+                                    heartbeat=heartbeat, client_properties={"connection_name": name})
+    try:
+        connection.connect()
+    except BaseException:
+        try:
+            connection.collect()
+        except Exception:
+            pass
+        raise
+    return connection
 
 
 FLUSH_BYTES = 256 * 1024
