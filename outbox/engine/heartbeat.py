@@ -18,16 +18,25 @@ from outbox.engine.models import Heartbeat
 H = Heartbeat.__table__
 
 
-def start(sessions, command: str) -> int:
+def start(sessions, command: str, *, detail: str | None = None, beats: bool = False) -> int:
+    """`beats`: a long-running run that will call beat() every few seconds (its beat_at starts now)."""
     def insert(session):
+        now = clock.utcnow()
         row = Heartbeat(command=command, host=socket.gethostname()[:255], pid=os.getpid(),
-                        started_at=clock.utcnow(), outcome="running", delivered=0, retried=0, dead=0,
-                        jobs_done=0, jobs_failed=0)
+                        started_at=now, outcome="running", delivered=0, retried=0, dead=0,
+                        jobs_done=0, jobs_failed=0, beat_at=now if beats else None,
+                        detail=detail[:191] if detail else None)
         session.add(row)
         session.flush()
         return row.id
 
     return in_transaction(sessions, insert)
+
+
+def beat(sessions, heartbeat_id: int, **counts) -> None:
+    """A long-running run is alive: beat_at = now, and its counts so far."""
+    values = {"beat_at": clock.utcnow(), **counts}
+    in_transaction(sessions, lambda s: s.execute(update(H).where(H.c.id == heartbeat_id).values(values)))
 
 
 def finish(sessions, heartbeat_id: int, *, outcome: str, error: str | None = None, **counts) -> None:

@@ -29,5 +29,9 @@ class Heartbeat(Base):
     backlog: Mapped[int | None] = mapped_column(Integer)
     peak_rss_kb: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(String(1000))
+    # Long-running runs (amqp consume) beat every few seconds: a "running" row whose beat is old
+    # is a process that died without finishing its row (health says so). NULL: a cron run.
+    beat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    detail: Mapped[str | None] = mapped_column(String(191))  # what the run serves, e.g. the queue
 
     __table_args__ = (Index(None, "started_at"),)

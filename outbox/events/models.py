@@ -60,3 +60,18 @@ class Delivery(Base):
         # Counts per consumer and status (health check, console) from the index alone.
         Index(None, "status", "consumer", "next_attempt_at"),
     )
+
+
+class InboxEntry(Base):
+    """A message a broker consumer has handled (outbox.events.inbox): written in the consumer's own
+    transaction, so a redelivered or republished message finds it and is not handled again."""
+
+    __tablename__ = "cronbox_inbox"
+
+    consumer: Mapped[str] = mapped_column(String(191), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(191), primary_key=True)
+    event_type: Mapped[str] = mapped_column(String(191))
+    trace_id: Mapped[str | None] = mapped_column(String(64))
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "received_at"),)

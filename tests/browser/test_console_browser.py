@@ -18,6 +18,7 @@ from sqlalchemy import select
 from werkzeug.serving import make_server
 
 from outbox.core import clock
+from outbox.core.migrate import SCHEMA_HEAD
 from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, run_cli
 from tests.console_helpers import PASSWORD, make_app
@@ -164,7 +165,7 @@ def test_operator_walkthrough(server, page, runtime, job_env, artifacts):
     shoot(page, artifacts, "once")
     page.locator("table a", has_text="#").first.click()
     assert page.locator("#exit-code").inner_text() == "0"
-    assert page.locator("#output").inner_text().strip() == "migrate: already at 0005_console"
+    assert page.locator("#output").inner_text().strip() == f"migrate: already at {SCHEMA_HEAD}"
     shoot(page, artifacts, "once-run")
 
     # A file uploaded from the Files page, sealed as it arrives; a grant to it revoked in the console:

@@ -1,0 +1,65 @@
+"""The inbox: which broker messages each consumer has already handled.
+
+A consumer run off a broker (`python -m cron amqp consume`) gets every message at least once: the
+broker redelivers what was not acked, and the relay republishes what it could not see confirmed.
+`take()` writes the (consumer, message_id) row in the consumer's own transaction, before the
+handler runs: committed with the handler's writes, or rolled back with them. A second copy of the
+message finds the row and is acked without running the handler again, so the consumer's DB effects
+happen once. The broker ack goes out only after that commit.
+
+Isolation: the row's primary key does the work. Two processes handling two copies at once both
+INSERT the same key; the second waits on the first's row lock (InnoDB, any isolation level; SQLite
+serialises writers under BEGIN IMMEDIATE) and then either fails with a duplicate key (the first
+committed: skip) or goes on (the first rolled back: handle it). No SELECT-then-INSERT race.
+
+Rows are kept for CRONBOX_INBOX_RETENTION_DAYS (retention prunes them, oldest first); a copy
+arriving after that window would run again.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from outbox.events.models import InboxEntry
+
+T = InboxEntry.__table__
+MAX_MESSAGE_ID = 191  # the column; a longer message id is a bad message, parked
+
+
+def take(session: Session, consumer: str, message_id: str, event_type: str, trace_id: str | None,
+         now: datetime) -> bool:
+    """Record that `consumer` handles `message_id` in the session's open transaction. False if it
+    already has (a committed row): the caller skips the handler and acks."""
+    savepoint = session.begin_nested()
+    try:
+        session.execute(insert(T).values(consumer=consumer, message_id=message_id, event_type=event_type[:191],
+                                         trace_id=(trace_id or None) and trace_id[:64], received_at=now))
+    except IntegrityError:
+        savepoint.rollback()
+        return False
+    savepoint.commit()
+    return True
+
+
+def has(session: Session, consumer: str, message_id: str) -> bool:
+    return session.execute(select(T.c.consumer).where(T.c.consumer == consumer, T.c.message_id == message_id)
+                           ).first() is not None
+
+
+def count(session: Session, consumer: str | None = None) -> int:
+    query = select(func.count()).select_from(T)
+    if consumer is not None:
+        query = query.where(T.c.consumer == consumer)
+    return session.scalar(query)
+
+
+def prune(session: Session, cutoff: datetime, batch: int) -> int:
+    """Delete up to `batch` rows received before `cutoff`, oldest first (the received_at index)."""
+    keys = session.execute(select(T.c.consumer, T.c.message_id).where(T.c.received_at < cutoff)
+                           .order_by(T.c.received_at).limit(batch)).all()
+    for consumer, message_id in keys:
+        session.execute(delete(T).where(T.c.consumer == consumer, T.c.message_id == message_id))
+    return len(keys)
