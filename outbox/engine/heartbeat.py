@@ -17,6 +17,10 @@ from outbox.engine.models import Heartbeat
 
 H = Heartbeat.__table__
 
+# A long-running run (amqp consume) beats this often; health calls it dead after STALE_BEATS missed.
+BEAT_SECONDS = 10.0
+STALE_BEATS = 3
+
 
 def start(sessions, command: str, *, detail: str | None = None, beats: bool = False) -> int:
     """`beats`: a long-running run that will call beat() every few seconds (its beat_at starts now)."""
