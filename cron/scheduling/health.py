@@ -181,13 +181,15 @@ def alert_on(runtime, report: Report) -> list[str]:
                     state.last_alerted_at, state.detail = now, check.detail[:500]
                     admin_alert(session, runtime.settings, key=f"health:{check.name}:{now:%Y%m%d%H%M}",
                                 subject=f"health check {check.name} failing",
-                                body=f"{check.name}: {check.detail} (since {state.since:%Y-%m-%d %H:%M} UTC)")
+                                body=f"{check.name}: {check.detail} (since {state.since:%Y-%m-%d %H:%M} UTC)",
+                                check=check.name, status=check.status)
                     sent.append(f"fail:{check.name}")
             elif state is not None and state.failing:
                 state.failing, state.detail = False, check.detail[:500]
                 admin_alert(session, runtime.settings, key=f"health:{check.name}:ok:{now:%Y%m%d%H%M}",
                             subject=f"health check {check.name} recovered",
-                            body=f"{check.name} is {check.status} again: {check.detail}")
+                            body=f"{check.name} is {check.status} again: {check.detail}",
+                            check=check.name, status=check.status, recovery=True)
                 sent.append(f"ok:{check.name}")
     return sent
 
