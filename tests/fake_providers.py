@@ -143,10 +143,11 @@ class Providers:
 
 class WebhookReceiver:
     """A real HTTP server on loopback receiving webhook alerts: keeps every POST (path, headers, raw body)
-    and answers with the next status of `answers` (then 200)."""
+    and answers with the next status of `answers` (then 200), after the next delay of `delays` (then 0)."""
 
     def __init__(self, answers: list[int] | None = None):
         self.answers = list(answers or [])
+        self.delays: list[float] = []
         self.received: list[tuple[str, dict[str, str], bytes]] = []
         self.server = QuietServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -173,6 +174,8 @@ class WebhookReceiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 receiver.received.append((self.path, dict(self.headers.items()), body))
+                if receiver.delays:
+                    time.sleep(receiver.delays.pop(0))
                 status = receiver.answers.pop(0) if receiver.answers else 200
                 data = json.dumps({"ok": status < 300}).encode()
                 self.send_response(status)

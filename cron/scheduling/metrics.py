@@ -1,7 +1,7 @@
 """What GET /metrics shows, in the Prometheus text exposition format (version 0.0.4).
 
-Every number comes from a read model the console and health already use (deliveries.overview,
-jobstore.status, heartbeat.recent / totals_since): no SQL of its own. A scrape reads index ranges only:
+Every number comes from a read model the console and health already use (deliveries.status and
+unfanned_count, jobstore.overview, heartbeat.recent / totals_since): no SQL of its own. A scrape reads index ranges only:
 pending and dead deliveries, live and failed jobs, the heartbeat rows of the last window.
 
 Counters of handled work are not kept anywhere as monotonic totals (heartbeat rows are pruned after
@@ -72,7 +72,8 @@ def _age(now: datetime, then: datetime | None) -> float:
 
 
 def _outbox(session, registry, now: datetime) -> list[Family]:
-    view = deliveries.overview(session, registry, now)
+    per_consumer = deliveries.status(session, now)  # not overview(): its list of blocked keys is not shown here
+    names = sorted(set(per_consumer) | set(registry.names()))  # registered consumers with nothing pending: zeros
     pending = Family("cronbox_outbox_pending", "gauge",
                      "Deliveries not yet done per consumer: waiting, retrying or leased (due ones included).")
     due = Family("cronbox_outbox_due", "gauge", "Pending deliveries whose time has come, per consumer.")
@@ -81,7 +82,8 @@ def _outbox(session, registry, now: datetime) -> list[Family]:
     dead = Family("cronbox_outbox_dead", "gauge", "Dead deliveries per consumer (attempts used up; `outbox retry`).")
     blocked = Family("cronbox_outbox_blocked_keys", "gauge",
                      "Keys whose later deliveries wait behind a retrying or dead one, per consumer.")
-    for name, _registered, st in view.consumers:
+    for name in names:
+        st = per_consumer.get(name) or deliveries.ConsumerStatus(name)
         pending.add(st.pending, consumer=name)
         due.add(st.due, consumer=name)
         oldest.add(round(_age(now, st.oldest_due_at), 3), consumer=name)
@@ -89,7 +91,7 @@ def _outbox(session, registry, now: datetime) -> list[Family]:
         blocked.add(st.blocked_keys, consumer=name)
     unfanned = Family("cronbox_outbox_unfanned_events", "gauge",
                       "Recorded events the relay has not yet fanned out to their consumers.")
-    unfanned.add(view.unfanned)
+    unfanned.add(deliveries.unfanned_count(session))
     return [pending, due, oldest, dead, blocked, unfanned]
 
 

@@ -138,6 +138,21 @@ def test_a_500_is_retried_with_the_same_id_and_then_delivered(hook_rt, receiver,
     assert_no_secret(hook_rt, caplog)
 
 
+def test_no_answer_in_time_is_sent_again_with_the_same_id(hook_rt, receiver):
+    receiver.delays = [3.0]  # over CRONBOX_CHANNEL_TIMEOUT=2: sent, but the answer never comes in time
+    with clock.frozen(T0):
+        with hook_rt.sessions.begin() as session:
+            admin_alert(session, hook_rt.settings, key="disk:3", subject="disk full", body="0% free")
+        assert work(hook_rt).retried == 1
+        with hook_rt.sessions() as session:
+            job = session.scalars(select(Job).where(Job.handler == "cronbox.webhook")).one()
+        clock.advance((job.available_at - T0).total_seconds() + 1)
+        assert work(hook_rt).done == 1
+    ids = [json.loads(body)["id"] for _, _, body in receiver.received]
+    assert len(ids) == 2 and ids[0] == ids[1]  # at-least-once, and the receiver can tell
+    assert [a.outcome for a in attempts(hook_rt)] == ["sending", "unknown", "sending", "sent"]
+
+
 def test_a_refused_signature_pauses_the_channel_and_alerts_by_mail(hook_rt, receiver):
     receiver.answers = [401]
     with clock.frozen(T0):
