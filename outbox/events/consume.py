@@ -5,8 +5,9 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    here is registered for, or a body that is not JSON is a bad message: parked in Q.dead with the
    reason, acked, and the queue goes on;
 2. for each consumer registered for its type (forward targets excluded), in its own transaction on
-   cronbox's connection: `inbox.take()` writes the (consumer, message_id) row first (a copy already
-   handled finds it: that consumer is skipped), the handler runs through `call_handler` (timeout,
+   cronbox's connection: `inbox.take_first()` writes the (consumer, message_id) row as its first
+   statement, outside the handler's savepoint (a copy already handled finds it: that consumer is
+   skipped), the handler runs through `call_handler` (timeout,
    outcome, safe error text) inside the host app's scope (`runtime.scope_for`), then one COMMIT
    holds the handler's writes and the inbox row, or a rollback neither;
 3. only then the broker ack. A failure is republished first (publisher confirm) and acked after:
@@ -467,10 +468,9 @@ class QueueConsumer:
                       idempotency_key=_idempotency_key(consumer.name, incoming.message_id),
                       connection=self._connection(), settings=self.runtime.settings)
         try:
-            if not inbox.take(ctx.session, consumer.name, incoming.message_id, incoming.type, incoming.trace_id,
-                              clock.utcnow()):
+            if not inbox.take_first(self._attempt(ctx), consumer.name, incoming.message_id, incoming.type,
+                                    incoming.trace_id, clock.utcnow()):
                 return None
-            ctx.session.commit()  # out of the handler's reach: its rollback() must not undo the inbox row
             outcome = call_handler(consumer.fn, (incoming.event, ctx), timeout=consumer.timeout,
                                    scope=self.runtime.scope_for(ctx))
             if not outcome.ok:
@@ -491,6 +491,15 @@ class QueueConsumer:
             return outcome
         finally:
             ctx.discard_session()
+
+    @staticmethod
+    def _attempt(ctx: Context):
+        """The attempt's transaction opened on cronbox's connection, before the handler's session
+        joins it with its savepoint: the inbox row, written first, is outside that savepoint, so
+        nothing the handler does to its session (rollback()) can undo it."""
+        ctx.session  # noqa: B018  (makes the attempt's HandlerTransaction)
+        ctx.transaction.begin()
+        return ctx.transaction.connection
 
     def _finish(self, message, incoming: Incoming, results: dict, started: float) -> None:
         crash_point("after-inbox-commit")
