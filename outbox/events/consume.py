@@ -211,14 +211,22 @@ class Link:
         self.channel.basic_reject(tag, True)
 
     def poll(self, timeout: float) -> bool:
-        """Read one frame the broker sends, waiting up to `timeout` seconds; False if none came.
-        One frame, not drain_events(): the broker's heartbeats arriving more often than `timeout`
-        would keep that reading, and ours would never be sent."""
-        self.connection.heartbeat_tick()  # sends ours when due; raises if the broker's stopped coming
-        if self.connection.heartbeat:
-            timeout = min(timeout, max(self.connection.heartbeat / 4, 0.05))
+        """Read what the broker sends until one whole method (a delivery: three frames) has come, for
+        at most about `timeout` seconds; False if nothing came. Not drain_events(), whose timeout is
+        per frame: the broker's heartbeats arriving more often than that would keep it reading, and
+        ours would never be sent. The socket's timeout is set once per call, not once per frame
+        (two fcntl calls each time)."""
+        connection = self.connection
+        connection.heartbeat_tick()  # sends ours when due; raises if the broker's stopped coming
+        if connection.heartbeat:
+            timeout = min(timeout, max(connection.heartbeat / 4, 0.05))
+        deadline = clock.monotonic() + timeout
+        transport = connection.transport
         try:
-            self.connection.blocking_read(timeout)
+            with transport.having_timeout(timeout):
+                while not connection.on_inbound_frame(transport.read_frame()):
+                    if clock.monotonic() >= deadline:
+                        break
         except socket.timeout:
             return False
         return True
