@@ -159,10 +159,7 @@ def main() -> None:
         ("relay → RabbitMQ / bare publisher (target ≥ 60 %)", "vs_bare", "{:.0%}"),
         ("relay → RabbitMQ / no-op relay (target ≥ 70 %)", "vs_noop", "{:.0%}"),
     ]
-    labels = list(results)
-    table = "| measure | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
-    for title, key, fmt in rows:
-        table += f"| {title} | " + " | ".join(fmt.format(results[l][key]) for l in labels) + " |\n"
+    table = markdown_table(results, rows)
     print(table)
     command = "python -m bench.bench_amqp" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
     write_section("amqp", "Forwarding to RabbitMQ", command, table + NOTES)
@@ -193,6 +190,15 @@ UPDATE per batch, a log line per delivery); nothing overlaps, the tick being one
 - The numbers move a lot between runs on this machine (other test suites share its two cores): the
   no-op relay measured 5,864/s on MariaDB in the Outbox section above, a fifth of that here.
 """
+
+def markdown_table(results: dict, rows: list[tuple[str, str, str]]) -> str:
+    """One column per backend, one row per (title, key, format)."""
+    labels = list(results)
+    table = "| measure | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
+    for title, key, fmt in rows:
+        table += f"| {title} | " + " | ".join(fmt.format(results[l][key]) for l in labels) + " |\n"
+    return table
+
 
 # ---- consuming -----------------------------------------------------------------------
 
@@ -283,13 +289,10 @@ def consume_main(args) -> None:
     rows = [
         (f"bare consumer: py-amqp, prefetch {PREFETCH}, row INSERT + COMMIT + ack per message (messages/s)",
          "bare", "{:,.0f}"),
-        (f"`amqp consume` with the inbox, the same row through ctx.session (messages/s)", "inbox", "{:,.0f}"),
+        ("`amqp consume` with the inbox, the same row through ctx.session (messages/s)", "inbox", "{:,.0f}"),
         ("consumer with the inbox / bare consumer (target ≥ 70 %)", "ratio", "{:.0%}"),
     ]
-    labels = list(results)
-    table = "| measure | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
-    for title, key, fmt in rows:
-        table += f"| {title} | " + " | ".join(fmt.format(results[l][key]) for l in labels) + " |\n"
+    table = markdown_table(results, rows)
     print(table)
     command = "python -m bench.bench_amqp --part consume" + (
         " --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")

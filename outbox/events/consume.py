@@ -1,14 +1,14 @@
 """Running the registered consumers off a RabbitMQ queue: `python -m cron amqp consume --queue Q`.
 
 Per message (the relay's forward targets publish them: outbox.events.forward.message_properties):
-1. check it: a body over MAX_BODY bytes, no or an oversized message_id, no type, a type no consumer
-   here is registered for, or a body that is not JSON is a bad message: parked in Q.dead with the
-   reason, acked, and the queue goes on;
+1. check it (outbox.events.incoming): a body over MAX_BODY bytes, no or an oversized message_id, no
+   type, a type no consumer here is registered for, or a body that is not JSON is a bad message:
+   parked in Q.dead with the reason, acked, and the queue goes on;
 2. for each consumer registered for its type (forward targets excluded), in its own transaction on
    cronbox's connection: `inbox.take_first()` writes the (consumer, message_id) row as its first
    statement, outside the handler's savepoint (a copy already handled finds it: that consumer is
-   skipped), the handler runs through `call_handler` (timeout,
-   outcome, safe error text) inside the host app's scope (`runtime.scope_for`), then one COMMIT
+   skipped), the handler runs through `call_handler` (timeout, outcome, safe error text) inside
+   the host app's scope (`runtime.scope_for`), then one COMMIT
    holds the handler's writes and the inbox row, or a rollback neither;
 3. only then the broker ack. A failure is republished first (publisher confirm) and acked after:
    - retried: to `Q.retry.<ms>ms` with the attempt header raised; its TTL dead-letters it back to
@@ -20,7 +20,7 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    `ordered`: the queue has a single active consumer, prefetch 1, and a failure waits its delay
    holding the message (heartbeats serviced), so nothing later overtakes it.
 
-The broker connection (one, named "cronbox consumer", AMQP heartbeats serviced between messages and
+The broker connection (outbox.events.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
 while idle) is dropped on any error and opened again with backoff until the run's end; unacked
 messages go back to the queue and come again, where the inbox keeps their effects to once. Between
 messages SIGTERM/SIGINT stop the loop (outbox.engine.run_loop.StopSignals): the message being
@@ -30,62 +30,36 @@ flow and given back when the queue is idle (MySQL kills connections idle past wa
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import socket
 import time
-from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
-import amqp
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core import clock
 from outbox.core.db import is_connection_lost, session_factory
-from outbox.core.errors import CronboxError
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
-from outbox.engine.context import Context, Event
+from outbox.engine.context import Context
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
 from outbox.engine.run_loop import RunResult, StopSignals
 from outbox.events import inbox, queues
-from outbox.events.broker import Batch, BrokerAddress, open_connection
-from outbox.events.forward import is_forward
+from outbox.events.broker import BrokerAddress
+from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
 
 log = logging.getLogger("cronbox")
 
-MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
 HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
-CONNECT_TIMEOUT = 5.0
-CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
 POLL = 1.0
 RECONNECT_FIRST, RECONNECT_MAX = 1.0, 30.0
 DB_PAUSE = 3.0
-NAME = "cronbox consumer"
-
-
-class SetupError(CronboxError):
-    """The queue cannot be used as asked (missing, declared with other arguments, no permission)."""
-
-
-class BrokerLost(Exception):
-    """A republish was not confirmed: the connection is dropped and opened again."""
 
 
 class DatabaseLost(Exception):
-    pass
-
-
-class BadMessage(Exception):
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-BROKER_ERRORS = (amqp.exceptions.AMQPError, OSError, BrokerLost)
+    """cronbox's database connection went away mid-message: the message was given back to the queue."""
 
 
 @dataclass
@@ -100,157 +74,6 @@ class ConsumeStats:
 
     def counts(self) -> dict:
         return {"delivered": self.done, "retried": self.retried + self.deferred, "dead": self.parked}
-
-
-@dataclass(frozen=True)
-class Incoming:
-    message_id: str
-    type: str
-    trace_id: str
-    event: Event
-    attempts: int  # failed attempts before this delivery (the x-cronbox-attempts header)
-    consumers: list
-
-
-class Link:
-    """The consumer's connection and channel: consuming Q with a prefetch, acking, and republishing
-    (to a retry queue or Q.dead) with publisher confirms. Deliveries are queued in `inbound` by the
-    channel's callback and handled by the loop, never inside the callback: a confirm wait reads
-    frames too, and must not start handling the next message from within the current one."""
-
-    def __init__(self, address: BrokerAddress, queue: str, *, prefetch: int, ordered: bool,
-                 binds: list[tuple[str, str]], heartbeat_seconds: int):
-        self.address, self.queue, self.prefetch, self.ordered, self.binds = address, queue, prefetch, ordered, binds
-        self.heartbeat_seconds = heartbeat_seconds
-        self.connection: amqp.Connection | None = None
-        self.channel = None
-        self.inbound: deque = deque()
-        self._tag = 0
-        self._batch: Batch | None = None
-        self._declared: set[str] = set()
-
-    @property
-    def is_open(self) -> bool:
-        return self.connection is not None
-
-    def open(self) -> None:
-        connection = open_connection(self.address, name=NAME, timeout=CONNECT_TIMEOUT,
-                                     heartbeat=self.heartbeat_seconds)
-        try:
-            channel = connection.channel()
-            self._declare(channel)
-            channel.confirm_select()
-            channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
-            channel.events["basic_nack"].add(
-                lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple, nacked=True))
-            channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
-            channel.basic_qos(0, self.prefetch, False)
-            self.inbound.clear()  # tags of a closed channel mean nothing on this one
-            channel.basic_consume(self.queue, callback=self.inbound.append, no_ack=False)
-        except BaseException:
-            _drop(connection)
-            raise
-        self.connection, self.channel, self._tag, self._declared = connection, channel, 0, set()
-
-    def _declare(self, channel) -> None:
-        try:
-            if self.binds or self.ordered:
-                arguments = {"x-single-active-consumer": True} if self.ordered else None
-                channel.queue_declare(self.queue, durable=True, auto_delete=False, arguments=arguments)
-                for exchange, pattern in self.binds:
-                    channel.queue_bind(self.queue, exchange, pattern)
-            else:
-                channel.queue_declare(self.queue, passive=True)
-            channel.queue_declare(queues.dead_queue(self.queue), durable=True, auto_delete=False)
-        except amqp.exceptions.NotFound as exc:
-            what = "an exchange to bind to" if self.binds else f"queue {self.queue!r}"
-            raise SetupError(f"{what} does not exist ({describe(exc, 200)}); declare it, or pass "
-                             "--bind EXCHANGE[:PATTERN] to declare the queue and bind it") from None
-        except amqp.exceptions.PreconditionFailed as exc:
-            raise SetupError(f"queue {self.queue!r} exists with other arguments ({describe(exc, 200)}); "
-                             "--ordered needs it declared with x-single-active-consumer (delete it first)") from None
-        except amqp.exceptions.ChannelError as exc:
-            raise SetupError(f"cannot use queue {self.queue!r}: {describe(exc, 300)}") from None
-
-    def ensure_retry_queue(self, seconds: float) -> str:
-        name = queues.retry_queue(self.queue, seconds)
-        if name not in self._declared:
-            self.channel.queue_declare(name, durable=True, auto_delete=False,
-                                       arguments=queues.retry_arguments(self.queue, seconds))
-            self._declared.add(name)
-        return name
-
-    def publish(self, routing_key: str, body: bytes, properties: dict) -> None:
-        """Publish to a queue (default exchange, mandatory) and wait for the broker's confirm."""
-        batch = self._batch = Batch(1)
-        try:
-            self._tag += 1
-            batch.by_tag[self._tag] = 0
-            self.channel.basic_publish(amqp.Message(body, **properties), exchange="", routing_key=routing_key,
-                                       mandatory=True)
-            end = clock.monotonic() + CONFIRM_TIMEOUT
-            while batch.by_tag:
-                left = end - clock.monotonic()
-                if left <= 0:
-                    raise BrokerLost(f"no confirm within {CONFIRM_TIMEOUT:g}s for a message to {routing_key}")
-                try:
-                    self.connection.drain_events(timeout=left)
-                except socket.timeout:
-                    continue
-        finally:
-            self._batch = None
-        error = batch.finish([properties.get("message_id")], "unconfirmed")[0]
-        if error is not None:
-            raise BrokerLost(f"republish to {routing_key} failed: {error}")
-
-    def ack(self, tag: int) -> None:
-        self.channel.basic_ack(tag)
-
-    def give_back(self, tag: int) -> None:
-        """Back to the queue, at its place (basic.reject with requeue)."""
-        self.channel.basic_reject(tag, True)
-
-    def poll(self, timeout: float) -> bool:
-        """Read what the broker sends until one whole method (a delivery: three frames) has come, for
-        at most about `timeout` seconds; False if nothing came. Not drain_events(), whose timeout is
-        per frame: the broker's heartbeats arriving more often than that would keep it reading, and
-        ours would never be sent. The socket's timeout is set once per call, not once per frame
-        (two fcntl calls each time)."""
-        connection = self.connection
-        connection.heartbeat_tick()  # sends ours when due; raises if the broker's stopped coming
-        if connection.heartbeat:
-            timeout = min(timeout, max(connection.heartbeat / 4, 0.05))
-        deadline = clock.monotonic() + timeout
-        transport = connection.transport
-        try:
-            with transport.having_timeout(timeout):
-                while not connection.on_inbound_frame(transport.read_frame()):
-                    if clock.monotonic() >= deadline:
-                        break
-        except socket.timeout:
-            return False
-        return True
-
-    def close(self, *, graceful: bool = True) -> None:
-        """Graceful: cancel and close (unacked prefetched messages go back to the queue at once)."""
-        connection, self.connection, self.channel = self.connection, None, None
-        self.inbound.clear()
-        if connection is None:
-            return
-        if graceful:
-            try:
-                connection.close()
-                return
-            except Exception:
-                pass
-        _drop(connection)
-
-
-def _drop(connection) -> None:
-    try:
-        connection.collect()
-    except Exception:
-        pass
 
 
 class QueueConsumer:
@@ -376,7 +199,7 @@ class QueueConsumer:
             try:
                 incoming = parse(message, self.runtime.consumers)
             except BadMessage as bad:
-                self._park(message, f"bad message: {bad.reason}", queues.attempts_of(_headers(message)), None)
+                self._park(message, f"bad message: {bad.reason}", queues.attempts_of(headers_of(message)), None)
                 self.link.ack(tag)
                 self.stats.bad += 1
                 self._log(message, None, "bad", started, error=bad.reason)
@@ -400,24 +223,29 @@ class QueueConsumer:
         except Exception:
             self.link.close(graceful=False)  # it comes back anyway once the channel is gone
 
-    def _handle_once(self, message, incoming: Incoming, started: float) -> None:
-        attempt = incoming.attempts + 1
+    def _attempt_once(self, message, incoming: Incoming, attempt: int, started: float):
+        """Run the consumers: None if that finished the message (acked: done, or parked), else what
+        to wait: (seconds, whether an attempt was used, the failures, per-consumer results)."""
         failures, results = self._run_consumers(incoming, attempt)
         if not failures:
             self._finish(message, incoming, results, started)
-            return
+            return None
         if self._park_if_over(message, incoming, failures, attempt, results, started):
+            return None
+        return (*self._next_wait(failures, attempt), failures, results)
+
+    def _handle_once(self, message, incoming: Incoming, started: float) -> None:
+        attempt = incoming.attempts + 1
+        wait = self._attempt_once(message, incoming, attempt, started)
+        if wait is None:
             return
-        delay, used = self._next_wait(failures, attempt)
+        delay, used, failures, results = wait
         target = self.link.ensure_retry_queue(delay)
         attempts = attempt if used else incoming.attempts
-        self._republish(message, target, queues.stamped(_headers(message), **{
+        self._republish(message, target, queues.stamped(headers_of(message), **{
             queues.ATTEMPTS: attempts, queues.REASON: _reason(failures)}))
         self.link.ack(message.delivery_tag)
-        if used:
-            self.stats.retried += 1
-        else:
-            self.stats.deferred += 1
+        self._count_wait(used)
         self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt, results=results,
                   error=_reason(failures), note=f"next in {delay:g}s via {target}")
 
@@ -425,19 +253,13 @@ class QueueConsumer:
         """--ordered: wait the delay holding the message, then run the consumers that did not commit."""
         attempt = incoming.attempts + 1
         while True:
-            failures, results = self._run_consumers(incoming, attempt)
-            if not failures:
-                self._finish(message, incoming, results, started)
+            wait = self._attempt_once(message, incoming, attempt, started)
+            if wait is None:
                 return
-            if self._park_if_over(message, incoming, failures, attempt, results, started):
-                return
-            delay, used = self._next_wait(failures, attempt)
+            delay, used, failures, results = wait
             self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt,
                       results=results, error=_reason(failures), note=f"next in {delay:g}s, in place")
-            if used:
-                self.stats.retried += 1
-            else:
-                self.stats.deferred += 1
+            self._count_wait(used)
             self._release_db()
             if not self._hold(delay, budget):
                 self.link.give_back(message.delivery_tag)
@@ -446,6 +268,12 @@ class QueueConsumer:
                 return
             if used:
                 attempt += 1
+
+    def _count_wait(self, attempt_used: bool) -> None:
+        if attempt_used:
+            self.stats.retried += 1
+        else:
+            self.stats.deferred += 1
 
     def _hold(self, seconds: float, budget: Budget) -> bool:
         """Wait `seconds` with the message unacked, servicing the connection; False if the run ends first."""
@@ -543,7 +371,7 @@ class QueueConsumer:
         return min(waits), used
 
     def _park(self, message, reason: str, attempts: int, failed: str | None) -> None:
-        self._republish(message, queues.dead_queue(self.queue), queues.stamped(_headers(message), **{
+        self._republish(message, queues.dead_queue(self.queue), queues.stamped(headers_of(message), **{
             queues.ATTEMPTS: attempts, queues.REASON: clean_text(reason, queues.REASON_MAX),
             queues.PARKED_AT: queues.now_text(), queues.FAILED: failed}))
 
@@ -557,7 +385,7 @@ class QueueConsumer:
         """One line per message: ids, outcome, trace id, never the payload (the error text masked)."""
         props = message.properties or {}
         mid = incoming.message_id if incoming else clean_text(str(props.get("message_id") or "-"), 80)
-        trace = incoming.trace_id if incoming else _trace_id(props)
+        trace = incoming.trace_id if incoming else trace_id_of(props)
         kind = incoming.type if incoming else clean_text(str(props.get("type") or "-"), 80)
         line = (f"amqp queue={self.queue} message={mid} type={kind} outcome={outcome}"
                 + (f" attempt={attempt}" if attempt is not None else "")
@@ -568,61 +396,6 @@ class QueueConsumer:
         if note:
             line += f" ({note})"
         (log.info if outcome in ("done", "duplicate") else log.warning)(line)
-
-
-def parse(message, registry) -> Incoming:
-    """The message as an event for its consumers; BadMessage with the reason if it cannot be one."""
-    props = message.properties or {}
-    headers = _headers(message)
-    body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "surrogatepass")
-    if len(body) > MAX_BODY:
-        raise BadMessage(f"body of {len(body)} bytes is over the {MAX_BODY} byte limit")
-    message_id = props.get("message_id")
-    if not isinstance(message_id, str) or not message_id.strip():
-        raise BadMessage("no message_id")
-    if len(message_id) > inbox.MAX_MESSAGE_ID:
-        raise BadMessage(f"message_id longer than {inbox.MAX_MESSAGE_ID} characters")
-    event_type = props.get("type") or headers.get("x-event-type")
-    if not isinstance(event_type, str) or not event_type:
-        raise BadMessage("no type (neither the type property nor an x-event-type header)")
-    consumers = [c for c in registry.for_type(event_type) if not is_forward(c)]
-    if not consumers:
-        raise BadMessage(f"no consumer registered here for type {clean_text(event_type, 191)!r}")
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise BadMessage("body is not JSON (UTF-8)") from None
-    key = headers.get("x-event-key")
-    event_id = headers.get("x-event-id")
-    event = Event(event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None, event_type,
-                  key if isinstance(key, str) else None, payload, _created_at(headers, props))
-    return Incoming(message_id, event_type, _trace_id(props), event, queues.attempts_of(headers), consumers)
-
-
-def _headers(message) -> dict:
-    headers = (message.properties or {}).get("application_headers")
-    return headers if isinstance(headers, dict) else {}
-
-
-def _trace_id(props: dict) -> str:
-    headers = props.get("application_headers") if isinstance(props.get("application_headers"), dict) else {}
-    trace = headers.get("x-trace-id") or props.get("correlation_id")
-    return clean_text(trace, 64) if isinstance(trace, str) and trace else "-"
-
-
-def _created_at(headers: dict, props: dict) -> datetime:
-    """Naive UTC, as the relay's events have it: x-created-at, else the timestamp property, else now."""
-    text = headers.get("x-created-at")
-    if isinstance(text, str):
-        try:
-            when = datetime.fromisoformat(text)
-            return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
-        except ValueError:
-            pass
-    stamp = props.get("timestamp")
-    if isinstance(stamp, datetime):
-        return stamp.astimezone(timezone.utc).replace(tzinfo=None) if stamp.tzinfo else stamp
-    return clock.utcnow()
 
 
 def _idempotency_key(consumer: str, message_id: str) -> str:

@@ -17,7 +17,9 @@ from outbox.engine.budget import Budget
 from outbox.engine.models import Heartbeat
 from outbox.events import inbox, queues
 from outbox.events.broker import parse_url
-from outbox.events.consume import MAX_BODY, QueueConsumer, SetupError
+from outbox.events.consume import QueueConsumer
+from outbox.events.consumer_link import SetupError
+from outbox.events.incoming import MAX_BODY
 from outbox.events.parked import DeadQueue
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.rabbit import url

@@ -21,7 +21,7 @@ import outbox
 from outbox.core.faults import CRASH_EXIT_CODE
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
-from tests.processes.test_host_cron import host, paid_notes  # noqa: F401  (the clinic host app fixture)
+from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
 from tests.rabbit import url
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
