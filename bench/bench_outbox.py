@@ -59,7 +59,7 @@ class Target:
     def reset(self):
         with self.runtime.engine.begin() as c:
             for table in ("cronbox_deliveries", "cronbox_events", "cronbox_heartbeats", "bench_rows",
-                          "bench_latency"):
+                          "bench_latency", "bench_hand_queue"):
                 c.execute(text(f"DELETE FROM {table}"))
 
     def close(self):
@@ -93,6 +93,80 @@ def relay_rate(t: Target, event_type: str, n: int) -> float:
     relay.run(Budget(max_time=600, memory_mb=None))
     took = time.perf_counter() - started
     assert relay.stats.done == n, relay.stats
+    return n / took
+
+
+def driver_connection(t: Target):
+    """A plain DB-API connection, as a hand-written script would open it (autocommit off on MariaDB;
+    SQLite in WAL with synchronous=NORMAL, like cronbox's own)."""
+    url = make_url(t.url)
+    if url.drivername.startswith("sqlite"):
+        import sqlite3
+
+        connection = sqlite3.connect(url.database, isolation_level=None, timeout=30)
+        connection.execute("PRAGMA synchronous=NORMAL")
+        return connection
+    import pymysql
+
+    return pymysql.connect(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
+                           database=url.database, autocommit=False, ssl_disabled=True)
+
+
+def _commit(connection, cursor, sqlite: bool) -> None:
+    if sqlite:
+        cursor.execute("COMMIT")  # isolation_level=None: the sqlite3 module leaves transactions to us
+    else:
+        connection.commit()
+
+
+def commit_ceiling(t: Target, n: int) -> float:
+    """Rows/s, one single-row INSERT + COMMIT each, through the bare driver: no queue can beat it
+    while it commits every item on its own."""
+    connection = driver_connection(t)
+    sqlite = t.url.startswith("sqlite")
+    insert = f"INSERT INTO bench_rows (event_id, note) VALUES ({'?' if sqlite else '%s'}, 'x')"
+    cursor = connection.cursor()
+    started = time.perf_counter()
+    for i in range(n):
+        if sqlite:
+            cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(insert, (i,))
+        _commit(connection, cursor, sqlite)
+    took = time.perf_counter() - started
+    connection.close()
+    return n / took
+
+
+def hand_loop(t: Target, n: int) -> float:
+    """Items/s of what a user would write without cronbox: per item, one transaction that claims the
+    oldest new row (FOR UPDATE SKIP LOCKED on MariaDB, BEGIN IMMEDIATE on SQLite), inserts the
+    consumer's row, marks the item done and commits."""
+    with t.runtime.engine.begin() as c:
+        c.execute(handlers.hand_queue.delete())
+        c.execute(handlers.hand_queue.insert(), [{"status": "new", "payload": f'{{"i": {i}}}'} for i in range(n)])
+    connection = driver_connection(t)
+    sqlite = t.url.startswith("sqlite")
+    mark = "?" if sqlite else "%s"
+    claim = ("SELECT id, payload FROM bench_hand_queue WHERE status = 'new' ORDER BY id LIMIT 1"
+             + ("" if sqlite else " FOR UPDATE SKIP LOCKED"))
+    cursor = connection.cursor()
+    done = 0
+    started = time.perf_counter()
+    while True:
+        if sqlite:
+            cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(claim)
+        row = cursor.fetchone()
+        if row is None:
+            _commit(connection, cursor, sqlite)
+            break
+        cursor.execute(f"INSERT INTO bench_rows (event_id, note) VALUES ({mark}, 'x')", (row[0],))
+        cursor.execute(f"UPDATE bench_hand_queue SET status = 'done' WHERE id = {mark}", (row[0],))
+        _commit(connection, cursor, sqlite)
+        done += 1
+    took = time.perf_counter() - started
+    connection.close()
+    assert done == n, (done, n)
     return n / took
 
 
