@@ -21,7 +21,7 @@ the processor batch its ack (QuietAcks).
 
 In a group (a grouped handler: outbox.engine.processor.Group) the transaction is the group's,
 shared by consecutive grouped items: the session's savepoint is the handler's own, kept on
-success (released: its writes commit with the group) and rolled back on failure. A handler that
+success (left open: its writes commit with the group) and rolled back on failure. A handler that
 called commit() has released its savepoint, so a later failure of its own takes the group with
 it (`HandlerSession.released`); commit_now() is refused.
 """
@@ -116,12 +116,10 @@ class HandlerTransaction:
             self.outer = self.connection.begin()
 
     def keep(self) -> None:
-        """In a group: the handler succeeded; flush and release its savepoint (its writes now commit
-        with the group's COMMIT) and close the session."""
-        try:
-            Session.commit(self.session)  # not HandlerSession.commit: this is not the handler's commit()
-        finally:
-            self.session.close()
+        """In a group: the handler succeeded; flush its pending writes and leave its savepoint open
+        (the group's COMMIT ends it with the rest: a RELEASE would cost a round trip per item). The
+        session is dropped, not closed: closing would roll back to its savepoint."""
+        self.session.flush()
 
     def commit(self) -> None:
         """Commit the handler's writes and whatever the processor added through `session` (the ack).
