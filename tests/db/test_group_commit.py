@@ -368,3 +368,20 @@ def test_a_dropped_connection_loses_the_group_and_its_members_succeed_alone(runt
     assert all(d.status == "done" and d.attempts == 1 for d in deliveries(runtime))
     assert effect_counts(runtime) == Counter({i: 1 for i in ids})
     assert stats.done == 4
+
+
+def test_an_interrupt_mid_group_commits_nothing_and_refunds_every_attempt(runtime, registry, tables):
+    from outbox.engine.handler_call import SignalInterrupt
+
+    @consumer("g", name="grouped", grouped=True, registry=registry)
+    def grouped(event, ctx):
+        write(ctx, "grouped", event.id)
+        if event.payload["n"] == 2:
+            raise SignalInterrupt()  # a real Ctrl-C while the third member runs
+
+    record(runtime, "g", 5)
+    with pytest.raises(SignalInterrupt):
+        relay(runtime)
+    assert effect_counts(runtime) == Counter()
+    # Released with the claim's attempt refunded (`release`, token-guarded): due again, as if never claimed.
+    assert all(d.status == "pending" and d.attempts == 0 and d.claim_token is None for d in deliveries(runtime))
