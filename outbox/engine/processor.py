@@ -351,12 +351,11 @@ class Processor:
             ctx.discard_session(invalidate=True)  # perhaps mid-query: the connection is gone, and the group
             group.lost = group.lost or "a handler timed out: its connection was discarded"
             return "culprit"
-        if outcome.kind == TIMEOUT:
-            pass  # it never touched the connection: an ordinary failure, recorded in the group
-        elif outcome.ok and transaction is None:
+        # A timeout of a handler that never touched the connection is an ordinary failure, below.
+        if outcome.ok and transaction is None:
             group.acks.append(item)
             return "done"
-        elif outcome.ok:
+        if outcome.ok:
             failed_with = transaction.session.failed_with
             if failed_with is not None:
                 outcome = Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
