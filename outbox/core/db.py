@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 from sqlalchemy import create_engine, event, make_url, text
 from sqlalchemy.dialects import mysql as mysql_dialect, sqlite as sqlite_dialect
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -180,14 +180,16 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
-def insert_ignore(session: Session, table, rows: list[dict] | dict):
+def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
+    `session` may be a Core Connection too.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
     """
-    if session.get_bind().dialect.name == "sqlite":
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    if dialect.name == "sqlite":
         return session.execute(sqlite_dialect.insert(table).on_conflict_do_nothing(), rows)
     return session.execute(mysql_dialect.insert(table).prefix_with("IGNORE"), rows)
 
