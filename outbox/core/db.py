@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -122,7 +123,53 @@ def _ping_when_idle(engine: Engine) -> None:
     event.listen(engine, "checkout", checkout)
 
 
+_PYMYSQL_CRYPTOGRAPHY = ("default_backend", "hashes", "serialization", "padding")
+
+
+def _import_pymysql_without_cryptography() -> None:
+    """Import PyMySQL without the `cryptography` package it imports at once (~8 MB of RSS, and
+    start-up time, in every cron process), loading it when a server first asks for it instead.
+
+    PyMySQL needs it only to RSA-encrypt a password for MySQL 8's sha256_password /
+    caching_sha2_password over a connection without TLS. pymysql._auth imports it in a
+    try/except ImportError at module level: the import is refused while PyMySQL loads, and
+    `sha2_rsa_encrypt`, the one function using it, is wrapped to import it on its first call.
+    Nothing changes if PyMySQL (or cryptography) is already loaded, or if its _auth module no
+    longer has that shape.
+    """
+    if "pymysql" in sys.modules or "cryptography" in sys.modules:
+        return
+    sys.modules["cryptography"] = None  # makes `from cryptography... import` raise ImportError
+    try:
+        import pymysql._auth as auth
+    except ImportError:
+        return  # no PyMySQL: SQLAlchemy reports the missing driver itself
+    finally:
+        del sys.modules["cryptography"]
+    original = getattr(auth, "sha2_rsa_encrypt", None)
+    if auth.__dict__.get("_have_cryptography") is not False or original is None:
+        return
+
+    def sha2_rsa_encrypt(password, salt, public_key):
+        if not auth._have_cryptography:
+            try:
+                from cryptography.hazmat.backends import default_backend
+                from cryptography.hazmat.primitives import hashes, serialization
+                from cryptography.hazmat.primitives.asymmetric import padding
+            except ImportError:
+                pass  # PyMySQL's own error says what is missing
+            else:
+                auth.default_backend, auth.hashes, auth.serialization, auth.padding = (
+                    default_backend, hashes, serialization, padding)
+                auth._have_cryptography = True
+        return original(password, salt, public_key)
+
+    auth.sha2_rsa_encrypt = sha2_rsa_encrypt
+
+
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
+    if url.startswith("mysql+pymysql"):
+        _import_pymysql_without_cryptography()
     connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
     if settings.mysql_tls == "off":
         # PyMySQL otherwise negotiates TLS and loads the system CA store on every
