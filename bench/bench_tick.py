@@ -112,7 +112,7 @@ def main() -> None:
         table += (f"| {label} | {wall[label]:.3f} | {wall[label] / wall['floor']:.2f}× | {rss[label]:.1f} "
                   f"| {rss[label] - rss['floor']:+.1f} |\n")
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(counted["kinds"].items(), key=lambda kv: -kv[1]))
-    table += f"\nStatements a quiet tick sends (MariaDB/SQLite alike in kind): {counted['statements']} ({kinds}).\n"
+    table += f"\nStatements the second tick sends: {counted['statements']} ({kinds}).\n"
     print(table)
     if not args.no_write:
         command = "python -m bench.bench_tick" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
