@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Callable
 
 from sqlalchemy import insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
@@ -22,13 +23,14 @@ from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
 from outbox.engine.backoff import Backoff
 from outbox.engine.registry import DEFAULT, Registry
-from outbox.events.record import new_trace_id
+from outbox.events.record import connection_of, new_trace_id
 from outbox.queue.models import READY, Job
 from outbox.queue.ratelimit import RateLimit
 
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 J = Job.__table__
+_INSERT = insert(J)  # one statement, compiled once; the row goes in as parameters
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,12 @@ class JobHandler:
     def max_attempts(self) -> int:
         return self.tries
 
-    def dispatch(self, session: Session, payload=None, *, delay: float | timedelta = 0,
+    def dispatch(self, session: Session | Connection, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None) -> int | None:
-        """Add this job to the caller's transaction; returns its id, or None when a job with the same
-        unique key is already waiting or running (then nothing is added and the caller's
-        transaction is untouched)."""
+        """Add this job to the caller's transaction (a Session, scoped session or Core Connection,
+        like record(): the INSERT runs on that transaction's connection, never flushing the caller's
+        pending objects); returns its id, or None when a job with the same unique key is already
+        waiting or running (then nothing is added and the caller's transaction is untouched)."""
         body = dump_payload(payload)
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
@@ -75,10 +78,11 @@ class JobHandler:
             "trace_id": new_trace_id(),
             "created_at": now,
         }
+        connection = connection_of(session, Job)
         if row["unique_key"] is None:
-            result = session.execute(insert(J).values(row))
+            result = connection.execute(_INSERT, row)
         else:
-            result = insert_ignore(session, J, row)
+            result = insert_ignore(connection, J, row)
             if result.rowcount == 0:
                 return None
         return result.inserted_primary_key[0]
