@@ -51,6 +51,7 @@ JOBS_PER_WORKER = 20  # the pool scales up by one worker per this many due jobs,
 SCALE_SECONDS = 3.0  # how often a pool that can scale counts due jobs and sums its memory
 RESTARTS_PER_MINUTE = 10  # crashed children restarted per minute, at most; past it the pool stops
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds before restarting a crashed child, doubling per crash
+EARLY_EXIT_SECONDS = 5.0  # without --stop-when-empty, a child ending sooner counts as a crash
 PARENT_POLL = 0.5  # how often a child looks whether its parent is still there
 SUPERVISE_POLL = 0.05
 
@@ -223,8 +224,8 @@ class Pool:
         total, average = self._pool_rss()
         if total + average <= self.memory_kb:
             return True
-        if not self.children and not self._restart_at:
-            return True  # never refuse the first one: one worker is what a plain `queue work` runs
+        if not self.children:
+            return True  # never refuse a lone one: one worker is what a plain `queue work` runs
         self.stats.not_started_memory += 1
         if self.stats.not_started_memory == 1:
             log.info("pool: not starting another worker: pool RSS %d MB + %d MB per worker would pass --memory "
@@ -259,9 +260,15 @@ class Pool:
             except (OSError, ValueError):
                 pass
         remaining = budget.remaining()
-        pid = os.fork()
-        if pid == 0:
-            self._child(None if math.isinf(remaining) else remaining)  # never returns
+        # A SIGTERM in the child before it has its own handler would stop the parent's budget (the
+        # child's copy of it): held back until the child's handler is in place.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._child(None if math.isinf(remaining) else remaining, mask)  # never returns
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.children[pid] = Child(pid, clock.monotonic(), restart)
         self.stats.started += 1
         self.stats.pids.append(pid)
@@ -277,12 +284,19 @@ class Pool:
                 done, status = pid, 0
             if not done:
                 continue
-            del self.children[pid]
+            child = self.children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
+            lived = clock.monotonic() - child.started
             if code == 0:
-                self._one_ended = True
-                continue
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                if self.stop_when_empty:
+                    self._one_ended = True
+                    continue
+                if self._stopping or lived >= EARLY_EXIT_SECONDS:
+                    continue  # stopped for its own limit (--memory, --max-jobs): replaced to the target size
+            # A crash; or, without --stop-when-empty, a child that stopped at once (its --memory already
+            # passed at start): restarting it without a pause would fork in a loop.
+            how = (f"signal {signal.Signals(-code).name}" if code < 0 else
+                   f"exit code {code}" if code else f"a stop {lived:.1f}s after its start")
             self.stats.crashed += 1
             now = clock.monotonic()
             self._crash_times = [t for t in self._crash_times if t > now - 60] + [now]
@@ -325,13 +339,14 @@ class Pool:
         self.stats.outcomes = [r.outcome for r in rows]
 
     # -- a child -------------------------------------------------------------------
-    def _child(self, max_time: float | None) -> None:
+    def _child(self, max_time: float | None, mask) -> None:
         code = 1
         try:
             budget = Budget(max_time=max_time, memory_mb=self.memory_kb / 1024 if self.memory_kb else None,
                             max_handled=self.max_jobs)
             for sig in (signal.SIGTERM, signal.SIGINT):  # the parent's handlers stop the parent's budget
                 signal.signal(sig, lambda *_: budget.stop("signal"))
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             self._forget_inherited()
             crash_point("worker-start")
             threading.Thread(target=self._watch_parent, args=(budget,), daemon=True, name="cronbox-parent").start()

@@ -203,6 +203,15 @@ def test_children_that_crash_at_start_are_restarted_with_a_backoff_not_in_a_loop
     assert done_rows(runtime) == []
 
 
+def test_a_child_that_stops_at_once_for_memory_is_not_restarted_in_a_loop(runtime, pool_env):
+    started = time.monotonic()
+    proc = run_cli(pool_env, "queue", "work", "--workers", "2", "--memory", "8", "--max-time", "5")
+    assert proc.returncode == 0 and time.monotonic() - started < 20, proc.stdout + proc.stderr
+    restarts = int(proc.stdout.split("restarts ")[1].split(",")[0])
+    assert 1 <= restarts <= 6, proc.stdout  # each worker passes 8 MB at once: waits grow between restarts
+    assert {r.outcome for r in work_rows(runtime)} == {"memory"}
+
+
 def test_min_and_max_workers_scale_with_the_backlog(runtime, pool_env):
     dispatch(runtime, pool_jobs.insert_once.job, range(100))  # 5 workers' worth of due jobs
     proc = run_cli({**pool_env, "TEST_SLEEP": "0.02"}, "queue", "work", "--min-workers", "1",
@@ -283,3 +292,10 @@ def test_children_never_use_the_ticks_lock_connection(runtime, pool_env, mysql_a
     rows = done_rows(runtime)
     assert {0, 20, 40} <= {r.n for r in rows}  # the jobs they were in were finished
     assert holder not in {r.connection_id for r in rows}
+
+
+def test_a_malformed_connection_budget_is_one_line(pool_env):
+    for value in ("many", "0"):
+        proc = run_cli(pool_env, "queue", "work", "--stop-when-empty", "--workers", "2", CRONBOX_MAX_CONNECTIONS=value)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "CRONBOX_MAX_CONNECTIONS" in proc.stderr
