@@ -72,6 +72,11 @@ class Settings:
         value = (self.raw.get(name) or "").strip()
         return value or default
 
+    def number(self, name: str, default, kind=int, *, minimum=0):
+        """A numeric setting a module reads itself (CRONBOX_MAX_CONNECTIONS...): `default` when unset,
+        SettingsError naming it when it is not a number or below `minimum`."""
+        return _number(self.get, name, default, kind, minimum=minimum)
+
     @property
     def logs_dir(self) -> Path:
         return self.instance / "logs"

@@ -78,3 +78,13 @@ def totals_since(session, since):
         select(H.c.command, H.c.outcome, func.count(), func.sum(H.c.delivered), func.sum(H.c.retried),
                func.sum(H.c.dead), func.sum(H.c.jobs_done), func.sum(H.c.jobs_failed))
         .where(H.c.started_at >= since).group_by(H.c.command, H.c.outcome)).all()
+
+
+def runs_of(session, command: str, pids: list[int], since) -> list[Heartbeat]:
+    """The runs of `command` by processes `pids` of this host started at or after `since`: what a
+    worker pool's children did (each writes its own row)."""
+    if not pids:
+        return []
+    return list(session.scalars(select(Heartbeat).where(
+        Heartbeat.command == command, Heartbeat.host == socket.gethostname()[:255], Heartbeat.pid.in_(pids),
+        Heartbeat.started_at >= since)))
