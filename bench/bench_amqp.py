@@ -38,14 +38,22 @@ PAYLOAD = {"i": 0, "appointment": 123456, "status": "paid", "amount_cents": 4500
 
 
 class TimedBroker(Broker):
-    """The relay's broker, adding up the time spent publishing and waiting for confirms."""
+    """The relay's broker, adding up the time spent publishing and waiting for confirms (the
+    database work the relay does while confirms are in flight is not counted)."""
 
     seconds = 0.0
 
-    def send(self, messages, timeout):
+    def publish(self, messages, timeout):
         started = time.perf_counter()
         try:
-            return super().send(messages, timeout)
+            return super().publish(messages, timeout)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def collect(self, flight):
+        started = time.perf_counter()
+        try:
+            return super().collect(flight)
         finally:
             self.seconds += time.perf_counter() - started
 
@@ -115,6 +123,7 @@ def main() -> None:
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--amqp", default=os.environ.get("CRONBOX_AMQP_URL") or "amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     broker = Broker_(args.amqp)
     outbox.forward("bench.fwd", exchange=broker.exchange, name="bench.amqp")
@@ -123,10 +132,17 @@ def main() -> None:
         for label, url in [("SQLite", None)] + ([("MariaDB", args.mysql)] if args.mysql else []):
             t = Target(label, url)
             try:
-                r = {"bare": bare_publisher(broker, args.events)}
-                r["forward"], r["in_client"] = forward_rate(t, broker, args.events)
-                t.reset()
-                r["noop"] = relay_rate(t, "bench.noop", args.events)
+                # The three runs interleaved, best of --rounds each: other work on the machine slows
+                # single runs by up to half; the best round of each is the least disturbed.
+                r = {"bare": 0.0, "forward": 0.0, "noop": 0.0, "in_client": 0.0}
+                for _ in range(args.rounds):
+                    r["bare"] = max(r["bare"], bare_publisher(broker, args.events))
+                    rate, in_client = forward_rate(t, broker, args.events)
+                    if rate > r["forward"]:
+                        r["forward"], r["in_client"] = rate, in_client
+                    t.reset()
+                    r["noop"] = max(r["noop"], relay_rate(t, "bench.noop", args.events))
+                    t.reset()
                 r["vs_bare"] = r["forward"] / r["bare"]
                 r["vs_noop"] = r["forward"] / r["noop"]
                 results[label] = r
@@ -139,7 +155,8 @@ def main() -> None:
         (f"bare publisher, py-amqp, persistent + confirms, batches of {BATCH} (messages/s)", "bare", "{:,.0f}"),
         (f"relay → RabbitMQ with confirms, {args.events:,} events (deliveries/s)", "forward", "{:,.0f}"),
         ("relay to a no-op consumer, same events (deliveries/s)", "noop", "{:,.0f}"),
-        ("share of that relay run inside the broker client (publish + confirms)", "in_client", "{:.0%}"),
+        ("share of that relay run inside the broker client (publishing, reading confirms not yet in)", "in_client",
+         "{:.0%}"),
         ("relay → RabbitMQ / bare publisher (target ≥ 60 %)", "vs_bare", "{:.0%}"),
         ("relay → RabbitMQ / no-op relay (target ≥ 70 %)", "vs_noop", "{:.0%}"),
     ]
@@ -149,6 +166,7 @@ def main() -> None:
         table += f"| {title} | " + " | ".join(fmt.format(results[l][key]) for l in labels) + " |\n"
     print(table)
     command = "python -m bench.bench_amqp" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
+    command += f" (best of {args.rounds} interleaved rounds)"
     write_section("amqp", "Forwarding to RabbitMQ", command, table + NOTES)
 
 
