@@ -347,11 +347,14 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
 
 FLUSH_BYTES = 256 * 1024  # a batch goes out in writes of about this size
 FRAME_END = b"\xce"
-_BASIC_PROPERTIES = ("content_type", "content_encoding", "application_headers", "delivery_mode", "priority",
-                     "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type", "user_id",
-                     "app_id", "cluster_id")
-_OCTETS, _TIMESTAMP, _TABLE = {"delivery_mode", "priority"}, "timestamp", "application_headers"
+# (name, flag bit, kind) of each basic property, in the order of the property list.
+_LAYOUT = tuple((name, 1 << bit, kind) for bit, (name, kind) in zip(range(15, 1, -1), (
+    ("content_type", "s"), ("content_encoding", "s"), ("application_headers", "F"), ("delivery_mode", "o"),
+    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
+    ("timestamp", "L"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"))))
+_OCTET = tuple(bytes((n,)) for n in range(256))  # a length or an octet value, ready made
 _pack = struct.pack
+_keys: dict[str, bytes] = {}  # header names as short strings (a handful, the same on every message)
 
 
 def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
@@ -371,38 +374,48 @@ def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
 
 def _properties(properties: dict) -> bytes:
     flags, out = 0, []
+    append = out.append
     try:
-        for bit, name in zip(range(15, 1, -1), _BASIC_PROPERTIES):
+        for name, flag, kind in _LAYOUT:
             value = properties.get(name)
             if value is None:
                 continue
-            flags |= 1 << bit
-            if name in _OCTETS:
-                out.append(_pack("B", value))
-            elif name == _TIMESTAMP:
-                out.append(_pack(">Q", value))
-            elif name == _TABLE:
-                out.append(_table(value))
+            flags |= flag
+            if kind == "s":
+                data = value.encode("utf-8", "surrogatepass")
+                append(_OCTET[len(data)])  # IndexError past 255 bytes
+                append(data)
+            elif kind == "o":
+                append(_pack("B", value))
+            elif kind == "L":
+                append(_pack(">Q", value))
             else:
-                out.append(_shortstr(value))
-    except (TypeError, ValueError, struct.error):  # a value of another type: py-amqp's own serializer
-        return _amqp().Message(b"", **properties)._serialize_properties()
+                append(_table(value))
+    except (TypeError, ValueError, IndexError, AttributeError, struct.error):
+        return _amqp().Message(b"", **properties)._serialize_properties()  # another value type: py-amqp's way
     return _pack(">H", flags) + b"".join(out)
 
 
 def _table(table: dict) -> bytes:
     out = []
+    append = out.append
     for key, value in table.items():
-        out.append(_shortstr(key))
+        encoded = _keys.get(key)
+        if encoded is None:
+            encoded = _shortstr(key)
+            if len(_keys) < 64:
+                _keys[key] = encoded
+        append(encoded)
         if isinstance(value, str):
             value = value.encode("utf-8", "surrogatepass")
-            out += (_pack(">cI", b"S", len(value)), value)
+            append(_pack(">cI", b"S", len(value)))
+            append(value)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(type(value).__name__)
         elif -2147483647 <= value <= 2147483647:  # py-amqp's bounds
-            out.append(_pack(">ci", b"I", value))
+            append(_pack(">ci", b"I", value))
         else:
-            out.append(_pack(">cq", b"L", value))
+            append(_pack(">cq", b"L", value))
     data = b"".join(out)
     return _pack(">I", len(data)) + data
 
@@ -411,7 +424,7 @@ def _shortstr(text: str) -> bytes:
     data = text.encode("utf-8", "surrogatepass")
     if len(data) > 255:
         raise ValueError(f"AMQP short string longer than 255 bytes: {text[:40]!r}...")
-    return _pack("B", len(data)) + data
+    return _OCTET[len(data)] + data
 
 
 def _why(exc: BaseException) -> str:
