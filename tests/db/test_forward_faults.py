@@ -174,8 +174,8 @@ def test_a_batch_the_broker_never_confirms_is_not_acked_and_retried_with_backoff
 def test_the_connection_cut_in_the_middle_of_a_batch_loses_nothing_and_acks_nothing_unconfirmed(
         runtime, registry, rabbit, connection):
     """The proxy cuts the connection after passing part of a batch (whole messages, then half of
-    one). On a kept connection the batch is published once more at once on a new one (it may have
-    died while idle); on a fresh one it waits its backoff. Either way: what the broker confirmed
+    one). On a kept connection a batch of which nothing was confirmed is published once more at
+    once on a new one (it may have died while idle); on a fresh one it waits its backoff. Either way: what the broker confirmed
     before the cut is acked, nothing else is, and every event gets there, in per-key order."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
@@ -203,7 +203,10 @@ def test_the_connection_cut_in_the_middle_of_a_batch_loses_nothing_and_acks_noth
         assert relay.broker.connects == 2  # the cut cost one new connection
         assert_acked_only_if_arrived(runtime, first, events)
         if connection == "kept":
-            assert stats.retried == 0 and stats.done == 42  # published again at once, on a new connection
+            # Nothing of the batch confirmed: published again at once on a new connection. If the
+            # broker's confirms of the messages wholly sent before the cut came back first, only
+            # the rest of the batch waits its backoff.
+            assert (stats.retried, stats.done) == (0, 42) or (0 < stats.retried <= 5 and stats.done >= 12)
         else:
             assert stats.retried == 5 and stats.done == 2  # the cut batch waits its backoff, holding its keys
             assert 2 < len(first) < 2 + 5  # with some of it at the broker already
