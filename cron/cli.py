@@ -1,8 +1,8 @@
 """The command tree of `python -m cron` (also `flask --app app cron`, artisan_via_cron.sh).
 
 Every command is registered here, explicitly: nothing registers itself by being imported. The
-storage and ops groups are lazy (imported only when used): the storage commands pull in
-libsodium and `cryptography`, megabytes a tick never needs.
+storage, ops and amqp groups are lazy (imported only when used): the storage commands pull in
+libsodium and `cryptography`, megabytes a tick never needs; amqp, the broker client.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from outbox.engine.runtime import Runtime
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]},
-             lazy={"storage": "cron.commands.storage:storage", "ops": "cron.commands.ops:ops"})
+             lazy={"storage": "cron.commands.storage:storage", "ops": "cron.commands.ops:ops",
+                   "amqp": "cron.commands.amqp:amqp"})
 @click.pass_context
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""

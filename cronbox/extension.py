@@ -22,7 +22,7 @@ event rows in the host's transaction (`outbox.record`); in cron processes the ho
 is bound to the handler's connection instead (cronbox.hosting).
 
 Each part is a blueprint, switched off with CRONBOX_<PART>=off and moved with
-CRONBOX_<PART>_PREFIX (files, health, webcron, ops). Nothing outside these blueprints is
+CRONBOX_<PART>_PREFIX (files, health, metrics, webcron, ops). Nothing outside these blueprints is
 touched: no app-wide error handler, session interface, secret key or CSRF setting.
 """
 from __future__ import annotations
@@ -169,11 +169,16 @@ def _parts(settings: Settings) -> dict[str, str]:
 def _register_parts(app: Flask, state: CronboxState) -> None:
     from cron.format import age
 
-    from . import files, health, ops, webcron  # here: they import cronbox.state, which is ready now
+    from cron.scheduling.metrics import window_seconds
+
+    from . import files, health, metrics, ops, webcron  # here: they import cronbox.state, which is ready now
 
     parts = state.parts
     if "health" in parts:
         app.register_blueprint(health.bp, url_prefix=parts["health"] or None)
+    if "metrics" in parts:
+        window_seconds(state.settings)  # a bad CRONBOX_METRICS_WINDOW is init_app's one-line error, not a 500 later
+        app.register_blueprint(metrics.bp, url_prefix=parts["metrics"] or None)
     if "webcron" in parts:
         app.register_blueprint(webcron.bp, url_prefix=parts["webcron"] or None)
     if "files" in parts:

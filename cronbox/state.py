@@ -19,7 +19,7 @@ from flask import Flask, current_app
 from outbox.core.settings import Settings
 from outbox.engine.runtime import Runtime, load_handlers, open_runtime
 
-PARTS = ("files", "health", "webcron", "ops")
+PARTS = ("files", "health", "metrics", "webcron", "ops")
 
 
 @dataclass

@@ -139,3 +139,49 @@ class Providers:
                 self._reply(201, message)
 
         return Handler
+
+
+class WebhookReceiver:
+    """A real HTTP server on loopback receiving webhook alerts: keeps every POST (path, headers, raw body)
+    and answers with the next status of `answers` (then 200), after the next delay of `delays` (then 0)."""
+
+    def __init__(self, answers: list[int] | None = None):
+        self.answers = list(answers or [])
+        self.delays: list[float] = []
+        self.received: list[tuple[str, dict[str, str], bytes]] = []
+        self.server = QuietServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self):
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.received.append((self.path, dict(self.headers.items()), body))
+                if receiver.delays:
+                    time.sleep(receiver.delays.pop(0))
+                status = receiver.answers.pop(0) if receiver.answers else 200
+                data = json.dumps({"ok": status < 300}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler

@@ -92,14 +92,15 @@ class Rabbit:
                 return out
             out.append(message)
 
-    def close_cronbox_connections(self) -> int:
-        """Close, from the broker's side, every connection cronbox's relay has open in this vhost."""
+    def close_cronbox_connections(self, name: str = "cronbox relay") -> int:
+        """Close, from the broker's side, every connection cronbox's relay (or the one named `name`:
+        "cronbox consumer") has open in this vhost."""
         rows = rabbitmqctl("list_connections", "-q", "--no-table-headers", "pid", "vhost", "client_properties")
         closed = 0
         for line in rows.splitlines():
             pid, _, rest = line.partition("\t")
             vhost, _, props = rest.partition("\t")
-            if vhost == self.vhost and "cronbox relay" in props:
+            if vhost == self.vhost and name in props:
                 rabbitmqctl("close_connection", pid, "closed by the test")
                 closed += 1
         return closed

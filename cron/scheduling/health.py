@@ -20,6 +20,7 @@ from cron.scheduling.models import AlertState
 from outbox.core import clock
 from outbox.core.db import insert_ignore
 from outbox.core.logs import log_text
+from outbox.core.memlimit import DEFAULT_ROOT, memory_limit
 from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
 from outbox.events import deliveries
@@ -76,6 +77,7 @@ def run_checks(runtime) -> Report:
     checks.append(_disk_check(settings.instance))
     checks.append(_instance_check(settings.instance))
     checks += _key_checks(settings)
+    checks += _memory_checks(settings)
     worst = max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
     return Report(worst, now, checks, queues)
 
@@ -176,6 +178,40 @@ def _instance_check(folder) -> Check:
     return Check("instance", OK, f"mode {oct(mode & 0o777)}")
 
 
+MEMORY_WARN, MEMORY_FAIL = 80.0, 95.0  # per cent of the limit in use (CRONBOX_MEMORY_WARN, _FAIL)
+
+
+def _memory_checks(settings) -> list[Check]:
+    """Headroom under the memory limit of this process's cgroup (an LVE on CloudLinux 8+: the whole
+    account's web and cron processes together), outbox.core.memlimit. No limit known: no check."""
+    try:
+        warn, fail = (_percent(settings, name, default) for name, default in
+                      (("CRONBOX_MEMORY_WARN", MEMORY_WARN), ("CRONBOX_MEMORY_FAIL", MEMORY_FAIL)))
+    except ValueError as exc:
+        return [Check("memory", WARN, str(exc))]
+    found = memory_limit(settings.get("CRONBOX_CGROUP_ROOT") or DEFAULT_ROOT)
+    if found is None:
+        return []
+    share = found.share_used * 100
+    mib = 2 ** 20
+    return [Check("memory", _grade(share, warn, fail),
+                  f"{found.used / mib:,.0f} of {found.limit / mib:,.0f} MiB in use ({share:.0f}%), "
+                  f"{found.headroom / mib:,.0f} MiB headroom ({found.source})", round(found.headroom / mib))]
+
+
+def _percent(settings, name: str, default: float) -> float:
+    raw = settings.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.rstrip("% "))
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 100:
+        raise ValueError(f"{name}={raw!r} must be a percentage between 0 and 100; memory not checked")
+    return value
+
+
 def _key_checks(settings) -> list[Check]:
     """Master key files (sealed storage): present, readable, and readable by nobody else."""
     folder = settings.key_folder
@@ -217,13 +253,15 @@ def alert_on(runtime, report: Report) -> list[str]:
                     state.last_alerted_at, state.detail = now, check.detail[:500]
                     admin_alert(session, runtime.settings, key=f"health:{check.name}:{now:%Y%m%d%H%M}",
                                 subject=f"health check {check.name} failing",
-                                body=f"{check.name}: {check.detail} (since {state.since:%Y-%m-%d %H:%M} UTC)")
+                                body=f"{check.name}: {check.detail} (since {state.since:%Y-%m-%d %H:%M} UTC)",
+                                check=check.name, status=check.status)
                     sent.append(f"fail:{check.name}")
             elif state is not None and state.failing:
                 state.failing, state.detail = False, check.detail[:500]
                 admin_alert(session, runtime.settings, key=f"health:{check.name}:ok:{now:%Y%m%d%H%M}",
                             subject=f"health check {check.name} recovered",
-                            body=f"{check.name} is {check.status} again: {check.detail}")
+                            body=f"{check.name} is {check.status} again: {check.detail}",
+                            check=check.name, status=check.status, recovery=True)
                 sent.append(f"ok:{check.name}")
     return sent
 

@@ -50,6 +50,8 @@ def unknown_since(rows: list[tuple[str, datetime]]) -> datetime | None:
 
 
 def mask_recipient(recipient: str) -> str:
+    if recipient.startswith(("https://", "http://")):
+        return recipient  # a webhook's scheme://host (webhook.where): its path and query never get here
     if "@" in recipient:
         name, _, domain = recipient.partition("@")
         return f"{name[:1]}***@{domain}"

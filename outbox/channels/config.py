@@ -12,10 +12,13 @@
 | CRONBOX_SMTP_HOST, _PORT, _USER, _PASSWORD, _SECURITY | -, 587, -, -, starttls | security: starttls, ssl or none |
 | CRONBOX_MAIL_FROM | - | From address |
 | CRONBOX_ADMIN_PHONE, CRONBOX_ADMIN_EMAIL | - | where admin alerts go |
+| CRONBOX_ALERT_WEBHOOK_URL, CRONBOX_ALERT_WEBHOOK_SECRET | - | admin alerts as a signed POST (webhook.py); https, http only to loopback; both or neither |
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from outbox.core.errors import SettingsError
 from outbox.queue.ratelimit import RateLimit
@@ -47,6 +50,8 @@ class ChannelConfig:
     mail_from: str | None
     admin_phone: str | None
     admin_email: str | None
+    webhook_url: str | None = None
+    webhook_secret: str | None = field(default=None, repr=False)  # never in a repr, a log or an error
 
 
 def channel_config(settings) -> ChannelConfig:
@@ -94,7 +99,34 @@ def _parse(settings) -> ChannelConfig:
         mail_from=get("CRONBOX_MAIL_FROM"),
         admin_phone=get("CRONBOX_ADMIN_PHONE"),
         admin_email=get("CRONBOX_ADMIN_EMAIL"),
+        webhook_url=_webhook_url(get),
+        webhook_secret=get("CRONBOX_ALERT_WEBHOOK_SECRET"),
     )
+
+
+def _webhook_url(get) -> str | None:
+    url, secret = get("CRONBOX_ALERT_WEBHOOK_URL"), get("CRONBOX_ALERT_WEBHOOK_SECRET")
+    if bool(url) != bool(secret):
+        raise SettingsError("set CRONBOX_ALERT_WEBHOOK_URL and CRONBOX_ALERT_WEBHOOK_SECRET together "
+                            "(alerts are never posted unsigned)")
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise SettingsError("CRONBOX_ALERT_WEBHOOK_URL must be an https:// URL")
+    # An alert must not cross a network in clear; http:// is for a receiver on this machine (and the tests).
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        raise SettingsError("CRONBOX_ALERT_WEBHOOK_URL must use https:// (http:// only to 127.0.0.1, ::1 or localhost)")
+    return url
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _rate(get, name: str, bucket: str) -> RateLimit | None:

@@ -30,13 +30,14 @@ class Response:
             return None
 
 
-def request(method: str, url: str, *, form: dict | None = None, headers: dict | None = None,
-            timeout: float) -> Response:
+def request(method: str, url: str, *, form: dict | None = None, data: bytes | None = None,
+            headers: dict | None = None, timeout: float) -> Response:
+    """`form`: sent url-encoded; `data`: sent as it is, with the Content-Type given in `headers`."""
     parts = urlsplit(url)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    body = urlencode(form).encode() if form is not None else None
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    body = urlencode(form).encode() if form is not None else data
     all_headers = {"Accept": "application/json", "User-Agent": "cronbox", **(headers or {})}
-    if body is not None:
+    if form is not None:
         all_headers["Content-Type"] = "application/x-www-form-urlencoded"
     if parts.scheme == "https":
         connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,

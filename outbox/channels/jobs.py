@@ -1,6 +1,7 @@
-"""The built-in channel jobs (cronbox.sms, cronbox.email, cronbox.notify) and the admin alerts sent through them.
+"""The built-in channel jobs (cronbox.sms, cronbox.email, cronbox.notify, cronbox.webhook) and the admin
+alerts sent through them.
 
-Admin alerts: a message to the operator by e-mail and/or SMS, as jobs, unique per problem.
+Admin alerts: a message to the operator by e-mail, SMS and/or a signed webhook, as jobs, unique per problem.
 The unique key makes a second alert about the same problem a no-op while the first is still
 waiting or running; callers decide how often a problem may be repeated (health: once an hour)
 by putting a time bucket in the key.
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 
 from sqlalchemy.orm import Session
 
-from outbox.channels import email, sms
+from outbox.channels import email, sms, webhook
 from outbox.channels.config import channel_config
 from outbox.channels.errors import UnknownAfterLookup
 from outbox.channels.models import Notification
@@ -43,7 +45,7 @@ def send_sms(payload, ctx):
     try:
         sms.driver_for(channel_config(ctx.settings)).send(ctx, to, text)
     except UnknownAfterLookup as exc:
-        admin_alert(ctx.session, ctx.settings, key=f"sms-outcome-unknown:{ctx.idempotency_key}",
+        admin_alert(ctx.session, ctx.settings, key=f"sms-outcome-unknown:{ctx.idempotency_key}", check="sms.outcome",
                     subject="SMS outcome unknown",
                     body=f"{ctx.idempotency_key} (trace {ctx.trace_id}) to {exc.recipient} timed out and could not "
                          f"be looked up ({exc.why}). It may have been sent; it will not be resent.")
@@ -58,6 +60,16 @@ def send_email(payload, ctx):
     email.send(channel_config(ctx.settings), ctx, to=_text(payload, "to", limit=254),
                subject=_text(payload, "subject", limit=255), text=_text(payload, "text", limit=1_000_000),
                html=_text(payload, "html", limit=2_000_000, required=False))
+
+
+@job("webhook", name="cronbox.webhook", tries=8, backoff=30, timeout=60, channel="webhook")
+def send_webhook(payload, ctx):
+    """payload: {"check", "status", "message", "time", "host", "recovery"}: posted as JSON, signed
+    (outbox/channels/webhook.py). Dispatched by admin_alert, not meant for other messages."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("recovery"), bool):
+        raise PermanentFailure("payload must be an alert: check, status, message, time, host, recovery")
+    fields = {name: _text(payload, name, limit=4000) for name in ("check", "status", "message", "time", "host")}
+    webhook.send(channel_config(ctx.settings), ctx, {**fields, "recovery": payload["recovery"]})
 
 
 @job("notifications", name="cronbox.notify", tries=5, backoff=5, timeout=30)
@@ -79,10 +91,19 @@ def add_notification(session: Session, *, recipient: str, kind: str, title: str,
 
 
 def admin_alert(session: Session, settings, *, key: str, subject: str, body: str,
-                skip_channel: str | None = None) -> list[str]:
-    """Dispatch the alert in the caller's transaction; returns the channels used."""
+                skip_channel: str | None = None, check: str | None = None, status: str = "fail",
+                recovery: bool = False) -> list[str]:
+    """Dispatch the alert in the caller's transaction; returns the channels used.
+    `check`, `status`, `recovery`: what the webhook's JSON says (the check defaults to the key's
+    first part, e.g. "channel-paused")."""
     config = channel_config(settings)
     used = []
+    if config.webhook_url and skip_channel != "webhook":
+        payload = {"check": (check or key.partition(":")[0])[:200], "status": status, "message": f"{subject}: {body}"[:4000],
+                   "time": clock.utcnow().isoformat(timespec="seconds") + "Z", "host": socket.gethostname()[:255] or "?",
+                   "recovery": recovery}
+        if send_webhook.dispatch(session, payload, unique_key=f"alert:{key}") is not None:
+            used.append("webhook")
     if config.admin_email and skip_channel != "mail":
         if send_email.dispatch(session, {"to": config.admin_email, "subject": f"[cronbox] {subject}",
                                          "text": body}, unique_key=f"alert:{key}") is not None:
@@ -91,8 +112,9 @@ def admin_alert(session: Session, settings, *, key: str, subject: str, body: str
         if send_sms.dispatch(session, {"to": config.admin_phone, "text": f"cronbox: {subject}"[:320]},
                              unique_key=f"alert:{key}") is not None:
             used.append("sms")
-    if not (config.admin_email or config.admin_phone):
-        log.warning("admin alert %r not sent: set CRONBOX_ADMIN_EMAIL or CRONBOX_ADMIN_PHONE", key)
+    if not (config.admin_email or config.admin_phone or config.webhook_url):
+        log.warning("admin alert %r not sent: set CRONBOX_ADMIN_EMAIL, CRONBOX_ADMIN_PHONE or "
+                    "CRONBOX_ALERT_WEBHOOK_URL", key)
     return used
 
 
@@ -101,6 +123,7 @@ def alert_on_pause(session: Session, settings, channel: str, seconds: float, rea
     """A paused channel tells the operator once (unique per channel while the alert waits), by the
     other channel: an SMS provider out of credit cannot carry its own alert."""
     admin_alert(session, settings, key=f"channel-paused:{channel}", subject=f"{channel} channel paused",
+                check=f"channel.{channel}", status="warn",
                 body=f"The {channel} channel stopped sending for {seconds:.0f}s: {reason}. "
                      f"Jobs wait and resume by themselves; once the cause is fixed, `queue resume {channel}` "
                      "(or Resume on the console's Queues page) sends them at once.", skip_channel=channel)

@@ -61,6 +61,10 @@ class Settings:
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
+    # Group commit (outbox.engine.processor.Group): how many grouped handlers' items share one
+    # transaction at most, and for how long (ms) it stays open past its first handler at most.
+    group_max: int = 50
+    group_ms: int = 200
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -189,6 +193,8 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         queues=tuple(q.strip() for q in (get("CRONBOX_QUEUES") or "").split(",") if q.strip()),
         claim_mode=claim_mode,
         lease_margin=_number(get, "CRONBOX_LEASE_MARGIN", 30.0, float, minimum=0),
+        group_max=_number(get, "CRONBOX_GROUP_MAX", 50, int, minimum=1),
+        group_ms=_number(get, "CRONBOX_GROUP_MS", 200, int, minimum=0),
         cron_interval=_number(get, "CRONBOX_CRON_INTERVAL", 1, int, minimum=1),
         health_token=get("CRONBOX_HEALTH_TOKEN"),
         cron_token=get("CRONBOX_CRON_TOKEN"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, select, update
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -78,3 +78,12 @@ def between(session, start, end):
     what the console's 24-hour chart draws."""
     return session.execute(select(H.c.started_at, H.c.command, H.c.delivered, H.c.jobs_done, H.c.backlog,
                                   H.c.outcome).where(H.c.started_at >= start, H.c.started_at < end)).all()
+
+
+def totals_since(session, since):
+    """(command, outcome, runs, delivered, retried, dead, jobs_done, jobs_failed) over the runs started at
+    or after `since`, one row per command and outcome: one range of the started_at index (GET /metrics)."""
+    return session.execute(
+        select(H.c.command, H.c.outcome, func.count(), func.sum(H.c.delivered), func.sum(H.c.retried),
+               func.sum(H.c.dead), func.sum(H.c.jobs_done), func.sum(H.c.jobs_failed))
+        .where(H.c.started_at >= since).group_by(H.c.command, H.c.outcome)).all()

@@ -85,12 +85,13 @@ def app_models():
 
 def test_the_readme_has_the_snippets_this_test_runs():
     snippets = readme_snippets()
-    assert len(snippets) == 8
+    assert len(snippets) == 9
     assert "outbox.record(" in snippets[0] and "outbox.forward(" in snippets[1] and ".dispatch(" in snippets[2]
     assert "send_sms.dispatch" in snippets[3] and "storage.put(" in snippets[4]
     assert "seal_upload(" in snippets[5]
     assert "include_name" in snippets[6]  # the host's env.py lines: run by test_host_alembic.py
     assert "console_operator=staff_only" in snippets[7]  # the host's login: test_console_host_auth.py's hook
+    assert "def verify_cronbox_alert" in snippets[8]  # a webhook receiver's check: test_webhook.py runs it
 
 
 def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch, rabbit):

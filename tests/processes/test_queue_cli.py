@@ -129,7 +129,7 @@ def test_queue_resume_as_cron_runs_it(runtime, env):
     unknown = run_cli(env, "queue", "resume", "fax")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip().splitlines() == [
-        "error: no job sends through channel 'fax' (channels: mail, sms) (see `python -m cron queue resume --help`)"]
+        "error: no job sends through channel 'fax' (channels: mail, sms, webhook) (see `python -m cron queue resume --help`)"]
     quiet = run_cli(env, "queue", "resume", "mail")
     assert quiet.returncode == 0 and quiet.stdout.strip() == "queue resume: channel mail is not paused; nothing to do"
     with runtime.sessions.begin() as session:

@@ -1,0 +1,115 @@
+"""`amqp ...`: consume a RabbitMQ queue with the registered consumers; its dead queue."""
+from __future__ import annotations
+
+import click
+
+from cron.commands.base import CommandFailed, Group, runtime
+from cron.format import table
+from outbox.core import clock
+from outbox.core.errors import UnknownIds
+from outbox.engine.budget import Budget
+from outbox.events import queues
+from outbox.events.broker import NO_URL, parse_url
+
+amqp = Group("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), and its dead queue.")
+
+
+class QueueName(click.ParamType):
+    name = "queue"
+
+    def convert(self, value, param, ctx):
+        text = str(value)
+        if not text.strip() or len(text.encode("utf-8")) > queues.MAX_QUEUE or text.startswith("amq."):
+            self.fail(f"{text!r} is not a queue name (1 to {queues.MAX_QUEUE} bytes, not starting with 'amq.')",
+                      param, ctx)
+        return text
+
+
+class Binding(click.ParamType):
+    """EXCHANGE[:PATTERN], the pattern a topic binding key (default '#', everything)."""
+    name = "exchange[:pattern]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        exchange, _, pattern = str(value).partition(":")
+        if not exchange or len(exchange) > 127 or len(pattern) > 255:
+            self.fail(f"{value!r} is not EXCHANGE[:PATTERN]", param, ctx)
+        return exchange, pattern or "#"
+
+
+QUEUE = click.option("--queue", "queue", type=QueueName(), required=True, help="The queue to consume.")
+
+
+def _address(rt):
+    url = rt.settings.get("CRONBOX_AMQP_URL")
+    if not url:
+        raise CommandFailed(NO_URL.replace("nowhere to forward to", "no broker to consume from"))
+    return parse_url(url)
+
+
+@amqp.command()
+@QUEUE
+@click.option("--prefetch", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="Messages the broker may send ahead, unacked.")
+@click.option("--max-time", type=click.FloatRange(min=1), default=None,
+              help="Stop taking messages after S seconds (cron-style runs); default: run until stopped.")
+@click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Exit after N messages.")
+@click.option("--bind", "binds", type=Binding(), multiple=True,
+              help="Declare the queue (durable) and bind it to EXCHANGE with PATTERN (default '#'); repeatable.")
+@click.option("--ordered", is_flag=True,
+              help="Per-key order: single active consumer, prefetch 1, failures retried in place.")
+@click.option("--heartbeat", type=click.IntRange(0, 600), default=60, show_default=True,
+              help="AMQP heartbeat seconds (0: none); keep handler timeouts below it.")
+@click.pass_context
+def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartbeat):
+    """Run the consumers registered for each message's type; SIGTERM finishes the message, then exits 0."""
+    from outbox.events.consume import QueueConsumer  # py-amqp: only for the amqp commands
+
+    rt = runtime()
+    address = _address(rt)
+    consumer = QueueConsumer(rt, address, queue, prefetch=prefetch, ordered=ordered, binds=list(binds),
+                             heartbeat_seconds=heartbeat)
+    started = clock.monotonic()
+    result = consumer.run(Budget(max_time=max_time, memory_mb=None, max_handled=max_messages))
+    s = consumer.stats
+    click.echo(f"amqp consume: {s.done} done, {s.duplicates} duplicates, {s.retried} retried, {s.deferred} deferred, "
+               f"{s.parked} parked ({s.bad} bad) in {clock.monotonic() - started:.2f}s; stopped: {result.stop_reason}")
+    if result.error:
+        click.echo(f"error: {result.error}", err=True)
+    ctx.exit(result.exit_code)
+
+
+@amqp.command()
+@QUEUE
+@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True)
+def dead(queue, limit):
+    """List the messages parked in QUEUE.dead (they stay there)."""
+    from outbox.events.parked import DeadQueue
+
+    with DeadQueue(_address(runtime(migrate=False)), queue) as dq:
+        rows, total = dq.list(limit)
+    if not rows:
+        click.echo(f"no parked messages in {queues.dead_queue(queue)}")
+        return
+    click.echo(table(["message id", "type", "key", "attempts", "parked at", "reason"],
+                     [[r.message_id, r.type, r.key, r.attempts, r.parked_at, r.reason[:100]] for r in rows]))
+    if total > len(rows):
+        click.echo(f"{len(rows)} of {total} shown (--limit)")
+
+
+@amqp.command("retry-dead")
+@QUEUE
+@click.option("--message-id", "message_ids", multiple=True, help="A parked message to move back; repeatable.")
+@click.option("--all", "all_", is_flag=True, help="Move every parked message back.")
+def retry_dead(queue, message_ids, all_):
+    """Move parked messages back to QUEUE with their attempts reset."""
+    if bool(message_ids) == bool(all_):
+        raise click.UsageError("give --message-id ID (repeatable) or --all (not both)")
+    from outbox.events.parked import DeadQueue
+
+    with DeadQueue(_address(runtime(migrate=False)), queue) as dq:
+        moved, unknown = dq.move_back(None if all_ else list(dict.fromkeys(message_ids)))
+    click.echo(f"retry-dead: {moved} messages moved back to {queue}")
+    if unknown:
+        raise UnknownIds("parked message", unknown)

@@ -1,0 +1,407 @@
+"""Running the registered consumers off a RabbitMQ queue: `python -m cron amqp consume --queue Q`.
+
+Per message (the relay's forward targets publish them: outbox.events.forward.message_properties):
+1. check it (outbox.events.incoming): a body over MAX_BODY bytes, no or an oversized message_id, no
+   type, a type no consumer here is registered for, or a body that is not JSON is a bad message:
+   parked in Q.dead with the reason, acked, and the queue goes on;
+2. for each consumer registered for its type (forward targets excluded), in its own transaction on
+   cronbox's connection: `inbox.take_first()` writes the (consumer, message_id) row as its first
+   statement, outside the handler's savepoint (a copy already handled finds it: that consumer is
+   skipped), the handler runs through `call_handler` (timeout, outcome, safe error text) inside
+   the host app's scope (`runtime.scope_for`), then one COMMIT
+   holds the handler's writes and the inbox row, or a rollback neither;
+3. only then the broker ack. A failure is republished first (publisher confirm) and acked after:
+   - retried: to `Q.retry.<ms>ms` with the attempt header raised; its TTL dead-letters it back to
+     Q (outbox.events.queues). A retry re-runs only the consumers that did not commit: the others
+     find their inbox row;
+   - `RetryLater(seconds)`: the same, without an attempt (queues.retry_later_delay says which queue);
+   - parked in Q.dead when a consumer raised PermanentFailure or used its max_attempts.
+   With several failing consumers the message waits the shortest of their delays.
+   `ordered`: the queue has a single active consumer, prefetch 1, and a failure waits its delay
+   holding the message (heartbeats serviced), so nothing later overtakes it.
+
+The broker connection (outbox.events.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
+while idle) is dropped on any error and opened again with backoff until the run's end; unacked
+messages go back to the queue and come again, where the inbox keeps their effects to once. Between
+messages SIGTERM/SIGINT stop the loop (outbox.engine.run_loop.StopSignals): the message being
+handled is finished, committed and acked first. The database connection is held while messages
+flow and given back when the queue is idle (MySQL kills connections idle past wait_timeout).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+
+from outbox.core import clock
+from outbox.core.db import is_connection_lost, session_factory
+from outbox.core.faults import crash_point
+from outbox.core.logs import log_text
+from outbox.engine import heartbeat
+from outbox.engine.budget import Budget
+from outbox.engine.context import Context
+from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
+from outbox.engine.run_loop import RunResult, StopSignals
+from outbox.events import inbox, queues
+from outbox.events.broker import BrokerAddress
+from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
+
+log = logging.getLogger("cronbox")
+
+HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
+POLL = 1.0
+RECONNECT_FIRST, RECONNECT_MAX = 1.0, 30.0
+DB_PAUSE = 3.0
+
+
+class DatabaseLost(Exception):
+    """cronbox's database connection went away mid-message: the message was given back to the queue."""
+
+
+@dataclass
+class ConsumeStats:
+    done: int = 0  # every consumer committed (or had already)
+    duplicates: int = 0  # messages every consumer of which had handled before
+    retried: int = 0
+    deferred: int = 0  # RetryLater: waiting again, no attempt used
+    parked: int = 0  # Q.dead: failures and bad messages
+    bad: int = 0
+    connects: int = 0
+
+    def counts(self) -> dict:
+        return {"delivered": self.done, "retried": self.retried + self.deferred, "dead": self.parked}
+
+
+class QueueConsumer:
+    def __init__(self, runtime, address: BrokerAddress, queue: str, *, prefetch: int = 10, ordered: bool = False,
+                 binds: list[tuple[str, str]] | None = None, heartbeat_seconds: int = HEARTBEAT):
+        self.runtime = runtime
+        self.queue = queue
+        self.ordered = ordered
+        self.link = Link(address, queue, prefetch=1 if ordered else prefetch, ordered=ordered, binds=binds or [],
+                         heartbeat_seconds=heartbeat_seconds)
+        self.stats = ConsumeStats()
+        self._db = None  # cronbox's connection while messages flow
+        self._heartbeat_id: int | None = None
+        self._last_beat = 0.0
+
+    # -- the run -------------------------------------------------------------------
+    def run(self, budget: Budget) -> RunResult:
+        with StopSignals(budget):
+            self._heartbeat_id = heartbeat.start(self.runtime.sessions, "amqp consume", detail=self.queue, beats=True)
+            self._last_beat = clock.monotonic()
+            try:
+                result = self._run(budget)
+            except BaseException as exc:
+                self.link.close(graceful=False)
+                self._release_db()
+                try:
+                    heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome="error", error=describe(exc),
+                                     **self.stats.counts())
+                except Exception:
+                    pass  # the database may be what failed: the row stays "running", as for a killed run
+                raise
+            self.link.close()
+            self._release_db()
+            heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome=result.stop_reason, error=result.error,
+                             **self.stats.counts())
+            return result
+
+    def _run(self, budget: Budget) -> RunResult:
+        pause = RECONNECT_FIRST
+        last_message = clock.monotonic()
+        while True:
+            reason = budget.stop_reason()
+            if reason:
+                return RunResult("max-messages" if reason == "max-jobs" else reason)
+            self._beat()
+            if not self.link.is_open:
+                try:
+                    self.link.open()
+                except SetupError:
+                    raise
+                except BROKER_ERRORS as exc:
+                    why = f"broker unreachable ({self.link.address!r}): {describe(exc, 300)}"
+                    log.warning("amqp consume: %s; trying again in %.0fs", why, pause)
+                    if not self._pause(budget, pause):
+                        return RunResult("broker-unreachable", 1, why)
+                    pause = min(pause * 2, RECONNECT_MAX)
+                    continue
+                pause = RECONNECT_FIRST
+                self.stats.connects += 1
+                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, self.queue,
+                         self.link.prefetch, ", ordered" if self.ordered else "")
+            try:
+                if self.link.inbound:
+                    self._handle(self.link.inbound.popleft(), budget)
+                    last_message = clock.monotonic()
+                    continue
+                self.link.poll(min(POLL, max(budget.remaining(), 0.05)))
+                if not self.link.inbound and clock.monotonic() - last_message >= POLL:
+                    self._release_db()  # idle: hold no database connection while waiting
+            except DatabaseLost as exc:
+                log.warning("amqp consume: database connection lost (%s); pausing %.0fs", exc, DB_PAUSE)
+                self._release_db()
+                if not self._pause(budget, DB_PAUSE):
+                    return RunResult("lost-connection", 1, "database unreachable until the end of the run")
+            except BROKER_ERRORS as exc:
+                log.warning("amqp consume: broker connection lost (%s); reconnecting", describe(exc, 300))
+                self.link.close(graceful=False)
+
+    def _beat(self) -> None:
+        if clock.monotonic() - self._last_beat < heartbeat.BEAT_SECONDS:
+            return
+        self._last_beat = clock.monotonic()
+        try:
+            heartbeat.beat(self._sessions(), self._heartbeat_id, **self.stats.counts())
+        except DBAPIError as exc:
+            if not is_connection_lost(exc):
+                raise
+            self._release_db()
+            log.warning("amqp consume: could not beat (database unreachable)")
+
+    def _pause(self, budget: Budget, seconds: float) -> bool:
+        """Wait up to `seconds` (a signal or the run's end cuts it short); False if the run is over."""
+        end = clock.monotonic() + min(seconds, budget.remaining())
+        while clock.monotonic() < end:
+            if budget.signalled:
+                return False
+            self._beat()
+            time.sleep(min(0.1, max(end - clock.monotonic(), 0)))
+        return budget.remaining() > 0.05 and not budget.signalled
+
+    # -- the database connection ---------------------------------------------------
+    def _connection(self):
+        if self._db is None:
+            self._db = self.runtime.engine.connect()
+        return self._db
+
+    def _sessions(self):
+        return session_factory(self._db) if self._db is not None else self.runtime.sessions
+
+    def _release_db(self) -> None:
+        connection, self._db = self._db, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+    # -- one message ---------------------------------------------------------------
+    def _handle(self, message, budget: Budget) -> None:
+        started = clock.monotonic()
+        tag = message.delivery_tag
+        try:
+            try:
+                incoming = parse(message, self.runtime.consumers)
+            except BadMessage as bad:
+                self._park(message, f"bad message: {bad.reason}", queues.attempts_of(headers_of(message)), None)
+                self.link.ack(tag)
+                self.stats.bad += 1
+                self._log(message, None, "bad", started, error=bad.reason)
+                return
+            if self.ordered:
+                self._handle_in_place(message, incoming, budget, started)
+            else:
+                self._handle_once(message, incoming, started)
+        except DBAPIError as exc:
+            if not is_connection_lost(exc):
+                self._give_back_quietly(tag)
+                raise
+            self._give_back_quietly(tag)
+            raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
+        finally:
+            budget.record(clock.monotonic() - started)
+
+    def _give_back_quietly(self, tag: int) -> None:
+        try:
+            self.link.give_back(tag)
+        except Exception:
+            self.link.close(graceful=False)  # it comes back anyway once the channel is gone
+
+    def _attempt_once(self, message, incoming: Incoming, attempt: int, started: float):
+        """Run the consumers: None if that finished the message (acked: done, or parked), else what
+        to wait: (seconds, whether an attempt was used, the failures, per-consumer results)."""
+        failures, results = self._run_consumers(incoming, attempt)
+        if not failures:
+            self._finish(message, incoming, results, started)
+            return None
+        if self._park_if_over(message, incoming, failures, attempt, results, started):
+            return None
+        return (*self._next_wait(failures, attempt), failures, results)
+
+    def _handle_once(self, message, incoming: Incoming, started: float) -> None:
+        attempt = incoming.attempts + 1
+        wait = self._attempt_once(message, incoming, attempt, started)
+        if wait is None:
+            return
+        delay, used, failures, results = wait
+        target = self.link.ensure_retry_queue(delay)
+        attempts = attempt if used else incoming.attempts
+        self._republish(message, target, queues.stamped(headers_of(message), **{
+            queues.ATTEMPTS: attempts, queues.REASON: _reason(failures)}))
+        self.link.ack(message.delivery_tag)
+        self._count_wait(used)
+        self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt, results=results,
+                  error=_reason(failures), note=f"next in {delay:g}s via {target}")
+
+    def _handle_in_place(self, message, incoming: Incoming, budget: Budget, started: float) -> None:
+        """--ordered: wait the delay holding the message, then run the consumers that did not commit."""
+        attempt = incoming.attempts + 1
+        while True:
+            wait = self._attempt_once(message, incoming, attempt, started)
+            if wait is None:
+                return
+            delay, used, failures, results = wait
+            self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt,
+                      results=results, error=_reason(failures), note=f"next in {delay:g}s, in place")
+            self._count_wait(used)
+            self._release_db()
+            if not self._hold(delay, budget):
+                self.link.give_back(message.delivery_tag)
+                log.info("amqp consume: message=%s given back to %s while waiting (stopping)", incoming.message_id,
+                         self.queue)
+                return
+            if used:
+                attempt += 1
+
+    def _count_wait(self, attempt_used: bool) -> None:
+        if attempt_used:
+            self.stats.retried += 1
+        else:
+            self.stats.deferred += 1
+
+    def _hold(self, seconds: float, budget: Budget) -> bool:
+        """Wait `seconds` with the message unacked, servicing the connection; False if the run ends first."""
+        end = clock.monotonic() + seconds
+        while (left := end - clock.monotonic()) > 0:
+            if budget.signalled or budget.remaining() <= 0.05:
+                return False
+            self._beat()
+            self.link.poll(min(left, POLL, max(budget.remaining(), 0.05)))
+        return True
+
+    def _run_consumers(self, incoming: Incoming, attempt: int) -> tuple[list, dict]:
+        failures, results = [], {}
+        for consumer in incoming.consumers:
+            outcome = self._run_consumer(consumer, incoming, attempt)
+            if outcome is None:
+                results[consumer.name] = "duplicate"
+            elif outcome.ok:
+                results[consumer.name] = "done"
+            else:
+                results[consumer.name] = outcome.kind
+                failures.append((consumer, outcome))
+        return failures, results
+
+    def _run_consumer(self, consumer, incoming: Incoming, attempt: int) -> Outcome | None:
+        """The consumer's outcome in its own transaction; None if it had already handled the message."""
+        ctx = Context(attempt=attempt, trace_id=incoming.trace_id,
+                      idempotency_key=_idempotency_key(consumer.name, incoming.message_id),
+                      connection=self._connection(), settings=self.runtime.settings)
+        try:
+            if not inbox.take_first(self._attempt(ctx), consumer.name, incoming.message_id, incoming.type,
+                                    incoming.trace_id, clock.utcnow()):
+                return None
+            outcome = call_handler(consumer.fn, (incoming.event, ctx), timeout=consumer.timeout,
+                                   scope=self.runtime.scope_for(ctx))
+            if not outcome.ok:
+                ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
+                return outcome
+            transaction = ctx.transaction
+            if transaction.session.failed_with is not None:
+                return Outcome(ERROR, outcome.seconds, "the handler left ctx.session failed (call rollback() after "
+                                                       f"catching a database error): {transaction.session.failed_with}")
+            try:
+                crash_point("before-inbox-commit")
+                transaction.commit()  # the handler's writes and the inbox row, together
+            except DBAPIError as exc:
+                if is_connection_lost(exc):
+                    raise
+                ctx.discard_session(invalidate=True)
+                return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
+            return outcome
+        finally:
+            ctx.discard_session()
+
+    @staticmethod
+    def _attempt(ctx: Context):
+        """The attempt's transaction opened on cronbox's connection, before the handler's session
+        joins it with its savepoint: the inbox row, written first, is outside that savepoint, so
+        nothing the handler does to its session (rollback()) can undo it."""
+        ctx.session  # noqa: B018  (makes the attempt's HandlerTransaction)
+        ctx.transaction.begin()
+        return ctx.transaction.connection
+
+    def _finish(self, message, incoming: Incoming, results: dict, started: float) -> None:
+        crash_point("after-inbox-commit")
+        self.link.ack(message.delivery_tag)
+        crash_point("after-broker-ack")
+        if all(r == "duplicate" for r in results.values()):
+            self.stats.duplicates += 1
+            self._log(message, incoming, "duplicate", started, results=results)
+        else:
+            self.stats.done += 1
+            self._log(message, incoming, "done", started, attempt=incoming.attempts + 1, results=results)
+
+    def _park_if_over(self, message, incoming: Incoming, failures: list, attempt: int, results: dict,
+                      started: float) -> bool:
+        """PermanentFailure, or a consumer out of attempts: park the message in Q.dead, ack it."""
+        over = [(c, o) for c, o in failures
+                if o.kind == PERMANENT or (o.kind != RETRY_LATER and attempt >= c.max_attempts)]
+        if not over:
+            return False
+        used = any(o.kind != RETRY_LATER for _c, o in failures)
+        self._park(message, _reason(over), attempt if used else incoming.attempts, ",".join(c.name for c, _o in over))
+        self.link.ack(message.delivery_tag)
+        self.stats.parked += 1
+        self._log(message, incoming, "parked", started, attempt=attempt, results=results, error=_reason(over))
+        return True
+
+    @staticmethod
+    def _next_wait(failures: list, attempt: int) -> tuple[float, bool]:
+        """(seconds, whether an attempt was used): the shortest wait any failing consumer asks for."""
+        used = any(o.kind != RETRY_LATER for _c, o in failures)
+        waits = [queues.retry_later_delay(c.backoff, c.max_attempts, o.retry_in or 0) if o.kind == RETRY_LATER
+                 else queues.retry_delay(c.backoff, attempt) for c, o in failures]
+        return min(waits), used
+
+    def _park(self, message, reason: str, attempts: int, failed: str | None) -> None:
+        self._republish(message, queues.dead_queue(self.queue), queues.stamped(headers_of(message), **{
+            queues.ATTEMPTS: attempts, queues.REASON: clean_text(reason, queues.REASON_MAX),
+            queues.PARKED_AT: queues.now_text(), queues.FAILED: failed}))
+
+    def _republish(self, message, queue: str, headers: dict) -> None:
+        properties = {**(message.properties or {}), "application_headers": headers, "delivery_mode": 2}
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "surrogatepass")
+        self.link.publish(queue, body, properties)
+
+    def _log(self, message, incoming: Incoming | None, outcome: str, started: float, *, attempt: int | None = None,
+             results: dict | None = None, error: str | None = None, note: str | None = None) -> None:
+        """One line per message: ids, outcome, trace id, never the payload (the error text masked)."""
+        props = message.properties or {}
+        mid = incoming.message_id if incoming else clean_text(str(props.get("message_id") or "-"), 80)
+        trace = incoming.trace_id if incoming else trace_id_of(props)
+        kind = incoming.type if incoming else clean_text(str(props.get("type") or "-"), 80)
+        line = (f"amqp queue={self.queue} message={mid} type={kind} outcome={outcome}"
+                + (f" attempt={attempt}" if attempt is not None else "")
+                + (" consumers=" + ",".join(f"{n}:{r}" for n, r in results.items()) if results else "")
+                + f" trace={trace} ms={(clock.monotonic() - started) * 1000:.1f}")
+        if error:
+            line += f" error={log_text(error)!r}"
+        if note:
+            line += f" ({note})"
+        (log.info if outcome in ("done", "duplicate") else log.warning)(line)
+
+
+def _idempotency_key(consumer: str, message_id: str) -> str:
+    key = f"amqp-{message_id}-{consumer}"
+    return key if len(key) <= 191 else "amqp-" + hashlib.sha256(f"{consumer}\0{message_id}".encode()).hexdigest()
+
+
+def _reason(failures: list) -> str:
+    return "; ".join(f"{c.name}: {o.error or o.kind}" for c, o in failures)[:queues.REASON_MAX]

@@ -1,0 +1,171 @@
+"""The broker side of `amqp consume`: one connection and channel consuming Q with a prefetch,
+acking, and republishing (to a retry queue or Q.dead) with publisher confirms; the queues declared
+as asked (outbox.events.consume's docstring says how the loop uses it)."""
+from __future__ import annotations
+
+import socket
+from collections import deque
+
+import amqp
+
+from outbox.core import clock
+from outbox.core.errors import CronboxError
+from outbox.engine.handler_call import describe
+from outbox.events import queues
+from outbox.events.broker import Batch, BrokerAddress, open_connection
+
+CONNECT_TIMEOUT = 5.0
+CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
+NAME = "cronbox consumer"
+
+
+class BrokerLost(Exception):
+    """A republish was not confirmed: the connection is dropped and opened again."""
+
+
+class SetupError(CronboxError):
+    """The queue cannot be used as asked (missing, declared with other arguments, no permission)."""
+
+
+class Link:
+    """The consumer's connection and channel: consuming Q with a prefetch, acking, and republishing
+    (to a retry queue or Q.dead) with publisher confirms. Deliveries are queued in `inbound` by the
+    channel's callback and handled by the loop, never inside the callback: a confirm wait reads
+    frames too, and must not start handling the next message from within the current one."""
+
+    def __init__(self, address: BrokerAddress, queue: str, *, prefetch: int, ordered: bool,
+                 binds: list[tuple[str, str]], heartbeat_seconds: int):
+        self.address, self.queue, self.prefetch, self.ordered, self.binds = address, queue, prefetch, ordered, binds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.connection: amqp.Connection | None = None
+        self.channel = None
+        self.inbound: deque = deque()
+        self._tag = 0
+        self._batch: Batch | None = None
+        self._declared: set[str] = set()
+
+    @property
+    def is_open(self) -> bool:
+        return self.connection is not None
+
+    def open(self) -> None:
+        connection = open_connection(self.address, name=NAME, timeout=CONNECT_TIMEOUT,
+                                     heartbeat=self.heartbeat_seconds)
+        try:
+            channel = connection.channel()
+            self._declare(channel)
+            channel.confirm_select()
+            channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
+            channel.events["basic_nack"].add(
+                lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple, nacked=True))
+            channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
+            channel.basic_qos(0, self.prefetch, False)
+            self.inbound.clear()  # tags of a closed channel mean nothing on this one
+            channel.basic_consume(self.queue, callback=self.inbound.append, no_ack=False)
+        except BaseException:
+            _drop(connection)
+            raise
+        self.connection, self.channel, self._tag, self._declared = connection, channel, 0, set()
+
+    def _declare(self, channel) -> None:
+        try:
+            if self.binds or self.ordered:
+                arguments = {"x-single-active-consumer": True} if self.ordered else None
+                channel.queue_declare(self.queue, durable=True, auto_delete=False, arguments=arguments)
+                for exchange, pattern in self.binds:
+                    channel.queue_bind(self.queue, exchange, pattern)
+            else:
+                channel.queue_declare(self.queue, passive=True)
+            channel.queue_declare(queues.dead_queue(self.queue), durable=True, auto_delete=False)
+        except amqp.exceptions.NotFound as exc:
+            what = "an exchange to bind to" if self.binds else f"queue {self.queue!r}"
+            raise SetupError(f"{what} does not exist ({describe(exc, 200)}); declare it, or pass "
+                             "--bind EXCHANGE[:PATTERN] to declare the queue and bind it") from None
+        except amqp.exceptions.PreconditionFailed as exc:
+            raise SetupError(f"queue {self.queue!r} exists with other arguments ({describe(exc, 200)}); "
+                             "--ordered needs it declared with x-single-active-consumer (delete it first)") from None
+        except amqp.exceptions.ChannelError as exc:
+            raise SetupError(f"cannot use queue {self.queue!r}: {describe(exc, 300)}") from None
+
+    def ensure_retry_queue(self, seconds: float) -> str:
+        name = queues.retry_queue(self.queue, seconds)
+        if name not in self._declared:
+            self.channel.queue_declare(name, durable=True, auto_delete=False,
+                                       arguments=queues.retry_arguments(self.queue, seconds))
+            self._declared.add(name)
+        return name
+
+    def publish(self, routing_key: str, body: bytes, properties: dict) -> None:
+        """Publish to a queue (default exchange, mandatory) and wait for the broker's confirm."""
+        batch = self._batch = Batch(1)
+        try:
+            self._tag += 1
+            batch.by_tag[self._tag] = 0
+            self.channel.basic_publish(amqp.Message(body, **properties), exchange="", routing_key=routing_key,
+                                       mandatory=True)
+            end = clock.monotonic() + CONFIRM_TIMEOUT
+            while batch.by_tag:
+                left = end - clock.monotonic()
+                if left <= 0:
+                    raise BrokerLost(f"no confirm within {CONFIRM_TIMEOUT:g}s for a message to {routing_key}")
+                try:
+                    self.connection.drain_events(timeout=left)
+                except socket.timeout:
+                    continue
+        finally:
+            self._batch = None
+        error = batch.finish([properties.get("message_id")], "unconfirmed")[0]
+        if error is not None:
+            raise BrokerLost(f"republish to {routing_key} failed: {error}")
+
+    def ack(self, tag: int) -> None:
+        self.channel.basic_ack(tag)
+
+    def give_back(self, tag: int) -> None:
+        """Back to the queue, at its place (basic.reject with requeue)."""
+        self.channel.basic_reject(tag, True)
+
+    def poll(self, timeout: float) -> bool:
+        """Read what the broker sends until one whole method (a delivery: three frames) has come, for
+        at most about `timeout` seconds; False if nothing came. Not drain_events(), whose timeout is
+        per frame: the broker's heartbeats arriving more often than that would keep it reading, and
+        ours would never be sent. The socket's timeout is set once per call, not once per frame
+        (two fcntl calls each time)."""
+        connection = self.connection
+        connection.heartbeat_tick()  # sends ours when due; raises if the broker's stopped coming
+        if connection.heartbeat:
+            timeout = min(timeout, max(connection.heartbeat / 4, 0.05))
+        deadline = clock.monotonic() + timeout
+        transport = connection.transport
+        try:
+            with transport.having_timeout(timeout):
+                while not connection.on_inbound_frame(transport.read_frame()):
+                    if clock.monotonic() >= deadline:
+                        break
+        except socket.timeout:
+            return False
+        return True
+
+    def close(self, *, graceful: bool = True) -> None:
+        """Graceful: cancel and close (unacked prefetched messages go back to the queue at once)."""
+        connection, self.connection, self.channel = self.connection, None, None
+        self.inbound.clear()
+        if connection is None:
+            return
+        if graceful:
+            try:
+                connection.close()
+                return
+            except Exception:
+                pass
+        _drop(connection)
+
+
+def _drop(connection) -> None:
+    try:
+        connection.collect()
+    except Exception:
+        pass
+
+
+BROKER_ERRORS = (amqp.exceptions.AMQPError, OSError, BrokerLost)

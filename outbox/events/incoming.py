@@ -1,0 +1,86 @@
+"""A message off the broker as an event for the consumers registered for its type, or a BadMessage
+with the reason it is parked instead."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from outbox.core import clock
+from outbox.engine.context import Event
+from outbox.engine.handler_call import clean_text
+from outbox.events import inbox, queues
+from outbox.events.forward import is_forward
+
+MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
+
+
+class BadMessage(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Incoming:
+    message_id: str
+    type: str
+    trace_id: str
+    event: Event
+    attempts: int  # failed attempts before this delivery (the x-cronbox-attempts header)
+    consumers: list
+
+
+def parse(message, registry) -> Incoming:
+    """The message as an event for its consumers; BadMessage with the reason if it cannot be one."""
+    props = message.properties or {}
+    headers = headers_of(message)
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "surrogatepass")
+    if len(body) > MAX_BODY:
+        raise BadMessage(f"body of {len(body)} bytes is over the {MAX_BODY} byte limit")
+    message_id = props.get("message_id")
+    if not isinstance(message_id, str) or not message_id.strip():
+        raise BadMessage("no message_id")
+    if len(message_id) > inbox.MAX_MESSAGE_ID:
+        raise BadMessage(f"message_id longer than {inbox.MAX_MESSAGE_ID} characters")
+    event_type = props.get("type") or headers.get("x-event-type")
+    if not isinstance(event_type, str) or not event_type:
+        raise BadMessage("no type (neither the type property nor an x-event-type header)")
+    consumers = [c for c in registry.for_type(event_type) if not is_forward(c)]
+    if not consumers:
+        raise BadMessage(f"no consumer registered here for type {clean_text(event_type, 191)!r}")
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise BadMessage("body is not JSON (UTF-8)") from None
+    key = headers.get("x-event-key")
+    event_id = headers.get("x-event-id")
+    event = Event(event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None, event_type,
+                  key if isinstance(key, str) else None, payload, _created_at(headers, props))
+    return Incoming(message_id, event_type, trace_id_of(props), event, queues.attempts_of(headers), consumers)
+
+
+def headers_of(message) -> dict:
+    headers = (message.properties or {}).get("application_headers")
+    return headers if isinstance(headers, dict) else {}
+
+
+def trace_id_of(props: dict) -> str:
+    headers = props.get("application_headers") if isinstance(props.get("application_headers"), dict) else {}
+    trace = headers.get("x-trace-id") or props.get("correlation_id")
+    return clean_text(trace, 64) if isinstance(trace, str) and trace else "-"
+
+
+def _created_at(headers: dict, props: dict) -> datetime:
+    """Naive UTC, as the relay's events have it: x-created-at, else the timestamp property, else now."""
+    text = headers.get("x-created-at")
+    if isinstance(text, str):
+        try:
+            when = datetime.fromisoformat(text)
+            return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
+        except ValueError:
+            pass
+    stamp = props.get("timestamp")
+    if isinstance(stamp, datetime):
+        return stamp.astimezone(timezone.utc).replace(tzinfo=None) if stamp.tzinfo else stamp
+    return clock.utcnow()

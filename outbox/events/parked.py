@@ -1,0 +1,103 @@
+"""The dead queue of a consumed queue, for the operator: list what is parked, move it back.
+
+Listing takes the messages with basic.get, unacked, and gives them all back by closing the channel
+(the broker requeues unacked messages at their places): looking loses nothing. Moving back
+republishes a parked message to Q (publisher confirm, cronbox's attempt and reason headers
+removed, so its attempts start again) and only then acks it in Q.dead; a crash between the two
+leaves a copy in both, and the inbox keeps its effects to once.
+"""
+from __future__ import annotations
+
+import socket
+
+import amqp
+
+from outbox.core.errors import CronboxError
+from outbox.engine.handler_call import describe
+from outbox.events import queues
+from outbox.events.broker import BrokerAddress, open_connection
+from outbox.events.queues import Parked, describe_parked
+
+TIMEOUT = 10.0
+NAME = "cronbox consumer (dead queue)"
+
+
+class DeadQueue:
+    def __init__(self, address: BrokerAddress, queue: str):
+        self.address = address
+        self.queue = queue
+        self.dead = queues.dead_queue(queue)
+        try:
+            self.connection = open_connection(address, name=NAME, timeout=TIMEOUT)
+        except (OSError, amqp.exceptions.AMQPError) as exc:
+            raise CronboxError(f"broker unreachable ({address!r}): {describe(exc, 300)}") from None
+        self.channel = self.connection.channel()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.connection.close()  # unacked messages go back to Q.dead, at their places
+        except Exception:
+            try:
+                self.connection.collect()
+            except Exception:
+                pass
+
+    def count(self) -> int:
+        try:
+            _name, messages, _consumers = self.channel.queue_declare(self.dead, passive=True)
+        except amqp.exceptions.NotFound:
+            raise CronboxError(f"no dead queue {self.dead!r}: nothing was ever parked for queue {self.queue!r} "
+                               "(check the name)") from None
+        return messages
+
+    def _each(self, limit: int | None):
+        """Parked messages in queue order, unacked (given back at close unless acked)."""
+        taken = 0
+        while limit is None or taken < limit:
+            message = self.channel.basic_get(self.dead, no_ack=False)
+            if message is None:
+                return
+            taken += 1
+            yield message
+
+    def list(self, limit: int) -> tuple[list[Parked], int]:
+        """Up to `limit` parked messages, and how many there are in all."""
+        total = self.count()
+        return [describe_parked(m) for m in self._each(limit)], total
+
+    def move_back(self, message_ids: list[str] | None) -> tuple[int, list[str]]:
+        """Move the parked messages with these ids (None: all) back to Q: (how many, the ids not parked)."""
+        total = self.count()
+        try:
+            self.channel.queue_declare(self.queue, passive=True)
+        except amqp.exceptions.NotFound:
+            raise CronboxError(f"queue {self.queue!r} does not exist: nothing to move the messages back to") from None
+        self.channel.confirm_select()
+        returned = []
+        self.channel.events["basic_return"].add(lambda exc, *rest: returned.append(exc))
+        wanted = None if message_ids is None else set(message_ids)
+        moved, found = 0, set()
+        for message in self._each(total):
+            mid = (message.properties or {}).get("message_id")
+            if wanted is not None and mid not in wanted:
+                continue
+            properties = {**message.properties, "delivery_mode": 2,
+                          "application_headers": queues.stamped(message.properties.get("application_headers"))}
+            try:
+                self.channel.basic_publish_confirm(amqp.Message(message.body, **properties), exchange="",
+                                                   routing_key=self.queue, mandatory=True, confirm_timeout=TIMEOUT)
+            except (socket.timeout, amqp.exceptions.MessageNacked) as exc:
+                raise CronboxError(f"moved {moved}; the broker did not take message {mid!r} back "
+                                   f"({describe(exc, 200)}); it stays parked") from None
+            if returned:
+                raise CronboxError(f"moved {moved}; queue {self.queue!r} could not take message {mid!r}; it stays parked")
+            self.channel.basic_ack(message.delivery_tag)
+            moved += 1
+            found.add(mid)
+        return moved, sorted(wanted - found) if wanted is not None else []

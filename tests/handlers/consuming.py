@@ -1,0 +1,57 @@
+"""Consumers run off RabbitMQ by the `amqp consume` tests (CRONBOX_HANDLERS=tests.handlers.consuming).
+
+Two consumers of "amqp.write", each writing a row of test_consumed (their DB effect) and a line to
+TEST_CALLS_FILE per call ("<consumer> <n> <attempt> <time>": an external effect, at least once).
+What a call does comes from the payload, so one process can get differently behaving messages:
+  "fail": N      consume.a fails its first N attempts
+  "permanent": 1 consume.a raises PermanentFailure
+  "later_until": unix time  consume.a raises RetryLater(0.2) until then
+  "sleep": S     consume.a writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
+Backoff [0.5, 1.0] seconds, 3 attempts, timeout 10 s.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+
+import outbox
+from outbox.core.faults import crash_point
+
+metadata = MetaData()
+consumed = Table("test_consumed", metadata, Column("id", Integer, primary_key=True),
+                 Column("consumer", String(64)), Column("n", Integer), Column("attempt", Integer),
+                 Column("at", Float))
+
+
+def _call(name: str, event, ctx) -> None:
+    calls = os.environ.get("TEST_CALLS_FILE")
+    if calls:
+        with open(calls, "a") as out:
+            out.write(f"{name} {event.payload.get('n')} {ctx.attempt} {time.time():.3f}\n")
+    ctx.session.execute(insert(consumed).values(consumer=name, n=event.payload.get("n"), attempt=ctx.attempt,
+                                                at=time.time()))
+
+
+@outbox.consumer("amqp.write", name="consume.a", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
+def consume_a(event, ctx):
+    p = event.payload
+    if p.get("sleep"):
+        Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
+        time.sleep(p["sleep"])
+    crash_point("in-handler")
+    _call("consume.a", event, ctx)
+    if p.get("permanent"):
+        raise outbox.PermanentFailure("this one cannot work")
+    if ctx.attempt <= p.get("fail", 0):
+        raise RuntimeError(f"failing attempt {ctx.attempt}")
+    if time.time() < p.get("later_until", 0):
+        raise outbox.RetryLater(0.2, "not yet")
+
+
+@outbox.consumer("amqp.write", name="consume.b", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
+def consume_b(event, ctx):
+    _call("consume.b", event, ctx)
+

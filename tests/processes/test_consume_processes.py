@@ -1,0 +1,209 @@
+"""`python -m cron amqp consume` as a VPS runs it, against the real RabbitMQ: killed at every
+boundary (CRONBOX_CRASH_AT) and at random (SIGKILL), stopped by SIGTERM mid-message, its dead
+queue through the CLI, its one-line errors, and the whole path from a recorded event through a
+tick's forward target to a consumer's row."""
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import signal
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+import amqp
+import pytest
+from sqlalchemy import select
+
+import outbox
+from outbox.core.faults import CRASH_EXIT_CODE
+from tests.conftest import run_cli, start_cli
+from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
+from tests.rabbit import url
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+
+
+@pytest.fixture
+def setup(env, runtime, rabbit, tmp_path):
+    consumed_metadata.create_all(runtime.engine)
+    queue = rabbit.name("in")
+    rabbit.channel.queue_declare(queue, durable=True, auto_delete=False)
+    rabbit.queues.append(queue)
+    calls = tmp_path / "calls.txt"
+    calls.touch()
+    env = {**env, "CRONBOX_HANDLERS": "tests.handlers.consuming", "CRONBOX_AMQP_URL": rabbit.url,
+           "TEST_CALLS_FILE": str(calls), "TEST_INSIDE_FILE": str(tmp_path / "inside")}
+    return env, queue, calls
+
+
+def publish(rabbit, queue, n, *, message_id=None, **payload) -> str:
+    mid = message_id or f"m-{n}-{secrets.token_hex(4)}"
+    rabbit.channel.basic_publish(
+        amqp.Message(json.dumps({"n": n, **payload}), content_type="application/json", delivery_mode=2,
+                     message_id=mid, type="amqp.write", application_headers={"x-trace-id": f"trace{n}"}),
+        exchange="", routing_key=queue)
+    return mid
+
+
+def rows(runtime) -> Counter:
+    with runtime.sessions() as session:
+        return Counter(tuple(r) for r in session.execute(select(consumed.c.consumer, consumed.c.n)))
+
+
+def calls(path: Path) -> Counter:
+    return Counter(tuple(line.split()[:2]) for line in path.read_text().splitlines())
+
+
+def drain(env, queue, rabbit, *, rounds: int = 5) -> None:
+    """Clean consumer runs until the queue is empty (what a crash left unacked came back to it)."""
+    for _ in range(rounds):
+        proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-time", "3")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        name, messages, _ = rabbit.channel.queue_declare(queue, passive=True)
+        if messages == 0:
+            return
+    raise AssertionError(f"{messages} messages still in {queue}")
+
+
+def exactly_once(runtime, count: int) -> None:
+    assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(count)})
+
+
+@pytest.mark.parametrize("step", ["in-handler", "before-inbox-commit", "after-inbox-commit", "after-broker-ack"])
+def test_crash_at_every_boundary_of_the_consumer(setup, runtime, rabbit, step):
+    env, queue, calls_file = setup
+    ids = [publish(rabbit, queue, n) for n in range(6)]
+    publish(rabbit, queue, 0, message_id=ids[0])  # a duplicate, as the relay publishes after a crash
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-time", "20", CRONBOX_CRASH_AT=f"{step}:3")
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    drain(env, queue, rabbit)
+    exactly_once(runtime, 6)
+    assert rabbit.take(queue) == [] and rabbit.take(f"{queue}.dead") == []
+    made = calls(calls_file)
+    if step == "after-inbox-commit":
+        # Message 2 committed, then the process died before its ack: the broker redelivered it and
+        # the inbox skipped both consumers, so no consumer ran anything twice.
+        assert set(made.values()) == {1}
+    if step == "before-inbox-commit":
+        assert max(made.values()) == 2  # called, rolled back by the crash, called again: one row
+
+
+def test_random_sigkills_never_repeat_a_db_effect(setup, runtime, rabbit):
+    env, queue, _calls = setup
+    for n in range(150):
+        publish(rabbit, queue, n, sleep=0.01)
+    rng = random.Random(11)
+    for _ in range(5):
+        proc = start_cli(env, "amqp", "consume", "--queue", queue, "--max-time", "30")
+        time.sleep(rng.uniform(1.0, 2.5))  # the interpreter's start-up takes most of a second
+        proc.kill()
+        proc.communicate()
+    drain(env, queue, rabbit, rounds=10)
+    exactly_once(runtime, 150)
+
+
+def test_sigterm_mid_message_finishes_commits_acks_and_exits_0(setup, runtime, rabbit, tmp_path):
+    env, queue, _calls = setup
+    publish(rabbit, queue, 1, sleep=2)
+    second = publish(rabbit, queue, 2)
+    proc = start_cli(env, "amqp", "consume", "--queue", queue, "--prefetch", "5")
+    inside = Path(env["TEST_INSIDE_FILE"])
+    deadline = time.monotonic() + 30
+    while not inside.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped: signal" in out
+    assert rows(runtime) == Counter({("consume.a", 1): 1, ("consume.b", 1): 1})
+    # The prefetched second message was never started: back in the queue, unacked, not lost.
+    assert [m.properties["message_id"] for m in rabbit.take(queue)] == [second]
+    log = "".join(p.read_text() for p in (tmp_path / "instance" / "logs").glob("*.log"))
+    line = next(l for l in log.splitlines() if "outcome=done" in l)
+    assert "trace=trace1" in line and "consumers=consume.a:done,consume.b:done" in line and '"n"' not in line
+
+
+def test_the_dead_queue_through_the_cli(setup, runtime, rabbit):
+    env, queue, _calls = setup
+    mid = publish(rabbit, queue, 5, permanent=1)
+    assert run_cli(env, "amqp", "consume", "--queue", queue, "--max-messages", "1").returncode == 0
+    for _ in range(2):  # listing twice: the first did not take it away
+        listed = run_cli(env, "amqp", "dead", "--queue", queue)
+        assert listed.returncode == 0, listed.stderr
+        assert mid in listed.stdout and "consume.a: PermanentFailure: this one cannot work" in listed.stdout
+        assert "amqp.write" in listed.stdout
+    unknown = run_cli(env, "amqp", "retry-dead", "--queue", queue, "--message-id", "nope")
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "error: unknown parked message id(s): nope"
+    neither = run_cli(env, "amqp", "retry-dead", "--queue", queue)
+    assert neither.returncode == 2 and len(neither.stderr.strip().splitlines()) == 1
+    moved = run_cli(env, "amqp", "retry-dead", "--queue", queue, "--all")
+    assert moved.returncode == 0 and f"1 messages moved back to {queue}" in moved.stdout
+    back = rabbit.take(queue)
+    assert [m.properties["message_id"] for m in back] == [mid]
+    assert "x-cronbox-attempts" not in back[0].properties["application_headers"]  # attempts reset
+    assert "no parked messages" in run_cli(env, "amqp", "dead", "--queue", queue).stdout
+
+
+def test_bad_input_and_an_unreachable_broker_are_one_line_errors(setup, rabbit):
+    env, queue, _calls = setup
+    hole = socket.create_server(("127.0.0.1", 0))
+    port = hole.getsockname()[1]
+    hole.close()
+    down = {**env, "CRONBOX_AMQP_URL": url(rabbit.vhost, port)}
+    cases = [
+        (down, ["amqp", "dead", "--queue", queue], 1, "error: broker unreachable"),
+        (down, ["amqp", "retry-dead", "--queue", queue, "--all"], 1, "error: broker unreachable"),
+        (down, ["amqp", "consume", "--queue", queue, "--max-time", "2"], 1, "error: broker unreachable"),
+        ({**env, "CRONBOX_AMQP_URL": ""}, ["amqp", "consume", "--queue", queue], 1, "error: CRONBOX_AMQP_URL is not set"),
+        ({**env, "CRONBOX_AMQP_URL": "http://x"}, ["amqp", "dead", "--queue", queue], 1, "error: CRONBOX_AMQP_URL must"),
+        (env, ["amqp", "consume", "--queue", "amq.gen"], 2, "error: Invalid value for '--queue'"),
+        (env, ["amqp", "consume", "--queue", queue, "--bind", ":x"], 2, "error: Invalid value for '--bind'"),
+        (env, ["amqp", "consume", "--queue", rabbit.name("missing"), "--max-time", "5"], 1, "error: queue"),
+        (env, ["amqp", "dead", "--queue", rabbit.name("missing")], 1, "error: no dead queue"),
+        (env, ["amqp", "consume", "--queue", queue, "--ordered", "--max-time", "5"], 1, "x-single-active-consumer"),
+    ]
+    for environment, args, code, start in cases:
+        proc = run_cli(environment, *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == code and len(lines) == 1 and start in lines[0], (args, proc.stderr[-1500:])
+
+
+def test_end_to_end_a_recorded_event_reaches_the_consumer_through_a_tick_and_the_broker(setup, runtime, rabbit):
+    env, _queue, _calls = setup
+    exchange = rabbit.exchange()
+    queue = rabbit.name("e2e")
+    rabbit.queues.append(queue)
+    # The VPS side declares and binds its queue (--bind), here before anything is published.
+    first = run_cli(env, "amqp", "consume", "--queue", queue, "--bind", f"{exchange}:amqp.#", "--max-time", "1")
+    assert first.returncode == 0, first.stderr
+    with runtime.sessions.begin() as session:  # the web request's transaction
+        outbox.record(session, "amqp.write", {"n": 41}, key="patient:41")
+    tick = run_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.consuming_forward", "TEST_AMQP_EXCHANGE": exchange},
+                   "tick", "--no-linger")
+    assert tick.returncode == 0, tick.stderr[-2000:]
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-messages", "1", "--max-time", "30")
+    assert proc.returncode == 0 and "1 done" in proc.stdout, proc.stderr[-2000:]
+    assert rows(runtime) == Counter({("consume.a", 41): 1, ("consume.b", 41): 1})
+
+
+def test_inside_a_host_app_db_session_is_the_consumers_transaction(host, rabbit):
+    """CRONBOX_APP=clinic:create_app: the clinic's consumer (Model.query, db.session, current_app) runs
+    off the broker in a fresh app context, its db.session writes committed with the inbox row."""
+    queue = rabbit.name("clinic")
+    rabbit.channel.queue_declare(queue, durable=True, auto_delete=False)
+    rabbit.queues.append(queue)
+    appointment = host.pay("Ada")
+    [(payload, trace)] = host.rows("SELECT payload, trace_id FROM cronbox_events WHERE type = 'appointment.paid'")
+    for _ in range(2):  # and a duplicate
+        rabbit.channel.basic_publish(amqp.Message(payload, message_id=f"clinic-{trace}", type="appointment.paid",
+                                                  application_headers={"x-trace-id": trace}),
+                                     exchange="", routing_key=queue)
+    proc = host.cron("amqp", "consume", "--queue", queue, "--max-messages", "2", CRONBOX_AMQP_URL=rabbit.url)
+    assert proc.returncode == 0 and "1 done, 1 duplicates" in proc.stdout, proc.stdout + proc.stderr
+    assert host.notes(appointment) == paid_notes(appointment) and host.status(appointment) == "paid"
+    assert host.rows("SELECT consumer, message_id FROM cronbox_inbox") == [("clinic.receipt", f"clinic-{trace}")]
