@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
