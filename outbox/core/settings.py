@@ -57,6 +57,7 @@ class Settings:
     url_max_ttl: int = 3600
     seal_algorithm: str = "auto"
     audit_retention_days: int = 2192
+    inbox_retention_days: int = 14  # CRONBOX_INBOX_RETENTION_DAYS: a redelivery older than this runs again
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
@@ -213,6 +214,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
         seal_algorithm=seal_algorithm,
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
+        inbox_retention_days=_number(get, "CRONBOX_INBOX_RETENTION_DAYS", 14, int, minimum=1),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
         base_url=_base_url(get("CRONBOX_BASE_URL")),
         files_prefix=url_prefix(get("CRONBOX_FILES_PREFIX"), "CRONBOX_FILES_PREFIX"),
