@@ -98,7 +98,8 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
         # CRONBOX_TICK_WORKERS > 1: a backlog larger than one worker's share is drained by a pool.
-        drain = TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb) if workers > 1 else None
+        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=relay.close)
+                 if workers > 1 else None)
         # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
         # the jobs the worker then runs).
         stages = [scheduler.run, once.run, relay.run, drain.run if drain is not None else worker.run]

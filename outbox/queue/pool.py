@@ -404,8 +404,13 @@ class TickDrain:
     `workers` children (--stop-when-empty, the tick's remaining time and --memory), while the tick
     keeps its lock on its own connection and checks it every few seconds."""
 
-    def __init__(self, runtime, worker: Worker, lock: RunLock, workers: int, *, memory_mb: float | None):
+    def __init__(self, runtime, worker: Worker, lock: RunLock, workers: int, *, memory_mb: float | None,
+                 before_pool: Callable[[], None] | None = None):
         self.runtime, self.worker, self.lock = runtime, worker, lock
+        # Called before a pool forks: the tick closes its broker connection there, so no child
+        # holds a copy of that socket (a SIGKILLed tick's connection would stay open until its
+        # children exit); the relay opens a new one on its next forwarded batch.
+        self.before_pool = before_pool
         self.workers = workers
         self.memory_mb = memory_mb
         self.runs = self.restarts = self.jobs_done = self.jobs_failed = self.peak = 0
@@ -416,6 +421,8 @@ class TickDrain:
         due = in_transaction(self.runtime.sessions, lambda s: jobstore.backlog(s, clock.utcnow()))
         if due <= JOBS_PER_WORKER:
             return self.worker.run(budget)
+        if self.before_pool is not None:
+            self.before_pool()
         pool = Pool(self.runtime, None, min_workers=1, max_workers=self.workers, stop_when_empty=True,
                     memory_mb=self.memory_mb, parent_lock=self.lock, check=self.lock.check)
         pool.run(budget)

@@ -299,3 +299,37 @@ def test_a_malformed_connection_budget_is_one_line(pool_env):
         proc = run_cli(pool_env, "queue", "work", "--stop-when-empty", "--workers", "2", CRONBOX_MAX_CONNECTIONS=value)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "CRONBOX_MAX_CONNECTIONS" in proc.stderr
+
+
+def _broker_connections(vhost: str) -> int:
+    from tests.rabbit import rabbitmqctl
+    rows = rabbitmqctl("list_connections", "-q", "--no-table-headers", "vhost", "client_properties")
+    return sum(1 for line in rows.splitlines() if line.startswith(vhost + "\t") and "cronbox relay" in line)
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked")
+def test_the_ticks_broker_connection_is_closed_before_its_pool_forks(runtime, pool_env, rabbit):
+    """A tick that forwarded events and then drains a backlog with a pool closes its broker
+    connection first: no child holds a copy of that socket (a SIGKILLed tick's connection would stay
+    open at the broker until its children finished); the relay opens a new one when it needs it."""
+    from tests.processes.test_forward_processes import check_arrivals, record
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "fwd.#")
+    recorded = record(runtime, 3)
+    for first in (0, 20):  # each child's first batch starts with a job that holds it
+        dispatch(runtime, pool_jobs.hold_long.job, [first])
+        dispatch(runtime, pool_jobs.insert_once.job, range(first + 1, first + 20))
+    env = {**pool_env, "CRONBOX_HANDLERS": f"{HANDLERS},tests.handlers.forwarding", "TEST_AMQP_EXCHANGE": exchange,
+           "CRONBOX_AMQP_URL": rabbit.url, "CRONBOX_TICK_WORKERS": "2"}
+    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--no-linger", "--memory", "512"],
+                            env=child_env(env), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: inside(pool_env, 0) is not None, "a pool child in its job")
+        assert children_of(tick.pid)
+        assert _broker_connections(rabbit.vhost) == 0  # closed before the fork, not copied into the children
+    finally:
+        Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
+        out, err = tick.communicate(timeout=60)
+    assert tick.returncode == 0, out + err
+    check_arrivals(rabbit.take(queue), recorded)  # the events went out before the pool ran
+    assert [r.n for r in done_rows(runtime)] == list(range(40))
