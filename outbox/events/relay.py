@@ -95,19 +95,19 @@ class Relay(Processor):
                 # and claim: the claim cannot take a later delivery of a key in flight (its
                 # delivery is still pending, so it holds the key), and nothing is acked here.
                 if self._in_flight is not None and self._in_flight.leases_until <= clock.utcnow():
-                    self._settle(self._collect())  # its leases ran out: the claim would take it again
+                    self._settle_sent(self._collect())  # its leases ran out: the claim would take it again
                 fanned = self.fan_out()
                 claimed = self.claim(budget.batch_size(self.batch_size))
                 if not claimed and not fanned:
                     if self._in_flight is None:
                         break
-                    self._settle(self._collect())  # frees its keys' next deliveries: claim again
+                    self._settle_sent(self._collect())  # frees its keys' next deliveries: claim again
                     continue
                 work += fanned + self.process(claimed, budget)
         except BaseException:
-            self._settle(self._collect(), best_effort=True)
+            self._settle_sent(self._collect(), best_effort=True)
             raise
-        self._settle(self._collect())
+        self._settle_sent(self._collect())
         return work
 
     def fan_out(self) -> int:
@@ -135,7 +135,7 @@ class Relay(Processor):
                 self._forward(forwarded, budget)
             if local:
                 # Handlers may run long: the batch in flight is settled first, within its leases.
-                self._settle(self._collect())
+                self._settle_sent(self._collect())
         except BaseException:
             self._release(local, best_effort=True)
             raise
@@ -185,9 +185,9 @@ class Relay(Processor):
         wait = max(1.0, min(target.timeout, budget.remaining() if budget.max_time is not None else target.timeout))
         flight = self.broker.publish(messages, wait)
         self._in_flight = Forwarded(target, live, flight, started, budget, min(i.lease_until for i in live))
-        self._settle(previous)
+        self._settle_sent(previous)
         if flight.results is not None:  # failed already (broker unreachable): settle it now, within its leases
-            self._settle(self._collect())
+            self._settle_sent(self._collect())
 
     @staticmethod
     def _message(target: ForwardTarget, item) -> Outgoing:
@@ -212,7 +212,7 @@ class Relay(Processor):
         results = self.broker.collect(forwarded.flight)
         return forwarded, results, clock.monotonic() - forwarded.started
 
-    def _settle(self, collected, *, best_effort: bool = False) -> None:
+    def _settle_sent(self, collected, *, best_effort: bool = False) -> None:
         """Ack the confirmed deliveries of a collected batch in one statement, reschedule the rest."""
         if collected is None:
             return

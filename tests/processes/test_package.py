@@ -154,6 +154,9 @@ print(json.dumps({
 # Commands that check their arguments before opening the database get valid ones here, so every
 # command reaches the point where it needs an app root.
 ARGUMENTS = {
+    "amqp consume": ["--queue", "q"],
+    "amqp dead": ["--queue", "q"],
+    "amqp retry-dead": ["--queue", "q", "--all"],
     "once add": ["migrate"],
     "outbox retry": ["--all"],
     "outbox skip": ["--all"],
