@@ -303,9 +303,18 @@ def consume_main(args) -> None:
 
 
 CONSUME_NOTES = """
-Before this change (main at 97fa53b, same machine, same day, `--messages 1500`, best of 2): 28 % on
-SQLite (196 / 708 messages/s), 32 % on MariaDB (28 / 89). The machine is 2 cores shared with other
-test suites (load average 9 to 12): absolute rates move by half between runs, the ratios less.
+Below the 70 % target. The machine is 2 cores shared with other test suites: absolute rates moved
+by half between runs of the same code, so the change was measured as runs of main (97fa53b, before)
+and of this code (after) one after the other, `--messages 1500`, each run the best of its A/B rounds
+(consumer with the inbox / bare consumer, SQLite / MariaDB):
+
+| pair | load | before | after |
+|---|---|---|---|
+| 1 | load average ~10 | 28 % / 32 % | 42 % / 64 % |
+| 2 | ~1.5 | 49 % / 46 % | 54 % / 48 %, 39 % / 43 %, 65 % / 55 % |
+| 3 | ~1 | 33 % / 28 % | 50 % / 36 % (the table above) |
+
+Median of the runs: before 33 % / 32 %, after 50 % / 48 %; best: before 49 % / 46 %, after 65 % / 64 %.
 
 What changed:
 - acks: one `basic.ack multiple` for the messages handled in a row, sent when nothing more is read
@@ -331,7 +340,7 @@ Where the rest goes (cProfile of the SQLite run, 1,500 messages, ms a message un
   more than its INSERT + COMMIT (the inbox INSERT and the handler session's SAVEPOINT) and
   SQLAlchemy's ORM session around the handler's statement. On SQLite, where a statement costs no
   round trip, that Python is most of it; on MariaDB each extra statement is a round trip to a server
-  whose commits are flushed, and the commit dominates both consumers.
+  whose commits are flushed.
 - What would close the rest, not built: a handler session without its SAVEPOINT (the inbox row
   would have to be written after the handler, outside any rollback() it makes), and running
   consumers that never touch `ctx.session` without an ORM session.
