@@ -21,7 +21,7 @@ import pymysql
 from sqlalchemy import func, select, text
 
 from bench import handlers
-from bench.bench_outbox import APP_ROOT, Target, child_env
+from bench.bench_outbox import APP_ROOT, Target, child_env, commit_ceiling, group_table, hand_loop
 from bench.report import write_section
 from outbox.queue.models import Job
 
@@ -72,13 +72,43 @@ def drain(t: Target, handler, n: int, workers: int) -> dict:
     return {"rate": n / seconds, "wall": wall, "rss": max(peaks)}
 
 
+def group_commit(t: Target, n: int) -> dict:
+    """One run, same database, same n items writing one row each: the single-commit ceiling, the
+    hand-written loop, and one `queue work` draining the one-row job ungrouped and grouped."""
+    r = {"ceiling": commit_ceiling(t, n)}
+    t.reset()
+    r["hand"] = hand_loop(t, n)
+    t.reset()
+    r["ungrouped"] = drain(t, handlers.job_write, n, 1)["rate"]
+    t.reset()
+    r["grouped"] = drain(t, handlers.job_write_grouped, n, 1)["rate"]
+    t.reset()
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--sizes", default="5000,20000")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--group-only", action="store_true", help="only the group-commit comparison")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    command = "python -m bench.bench_queue" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
+    groups = {}
+    for label, url in [("SQLite", None)] + ([("MariaDB", args.mysql)] if args.mysql else []):
+        t = Target(label, url)
+        try:
+            groups[label] = group_commit(t, 3000)
+            print(label, {k: round(v) for k, v in groups[label].items()}, flush=True)
+        finally:
+            t.close()
+    table = group_table(groups, "one `queue work` draining a job writing one row through ctx.session", 3000)
+    print(table)
+    write_section("queue-group", "Job queue: group commit", command + (" --group-only" if args.group_only else ""),
+                  table + GROUP_NOTES)
+    if args.group_only:
+        return
     prepare_counter()
     rows = []
     for label, url in [("SQLite", None)] + ([("MariaDB", args.mysql)] if args.mysql else []):
@@ -101,7 +131,6 @@ def main() -> None:
     table = "| store | measure | peak RSS per worker (MiB) | median (min-max of {}) |\n|---|---|---|---|\n".format(args.runs)
     table += "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows) + "\n"
     print(table)
-    command = "python -m bench.bench_queue" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
     write_section("queue", "Job queue", command, table + QUEUE_NOTES)
 
 
@@ -113,6 +142,12 @@ to the body's ceiling. With two workers the body's UPDATEs of one counter row se
 and both workers share two cores with MariaDB, so the second worker adds ~50 %, not 100 %. A reserved
 job whose lease expired is claimed alone before fresh work (crash safety, see outbox/queue/jobstore.py): one
 cheap indexed query per claim. See "Peer job queues" for the same body through huey, Celery and RQ.
+"""
+GROUP_NOTES = """
+The worker's rate is jobs / (last finished_at - first reserved_at), so process start-up is not
+counted. Grouped, a job costs a SAVEPOINT and its insert; the batched claim, the acks (one UPDATE)
+and the COMMIT are shared by up to CRONBOX_GROUP_MAX (50) jobs, fewer when CRONBOX_GROUP_MS
+(200 ms) runs out first. The hand loop and the ceiling are bench_outbox's, on this run's database.
 """
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, insert
 
 import outbox
 
@@ -11,6 +11,10 @@ metadata = MetaData()
 rows = Table("bench_rows", metadata, Column("id", Integer, primary_key=True), Column("event_id", Integer),
              Column("note", String(32)))
 latencies = Table("bench_latency", metadata, Column("id", Integer, primary_key=True), Column("seconds", Float))
+# The hand-written baseline's own queue (bench_outbox.hand_loop): what a user would write without cronbox.
+hand_queue = Table("bench_hand_queue", metadata, Column("id", Integer, primary_key=True),
+                   Column("status", String(8), nullable=False), Column("payload", String(64), nullable=False),
+                   Index("ix_bench_hand_queue_status_id", "status", "id"))
 
 
 @outbox.consumer("bench.noop", name="bench.noop")
@@ -21,6 +25,12 @@ def noop(event, ctx):
 @outbox.consumer("bench.write", name="bench.write")
 def write(event, ctx):
     """One row through ctx.session: committed together with the ack."""
+    ctx.session.execute(insert(rows).values(event_id=event.id, note="x"))
+
+
+@outbox.consumer("bench.write_grouped", name="bench.write_grouped", grouped=True)
+def write_grouped(event, ctx):
+    """The same row, with group commit: many deliveries' rows and acks share one COMMIT."""
     ctx.session.execute(insert(rows).values(event_id=event.id, note="x"))
 
 
@@ -40,6 +50,18 @@ _counter = None
 @outbox.job("bench", name="bench.job.noop", timeout=30)
 def job_noop(payload, ctx):
     """Nothing at all: the queue's own cost."""
+
+
+@outbox.job("bench", name="bench.job.write", timeout=30)
+def job_write(payload, ctx):
+    """One row through ctx.session: committed together with the ack, one transaction per job."""
+    ctx.session.execute(insert(rows).values(event_id=payload["i"], note="j"))
+
+
+@outbox.job("bench", name="bench.job.write_grouped", timeout=30, grouped=True)
+def job_write_grouped(payload, ctx):
+    """The same row, with group commit."""
+    ctx.session.execute(insert(rows).values(event_id=payload["i"], note="j"))
 
 
 @outbox.job("bench", name="bench.job.bump", timeout=30)

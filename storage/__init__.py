@@ -16,6 +16,8 @@ settings on first use). docs/sealed-format.md specifies the file format.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core.settings import Settings, load_settings
@@ -26,15 +28,29 @@ from outbox.core.db import make_engine, session_factory
 from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge,
                      UnknownKey)
 from .models import SealedFile
-from .service import OpenedFile, Sealed, Storage
 from .vault import valid_id
 
+if TYPE_CHECKING:
+    from .service import OpenedFile, Sealed, Storage
+
 _default: Storage | None = None
+_LAZY = ("OpenedFile", "Sealed", "Storage")
+
+
+def __getattr__(name: str):
+    """The service (ciphers: libsodium; signed tokens) loads on first use, not with the package: a
+    tick that only sweeps, or a command that never seals, does not pay for it."""
+    if name in _LAZY:
+        from . import service
+        return getattr(service, name)
+    raise AttributeError(f"module 'storage' has no attribute {name!r}")
 
 
 def configure(settings: Settings | None = None, sessions: sessionmaker[Session] | None = None) -> Storage:
     """Make the Storage the module-level functions use; returns it."""
     global _default
+    from .service import Storage
+
     settings = settings or load_settings()
     if sessions is None:
         sessions = session_factory(make_engine(settings, role="cron"))

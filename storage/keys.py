@@ -39,6 +39,7 @@ from outbox.core.settings import Settings
 
 from .errors import KeyFolderError, UnknownKey
 from .format import KEY_ID, MAX_SEQUENCE
+from .vault import check_outside_web_roots
 
 log = logging.getLogger("cronbox")
 
@@ -77,15 +78,6 @@ class KeyRing:
     @property
     def signing_keys(self) -> list[bytes]:
         return [key.material for key in self.signing]
-
-
-def check_outside_web_roots(path: Path, settings: Settings, what: str) -> None:
-    real = path.resolve()
-    for root in settings.web_roots:
-        root = root.resolve()
-        if real == root or real.is_relative_to(root):
-            raise KeyFolderError(f"{what} {real} is inside the web root {root}: a web server could serve it; "
-                                 "move it (CRONBOX_INSTANCE / CRONBOX_KEYS) outside every public folder")
 
 
 def _check_private(path: Path, what: str) -> None:

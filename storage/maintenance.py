@@ -11,20 +11,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
+from outbox.core.settings import Settings
 
 from . import audit, grants, refusals
 from .errors import IntegrityError, UnknownKey
-from .format import unwrap_key, wrap_key
 from .models import SealedFile
-from .service import Storage
+from .vault import Vault
+
+if TYPE_CHECKING:  # the ciphers (libsodium) load only for verify and rewrap: the tick's hourly sweep needs none
+    from .service import Storage
 
 log = logging.getLogger("cronbox")
 BATCH = 200
@@ -104,6 +107,8 @@ def rewrap(storage: Storage, *, batch_size: int = BATCH, before_batch: Callable[
     changed by someone else meanwhile is left alone. Rows whose key is missing
     or does not open are reported and skipped, never blocking the rest.
     """
+    from .format import unwrap_key, wrap_key
+
     active = storage.keyring().active
     pending = (SealedFile.key_id != active.id,)
     result = RewrapResult(total=in_transaction(storage.sessions, lambda s: s.scalar(
@@ -149,6 +154,16 @@ def rewrap(storage: Storage, *, batch_size: int = BATCH, before_batch: Callable[
 
 # --- sweep ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Sweepable:
+    """What sweep() reads of a Storage: the tick's hourly task builds this, not a Storage, so it loads
+    no keys and no ciphers (a sweep deletes files and rows; it never opens one)."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    vault: Vault
+
+
 @dataclass
 class SweepResult:
     orphans: int = 0
@@ -158,7 +173,7 @@ class SweepResult:
     refusals: int = 0  # aggregate entries written for refusals that were only counted
 
 
-def sweep(storage: Storage, *, grace: float) -> SweepResult:
+def sweep(storage: Storage | Sweepable, *, grace: float) -> SweepResult:
     """Remove what nothing refers to any more; keep everything else.
 
     - sealed files with no row, and temporary files, older than `grace` seconds

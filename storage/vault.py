@@ -24,8 +24,7 @@ from typing import Iterator
 
 from outbox.core.settings import Settings
 
-from .errors import IntegrityError, NotFound
-from .keys import check_outside_web_roots
+from .errors import IntegrityError, KeyFolderError, NotFound
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _SEALED = re.compile(r"^([0-9a-f]{32})\.sealed$")
@@ -75,6 +74,16 @@ class Leftover:
     file_id: str
     temporary: bool
     mtime: float
+
+
+def check_outside_web_roots(path: Path, settings: Settings, what: str) -> None:
+    """Refuse a private folder (sealed files, keys) inside a folder the web server serves."""
+    real = path.resolve()
+    for root in settings.web_roots:
+        root = root.resolve()
+        if real == root or real.is_relative_to(root):
+            raise KeyFolderError(f"{what} {real} is inside the web root {root}: a web server could serve it; "
+                                 "move it (CRONBOX_INSTANCE / CRONBOX_KEYS) outside every public folder")
 
 
 class Vault:

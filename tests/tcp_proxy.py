@@ -5,6 +5,13 @@ connection at a chosen moment without touching the shared server.
         proxy.cut()                     # every open connection dies (both sockets shut down)
         proxy.refuse()                  # new connections are closed at once (as if the server were gone)
         proxy.accept()                  # normal service again
+        proxy.mute()                    # the server's bytes stop reaching the client; the client's still
+                                        # reach the server (an AMQP broker that takes a batch and never
+                                        # confirms it); proxy.unmute() undoes it
+        proxy.mute_on(b"...")           # mute each connection once its client sends these bytes (e.g. the
+                                        # start of a basic.publish); unmute() stops it for new connections
+        proxy.cut_after(n)              # cut every connection once the client sent n more bytes on it,
+                                        # passing exactly n (a connection cut in the middle of a batch)
 
 Threads: one accepting, two per connection pumping bytes. A refused connection is accepted and
 closed straight away, so the client sees "Lost connection" during the handshake rather than
@@ -26,6 +33,10 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.muted = False
+        self.mute_marker: bytes | None = None
+        self.cut_budget: int | None = None  # client bytes still passed before the cut
+        self.upstream_bytes = 0  # client -> server, all connections
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -53,8 +64,43 @@ class TcpProxy:
             with self._lock:
                 self.accepted += 1
                 self._pairs.append((client, server))
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+            pair = {"muted": False}  # this connection's own mute (mute_on)
+            threading.Thread(target=self._upstream, args=(client, server, pair), daemon=True).start()
+            threading.Thread(target=self._downstream, args=(server, client, pair), daemon=True).start()
+
+    def _upstream(self, source: socket.socket, sink: socket.socket, pair: dict) -> None:
+        try:
+            while data := source.recv(65536):
+                with self._lock:
+                    if self.mute_marker is not None and self.mute_marker in data:
+                        pair["muted"] = True
+                    budget = self.cut_budget
+                    if budget is not None:
+                        data = data[:budget]
+                        self.cut_budget = budget - len(data)
+                    self.upstream_bytes += len(data)
+                if data:
+                    sink.sendall(data)
+                if budget is not None and self.cut_budget == 0:
+                    self.cut_budget = None
+                    self.cut()
+                    return
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+    def _downstream(self, source: socket.socket, sink: socket.socket, pair: dict) -> None:
+        try:
+            while data := source.recv(65536):
+                if not (self.muted or pair["muted"]):
+                    sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
 
     @property
     def open_connections(self) -> int:
@@ -70,6 +116,19 @@ class TcpProxy:
             _close(client)
             _close(server)
         return len(pairs)
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def unmute(self) -> None:
+        self.muted, self.mute_marker = False, None
+
+    def mute_on(self, marker: bytes) -> None:
+        self.mute_marker = marker
+
+    def cut_after(self, n: int) -> None:
+        with self._lock:
+            self.cut_budget = n
 
     def refuse(self) -> None:
         self.refusing = True
@@ -87,17 +146,6 @@ class TcpProxy:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        _close(source)
-        _close(sink)
 
 
 def _close(sock: socket.socket) -> None:

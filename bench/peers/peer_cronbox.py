@@ -42,8 +42,9 @@ def runtime():
     global _runtime
     if _runtime is None:
         if STORE != "sqlite":
+            name = os.environ["DATABASE_URL"].rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
             with pymysql.connect(host="127.0.0.1", user="root", password="", ssl_disabled=True) as conn:
-                conn.cursor().execute("CREATE DATABASE IF NOT EXISTS cronbox_peerbench")
+                conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
         settings = load_settings()
         _runtime = Runtime(settings, role="web")
         upgrade(settings, _runtime.engine)

@@ -9,10 +9,12 @@ from cron.scheduling.retention import flush_failed, prune_queue
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
 from outbox.queue import jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
+from outbox.queue.pool import Pool, PoolRefused, check_budget
 from outbox.queue.worker import Worker
 
 queue = Group("queue", help="The job queue: run workers, inspect and repair jobs.")
@@ -33,18 +35,30 @@ def _queue_list(text: str | None) -> list[str] | None:
 @click.option("--stop-when-empty", is_flag=True, help="Exit when no job is due (for cron).")
 @click.option("--once", is_flag=True, help="Run at most one job, then exit.")
 @click.option("--max-time", type=click.FloatRange(min=1), default=None, help="Stop starting jobs after S seconds.")
-@click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Exit after N jobs.")
-@click.option("--memory", type=click.FloatRange(min=8), default=None, help="Exit when RSS passes MB.")
+@click.option("--max-jobs", type=click.IntRange(min=1), default=None,
+              help="Exit after N jobs (with a pool: per worker).")
+@click.option("--memory", type=click.FloatRange(min=8), default=None,
+              help="Exit when RSS passes MB (with a pool: the whole pool's, parent and workers).")
 @click.option("--sleep", type=click.FloatRange(min=0.05), default=3.0, show_default=True,
               help="Seconds between polls when no job is due.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Fork N worker processes and supervise them (within CRONBOX_MAX_CONNECTIONS).")
+@click.option("--min-workers", type=click.IntRange(min=1), default=None,
+              help="With --max-workers: scale between these with the backlog and --memory.")
+@click.option("--max-workers", type=click.IntRange(min=1), default=None, help="See --min-workers.")
 @click.pass_context
-def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep):
+def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, workers, min_workers, max_workers):
     """Run jobs. Limits are checked between jobs; SIGTERM finishes the current job, then exits 0."""
     names = _queue_list(queues)
+    smallest, largest = _pool_size(workers, min_workers, max_workers, once)
     rt = runtime()
     names = names or rt.default_queues()
     if not names:
         raise click.UsageError("no queues to work: register jobs (CRONBOX_HANDLERS) or pass --queue")
+    if largest > 1:
+        _work_in_pool(ctx, rt, names, smallest, largest, stop_when_empty=stop_when_empty, max_time=max_time,
+                      max_jobs=max_jobs, memory=memory, sleep=sleep)
+        return
     worker = Worker(rt, names)
     budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs)
     started = clock.monotonic()
@@ -58,13 +72,43 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep):
     ctx.exit(result.exit_code)
 
 
+def _pool_size(workers, min_workers, max_workers, once) -> tuple[int, int]:
+    """(min, max) workers; (1, 1) is the plain in-process worker."""
+    if workers is not None and (min_workers is not None or max_workers is not None):
+        raise click.UsageError("give --workers N, or --min-workers/--max-workers, not both")
+    if workers is not None:
+        smallest = largest = workers
+    else:
+        largest = max_workers or min_workers or 1
+        smallest = min_workers or 1
+        if smallest > largest:
+            raise click.UsageError(f"--min-workers {smallest} is more than --max-workers {largest}")
+    if once and largest > 1:
+        raise click.UsageError("--once runs one job in this process: it takes no --workers")
+    return smallest, largest
+
+
+def _work_in_pool(ctx, rt, names, smallest, largest, *, stop_when_empty, max_time, max_jobs, memory, sleep):
+    try:
+        check_budget(rt.settings, largest, what="--max-workers" if smallest < largest else "--workers")
+        pool = Pool(rt, names, min_workers=smallest, max_workers=largest, stop_when_empty=stop_when_empty,
+                    sleep=sleep, max_jobs=max_jobs, memory_mb=memory)
+    except PoolRefused as exc:
+        raise click.UsageError(str(exc)) from None
+    started = clock.monotonic()
+    result = pool.run(Budget(max_time=max_time, memory_mb=None))
+    click.echo(f"queue work: pool of {pool.stats.describe(smallest, largest)} in {clock.monotonic() - started:.2f}s; "
+               f"stopped: {result.stop_reason}")
+    ctx.exit(result.exit_code)
+
+
 @queue.command()
 def status():
     """Per queue: ready, delayed, reserved, failed, oldest ready age; then paused channels."""
     rt = runtime()
     now = clock.utcnow()
-    queues, paused = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
-                                                            pauses.active(s, now)))
+    queues, paused, pools = in_transaction(rt.sessions, lambda s: (
+        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1)))
     if not queues:
         click.echo("no queues")
     else:
@@ -76,6 +120,9 @@ def status():
         click.echo(table(["channel", "until", "left", "reason"],
                          [[p.channel, f"{p.paused_until:%Y-%m-%d %H:%M:%S} UTC", age(now, p.paused_until), p.reason]
                           for p in paused]))
+    for run in pools:  # the last worker pool (queue work --workers, or a tick's)
+        ended = f"stopped: {run.outcome}" if run.finished_at else "running"
+        click.echo(f"last pool: {run.detail or ''}; started {age(run.started_at, now)} ago, {ended}")
 
 
 @queue.command()

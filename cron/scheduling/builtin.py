@@ -24,12 +24,13 @@ def prune(ctx):
 @schedule.every(hours=1, name="cronbox.storage_sweep")
 def storage_sweep(ctx):
     if not ctx.settings.sealed_dir.exists():
-        return  # nothing was ever sealed here: no orphans, grants or audit rows (and no crypto imports)
-    import storage
-    from storage import maintenance
+        return  # nothing was ever sealed here: no orphans, grants or audit rows
+    # Files and rows only: no keys, no ciphers (libsodium) and no token signer are loaded for it.
+    from storage.maintenance import Sweepable, sweep
+    from storage.vault import Vault
 
-    result = maintenance.sweep(storage.configure(ctx.runtime.settings, ctx.runtime.sessions),
-                               grace=SWEEP_GRACE.total_seconds())
+    settings = ctx.runtime.settings
+    result = sweep(Sweepable(settings, ctx.runtime.sessions, Vault(settings)), grace=SWEEP_GRACE.total_seconds())
     log.info("storage sweep: %d orphaned and %d temporary files removed, %d grants and %d audit rows deleted",
              result.orphans, result.temporary, result.grants, result.audit)
 

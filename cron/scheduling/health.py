@@ -19,7 +19,9 @@ from sqlalchemy import select, text
 from cron.scheduling.models import AlertState
 from outbox.core import clock
 from outbox.core.db import insert_ignore
+from outbox.core.logs import log_text
 from outbox.core.memlimit import DEFAULT_ROOT, memory_limit
+from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
 from outbox.events import deliveries
 from outbox.queue import jobstore, pauses
@@ -94,6 +96,8 @@ def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], 
             grade = WARN
         checks.append(Check("tick", grade, f"last tick {age:.0f}s ago ({last.outcome})", round(age)))
 
+    checks += _consumer_checks(session, now)
+
     per_consumer = deliveries.status(session, now)
     due = sum(s.due for s in per_consumer.values())
     dead = sum(s.dead for s in per_consumer.values())
@@ -118,6 +122,38 @@ def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], 
         checks.append(Check(f"channel.{pause.channel}", WARN, f"paused for {left:.0f}s more: {pause.reason} "
                                                              f"(lift with `queue resume {pause.channel}`)", round(left)))
     return checks, queues
+
+
+CONSUME = "amqp consume"  # the heartbeat command of a broker consumer run (cron/commands/amqp.py)
+
+
+def _consumer_checks(session, now: datetime) -> list[Check]:
+    """Per queue served by `amqp consume`, its latest run: beating (ok), silent for longer than
+    STALE_BEATS beats while "running" (fail: the process died without finishing its row, e.g.
+    SIGKILL or out of memory), ended with an error (warn). No consume runs: no check."""
+    stale = heartbeat.BEAT_SECONDS * heartbeat.STALE_BEATS
+    checks = []
+    for run in heartbeat.latest_per_detail(session, CONSUME):
+        queue = run.detail or "?"
+        name = f"consumer.{queue}"
+        if run.outcome == "running":
+            age = (now - (run.beat_at or run.started_at)).total_seconds()
+            if age > stale:
+                checks.append(Check(name, FAIL, f"amqp consume on {queue}: no beat for {age:.0f}s from pid {run.pid} "
+                                                f"on {run.host} (it died without finishing: killed, out of memory?)",
+                                    round(age)))
+            else:
+                checks.append(Check(name, OK, f"consuming {queue} (pid {run.pid} on {run.host}), beat {age:.0f}s ago",
+                                    round(age)))
+            continue
+        age = (now - (run.finished_at or run.started_at)).total_seconds()
+        if run.outcome == "error" or run.error:
+            checks.append(Check(name, WARN, f"amqp consume on {queue} (pid {run.pid} on {run.host}) ended "
+                                            f"{age:.0f}s ago with an error: {log_text(run.error or run.outcome, 200)}",
+                                round(age)))
+        else:
+            checks.append(Check(name, OK, f"amqp consume on {queue} ended {age:.0f}s ago ({run.outcome})", round(age)))
+    return checks
 
 
 def _disk_check(folder) -> Check:

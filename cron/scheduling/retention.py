@@ -4,7 +4,8 @@
 |---|---|---|
 | delivered events and their deliveries | 7 days (`outbox prune --older-than`) | daily task, `outbox prune` |
 | dead / pending deliveries | until retried or skipped | never automatically |
-| run heartbeats | 7 days | with the outbox |
+| run heartbeats | 7 days (a running one that still beats: kept) | with the outbox |
+| inbox rows (messages a broker consumer handled) | 14 days (`CRONBOX_INBOX_RETENTION_DAYS`) | daily task |
 | done jobs | 48 hours (`queue prune --older-than`) | daily task, `queue prune` |
 | failed jobs | until retried, forgotten or flushed | `queue flush` |
 | send attempts | 30 days | with the queue |
@@ -29,7 +30,7 @@ from outbox.channels.models import Notification, SendAttempt
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.engine import heartbeat
-from outbox.events import deliveries
+from outbox.events import deliveries, inbox
 from outbox.queue import jobstore, ratelimit
 from outbox.queue.models import FAILED, DONE as JOB_DONE
 
@@ -53,6 +54,14 @@ def prune_outbox(rt, older_than: float) -> tuple[int, int]:
     cutoff = clock.utcnow() - timedelta(seconds=older_than)
     return (_batches(rt, lambda s: deliveries.prune(s, cutoff, BATCH)),
             _batches(rt, lambda s: heartbeat.prune(s, cutoff, BATCH)))
+
+
+def prune_inbox(rt) -> int:
+    """Inbox rows older than CRONBOX_INBOX_RETENTION_DAYS, oldest first, in batches. A copy of a
+    message that arrives after its row is gone runs the consumer again: the window must outlast
+    any redelivery (a message parked in the dead queue and moved back later, a replay)."""
+    cutoff = clock.utcnow() - timedelta(days=rt.settings.inbox_retention_days)
+    return _batches(rt, lambda s: inbox.prune(s, cutoff, BATCH))
 
 
 def prune_queue(rt, older_than: float) -> dict[str, int]:
@@ -102,5 +111,5 @@ def prune_console_actions(session, before) -> int:
 
 def prune_all(rt) -> dict[str, int]:
     events, beats = prune_outbox(rt, OUTBOX_KEPT.total_seconds())
-    return {"events": events, "heartbeats": beats, **prune_queue(rt, DONE_JOBS_KEPT.total_seconds()),
-            **prune_ops(rt)}
+    return {"events": events, "heartbeats": beats, "inbox rows": prune_inbox(rt),
+            **prune_queue(rt, DONE_JOBS_KEPT.total_seconds()), **prune_ops(rt)}

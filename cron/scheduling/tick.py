@@ -9,7 +9,7 @@ from cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
 from cron.scheduling.schedule import Scheduler
 from outbox.core import clock
 from outbox.core.db import in_transaction
-from outbox.core.errors import SchemaError
+from outbox.core.errors import SchemaError, SettingsError
 from outbox.core.resources import peak_rss_kb
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import RunResult, record_run, run_loop
@@ -17,6 +17,7 @@ from outbox.engine.runtime import Runtime
 from outbox.events import deliveries
 from outbox.events.relay import Relay
 from outbox.queue import jobstore
+from outbox.queue.pool import PoolRefused, TickDrain, check_budget, tick_workers
 from outbox.queue.worker import Worker
 
 log = logging.getLogger("cronbox")
@@ -34,6 +35,7 @@ class TickReport:
     worker: Worker | None = None
     scheduler: Scheduler | None = None
     once: OnceStage | None = None
+    drain: TickDrain | None = None
     seconds: float = 0.0
 
     @property
@@ -48,6 +50,8 @@ class TickReport:
                 f"jobs done {w.done}, retried {w.retried}, deferred {w.deferred}, failed {w.gave_up}; "
                 f"tasks {self.scheduler.ran}, one-off runs {self.once.ran} "
                 f"in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
+        if self.drain is not None:
+            line += self.drain.summary()
         if self.result.error:
             line += f"; error: {self.result.error}"
         return line
@@ -72,6 +76,12 @@ def _check_schema(runtime: Runtime, run_command: CommandRunner) -> None:
 def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = DEFAULT_MAX_TIME,
              linger: bool = True, memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
     """One tick. `run_command` runs the one-off requests' command lines (`cron.cli.main`)."""
+    workers = tick_workers(runtime.settings)
+    if workers > 1:
+        try:  # on MySQL the tick's lock has a connection of its own
+            check_budget(runtime.settings, workers, lock_connection=runtime.is_mysql, what="CRONBOX_TICK_WORKERS")
+        except PoolRefused as exc:
+            raise SettingsError(str(exc)) from None
     # The lock connection idles while one handler or task runs: its wait_timeout must outlast the
     # longest of them, or the server drops it (and the lock) mid-run.
     lock = runtime.lock("tick", hold_seconds=int(max_time + LOCK_SLACK + longest_timeout(runtime)))
@@ -87,9 +97,12 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         scheduler, once = Scheduler(runtime), OnceStage(runtime, run_command)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
+        # CRONBOX_TICK_WORKERS > 1: a backlog larger than one worker's share is drained by a pool.
+        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=relay.close)
+                 if workers > 1 else None)
         # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
         # the jobs the worker then runs).
-        stages = [scheduler.run, once.run, relay.run, worker.run]
+        stages = [scheduler.run, once.run, relay.run, drain.run if drain is not None else worker.run]
 
         def counts() -> dict:
             now = clock.utcnow()
@@ -102,7 +115,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         result = record_run(runtime.sessions, "tick",
                             lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
         report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
-                            once=once, seconds=clock.monotonic() - started)
+                            once=once, drain=drain, seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:

@@ -2,8 +2,9 @@
 
 - MySQL/MariaDB: every session in UTC (`time_zone='+00:00'`) and at READ COMMITTED:
   under REPEATABLE READ a claim's next-key locks would block the app's record()
-  and wait on its open transactions. pool_pre_ping plus a pool_recycle below the
-  host's (often 20-60 s) wait_timeout, because idle connections are killed.
+  and wait on its open transactions. A ping at checkout of a connection that sat idle
+  (see _ping_when_idle) plus a pool_recycle below the host's (often 20-60 s)
+  wait_timeout, because idle connections are killed.
   Cron processes get a pool of exactly one connection, no overflow: the account
   may have max_user_connections as low as 3.
 - SQLite (the embedded default): WAL, busy_timeout, and BEGIN IMMEDIATE for
@@ -15,14 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from sqlalchemy import create_engine, event, make_url, text
 from sqlalchemy.dialects import mysql as mysql_dialect, sqlite as sqlite_dialect
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -87,7 +89,87 @@ def _track_cleanliness(engine: Engine) -> None:
     event.listen(engine, "before_cursor_execute", dirty)
 
 
+PING_WHEN_IDLE = 0.5  # seconds a pooled connection may sit unused and still be handed out unpinged
+_RETURNED_AT = "cronbox_returned_at"
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only if it sat in the pool PING_WHEN_IDLE or longer.
+
+    SQLAlchemy's pool_pre_ping costs a round trip on every checkout: a web request recording one
+    event would pay 4 round trips, not 3, and back-to-back transactions pay it for a connection
+    used a millisecond ago. What a ping guards against is a connection the server closed while it
+    sat idle (wait_timeout, at least 1 s; a host's idle killer): one returned less than half a
+    second ago cannot have been. A server restart or KILL inside that half second still surfaces,
+    as the statement's disconnect error: the pool then drops every connection it holds, and the
+    cron runs' transactions retry once on a fresh one (in_transaction). A failed ping raises
+    DisconnectionError, on which the pool opens a fresh connection, as pre-ping does.
+    """
+    def returned(dbapi_connection, record):
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    def checkout(dbapi_connection, record, proxy):
+        since = record.info.get(_RETURNED_AT)
+        if since is None or time.monotonic() - since < PING_WHEN_IDLE:
+            return  # a fresh connection, or one in use a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
+        if alive is False:
+            raise DisconnectionError("pooled connection failed its ping")
+
+    event.listen(engine, "checkin", returned)
+    event.listen(engine, "checkout", checkout)
+
+
+_PYMYSQL_CRYPTOGRAPHY = ("default_backend", "hashes", "serialization", "padding")
+
+
+def _import_pymysql_without_cryptography() -> None:
+    """Import PyMySQL without the `cryptography` package it imports at once (~8 MB of RSS, and
+    start-up time, in every cron process), loading it when a server first asks for it instead.
+
+    PyMySQL needs it only to RSA-encrypt a password for MySQL 8's sha256_password /
+    caching_sha2_password over a connection without TLS. pymysql._auth imports it in a
+    try/except ImportError at module level: the import is refused while PyMySQL loads, and
+    `sha2_rsa_encrypt`, the one function using it, is wrapped to import it on its first call.
+    Nothing changes if PyMySQL (or cryptography) is already loaded, or if its _auth module no
+    longer has that shape.
+    """
+    if "pymysql" in sys.modules or "cryptography" in sys.modules:
+        return
+    sys.modules["cryptography"] = None  # makes `from cryptography... import` raise ImportError
+    try:
+        import pymysql._auth as auth
+    except ImportError:
+        return  # no PyMySQL: SQLAlchemy reports the missing driver itself
+    finally:
+        del sys.modules["cryptography"]
+    original = getattr(auth, "sha2_rsa_encrypt", None)
+    if auth.__dict__.get("_have_cryptography") is not False or original is None:
+        return
+
+    def sha2_rsa_encrypt(password, salt, public_key):
+        if not auth._have_cryptography:
+            try:
+                from cryptography.hazmat.backends import default_backend
+                from cryptography.hazmat.primitives import hashes, serialization
+                from cryptography.hazmat.primitives.asymmetric import padding
+            except ImportError:
+                pass  # PyMySQL's own error says what is missing
+            else:
+                auth.default_backend, auth.hashes, auth.serialization, auth.padding = (
+                    default_backend, hashes, serialization, padding)
+                auth._have_cryptography = True
+        return original(password, salt, public_key)
+
+    auth.sha2_rsa_encrypt = sha2_rsa_encrypt
+
+
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
+    if url.startswith("mysql+pymysql"):
+        _import_pymysql_without_cryptography()
     connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
     if settings.mysql_tls == "off":
         # PyMySQL otherwise negotiates TLS and loads the system CA store on every
@@ -100,7 +182,6 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     engine = create_engine(
         url,
         connect_args=connect_args,
-        pool_pre_ping=role != "lock",
         pool_recycle=settings.pool_recycle,
         isolation_level="READ COMMITTED",
         **_pool_args(role),
@@ -108,6 +189,7 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
 
     if role != "lock":
         _track_cleanliness(engine)
+        _ping_when_idle(engine)
 
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
@@ -180,14 +262,16 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
-def insert_ignore(session: Session, table, rows: list[dict] | dict):
+def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
+    `session` may be a Core Connection too.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
     """
-    if session.get_bind().dialect.name == "sqlite":
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    if dialect.name == "sqlite":
         return session.execute(sqlite_dialect.insert(table).on_conflict_do_nothing(), rows)
     return session.execute(mysql_dialect.insert(table).prefix_with("IGNORE"), rows)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
@@ -26,6 +27,7 @@ from outbox.core.settings import Settings
 log = logging.getLogger("cronbox")
 
 MAX_LOCK_NAME = 64  # MySQL refuses longer GET_LOCK names
+_ABANDONED: list[Connection] = []  # a forked child's copies of its parent's lock connections (abandon())
 
 
 def lock_name(database: str, purpose: str) -> str:
@@ -107,6 +109,25 @@ class MySQLLock:
             pass  # the lock died with the connection anyway
         self._discard()
 
+    def abandon(self) -> None:
+        """In a forked child: let go of this process's copy of the lock connection without a word to
+        the server (no RELEASE_LOCK, no QUIT: the lock is the parent's). Only the child's descriptor of
+        the socket is closed, so the lock lives and dies with the parent's connection alone, also when
+        the parent is SIGKILLed while the child still runs."""
+        connection, self.connection = self.connection, None
+        if connection is None or connection is self.borrowed:
+            return
+        # Kept for the life of the child: if the Connection were collected, its pool would reset it
+        # (a ROLLBACK on the parent's socket) and close it.
+        _ABANDONED.append(connection)
+        try:
+            raw = connection.connection.dbapi_connection
+        except Exception:  # already invalidated: nothing of it is left open here
+            return
+        force_close = getattr(raw, "_force_close", None)  # PyMySQL: close the socket, send nothing
+        if force_close is not None:
+            force_close()
+
     def _discard(self) -> None:
         if self.connection is not None and self.connection is self.borrowed:
             self.connection = None
@@ -147,6 +168,21 @@ class FileLock:
         if self._lock.is_locked:
             self._lock.release(force=True)
 
+    def abandon(self) -> None:
+        """In a forked child: close this process's copy of the lock file's descriptor without unlocking
+        (flock is released when the last descriptor of the open file goes: the parent's). filelock 4
+        does this itself after a fork; older versions leave the descriptor in the child."""
+        context = getattr(self._lock, "_context", None)
+        fd = getattr(context, "lock_file_fd", None)
+        if not isinstance(fd, int):
+            return
+        context.lock_file_fd = None
+        try:  # only if that number is still the lock file (filelock may have closed it, and it reused)
+            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                os.close(fd)
+        except OSError:
+            pass
+
 
 class RunLock:
     """What a run holds: acquire once, then `ensure()` before each batch."""
@@ -178,6 +214,10 @@ class RunLock:
 
     def release(self) -> None:
         self.backend.release()
+
+    def abandon(self) -> None:
+        """In a forked child: drop the inherited lock without releasing it (it stays the parent's)."""
+        self.backend.abandon()
 
     @property
     def connection(self) -> Connection | None:

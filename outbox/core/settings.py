@@ -57,9 +57,14 @@ class Settings:
     url_max_ttl: int = 3600
     seal_algorithm: str = "auto"
     audit_retention_days: int = 2192
+    inbox_retention_days: int = 14  # CRONBOX_INBOX_RETENTION_DAYS: a redelivery older than this runs again
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
+    # Group commit (outbox.engine.processor.Group): how many grouped handlers' items share one
+    # transaction at most, and for how long (ms) it stays open past its first handler at most.
+    group_max: int = 50
+    group_ms: int = 200
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -67,6 +72,11 @@ class Settings:
     def get(self, name: str, default: str | None = None) -> str | None:
         value = (self.raw.get(name) or "").strip()
         return value or default
+
+    def number(self, name: str, default, kind=int, *, minimum=0):
+        """A numeric setting a module reads itself (CRONBOX_MAX_CONNECTIONS...): `default` when unset,
+        SettingsError naming it when it is not a number or below `minimum`."""
+        return _number(self.get, name, default, kind, minimum=minimum)
 
     @property
     def logs_dir(self) -> Path:
@@ -188,6 +198,8 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         queues=tuple(q.strip() for q in (get("CRONBOX_QUEUES") or "").split(",") if q.strip()),
         claim_mode=claim_mode,
         lease_margin=_number(get, "CRONBOX_LEASE_MARGIN", 30.0, float, minimum=0),
+        group_max=_number(get, "CRONBOX_GROUP_MAX", 50, int, minimum=1),
+        group_ms=_number(get, "CRONBOX_GROUP_MS", 200, int, minimum=0),
         cron_interval=_number(get, "CRONBOX_CRON_INTERVAL", 1, int, minimum=1),
         health_token=get("CRONBOX_HEALTH_TOKEN"),
         cron_token=get("CRONBOX_CRON_TOKEN"),
@@ -202,6 +214,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
         seal_algorithm=seal_algorithm,
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
+        inbox_retention_days=_number(get, "CRONBOX_INBOX_RETENTION_DAYS", 14, int, minimum=1),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
         base_url=_base_url(get("CRONBOX_BASE_URL")),
         files_prefix=url_prefix(get("CRONBOX_FILES_PREFIX"), "CRONBOX_FILES_PREFIX"),

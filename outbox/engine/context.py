@@ -18,6 +18,12 @@ outlive the attempt); the session then joins a new attempt transaction.
 
 A handler that never touches it has no database effects to protect, which lets
 the processor batch its ack (QuietAcks).
+
+In a group (a grouped handler: outbox.engine.processor.Group) the transaction is the group's,
+shared by consecutive grouped items: the session's savepoint is the handler's own, kept on
+success (left open: its writes commit with the group) and rolled back on failure. A handler that
+called commit() has released its savepoint, so a later failure of its own takes the group with
+it (`HandlerSession.released`); commit_now() is refused.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ class HandlerSession(Session):
                          expire_on_commit=False)
         self.attempt_transaction = transaction
         self.failed_with: str | None = None
+        self.released = False  # the handler called commit(): its writes so far left its savepoint
 
     def _watch(self, call, args, kwargs):
         try:
@@ -59,6 +66,10 @@ class HandlerSession(Session):
         except DBAPIError as exc:
             self.failed_with = describe(exc.orig or exc, 500)
             raise
+
+    def commit(self) -> None:
+        self.released = True
+        super().commit()
 
     def execute(self, *args, **kwargs):
         return self._watch(super().execute, args, kwargs)
@@ -89,16 +100,26 @@ def _forget_failure(session: HandlerSession, previous_transaction) -> None:
 
 
 class HandlerTransaction:
-    """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack."""
+    """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack.
+    With a `group`, the transaction is the group's (begun by the first member that writes)."""
 
-    def __init__(self, connection: Connection):
+    def __init__(self, connection: Connection, group=None):
         self.connection = connection
+        self.group = group
         self.outer: Transaction | None = None
         self.session = HandlerSession(self)
 
     def begin(self) -> None:
-        if not self.connection.in_transaction():
+        if self.group is not None:
+            self.group.begin()
+        elif not self.connection.in_transaction():
             self.outer = self.connection.begin()
+
+    def keep(self) -> None:
+        """In a group: the handler succeeded; flush its pending writes and leave its savepoint open
+        (the group's COMMIT ends it with the rest: a RELEASE would cost a round trip per item). The
+        session is dropped, not closed: closing would roll back to its savepoint."""
+        self.session.flush()
 
     def commit(self) -> None:
         """Commit the handler's writes and whatever the processor added through `session` (the ack).
@@ -124,18 +145,19 @@ class HandlerTransaction:
 
 class Context:
     def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
-                 settings=None):
+                 settings=None, group=None):
         self.attempt = attempt
         self.settings = settings  # the run's Settings (channels read their configuration here)
         self.trace_id = trace_id
         self.idempotency_key = idempotency_key
         self._connection = connection
+        self._group = group
         self._transaction: HandlerTransaction | None = None
 
     @property
     def session(self) -> Session:
         if self._transaction is None:
-            self._transaction = HandlerTransaction(self._connection)
+            self._transaction = HandlerTransaction(self._connection, self._group)
         return self._transaction.session
 
     @property
@@ -150,6 +172,9 @@ class Context:
         """Commit what ctx.session wrote so far for good, now, without waiting for the ack: for records
         that must outlive a failed or killed attempt (the channels' send log, written before each
         network call). Those writes are then at-least-once, not exactly-once."""
+        if self._group is not None:
+            raise RuntimeError("ctx.commit_now() is not available to a grouped handler (grouped=True): its writes "
+                               "commit with its group")
         if self._transaction is not None:
             if self._transaction.session.failed_with is not None:
                 raise RuntimeError("ctx.session failed on a database error; call ctx.session.rollback() first")

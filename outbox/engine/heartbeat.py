@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -51,7 +51,10 @@ def finish(sessions, heartbeat_id: int, *, outcome: str, error: str | None = Non
 
 
 def prune(session, cutoff, batch: int) -> int:
-    ids = list(session.scalars(H.select().with_only_columns(H.c.id).where(H.c.started_at < cutoff)
+    """Rows of runs started before `cutoff`, except a long-running one that beat since (a consumer
+    up for weeks keeps its row, or health would stop seeing it)."""
+    ids = list(session.scalars(H.select().with_only_columns(H.c.id)
+                               .where(H.c.started_at < cutoff, or_(H.c.beat_at.is_(None), H.c.beat_at < cutoff))
                                .order_by(H.c.id).limit(batch)))
     if ids:
         session.execute(delete(H).where(H.c.id.in_(ids)))
@@ -62,6 +65,12 @@ def recent(session, command: str, limit: int) -> list[Heartbeat]:
     """The latest runs of `command`, newest first."""
     return list(session.scalars(select(Heartbeat).where(Heartbeat.command == command)
                                 .order_by(Heartbeat.started_at.desc(), Heartbeat.id.desc()).limit(limit)))
+
+
+def latest_per_detail(session, command: str) -> list[Heartbeat]:
+    """The latest run of `command` for each detail (e.g. each queue a consumer serves), by detail."""
+    latest = (select(func.max(H.c.id)).where(H.c.command == command).group_by(H.c.detail)).scalar_subquery()
+    return list(session.scalars(select(Heartbeat).where(Heartbeat.id.in_(latest)).order_by(Heartbeat.detail)))
 
 
 def between(session, start, end):
@@ -78,3 +87,13 @@ def totals_since(session, since):
         select(H.c.command, H.c.outcome, func.count(), func.sum(H.c.delivered), func.sum(H.c.retried),
                func.sum(H.c.dead), func.sum(H.c.jobs_done), func.sum(H.c.jobs_failed))
         .where(H.c.started_at >= since).group_by(H.c.command, H.c.outcome)).all()
+
+
+def runs_of(session, command: str, pids: list[int], since) -> list[Heartbeat]:
+    """The runs of `command` by processes `pids` of this host started at or after `since`: what a
+    worker pool's children did (each writes its own row)."""
+    if not pids:
+        return []
+    return list(session.scalars(select(Heartbeat).where(
+        Heartbeat.command == command, Heartbeat.host == socket.gethostname()[:255], Heartbeat.pid.in_(pids),
+        Heartbeat.started_at >= since)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from contextlib import contextmanager
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -42,6 +42,9 @@ def _amqp():
     return amqp
 
 CONNECT_TIMEOUT = 5.0
+# Negotiated with the broker (the lower of the two wins): a connection kept through the tick's linger
+# (up to a minute) stays known-alive to NATs and the broker, and a dead one is noticed between batches.
+HEARTBEAT_SECONDS = 60
 NO_URL = "CRONBOX_AMQP_URL is not set: nowhere to forward to"
 
 
@@ -123,11 +126,32 @@ class Batch:
         return out
 
 
+class InFlight:
+    """A batch written to the broker whose confirms are still to be collected (Broker.publish)."""
+
+    def __init__(self, messages: list[Outgoing], timeout: float, *, reused: bool):
+        self.messages = messages
+        self.ids: list[str | None] = []
+        self.timeout = timeout
+        self.reused = reused  # published on a connection kept from an earlier batch
+        self.end = clock.monotonic() + timeout  # no confirm counts after this
+        self.batch: Batch | None = None
+        self.results: list[str | None] | None = None  # known: every confirm is in, or the batch failed
+        self.lost = False  # it failed on the connection itself (not the broker refusing)
+        self.unconfirmed = f"no confirm from the broker within {timeout:g}s"
+
+
 class Broker:
     """One connection per process, opened on the first batch, kept across batches (the tick's
-    linger too), dropped on any error and opened again on the next batch; `close()` at exit."""
+    linger too, its heartbeats serviced by `keep_alive()` on each poll), dropped on any error and
+    opened again on the next batch; `close()` at exit.
 
-    def __init__(self, url: str | None, *, connect_timeout: float = CONNECT_TIMEOUT):
+    A batch is `publish()`ed (its frames written, nothing waited for) and later `collect()`ed (its
+    confirms read): the relay does database work that does not depend on the confirms in between.
+    At most one batch is in flight; `send()` is the two in one go."""
+
+    def __init__(self, url: str | None, *, connect_timeout: float = CONNECT_TIMEOUT,
+                 heartbeat: int = HEARTBEAT_SECONDS):
         self.unusable = NO_URL if not url else None  # why nothing can be sent (a bad URL fails each batch, visibly)
         self.address = None
         if url:
@@ -136,11 +160,11 @@ class Broker:
             except SettingsError as exc:
                 self.unusable = str(exc)
         self.connect_timeout = connect_timeout
+        self.heartbeat = heartbeat
         self._connection: amqp.Connection | None = None
         self._channel = None
         self._next_tag = 0
-        self._batch: Batch | None = None
-        self._lost = False  # the last batch failed on the connection itself (not the broker refusing)
+        self._batch: Batch | None = None  # the batch in flight, whose confirms the callbacks record
         self.connects = 0  # connections opened (tests, bench)
 
     @property
@@ -150,61 +174,115 @@ class Broker:
     def send(self, messages: list[Outgoing], timeout: float) -> list[str | None]:
         """Publish `messages` in order, then wait up to `timeout` seconds for all their confirms.
         Returns, per message, None (confirmed, routed) or the reason it is not delivered."""
+        return self.collect(self.publish(messages, timeout))
+
+    def publish(self, messages: list[Outgoing], timeout: float) -> InFlight:
+        """Write `messages` to the broker in order (persistent, mandatory, confirm mode) without
+        waiting; their confirms count until `timeout` seconds from now (`collect`)."""
+        if self._batch is not None:
+            raise RuntimeError("a batch is already in flight: collect it before publishing another")
+        flight = InFlight(messages, timeout, reused=self._connection is not None)
         if not messages:
-            return []
-        if self.address is None:
-            return [self.unusable] * len(messages)
-        reused = self._connection is not None
-        self._lost = False
-        results = self._send(messages, timeout)
-        if reused and self._lost and all(r is not None for r in results):
+            flight.results = []
+        elif self.address is None:
+            flight.results = [self.unusable] * len(messages)
+        else:
+            self._publish(flight)
+        return flight
+
+    def collect(self, flight: InFlight) -> list[str | None]:
+        """Wait until `flight`'s deadline for its confirms. Per message: None (confirmed, routed)
+        or why it is not delivered."""
+        if flight.results is None:
+            try:
+                while flight.batch.by_tag:
+                    left = flight.end - clock.monotonic()
+                    if left <= 0:
+                        raise socket.timeout()
+                    self._connection.drain_events(timeout=left)
+            except Exception as exc:
+                self._failed(flight, exc)
+            else:
+                self._batch = None
+                flight.results = flight.batch.finish(flight.ids, flight.unconfirmed)
+        if flight.reused and flight.lost and all(r is not None for r in flight.results):
             # The kept connection had died while idle (broker restart, closed by an operator, NAT
             # timeout) and nothing got through: once more on a fresh one, not a retry with backoff.
-            results = self._send(messages, timeout)
-        return results
+            again = InFlight(flight.messages, flight.timeout, reused=False)
+            self._publish(again)
+            return self.collect(again)
+        return flight.results
 
-    def _send(self, messages: list[Outgoing], timeout: float) -> list[str | None]:
-        ids = [m.properties.get("message_id") for m in messages]
+    def keep_alive(self) -> None:
+        """Service the kept connection between batches (the tick calls it on every poll of its
+        linger): read what the broker sent (its heartbeats, a connection.close), send ours when
+        due. A connection found dead is dropped here, so the next batch opens a fresh one instead
+        of failing on it."""
+        connection = self._connection
+        if connection is None or self._batch is not None:
+            return
         try:
-            channel = self._open(min(self.connect_timeout, timeout))
+            while True:
+                try:
+                    connection.drain_events(timeout=0)
+                except socket.timeout:
+                    break
+            connection.heartbeat_tick()
+        except Exception as exc:
+            log.info("amqp: the idle connection is gone (%s); the next batch opens a new one", _why(exc))
+            self.close(graceful=False)
+
+    def _publish(self, flight: InFlight) -> None:
+        try:
+            channel = self._open(min(self.connect_timeout, flight.timeout))
         except Exception as exc:
             self.close(graceful=False)
             reason = f"broker unreachable ({self.address!r}): {describe(exc, 400)}"
             log.warning("amqp: %s", reason)
-            return [reason] * len(messages)
-        batch = self._batch = Batch(len(messages))
-        end = clock.monotonic() + timeout
-        unconfirmed = f"no confirm from the broker within {timeout:g}s"
+            flight.results = [reason] * len(flight.messages)
+            return
+        flight.ids = [m.properties.get("message_id") for m in flight.messages]
+        batch = flight.batch = self._batch = Batch(len(flight.messages))
+        flight.end = clock.monotonic() + flight.timeout
         try:
-            with _coalesced_writes(self._connection.transport):
-                for index, message in enumerate(messages):
-                    self._next_tag += 1
-                    batch.by_tag[self._next_tag] = index
-                    channel.basic_publish(_amqp().Message(message.body, **message.properties),
-                                          exchange=message.exchange, routing_key=message.routing_key, mandatory=True)
+            connection, channel_id = self._connection, channel.channel_id
+            chunk, pending = connection.frame_max - 8, []
+            size = 0
+            for index, message in enumerate(flight.messages):
+                self._next_tag += 1
+                batch.by_tag[self._next_tag] = index
+                frames = publish_frames(channel_id, chunk, message)
+                pending.append(frames)
+                size += len(frames)
+                if size >= FLUSH_BYTES:
+                    connection.transport.write(b"".join(pending))
+                    pending.clear()
+                    size = 0
+            if pending:
+                connection.transport.write(b"".join(pending))
+            connection.bytes_sent += len(flight.messages)  # what heartbeat_tick counts as traffic
             crash_point("after-publish")
-            while batch.by_tag:
-                left = end - clock.monotonic()
-                if left <= 0:
-                    raise socket.timeout()
-                self._connection.drain_events(timeout=left)
-        except (socket.timeout, TimeoutError):
-            log.warning("amqp: %d of %d messages unconfirmed after %.0fs; dropping the connection",
-                        batch.unconfirmed, len(messages), timeout)
-            self.close(graceful=False)
         except Exception as exc:
-            unconfirmed = f"not confirmed: {_why(exc)}"
-            self._lost = not isinstance(exc, _amqp().exceptions.ChannelError)
-            log.warning("amqp: %d of %d messages unconfirmed: %s", batch.unconfirmed, len(messages), _why(exc))
-            self.close(graceful=False)
-        finally:
-            self._batch = None
-        return batch.finish(ids, unconfirmed)
+            self._failed(flight, exc)
+
+    def _failed(self, flight: InFlight, exc: BaseException) -> None:
+        """The batch ends on an error: what was confirmed stands, the rest is not delivered."""
+        batch, count = flight.batch, len(flight.messages)
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            log.warning("amqp: %d of %d messages unconfirmed after %.0fs; dropping the connection",
+                        batch.unconfirmed, count, flight.timeout)
+        else:
+            flight.unconfirmed = f"not confirmed: {_why(exc)}"
+            flight.lost = not isinstance(exc, _amqp().exceptions.ChannelError)
+            log.warning("amqp: %d of %d messages unconfirmed: %s", batch.unconfirmed, count, _why(exc))
+        self.close(graceful=False)
+        flight.results = batch.finish(flight.ids, flight.unconfirmed)
 
     def _open(self, connect_timeout: float):
         if self._connection is not None:
             return self._channel
-        self._connection = connection = open_connection(self.address, name="cronbox relay", timeout=connect_timeout)
+        self._connection = connection = open_connection(self.address, name="cronbox relay", timeout=connect_timeout,
+                                                        heartbeat=self.heartbeat)
         channel = connection.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
@@ -213,13 +291,14 @@ class Broker:
         channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
         self._channel, self._next_tag = channel, 0
         self.connects += 1
-        log.info("amqp: connected to %r", self.address)
+        log.info("amqp: connected to %r (heartbeat %ss)", self.address, connection.heartbeat)
         return channel
 
     def close(self, *, graceful: bool = True) -> None:
         """Graceful: the AMQP close handshake (at exit). Not: drop the socket at once (after an
-        error the broker may not answer, and the tick must not wait on it)."""
-        connection, self._connection, self._channel = self._connection, None, None
+        error the broker may not answer, and the tick must not wait on it). A batch in flight is
+        abandoned: its unread confirms never count."""
+        connection, self._connection, self._channel, self._batch = self._connection, None, None, None
         if connection is None:
             return
         if graceful:
@@ -258,40 +337,94 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     return connection
 
 
-FLUSH_BYTES = 256 * 1024
+# -- the frames of a basic.publish ---------------------------------------------------------
+# Written here rather than through py-amqp's channel.basic_publish, which costs more than the rest
+# of publishing together: a non-blocking read before every message (in case the broker sent
+# connection.blocked), a generic serializer for the properties, a socket write per message. The
+# bytes are the ones py-amqp writes (AMQP 0-9-1 section 4.2; tests/units/test_forward_units.py
+# compares them), for the value types cronbox's messages carry; any other property value is
+# serialized by py-amqp itself.
+
+FLUSH_BYTES = 256 * 1024  # a batch goes out in writes of about this size
+FRAME_END = b"\xce"
+# (name, flag bit, kind) of each basic property, in the order of the property list.
+_LAYOUT = tuple((name, 1 << bit, kind) for bit, (name, kind) in zip(range(15, 1, -1), (
+    ("content_type", "s"), ("content_encoding", "s"), ("application_headers", "F"), ("delivery_mode", "o"),
+    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
+    ("timestamp", "L"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"))))
+_OCTET = tuple(bytes((n,)) for n in range(256))  # a length or an octet value, ready made
+_pack = struct.pack
+_keys: dict[str, bytes] = {}  # header names as short strings (a handful, the same on every message)
 
 
-@contextmanager
-def _coalesced_writes(transport):
-    """Send a batch's frames in a few large writes instead of one system call per message (the
-    largest single cost of publishing a small message with py-amqp). py-amqp writes each message's
-    frames through `transport._write` (the socket's sendall, set on the instance), from a buffer it
-    reuses (hence the copy); it is swapped for the batch and put back after it."""
-    chunks: list[bytes] = []
-    size = 0
-    send = transport._write
+def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
+    """basic.publish (mandatory) of `message` on channel `channel_id`: method, content header and
+    body frames, the body cut into frames of at most `chunk` bytes (the connection's frame_max - 8)."""
+    method = b"".join((b"\x00\x3c\x00\x28\x00\x00", _shortstr(message.exchange), _shortstr(message.routing_key),
+                       b"\x01"))  # class 60 basic, method 40 publish, ticket 0, ..., bits: mandatory
+    body = message.body
+    header = _pack(">HHQ", 60, 0, len(body)) + _properties(message.properties)
+    out = [_pack(">BHI", 1, channel_id, len(method)), method, FRAME_END,
+           _pack(">BHI", 2, channel_id, len(header)), header, FRAME_END]
+    for start in range(0, len(body), chunk):
+        part = body[start:start + chunk]
+        out += (_pack(">BHI", 3, channel_id, len(part)), part, FRAME_END)
+    return b"".join(out)
 
-    def collect(data) -> None:
-        nonlocal size
-        chunks.append(bytes(data))
-        size += len(data)
-        if size >= FLUSH_BYTES:
-            flush()
 
-    def flush() -> None:
-        nonlocal size
-        if chunks:
-            data = b"".join(chunks)
-            chunks.clear()
-            size = 0
-            send(data)
-
-    transport._write = collect
+def _properties(properties: dict) -> bytes:
+    flags, out = 0, []
+    append = out.append
     try:
-        yield
-    finally:
-        transport._write = send
-    flush()
+        for name, flag, kind in _LAYOUT:
+            value = properties.get(name)
+            if value is None:
+                continue
+            flags |= flag
+            if kind == "s":
+                data = value.encode("utf-8", "surrogatepass")
+                append(_OCTET[len(data)])  # IndexError past 255 bytes
+                append(data)
+            elif kind == "o":
+                append(_pack("B", value))
+            elif kind == "L":
+                append(_pack(">Q", value))
+            else:
+                append(_table(value))
+    except (TypeError, ValueError, IndexError, AttributeError, struct.error):
+        return _amqp().Message(b"", **properties)._serialize_properties()  # another value type: py-amqp's way
+    return _pack(">H", flags) + b"".join(out)
+
+
+def _table(table: dict) -> bytes:
+    out = []
+    append = out.append
+    for key, value in table.items():
+        encoded = _keys.get(key)
+        if encoded is None:
+            encoded = _shortstr(key)
+            if len(_keys) < 64:
+                _keys[key] = encoded
+        append(encoded)
+        if isinstance(value, str):
+            value = value.encode("utf-8", "surrogatepass")
+            append(_pack(">cI", b"S", len(value)))
+            append(value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(type(value).__name__)
+        elif -2147483647 <= value <= 2147483647:  # py-amqp's bounds
+            append(_pack(">ci", b"I", value))
+        else:
+            append(_pack(">cq", b"L", value))
+    data = b"".join(out)
+    return _pack(">I", len(data)) + data
+
+
+def _shortstr(text: str) -> bytes:
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > 255:
+        raise ValueError(f"AMQP short string longer than 255 bytes: {text[:40]!r}...")
+    return _OCTET[len(data)] + data
 
 
 def _why(exc: BaseException) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import and_, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
@@ -28,8 +29,10 @@ E = OutboxEvent.__table__
 ERROR_MAX = 1000
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
+    """A leased delivery with its event. A named tuple: a batch makes hundreds, and a frozen
+    dataclass's __init__ (one object.__setattr__ per field) was the relay's costliest line after
+    the SQL itself."""
     id: int
     consumer: str
     attempts: int
@@ -182,7 +185,14 @@ def give_up(session: Session, item, error: str, traceback: str | None, now: date
 
 
 def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
-    """Give back leases on deliveries claimed but not started; their attempt is not counted."""
+    """Give back leases on deliveries claimed but not started; their attempt is not counted.
+
+    Also the refund of a group's members when a run stops mid-group (an interrupt, the database
+    gone: outbox.engine.processor.Group): their handlers ran, but nothing of theirs committed, so the
+    claim's attempt is given back. (A group lost while the run goes on needs no write: its members
+    run again at once under the same claim, whose one counted attempt is theirs.) At READ COMMITTED
+    this UPDATE locks each row and re-reads its latest committed version, so the token and status
+    guard leaves alone a delivery another run has reclaimed (new token) or finished meanwhile."""
     if not ids:
         return 0
     result = session.execute(

@@ -1,9 +1,12 @@
 """record(): the write side of the transactional outbox."""
 from __future__ import annotations
 
-import uuid
-from datetime import timedelta
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from sqlalchemy import insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
@@ -12,19 +15,47 @@ from outbox.core.payload import dump_payload
 from outbox.events.models import OutboxEvent
 
 MAX_TEXT = 191
+# One statement object for every call: its compiled form is cached once, and the row goes in as
+# parameters (a new `.values()` per call would be a new statement to key and look up each time).
+_INSERT = insert(OutboxEvent.__table__)
 
 
 def new_trace_id() -> str:
-    return uuid.uuid4().hex[:16]
+    return os.urandom(8).hex()
 
 
-def record(session: Session, type: str, payload, *, key: str | None = None, delay: float | timedelta = 0) -> OutboxEvent:
-    """Add an event to the caller's session: it commits with the business rows or not at all.
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """The row record() inserted, as it will be committed (or rolled back) with the caller's transaction."""
 
-    Never commits or flushes on the caller's behalf. `key` orders events: a
-    consumer gets events of one key one at a time, in the order they were
-    recorded (writers of one key must serialise, e.g. by locking the aggregate
-    row, since ids are given at INSERT). `delay` postpones the first attempt.
+    id: int
+    type: str
+    key: str | None
+    payload: str
+    trace_id: str
+    created_at: datetime
+    available_at: datetime
+
+
+def connection_of(session: Session | Connection, model=OutboxEvent) -> Connection:
+    """The connection of the caller's transaction: a Connection as it is, a Session's (or a
+    Flask-SQLAlchemy scoped session's) for `model`'s table (a host's binds decide, as they would
+    for a flush), begun if it was not. Never a flush: the caller's pending objects stay as they are."""
+    if isinstance(session, Connection):
+        return session
+    return session.connection(bind_arguments={"mapper": model})
+
+
+def record(session: Session | Connection, type: str, payload, *, key: str | None = None,
+           delay: float | timedelta = 0) -> RecordedEvent:
+    """Insert an event in the caller's transaction: it commits with the business rows or not at all.
+
+    `session` is the caller's Session (or scoped session) or a Core Connection inside a
+    transaction; the INSERT runs on that transaction's connection at once, so the returned event
+    has its id. Never commits, and never flushes the caller's pending objects. `key` orders
+    events: a consumer gets events of one key one at a time, in the order they were recorded
+    (writers of one key must serialise, e.g. by locking the aggregate row, since ids are given at
+    INSERT). `delay` postpones the first attempt.
     """
     if not isinstance(type, str) or not type or len(type) > MAX_TEXT:
         raise PayloadError(f"event type must be a non-empty string of at most {MAX_TEXT} characters")
@@ -35,13 +66,7 @@ def record(session: Session, type: str, payload, *, key: str | None = None, dela
         raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
     body = dump_payload(payload)
     now = clock.utcnow()
-    event = OutboxEvent(
-        type=type,
-        key=key,
-        payload=body,
-        trace_id=new_trace_id(),
-        created_at=now,
-        available_at=now + timedelta(seconds=seconds),
-    )
-    session.add(event)
-    return event
+    row = {"type": type, "key": key, "payload": body, "trace_id": new_trace_id(), "created_at": now,
+           "available_at": now + timedelta(seconds=seconds) if seconds else now}
+    result = connection_of(session).execute(_INSERT, row)
+    return RecordedEvent(result.inserted_primary_key[0], type, key, body, row["trace_id"], now, row["available_at"])

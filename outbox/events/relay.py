@@ -7,10 +7,19 @@ published per target as one batch with publisher confirms (outbox.events.broker)
 acked if the broker confirmed it, or retried with the target's backoff. Claiming, leases, per-key
 order and retries are the same for both: a claim takes at most one delivery per (consumer, key),
 so a message that failed stays pending and holds its key back until it gets through.
+
+Forwarded batches are pipelined one deep: batch N is published, and while its confirms come in the
+relay settles N-1 (one ack statement, reschedules) and fans out and claims N+1; N's confirms are
+collected just before N+1 is published. Nothing is acked before its confirm, and the claim of N+1
+cannot take a later delivery of a key N carries: N's deliveries are still pending, so they hold
+their keys. N is settled at once when it failed outright (broker unreachable), when its leases run
+out, before in-process handlers run, and at the end of the run.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Callable
 
 from outbox.core import clock
@@ -22,12 +31,24 @@ from outbox.engine.context import Context, Event
 from outbox.engine.handler_call import ERROR, Outcome, describe
 from outbox.engine.processor import Processor, QuietAcks
 from outbox.events import deliveries
-from outbox.events.broker import Broker, Outgoing
+from outbox.events.broker import Broker, InFlight, Outgoing
 from outbox.events.forward import ForwardTarget, is_forward, message_properties
 
 log = logging.getLogger("cronbox")
 
 FAN_OUT_BATCH = 500
+MAX_ROUTING_KEY = 255  # an AMQP short string
+
+
+@dataclass
+class Forwarded:
+    """A target's batch published and not yet settled."""
+    target: ForwardTarget
+    items: list
+    flight: InFlight
+    started: float  # monotonic, when publishing began
+    budget: Budget
+    leases_until: datetime  # the earliest lease among the items
 
 
 class Relay(Processor):
@@ -43,6 +64,7 @@ class Relay(Processor):
         self.before_batch = before_batch
         self._warned: set[str] = set()
         self._broker = broker
+        self._in_flight: Forwarded | None = None
 
     @property
     def broker(self) -> Broker:
@@ -63,14 +85,29 @@ class Relay(Processor):
     def _run(self, budget: Budget) -> int:
         work = 0
         self._warn_unregistered()
-        while budget.stop_reason() is None:
-            if self.before_batch is not None:
-                self.before_batch()  # e.g. RunLock.check: raises LockLost
-            fanned = self.fan_out()
-            claimed = self.claim(budget.batch_size(self.batch_size))
-            if not claimed and not fanned:
-                break
-            work += fanned + self.process(claimed, budget)
+        if self._broker is not None:
+            self._broker.keep_alive()  # each poll of the linger: heartbeats, a connection found dead
+        try:
+            while budget.stop_reason() is None:
+                if self.before_batch is not None:
+                    self.before_batch()  # e.g. RunLock.check: raises LockLost
+                # While a forwarded batch is in flight, its confirms come in during this fan-out
+                # and claim: the claim cannot take a later delivery of a key in flight (its
+                # delivery is still pending, so it holds the key), and nothing is acked here.
+                if self._in_flight is not None and self._in_flight.leases_until <= clock.utcnow():
+                    self._settle(self._collect())  # its leases ran out: the claim would take it again
+                fanned = self.fan_out()
+                claimed = self.claim(budget.batch_size(self.batch_size))
+                if not claimed and not fanned:
+                    if self._in_flight is None:
+                        break
+                    self._settle(self._collect())  # frees its keys' next deliveries: claim again
+                    continue
+                work += fanned + self.process(claimed, budget)
+        except BaseException:
+            self._settle(self._collect(), best_effort=True)
+            raise
+        self._settle(self._collect())
         return work
 
     def fan_out(self) -> int:
@@ -92,36 +129,41 @@ class Relay(Processor):
 
     def process(self, claimed: list, budget: Budget) -> int:
         forwarded = [item for item in claimed if is_forward(self.registry.get(item.consumer))]
-        if not forwarded:
-            return super().process(claimed, budget)
         local = [item for item in claimed if not is_forward(self.registry.get(item.consumer))]
         try:
-            handled = self._forward(forwarded, budget)
+            if forwarded:
+                self._forward(forwarded, budget)
+            if local:
+                # Handlers may run long: the batch in flight is settled first, within its leases.
+                self._settle(self._collect())
         except BaseException:
             self._release(local, best_effort=True)
             raise
-        return handled + (super().process(local, budget) if local else 0)
+        return len(forwarded) + (super().process(local, budget) if local else 0)
 
     # -- forwarding ----------------------------------------------------------------
-    def _forward(self, items: list, budget: Budget) -> int:
+    # One batch per target is in flight at a time: published, its confirms collected just before
+    # the next batch is published, and settled (acked / rescheduled) just after, so the broker's
+    # confirm latency overlaps the database work (this settle, the next fan-out and claim).
+
+    def _forward(self, items: list, budget: Budget) -> None:
         """Publish each target's deliveries as one confirmed batch: a target whose exchange is
         missing (the broker closes the channel) fails alone, not every other target's batch."""
         groups: dict[str, list] = {}
         for item in items:
             groups.setdefault(item.consumer, []).append(item)
-        handled = 0
         names = list(groups)
         for index, name in enumerate(names):
-            if handled and budget.stop_reason() is not None:
+            if index and budget.stop_reason() is not None:
                 self._release([i for n in names[index:] for i in groups[n]])
                 break
-            handled += self._forward_batch(self.registry.get(name), groups[name], budget)
-        return handled
+            self._publish(self.registry.get(name), groups[name], budget)
 
-    def _forward_batch(self, target: ForwardTarget, items: list, budget: Budget) -> int:
+    def _publish(self, target: ForwardTarget, items: list, budget: Budget) -> None:
         live, messages = [], []
+        covered = clock.utcnow() + timedelta(seconds=target.timeout)  # a lease past this needs no extending
         for item in items:
-            if not self._lease_covers(item, target):
+            if item.lease_until < covered and not self._lease_covers(item, target):
                 continue
             if item.attempts > target.max_attempts:
                 self._give_up(item, target, Outcome(
@@ -129,34 +171,70 @@ class Relay(Processor):
                                       "but never finished (process killed or lease expired)"))
                 continue
             try:
-                # A routing-key function sees the event as a consumer would; a fixed key needs no parse.
-                payload = load_payload(item.payload) if callable(target.target.routing_key) else None
-                event = Event(item.event_id, item.event_type, item.key, payload, item.created_at)
-                messages.append(Outgoing(target.target.exchange, target.target.key_for(event),
-                                         item.payload.encode("utf-8"), message_properties(item)))
+                messages.append(self._message(target, item))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
                 self._after_failure(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
             live.append(item)
         if not live:
-            return len(items)
+            return
         crash_point("after-claim")
+        previous = self._collect()
         started = clock.monotonic()
         # Never past the run's end: the tick must exit by --max-time even if the broker stalls.
         wait = max(1.0, min(target.timeout, budget.remaining() if budget.max_time is not None else target.timeout))
-        results = self.broker.send(messages, wait)
-        seconds = (clock.monotonic() - started) / len(live)
+        flight = self.broker.publish(messages, wait)
+        self._in_flight = Forwarded(target, live, flight, started, budget, min(i.lease_until for i in live))
+        self._settle(previous)
+        if flight.results is not None:  # failed already (broker unreachable): settle it now, within its leases
+            self._settle(self._collect())
+
+    @staticmethod
+    def _message(target: ForwardTarget, item) -> Outgoing:
+        # A routing-key function sees the event as a consumer would; a fixed key needs no parse.
+        routing_key = target.target.routing_key
+        if routing_key is None:
+            key = item.event_type
+        elif isinstance(routing_key, str):
+            key = routing_key
+        else:
+            key = target.target.key_for(Event(item.event_id, item.event_type, item.key, load_payload(item.payload),
+                                              item.created_at))
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_ROUTING_KEY:
+            raise ValueError(f"the routing key is longer than AMQP's {MAX_ROUTING_KEY} bytes: {key[:40]!r}...")
+        return Outgoing(target.target.exchange, key, item.payload.encode("utf-8"), message_properties(item))
+
+    def _collect(self) -> tuple[Forwarded, list[str | None], float] | None:
+        """Wait for the confirms of the batch in flight, if any: (it, results, seconds it took)."""
+        forwarded, self._in_flight = self._in_flight, None
+        if forwarded is None:
+            return None
+        results = self.broker.collect(forwarded.flight)
+        return forwarded, results, clock.monotonic() - forwarded.started
+
+    def _settle(self, collected, *, best_effort: bool = False) -> None:
+        """Ack the confirmed deliveries of a collected batch in one statement, reschedule the rest."""
+        if collected is None:
+            return
+        forwarded, results, took = collected
+        target, live = forwarded.target, forwarded.items
+        seconds = took / len(live)
         for _ in live:
-            budget.record(seconds)
+            forwarded.budget.record(seconds)
         confirmed = QuietAcks()
         for item, error in zip(live, results):
             if error is None:
                 confirmed.add(item)
-        self._flush(confirmed)  # first: the broker has these, the sooner acked the fewer duplicates
-        for item, error in zip(live, results):
-            if error is not None:
-                self._after_failure(item, target, Outcome(ERROR, seconds, error))
-        return len(items)
+        try:
+            self._flush(confirmed)  # first: the broker has these, the sooner acked the fewer duplicates
+            for item, error in zip(live, results):
+                if error is not None:
+                    self._after_failure(item, target, Outcome(ERROR, seconds, error))
+        except Exception:
+            if not best_effort:
+                raise
+            log.warning("relay: could not record the outcome of %d forwarded deliveries; their leases will "
+                        "expire and they are published again", len(live))
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Callable
 
 from sqlalchemy import insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
@@ -22,13 +23,14 @@ from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
 from outbox.engine.backoff import Backoff
 from outbox.engine.registry import DEFAULT, Registry
-from outbox.events.record import new_trace_id
+from outbox.events.record import connection_of, new_trace_id
 from outbox.queue.models import READY, Job
 from outbox.queue.ratelimit import RateLimit
 
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 J = Job.__table__
+_INSERT = insert(J)  # one statement, compiled once; the row goes in as parameters
 
 
 @dataclass(frozen=True)
@@ -43,16 +45,18 @@ class JobHandler:
     retry_until: float | None  # seconds after dispatch during which RetryLater may postpone the job
     rate_limit: RateLimit | Callable | None = None  # or fn(settings) -> RateLimit | None, read per run
     channel: str | None = None  # jobs wait while this channel is paused (outbox.queue.pauses)
+    grouped: bool = False  # group commit: see job()
 
     @property
     def max_attempts(self) -> int:
         return self.tries
 
-    def dispatch(self, session: Session, payload=None, *, delay: float | timedelta = 0,
+    def dispatch(self, session: Session | Connection, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None) -> int | None:
-        """Add this job to the caller's transaction; returns its id, or None when a job with the same
-        unique key is already waiting or running (then nothing is added and the caller's
-        transaction is untouched)."""
+        """Add this job to the caller's transaction (a Session, scoped session or Core Connection,
+        like record(): the INSERT runs on that transaction's connection, never flushing the caller's
+        pending objects); returns its id, or None when a job with the same unique key is already
+        waiting or running (then nothing is added and the caller's transaction is untouched)."""
         body = dump_payload(payload)
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
@@ -74,10 +78,11 @@ class JobHandler:
             "trace_id": new_trace_id(),
             "created_at": now,
         }
+        connection = connection_of(session, Job)
         if row["unique_key"] is None:
-            result = session.execute(insert(J).values(row))
+            result = connection.execute(_INSERT, row)
         else:
-            result = insert_ignore(session, J, row)
+            result = insert_ignore(connection, J, row)
             if result.rowcount == 0:
                 return None
         return result.inserted_primary_key[0]
@@ -93,7 +98,7 @@ def _stored_key(handler: str, key: str) -> str:
 
 def job(queue: str = "default", *, name: str | None = None, tries: int = 5, backoff=5, timeout: float = 30,
         unique: bool = False, retry_until: float | timedelta | None = None, rate_limit: str | RateLimit | None = None,
-        channel: str | None = None, registry: Registry | None = None):
+        channel: str | None = None, grouped: bool = False, registry: Registry | None = None):
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
     backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
@@ -101,6 +106,14 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     defaults to a hash of the payload). retry_until: how long after dispatch RetryLater may keep
     postponing it before it fails. rate_limit: "N/s", "N/m" or "N/h", shared by every worker.
     channel: the job waits (no attempt used) while that channel is paused.
+    grouped=True (group commit, for jobs that make no network calls and only write through
+    ctx.session): up to CRONBOX_GROUP_MAX (50) consecutive grouped jobs commit in one transaction,
+    each in its own SAVEPOINT with its ack. A failing job rolls back only its own writes; when the
+    whole transaction is lost (timeout, deadlock, dropped connection) the others run again one per
+    transaction, without losing an attempt. The transaction stays open at most CRONBOX_GROUP_MS
+    (200 ms) past its first job, so a web request waiting on a row lock a grouped job took waits at
+    most that long. Not with channel= or rate_limit= (their checks write in transactions of their
+    own); ctx.commit_now() is refused in a grouped job.
     """
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise RegistrationError(f"queue name {queue!r} must be 1-64 letters, digits, or _ . : -")
@@ -113,6 +126,11 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     if retry_until is not None and (isinstance(retry_until, bool) or not isinstance(retry_until, (int, float))
                                     or retry_until <= 0):
         raise RegistrationError(f"retry_until must be a positive number of seconds, not {retry_until!r}")
+    if not isinstance(grouped, bool):
+        raise RegistrationError(f"grouped must be True or False, not {grouped!r}")
+    if grouped and (channel is not None or rate_limit is not None):
+        raise RegistrationError("grouped=True cannot be combined with channel= or rate_limit= "
+                                "(a grouped job makes no network calls)")
     policy = Backoff.of(backoff)
     limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
     if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
@@ -122,7 +140,8 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if len(job_name) > MAX_NAME - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
-        handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel)
+        handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel,
+                             grouped)
         (registry or DEFAULT).jobs.add(handler)
         fn.dispatch = handler.dispatch
         fn.job = handler

@@ -266,3 +266,30 @@ def test_a_handler_longer_than_the_servers_wait_timeout_keeps_the_work_connectio
     assert sorted(line.split()[0] for line in lines) == ["0", "1"]
     logs = "".join(p.read_text() for p in runtime.settings.logs_dir.glob("cronbox-*.log"))
     assert "connection lost" not in logs
+
+
+def test_a_pooled_connection_killed_while_idle_is_replaced_at_checkout_and_a_busy_one_is_not_pinged(
+        settings, mysql_admin):
+    """The idle ping (outbox/core/db.py): back-to-back transactions pay no ping round trip; a
+    connection the server killed while it sat in the pool is found dead before the caller's
+    transaction and replaced, so the caller never sees the disconnect."""
+    from outbox.core import db
+    engine = make_engine(settings, role="web")
+    pings = []
+    real_ping = engine.dialect.do_ping
+    engine.dialect.do_ping = lambda dbapi_connection: pings.append(1) or real_ping(dbapi_connection)
+    try:
+        with engine.connect() as connection:
+            first = connection.execute(text("SELECT CONNECTION_ID()")).scalar()
+        for _ in range(5):
+            with engine.begin() as connection:
+                assert connection.execute(text("SELECT CONNECTION_ID()")).scalar() == first
+        assert pings == []  # none of those checkouts came after an idle spell
+        with mysql_admin.connect() as admin:
+            admin.execute(text(f"KILL {int(first)}"))
+        time.sleep(db.PING_WHEN_IDLE + 0.1)
+        with engine.begin() as connection:
+            second = connection.execute(text("SELECT CONNECTION_ID()")).scalar()
+        assert pings == [1] and second != first
+    finally:
+        engine.dispose()

@@ -54,6 +54,38 @@ def test_rollback_leaves_no_event_and_commit_is_delivered(runtime, registry):
     assert row.status == "done" and row.attempts == 1 and row.claim_token is None
 
 
+def test_record_on_a_core_connection_commits_or_rolls_back_with_it(runtime, registry, effects_table):
+    """A Core caller passes its Connection: the event is in that transaction, and only there."""
+    seen = []
+    consumer("note", name="seen", registry=registry)(lambda event, ctx: seen.append(event.payload))
+    with runtime.engine.connect() as connection:
+        with connection.begin() as tx:
+            connection.execute(insert(effects).values(consumer="business", event_id=0))
+            outbox.record(connection, "note", {"n": 1})
+            tx.rollback()
+        with connection.begin():
+            connection.execute(insert(effects).values(consumer="business", event_id=0))
+            event = outbox.record(connection, "note", {"n": 2}, key="k")
+    assert event.id and event.key == "k" and len(event.trace_id) == 16
+    assert count_events(runtime) == 1 and effect_counts(runtime) == Counter({("business", 0): 1})
+    relay(runtime)
+    assert seen == [{"n": 2}]
+
+
+def test_record_never_flushes_the_callers_pending_objects(runtime):
+    """record() writes on the session's connection at once (its id is known), but leaves the
+    caller's pending objects pending: they flush when the caller says so, or at its commit."""
+    from outbox.events.models import OutboxEvent
+    with runtime.sessions() as session:
+        pending = OutboxEvent(type="by-hand", payload="{}", trace_id="t", created_at=T0, available_at=T0)
+        session.add(pending)
+        event = outbox.record(session, "note", {"n": 1})
+        assert pending in session.new and pending.id is None
+        assert isinstance(event.id, int)
+        session.rollback()
+    assert count_events(runtime) == 0
+
+
 def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
     with runtime.sessions() as session:
         with pytest.raises(PayloadError, match=r"payload\['when'\] is a datetime"):

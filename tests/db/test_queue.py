@@ -66,6 +66,24 @@ def test_rolled_back_dispatch_leaves_no_job_committed_runs_once(rt, jobs):
     assert row.status == "done" and row.available_at is None and row.claim_token is None
 
 
+def test_dispatch_on_a_core_connection_commits_or_rolls_back_with_it(rt, jobs):
+    seen = []
+
+    @job("mail", name="mail", unique=True, registry=jobs)
+    def mail(payload, ctx):
+        seen.append(payload)
+
+    with rt.engine.connect() as connection:
+        with connection.begin() as tx:
+            assert isinstance(mail.dispatch(connection, {"to": "a"}), int)
+            tx.rollback()
+        with connection.begin():
+            assert isinstance(mail.dispatch(connection, {"to": "b"}), int)
+            assert mail.dispatch(connection, {"to": "b"}) is None  # unique: already waiting
+    work(rt)
+    assert seen == [{"to": "b"}]
+
+
 def test_non_json_payload_is_refused_at_dispatch(rt, jobs):
     @job(name="x", registry=jobs)
     def x(payload, ctx):

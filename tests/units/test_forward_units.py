@@ -74,3 +74,38 @@ def test_batch_confirms_single_multiple_nack_and_return_before_ack():
     late.by_tag = {1: 0, 2: 1}
     late.on_ack(1, False)
     assert late.finish(["a", "b"], "no confirm") == [None, "no confirm"]
+
+
+def _py_amqp_frames(channel_id: int, frame_max: int, message) -> bytes:
+    """What py-amqp's own channel.basic_publish(mandatory=True) writes for `message`."""
+    from types import SimpleNamespace
+
+    from amqp import spec
+    from amqp.method_framing import frame_writer
+    from amqp.serialization import dumps
+
+    written = []
+    transport = SimpleNamespace(write=lambda data: written.append(bytes(data)))
+    write = frame_writer(SimpleNamespace(frame_max=frame_max, bytes_sent=0), transport)
+    args = dumps("Bssbb", (0, message.exchange, message.routing_key, True, False))
+    write(1, channel_id, spec.Basic.Publish, args, Message(message.body, **message.properties))
+    return b"".join(written)
+
+
+@pytest.mark.parametrize("body_size", [0, 40, 4096, 300_000])
+@pytest.mark.parametrize("key", [None, "patient:ünï", "k" * 300])
+def test_publish_frames_are_the_bytes_py_amqp_writes(body_size, key):
+    from datetime import datetime
+
+    from outbox.events.broker import Outgoing, publish_frames
+    from outbox.events.deliveries import Claimed
+    from outbox.events.forward import message_properties
+
+    created = datetime(2026, 12, 1, 9, 30, 15, 123456)
+    for event_id in (7, 2_147_483_647, 2_147_483_648, 10**15):
+        item = Claimed(1, "c", 1, "tok", created, event_id, "appointment.päid", key, "x", "0123456789abcdef", created)
+        message = Outgoing("clinic.ëx", "appointment.päid", b"{" + b"7" * body_size + b"}", message_properties(item))
+        for frame_max in (4096, 131072):
+            assert publish_frames(3, frame_max - 8, message) == _py_amqp_frames(3, frame_max, message)
+    odd = Outgoing("x", "rk", b"{}", {"message_id": "m", "application_headers": {"f": 1.5, "t": True, "n": None}})
+    assert publish_frames(1, 131072 - 8, odd) == _py_amqp_frames(1, 131072, odd)  # py-amqp's serializer

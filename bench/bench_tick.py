@@ -1,0 +1,123 @@
+"""What a quiet tick costs the shared host, against the import floor measured in the same run.
+
+    .venv/bin/python -m bench.bench_tick [--mysql mysql+pymysql://root:@127.0.0.1/test] [--runs 7]
+
+The floor is a process that imports only SQLAlchemy (with its ORM), the driver (PyMySQL) and click,
+and exits. Against it, each measured `runs` times interleaved, median: an empty `tick --no-linger`,
+`queue work --stop-when-empty` on an empty queue, and the same tick with CRONBOX_APP naming the
+example host app (examples/clinic: Flask, Flask-SQLAlchemy), reported apart. Wall time is process
+start to exit; peak RSS is the child's ru_maxrss. Statements per quiet tick are counted by a
+before_cursor_execute listener in a child that runs the tick in-process. Rewrites the "Quiet tick"
+section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from bench.report import write_section
+
+APP_ROOT = Path(__file__).resolve().parent.parent
+FLOOR = "import sqlalchemy, sqlalchemy.orm, pymysql, click"
+COUNT = """
+import collections, json, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+seen = collections.Counter()
+event.listen(Engine, "before_cursor_execute", lambda conn, cur, statement, *a: seen.update([statement.split()[0].upper()]))
+from cron.cli import main
+code = main(["tick", "--no-linger"])
+print(json.dumps({"code": code, "statements": sum(seen.values()), "kinds": seen}))
+"""
+
+
+def run(argv: list[str], env: dict) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of one child process."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    took = time.perf_counter() - started
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close(), proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, (argv, out, err)
+    return took, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="cronbox-bench-tick-"))
+    admin = name = None
+    if args.mysql:
+        name = f"cronbox_benchtick_{secrets.token_hex(4)}"
+        admin = create_engine(args.mysql, poolclass=NullPool, connect_args={"ssl_disabled": True})
+        with admin.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
+        url = make_url(args.mysql).set(database=name).render_as_string(hide_password=False)
+    else:
+        url = f"sqlite:///{folder / 'instance' / 'cronbox.db'}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CRONBOX_", "DATABASE_URL", "FLASK_"))}
+    env = {**base, "PYTHONPATH": str(APP_ROOT), "DATABASE_URL": url, "CRONBOX_INSTANCE": str(folder / "instance")}
+    clinic = APP_ROOT / "examples" / "clinic"
+    host_env = {**env, "PYTHONPATH": f"{APP_ROOT}{os.pathsep}{clinic}", "CRONBOX_APP": "clinic:create_app",
+                "CLINIC_DATABASE_URL": url, "SECRET_KEY": "bench"}
+    py = sys.executable
+    try:
+        subprocess.run([py, "-m", "cron", "migrate"], env=env, cwd="/", check=True, capture_output=True)
+        subprocess.run([py, "-m", "cron", "tick", "--no-linger"], env=env, cwd="/", check=True,
+                       capture_output=True)  # the built-in tasks' first runs: later ticks are quiet
+        counted = json.loads(subprocess.run([py, "-c", COUNT], env=env, cwd="/", check=True, capture_output=True,
+                                            text=True).stdout.strip().splitlines()[-1])
+        cases = {
+            "floor": [py, "-c", FLOOR],
+            "tick": [py, "-m", "cron", "tick", "--no-linger"],
+            "queue work": [py, "-m", "cron", "queue", "work", "--stop-when-empty"],
+        }
+        try:
+            run(cases["tick"], host_env)
+            cases["tick, CRONBOX_APP=clinic"] = cases["tick"]
+        except AssertionError as exc:
+            print("host app tick not measured:", exc)
+        got = {k: [] for k in cases}
+        for _ in range(args.runs):
+            for label, argv in cases.items():
+                got[label].append(run(argv, host_env if "CRONBOX_APP" in label else env))
+    finally:
+        if admin is not None:
+            with admin.connect() as c:
+                c.execute(text(f"DROP DATABASE {name}"))
+            admin.dispose()
+    wall = {k: statistics.median(t for t, _ in v) for k, v in got.items()}
+    rss = {k: statistics.median(m for _, m in v) for k, v in got.items()}
+    store = "MariaDB" if args.mysql else "SQLite"
+    table = (f"| {store}, median of {args.runs} | start-up to exit (s) | × floor | peak RSS (MiB) | − floor (MiB) |\n"
+             "|---|---|---|---|---|\n")
+    for label in got:
+        table += (f"| {label} | {wall[label]:.3f} | {wall[label] / wall['floor']:.2f}× | {rss[label]:.1f} "
+                  f"| {rss[label] - rss['floor']:+.1f} |\n")
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counted["kinds"].items(), key=lambda kv: -kv[1]))
+    table += f"\nStatements the second tick sends: {counted['statements']} ({kinds}).\n"
+    print(table)
+    if not args.no_write:
+        command = "python -m bench.bench_tick" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
+        write_section("tick", "Quiet tick", command, table)
+
+
+if __name__ == "__main__":
+    main()
