@@ -61,15 +61,17 @@ def _address(rt):
               help="Per-key order: single active consumer, prefetch 1, failures retried in place.")
 @click.option("--heartbeat", type=click.IntRange(0, 600), default=60, show_default=True,
               help="AMQP heartbeat seconds (0: none); keep handler timeouts below it.")
+@click.option("--max-redeliveries", type=click.IntRange(1, 1000), default=queues.MAX_REDELIVERIES, show_default=True,
+              help="Park a message in QUEUE.dead once it came back unacked this many times (it killed the consumer).")
 @click.pass_context
-def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartbeat):
+def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartbeat, max_redeliveries):
     """Run the consumers registered for each message's type; SIGTERM finishes the message, then exits 0."""
     from outbox.events.consume import QueueConsumer  # py-amqp: only for the amqp commands
 
     rt = runtime()
     address = _address(rt)
     consumer = QueueConsumer(rt, address, queue, prefetch=prefetch, ordered=ordered, binds=list(binds),
-                             heartbeat_seconds=heartbeat)
+                             heartbeat_seconds=heartbeat, max_redeliveries=max_redeliveries)
     started = clock.monotonic()
     result = consumer.run(Budget(max_time=max_time, memory_mb=None, max_handled=max_messages))
     s = consumer.stats

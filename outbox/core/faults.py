@@ -6,8 +6,9 @@ time (default: first) it reaches <step>. Steps: after-claim, before-ack-commit,
 after-ack-commit, after-publish (forwarding: the batch written to the broker, its confirms not
 yet read); and for `amqp consume` (outbox/events/consume.py): before-inbox-commit (a consumer's
 writes and inbox row about to commit), after-inbox-commit (every consumer committed, the broker
-ack not sent), after-broker-ack; and worker-start (a pool's child, before its first claim,
-outbox/queue/pool.py). Unset in production; reading one environment variable is
+ack not sent), before-broker-ack / after-broker-ack (around one batched basic.ack multiple); and
+worker-start (a pool's child, before its first claim, outbox/queue/pool.py). Unset in production;
+reading one environment variable is
 the whole cost.
 """
 from __future__ import annotations

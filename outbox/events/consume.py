@@ -10,7 +10,8 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    skipped), the handler runs through `call_handler` (timeout, outcome, safe error text) inside
    the host app's scope (`runtime.scope_for`), then one COMMIT
    holds the handler's writes and the inbox row, or a rollback neither;
-3. only then the broker ack. A failure is republished first (publisher confirm) and acked after:
+3. only then the broker ack: one `basic.ack multiple` for the messages handled in a row (consumer_link.Link.ack
+   says when it goes out; a crash before it only brings them again, and the inbox skips them). A failure is republished first (publisher confirm) and acked after:
    - retried: to `Q.retry.<ms>ms` with the attempt header raised; its TTL dead-letters it back to
      Q (outbox.events.queues). A retry re-runs only the consumers that did not commit: the others
      find their inbox row;
@@ -19,6 +20,11 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    With several failing consumers the message waits the shortest of their delays.
    `ordered`: the queue has a single active consumer, prefetch 1, and a failure waits its delay
    holding the message (heartbeats serviced), so nothing later overtakes it.
+0. before all that, a delivery the broker flags `redelivered` (it came back unacked: the process
+   died or its connection did with it in hand) is republished to the back of Q with
+   `x-cronbox-redeliveries` raised and acked, or parked once that reaches max_redeliveries (a
+   poison message; _requeue_redelivered). Not in `ordered` mode, where a republish would break the
+   order: there a redelivered message is handled in place, and a poison one blocks the queue (README).
 
 The broker connection (outbox.events.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
 while idle) is dropped on any error and opened again with backoff until the run's end; unacked
@@ -54,6 +60,7 @@ log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
 POLL = 1.0
+POLL_READY = 0.05  # reading what is already there: one delivery's frames may still be arriving
 RECONNECT_FIRST, RECONNECT_MAX = 1.0, 30.0
 DB_PAUSE = 3.0
 
@@ -78,8 +85,10 @@ class ConsumeStats:
 
 class QueueConsumer:
     def __init__(self, runtime, address: BrokerAddress, queue: str, *, prefetch: int = 10, ordered: bool = False,
-                 binds: list[tuple[str, str]] | None = None, heartbeat_seconds: int = HEARTBEAT):
+                 binds: list[tuple[str, str]] | None = None, heartbeat_seconds: int = HEARTBEAT,
+                 max_redeliveries: int = queues.MAX_REDELIVERIES):
         self.runtime = runtime
+        self.max_redeliveries = max_redeliveries
         self.queue = queue
         self.ordered = ordered
         self.link = Link(address, queue, prefetch=1 if ordered else prefetch, ordered=ordered, binds=binds or [],
@@ -140,6 +149,11 @@ class QueueConsumer:
                     self._handle(self.link.inbound.popleft(), budget)
                     last_message = clock.monotonic()
                     continue
+                if self.link.acks_pending:
+                    if self.link.readable():  # more read ahead: its ack can go with theirs
+                        self.link.poll(POLL_READY)
+                        continue
+                    self.link.flush_acks()
                 self.link.poll(min(POLL, max(budget.remaining(), 0.05)))
                 if not self.link.inbound and clock.monotonic() - last_message >= POLL:
                     self._release_db()  # idle: hold no database connection while waiting
@@ -196,6 +210,14 @@ class QueueConsumer:
         started = clock.monotonic()
         tag = message.delivery_tag
         try:
+            if not self.ordered:
+                if (message.delivery_info or {}).get("redelivered"):
+                    self._requeue_redelivered(message, started)
+                    return
+                if headers_of(message).get(queues.REDELIVERIES):
+                    # a suspect: run it as the oldest unacked message, so that if it kills the
+                    # process it is the first the broker redelivers (see _requeue_redelivered)
+                    self.link.flush_acks()
             try:
                 incoming = parse(message, self.runtime.consumers)
             except BadMessage as bad:
@@ -216,6 +238,34 @@ class QueueConsumer:
             raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
         finally:
             budget.record(clock.monotonic() - started)
+
+    def _requeue_redelivered(self, message, started: float) -> None:
+        """The broker gave this message back unacked (a consumer process died, or its connection did,
+        with the message in hand): before any consumer runs it again, republish it to the back of Q
+        with x-cronbox-redeliveries raised, or park it once that reaches max_redeliveries (a poison
+        message: it would kill every consumer it reaches, forever). Then ack the original.
+
+        Only the first redelivered message on a connection is counted: the broker gives unacked
+        messages back at their places, and a suspect (a copy with the header) runs as the oldest
+        unacked one, so when it killed the process it comes first. The others (read ahead, or
+        handled with their batched ack lost) get the header at 1, a suspect, without counting: a
+        message is parked only for deaths while it was in hand, not for its neighbours'."""
+        headers = headers_of(message)
+        before = queues.attempts_of(headers, queues.REDELIVERIES)
+        first, self.link.redelivery_seen = not self.link.redelivery_seen, True
+        times = before + 1 if first else max(before, 1)
+        if first and times >= self.max_redeliveries:
+            reason = f"killed the consumer {times} times (redelivered unacked; the limit is {self.max_redeliveries})"
+            self._park(message, reason, queues.attempts_of(headers), None, redeliveries=times)
+            self.link.ack(message.delivery_tag)
+            self.stats.parked += 1
+            self._log(message, None, "parked", started, error=reason)
+            return
+        self._republish(message, self.queue, queues.stamped(headers, **{
+            queues.ATTEMPTS: queues.attempts_of(headers) or None, queues.REASON: headers.get(queues.REASON),
+            queues.REDELIVERIES: times}))
+        self.link.ack(message.delivery_tag)
+        self._log(message, None, "redelivered", started, note=f"redeliveries={times}; requeued at the back")
 
     def _give_back_quietly(self, tag: int) -> None:
         try:
@@ -339,8 +389,7 @@ class QueueConsumer:
 
     def _finish(self, message, incoming: Incoming, results: dict, started: float) -> None:
         crash_point("after-inbox-commit")
-        self.link.ack(message.delivery_tag)
-        crash_point("after-broker-ack")
+        self.link.ack(message.delivery_tag)  # batched: consumer_link.Link.ack
         if all(r == "duplicate" for r in results.values()):
             self.stats.duplicates += 1
             self._log(message, incoming, "duplicate", started, results=results)
@@ -370,10 +419,10 @@ class QueueConsumer:
                  else queues.retry_delay(c.backoff, attempt) for c, o in failures]
         return min(waits), used
 
-    def _park(self, message, reason: str, attempts: int, failed: str | None) -> None:
+    def _park(self, message, reason: str, attempts: int, failed: str | None, *, redeliveries: int | None = None) -> None:
         self._republish(message, queues.dead_queue(self.queue), queues.stamped(headers_of(message), **{
             queues.ATTEMPTS: attempts, queues.REASON: clean_text(reason, queues.REASON_MAX),
-            queues.PARKED_AT: queues.now_text(), queues.FAILED: failed}))
+            queues.PARKED_AT: queues.now_text(), queues.FAILED: failed, queues.REDELIVERIES: redeliveries}))
 
     def _republish(self, message, queue: str, headers: dict) -> None:
         properties = {**(message.properties or {}), "application_headers": headers, "delivery_mode": 2}

@@ -3,6 +3,7 @@ acking, and republishing (to a retry queue or Q.dead) with publisher confirms; t
 as asked (outbox.events.consume's docstring says how the loop uses it)."""
 from __future__ import annotations
 
+import select
 import socket
 from collections import deque
 
@@ -10,12 +11,14 @@ import amqp
 
 from outbox.core import clock
 from outbox.core.errors import CronboxError
+from outbox.core.faults import crash_point
 from outbox.engine.handler_call import describe
 from outbox.events import queues
 from outbox.events.broker import Batch, BrokerAddress, open_connection
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
+ACK_WAIT = 0.1  # seconds a handled message's ack may wait to go out with later ones (basic.ack multiple)
 NAME = "cronbox consumer"
 
 
@@ -43,6 +46,11 @@ class Link:
         self._tag = 0
         self._batch: Batch | None = None
         self._declared: set[str] = set()
+        self._ack_tag = 0  # the highest handled delivery not acked yet (0: none)
+        self._ack_count = 0
+        self._ack_since = 0.0
+        self.ack_every = 1 if ordered else max(1, prefetch // 2)
+        self.redelivery_seen = False  # on this connection (consume.QueueConsumer._requeue_redelivered)
 
     @property
     def is_open(self) -> bool:
@@ -66,6 +74,8 @@ class Link:
             _drop(connection)
             raise
         self.connection, self.channel, self._tag, self._declared = connection, channel, 0, set()
+        self._ack_tag = self._ack_count = 0
+        self.redelivery_seen = False
 
     def _declare(self, channel) -> None:
         try:
@@ -119,11 +129,42 @@ class Link:
             raise BrokerLost(f"republish to {routing_key} failed: {error}")
 
     def ack(self, tag: int) -> None:
-        self.channel.basic_ack(tag)
+        """The message `tag` is done (committed, or republished and confirmed): its ack goes out with
+        the later ones' in one basic.ack multiple, at the latest after ack_every messages or ACK_WAIT
+        seconds, when nothing more is read ahead, or before the channel closes (flush_acks). Handled
+        in delivery order, so every tag the multiple ack covers is done. A crash before it only
+        makes the broker deliver those messages again, and the inbox skips their consumers."""
+        if not self._ack_count:
+            self._ack_since = clock.monotonic()
+        self._ack_tag = tag
+        self._ack_count += 1
+        if self._ack_count >= self.ack_every or clock.monotonic() - self._ack_since >= ACK_WAIT:
+            self.flush_acks()
+
+    @property
+    def acks_pending(self) -> bool:
+        return self._ack_count > 0
+
+    def flush_acks(self) -> None:
+        if not self._ack_count:
+            return
+        tag, self._ack_tag, self._ack_count = self._ack_tag, 0, 0
+        crash_point("before-broker-ack")
+        self.channel.basic_ack(tag, multiple=True)
+        crash_point("after-broker-ack")
 
     def give_back(self, tag: int) -> None:
-        """Back to the queue, at its place (basic.reject with requeue)."""
+        """Back to the queue, at its place (basic.reject with requeue); the done ones acked first."""
+        self.flush_acks()
         self.channel.basic_reject(tag, True)
+
+    def readable(self) -> bool:
+        """Something already came from the broker and waits to be read (no waiting)."""
+        transport = self.connection.transport
+        sock = transport.sock
+        if transport._read_buffer or (hasattr(sock, "pending") and sock.pending()):  # TLS: decrypted, unread
+            return True
+        return bool(select.select([sock], [], [], 0)[0])
 
     def poll(self, timeout: float) -> bool:
         """Read what the broker sends until one whole method (a delivery: three frames) has come, for
@@ -148,6 +189,13 @@ class Link:
 
     def close(self, *, graceful: bool = True) -> None:
         """Graceful: cancel and close (unacked prefetched messages go back to the queue at once)."""
+        if graceful and self.connection is not None:
+            try:
+                self.flush_acks()
+            except Exception:
+                graceful = False  # not acked: those messages come again, and the inbox skips them
+        self._ack_tag = self._ack_count = 0
+        self.redelivery_seen = False
         connection, self.connection, self.channel = self.connection, None, None
         self.inbound.clear()
         if connection is None:

@@ -50,10 +50,13 @@ def take_first(connection: Connection, consumer: str, message_id: str, event_typ
     before the handler's session joins it): no savepoint, as a duplicate ends that transaction anyway
     (the caller rolls it back). One statement instead of three per message and consumer."""
     try:
-        connection.execute(insert(T).values(_row(consumer, message_id, event_type, trace_id, now)))
+        connection.execute(_INSERT, _row(consumer, message_id, event_type, trace_id, now))
     except IntegrityError:
         return False
     return True
+
+
+_INSERT = insert(T)  # built once, values as parameters: one cached compiled statement
 
 
 def _row(consumer: str, message_id: str, event_type: str, trace_id: str | None, now: datetime) -> dict:

@@ -14,7 +14,10 @@ For a queue Q (`python -m cron amqp consume --queue Q`):
   lost), `amqp retry-dead` moves chosen ones back to Q with the attempts reset.
 
 The attempt count travels with the message (`x-cronbox-attempts`: failed attempts so far), as the
-broker's own redelivery (after a crash or a lost connection) counts nothing.
+broker's own redelivery (after a crash or a lost connection) counts nothing. So does the count of
+those redeliveries (`x-cronbox-redeliveries`): a delivery the broker flags `redelivered` is
+republished to the back of Q with it raised, and parked once it reaches the limit (a poison
+message that kills the consumer every time: consume.py).
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ ATTEMPTS = "x-cronbox-attempts"
 REASON = "x-cronbox-reason"
 PARKED_AT = "x-cronbox-parked-at"
 FAILED = "x-cronbox-failed"  # the consumers that failed, comma-separated
-CRONBOX_HEADERS = (ATTEMPTS, REASON, PARKED_AT, FAILED)
+REDELIVERIES = "x-cronbox-redeliveries"  # times the message came back unacked (a killed consumer)
+CRONBOX_HEADERS = (ATTEMPTS, REASON, PARKED_AT, FAILED, REDELIVERIES)
+MAX_REDELIVERIES = 5
 MAX_QUEUE = 200  # AMQP names are at most 255 bytes; room for ".retry.<ms>ms"
 REASON_MAX = 1000
 
@@ -77,8 +82,8 @@ def stamped(headers: dict | None, **values) -> dict:
     return out
 
 
-def attempts_of(headers: dict | None) -> int:
-    value = (headers or {}).get(ATTEMPTS)
+def attempts_of(headers: dict | None, name: str = ATTEMPTS) -> int:
+    value = (headers or {}).get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 

@@ -7,11 +7,13 @@ What a call does comes from the payload, so one process can get differently beha
   "permanent": 1 consume.a raises PermanentFailure
   "later_until": unix time  consume.a raises RetryLater(0.2) until then
   "sleep": S     consume.a writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
+  "kill": 1      consume.a SIGKILLs its own process (a poison message)
 Backoff [0.5, 1.0] seconds, 3 attempts, timeout 10 s.
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -42,6 +44,8 @@ def consume_a(event, ctx):
         Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
         time.sleep(p["sleep"])
     crash_point("in-handler")
+    if p.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
     _call("consume.a", event, ctx)
     if p.get("permanent"):
         raise outbox.PermanentFailure("this one cannot work")

@@ -78,7 +78,8 @@ def test_crash_at_every_boundary_of_the_consumer(setup, runtime, rabbit, step):
     env, queue, calls_file = setup
     ids = [publish(rabbit, queue, n) for n in range(6)]
     publish(rabbit, queue, 0, message_id=ids[0])  # a duplicate, as the relay publishes after a crash
-    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-time", "20", CRONBOX_CRASH_AT=f"{step}:3")
+    nth = 1 if step == "after-broker-ack" else 3  # acks are batched: there may be one for all 7
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-time", "20", CRONBOX_CRASH_AT=f"{step}:{nth}")
     assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
     drain(env, queue, rabbit)
     exactly_once(runtime, 6)
@@ -90,6 +91,45 @@ def test_crash_at_every_boundary_of_the_consumer(setup, runtime, rabbit, step):
         assert set(made.values()) == {1}
     if step == "before-inbox-commit":
         assert max(made.values()) == 2  # called, rolled back by the crash, called again: one row
+
+
+def test_a_crash_before_a_batched_ack_only_brings_its_messages_again(setup, runtime, rabbit):
+    """The acks of messages handled in a row go out as one basic.ack multiple: killed just before
+    it, every message it covered comes again, and the inbox skips all their consumers."""
+    env, queue, calls_file = setup
+    for n in range(12):
+        publish(rabbit, queue, n)
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--prefetch", "20", "--max-time", "20",
+                   CRONBOX_CRASH_AT="before-broker-ack:1")
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    again = run_cli(env, "amqp", "consume", "--queue", queue, "--prefetch", "20", "--max-time", "3")
+    assert again.returncode == 0, again.stderr[-2000:]
+    duplicates = int(again.stdout.split(" duplicates")[0].rsplit(" ", 1)[1])
+    assert duplicates >= 1  # handled, committed, never acked: delivered again, skipped by the inbox
+    exactly_once(runtime, 12)
+    assert set(calls(calls_file).values()) == {1}  # no consumer ran twice
+    assert rabbit.take(queue) == []
+
+
+def test_a_poison_message_is_parked_after_killing_the_consumer_n_times(setup, runtime, rabbit):
+    """A message whose consumer SIGKILLs the process: restarted like systemd would, the consumer
+    requeues it at the back each time it comes back, parks it on the 3rd, and handles the rest once."""
+    env, queue, calls_file = setup
+    for n in range(8):
+        publish(rabbit, queue, n, **({"kill": 1} if n == 3 else {}))
+    codes = []
+    for _ in range(12):  # systemd's Restart=always
+        proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-redeliveries", "3", "--max-time", "3")
+        codes.append(proc.returncode)
+        if proc.returncode == 0 and rabbit.channel.queue_declare(queue, passive=True)[1] == 0:
+            break
+    assert codes.count(-signal.SIGKILL) == 3 and codes[-1] == 0, codes
+    [dead] = rabbit.take(f"{queue}.dead")
+    headers = dead.properties["application_headers"]
+    assert json.loads(dead.body)["n"] == 3 and headers["x-cronbox-redeliveries"] == 3
+    assert headers["x-cronbox-reason"].startswith("killed the consumer 3 times")
+    assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(8) if n != 3})
+    assert rabbit.take(queue) == []
 
 
 def test_random_sigkills_never_repeat_a_db_effect(setup, runtime, rabbit):
