@@ -16,8 +16,6 @@ from datetime import datetime, timedelta
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
-from outbox.core.durations import parse_duration
-from outbox.core.errors import SettingsError
 from outbox.engine import heartbeat
 from outbox.events import deliveries
 from outbox.queue import jobstore
@@ -45,16 +43,8 @@ def metrics_token(settings) -> str | None:
 
 
 def window_seconds(settings) -> float:
-    raw = settings.get("CRONBOX_METRICS_WINDOW")
-    if raw is None:
-        return DEFAULT_WINDOW
-    try:
-        value = parse_duration(raw)
-    except ValueError as exc:
-        raise SettingsError(f"CRONBOX_METRICS_WINDOW: {exc}") from None
-    if not 60 <= value <= 7 * 86400:
-        raise SettingsError(f"CRONBOX_METRICS_WINDOW={raw!r} must be between 1m and 7d (heartbeats are kept 7 days)")
-    return value
+    return settings.duration("CRONBOX_METRICS_WINDOW", DEFAULT_WINDOW, bounds=(60, 7 * 86400),
+                             why="1m and 7d (heartbeats are kept 7 days)")
 
 
 def collect(runtime, now: datetime | None = None) -> list[Family]:

@@ -73,6 +73,11 @@ class Settings:
         value = (self.raw.get(name) or "").strip()
         return value or default
 
+    def duration(self, name: str, default: float, *, bounds: tuple[float, float], why: str) -> float:
+        """A duration setting a module reads itself (CRONBOX_METRICS_WINDOW...), in seconds within
+        `bounds`; SettingsError naming it otherwise, `why` saying the range in words."""
+        return _duration(self.get, name, default, bounds=bounds, why=why)
+
     def number(self, name: str, default, kind=int, *, minimum=0):
         """A numeric setting a module reads itself (CRONBOX_MAX_CONNECTIONS...): `default` when unset,
         SettingsError naming it when it is not a number or below `minimum`."""
@@ -265,7 +270,10 @@ def _size(get, name: str, default: int) -> int:
     return value
 
 
-def _duration(get, name: str, default: float) -> float:
+def _duration(get, name: str, default: float, *, bounds: tuple[float, float] | None = None,
+              why: str = "") -> float:
+    """A duration setting ("90", "15m", "2h", "7d") in seconds: at least 1 s, or within `bounds`
+    (said as `why` in the error)."""
     raw = get(name)
     if raw is None:
         return default
@@ -273,6 +281,8 @@ def _duration(get, name: str, default: float) -> float:
         value = parse_duration(raw)
     except ValueError as exc:
         raise SettingsError(f"{name}: {exc}") from None
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise SettingsError(f"{name}={raw!r} must be between {why}")
     if value < 1:
         raise SettingsError(f"{name}={raw!r} must be at least 1 second")
     return value

@@ -299,18 +299,8 @@ class Broker:
         error the broker may not answer, and the tick must not wait on it). A batch in flight is
         abandoned: its unread confirms never count."""
         connection, self._connection, self._channel, self._batch = self._connection, None, None, None
-        if connection is None:
-            return
-        if graceful:
-            try:
-                connection.close()
-                return
-            except Exception:
-                pass
-        try:
-            connection.collect()
-        except Exception:
-            pass
+        if connection is not None:
+            close_connection(connection, graceful=graceful)
 
 
 def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0) -> "amqp.Connection":
@@ -329,12 +319,24 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     try:
         connection.connect()
     except BaseException:
-        try:
-            connection.collect()
-        except Exception:
-            pass
+        close_connection(connection, graceful=False)
         raise
     return connection
+
+
+def close_connection(connection: "amqp.Connection", *, graceful: bool) -> None:
+    """Graceful: the AMQP close handshake (at exit), falling back to dropping the socket. Not: drop
+    the socket at once (after an error the broker may not answer, and nobody must wait on it)."""
+    if graceful:
+        try:
+            connection.close()
+            return
+        except Exception:
+            pass
+    try:
+        connection.collect()
+    except Exception:
+        pass
 
 
 # -- the frames of a basic.publish ---------------------------------------------------------

@@ -14,7 +14,7 @@ from outbox.core.errors import CronboxError
 from outbox.core.faults import crash_point
 from outbox.engine.handler_call import describe
 from outbox.events import queues
-from outbox.events.broker import Batch, BrokerAddress, open_connection
+from outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
@@ -71,7 +71,7 @@ class Link:
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
             channel.basic_consume(self.queue, callback=self.inbound.append, no_ack=False)
         except BaseException:
-            _drop(connection)
+            close_connection(connection, graceful=False)
             raise
         self.connection, self.channel, self._tag, self._declared = connection, channel, 0, set()
         self._ack_tag = self._ack_count = 0
@@ -198,22 +198,8 @@ class Link:
         self.redelivery_seen = False
         connection, self.connection, self.channel = self.connection, None, None
         self.inbound.clear()
-        if connection is None:
-            return
-        if graceful:
-            try:
-                connection.close()
-                return
-            except Exception:
-                pass
-        _drop(connection)
-
-
-def _drop(connection) -> None:
-    try:
-        connection.collect()
-    except Exception:
-        pass
+        if connection is not None:
+            close_connection(connection, graceful=graceful)
 
 
 BROKER_ERRORS = (amqp.exceptions.AMQPError, OSError, BrokerLost)
