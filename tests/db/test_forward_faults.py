@@ -206,7 +206,8 @@ def test_the_connection_cut_in_the_middle_of_a_batch_loses_nothing_and_acks_noth
             # Nothing of the batch confirmed: published again at once on a new connection. If the
             # broker's confirms of the messages wholly sent before the cut came back first, only
             # the rest of the batch waits its backoff.
-            assert (stats.retried, stats.done) == (0, 42) or (0 < stats.retried <= 5 and stats.done >= 12)
+            republished_at_once = (stats.retried, stats.done) == (0, 42)
+            assert republished_at_once or (0 < stats.retried <= 5 and stats.done >= 12)
         else:
             assert stats.retried == 5 and stats.done == 2  # the cut batch waits its backoff, holding its keys
             assert 2 < len(first) < 2 + 5  # with some of it at the broker already
@@ -224,5 +225,8 @@ def test_the_connection_cut_in_the_middle_of_a_batch_loses_nothing_and_acks_noth
     for key in range(5):
         ns = [n for n in firsts if n >= 2 and (n - 2) % 5 == key]
         assert ns == sorted(ns), f"key k{key} out of order: {ns}"
-    assert len(order) > len(expected)  # the messages before the cut were published twice, same identity
+    if connection == "fresh" or republished_at_once:
+        assert len(order) > len(expected)  # the messages before the cut were published twice, same identity
+    else:  # their confirms came back before the cut was seen: acked, never sent again
+        assert len(order) >= len(expected)
     assert all(r.status == "done" for r in deliveries(runtime, consumer="to-broker"))
