@@ -26,14 +26,11 @@ class QuietServer(ThreadingHTTPServer):
         pass  # the slow answers hit a client that gave up (broken pipe): expected
 
 
-class Providers:
-    def __init__(self, slow_seconds: float = 1.5):
-        self.slow_seconds = slow_seconds
-        self.requests: list[tuple[str, str, dict]] = []  # (method, path, form)
-        self.kavenegar_sent: dict[str, int] = {}  # localid -> messageid
-        self.twilio_sent: list[dict] = []
-        self.lookups_fail = False
-        self._ids = itertools.count(1000)
+class LoopbackServer:
+    """A real HTTP server on 127.0.0.1 (a free port) serving `self._handler()` on a thread, as a
+    context manager; subclasses set their state, then call `super().__init__()`."""
+
+    def __init__(self):
         self.server = QuietServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -48,6 +45,17 @@ class Providers:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+class Providers(LoopbackServer):
+    def __init__(self, slow_seconds: float = 1.5):
+        self.slow_seconds = slow_seconds
+        self.requests: list[tuple[str, str, dict]] = []  # (method, path, form)
+        self.kavenegar_sent: dict[str, int] = {}  # localid -> messageid
+        self.twilio_sent: list[dict] = []
+        self.lookups_fail = False
+        self._ids = itertools.count(1000)
+        super().__init__()
 
     def sends(self, provider: str) -> list[dict]:
         marker = "/sms/send.json" if provider == "kavenegar" else "/Messages.json"
@@ -141,7 +149,7 @@ class Providers:
         return Handler
 
 
-class WebhookReceiver:
+class WebhookReceiver(LoopbackServer):
     """A real HTTP server on loopback receiving webhook alerts: keeps every POST (path, headers, raw body)
     and answers with the next status of `answers` (then 200), after the next delay of `delays` (then 0)."""
 
@@ -149,20 +157,7 @@ class WebhookReceiver:
         self.answers = list(answers or [])
         self.delays: list[float] = []
         self.received: list[tuple[str, dict[str, str], bytes]] = []
-        self.server = QuietServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__()
 
     def _handler(self):
         receiver = self
