@@ -1,4 +1,4 @@
-"""The record every cron-started run leaves: one heartbeat row per run."""
+"""The record every cron-started run leaves (one heartbeat row per run), and the handler profiles runs keep."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, UtcDateTime
+from outbox.core.models import Base, Id, LongText, UtcDateTime
 
 
 class Heartbeat(Base):
@@ -35,3 +35,20 @@ class Heartbeat(Base):
     detail: Mapped[str | None] = mapped_column(String(191))  # what the run serves, e.g. the queue
 
     __table_args__ = (Index(None, "started_at"),)
+
+
+class HandlerProfile(Base):
+    """A recent profile of one handler (kind "job" or "delivery"): how long it ran and how much the
+    worker's RSS grew while it did, over a window of recent runs, for admission (outbox.engine.admission)."""
+
+    __tablename__ = "cronbox_handler_profiles"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    handler: Mapped[str] = mapped_column(String(191), primary_key=True)
+    runs: Mapped[int] = mapped_column(Integer)
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    rss_growth_kb: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[str] = mapped_column(LongText)  # JSON: the recent runs the summary is made of
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    never_fits: Mapped[str | None] = mapped_column(String(255))  # why no run could admit it, if so
+    never_fits_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

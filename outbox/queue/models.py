@@ -1,4 +1,4 @@
-"""Tables of the job queue: jobs, shared rate-limit windows, channel pauses."""
+"""Tables of the job queue: jobs, shared rate-limit windows, channel pauses, concurrency-group slots."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -36,6 +36,9 @@ class Job(Base):
     last_error: Mapped[str | None] = mapped_column(String(1000))
     error_class: Mapped[str | None] = mapped_column(String(191))
     traceback: Mapped[str | None] = mapped_column(Text)
+    # A dispatch's own concurrency group and cost; NULL: the handler's (see outbox.queue.groups).
+    concurrency_group: Mapped[str | None] = mapped_column(String(64))
+    cost: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index(None, "queue", "status", "available_at", "id"),
@@ -62,3 +65,19 @@ class ChannelPause(Base):
     paused_until: Mapped[datetime] = mapped_column(UtcDateTime)
     reason: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class GroupSlot(Base):
+    """One slot of a concurrency group (0 .. limit-1), shared by every worker on every host.
+
+    Free when `holder` is NULL or `lease_until` has passed: a killed holder's slot frees itself."""
+
+    __tablename__ = "cronbox_group_slots"
+
+    group_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    taken_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
