@@ -333,3 +333,20 @@ def test_the_ticks_broker_connection_is_closed_before_its_pool_forks(runtime, po
     assert tick.returncode == 0, out + err
     check_arrivals(rabbit.take(queue), recorded)  # the events went out before the pool ran
     assert [r.n for r in done_rows(runtime)] == list(range(40))
+
+
+def test_workers_that_keep_crashing_stop_the_pool_as_a_crash_loop(runtime, pool_env):
+    """Past RESTARTS_PER_MINUTE crashes within a minute the pool stops restarting: exit 1, one line
+    that says so, its heartbeat row "crash-loop" with the error, well before --max-time."""
+    dispatch(runtime, pool_jobs.insert_once.job, range(3))
+    started = time.monotonic()
+    proc = run_cli(pool_env, "queue", "work", "--workers", "4", "--max-time", "300",
+                   CRONBOX_CRASH_AT="worker-start", timeout=200)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 150  # stopped by the crash loop, not by --max-time
+    restarts = int(proc.stdout.split("restarts ")[1].split(",")[0])
+    assert restarts <= pool.RESTARTS_PER_MINUTE, proc.stdout  # never forking in a loop
+    pools = work_rows(runtime, "pool")
+    assert [(p.outcome, p.error) for p in pools] == [("crash-loop", "workers kept crashing: see the cronbox log")]
+    assert done_rows(runtime) == []
+    assert {j.status for j in jobs(runtime)} == {"ready"}  # nothing claimed by a child that died at start
