@@ -167,6 +167,11 @@ class Processor:
         """A gate before the handler (jobs: channel pauses, rate limits); an Outcome skips the call."""
         return None
 
+    def _holds_until_ack(self, item) -> bool:
+        """Does the item hold something others wait for until its ack (jobs: a concurrency-group
+        slot)? Then its ack is not batched with later items' but written at once."""
+        return False
+
     def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:
         """Extra writes in the transaction that reschedules a RetryLater (jobs: record a channel pause)."""
 
@@ -269,6 +274,8 @@ class Processor:
                 budget.record(outcome.seconds)
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)
+                if self._holds_until_ack(item):
+                    self._flush(quiet_acks)
                 return True
             if outcome.ok:
                 outcome = self._ack_with_session(item, handler, ctx, outcome)
