@@ -44,6 +44,7 @@ class SlotStore:
 
     def __init__(self):
         self.held: dict[int, str] = {}  # job id -> holder, for the attempts of this worker holding a slot
+        self.leases: dict[int, datetime] = {}  # job id -> its lease, when extended after the claim
 
     def _free(self, session, ids) -> None:
         holders = [self.held[i] for i in ids if i in self.held]
@@ -72,6 +73,7 @@ class SlotStore:
 
     def extend(self, session, item, lease_until):
         held = jobstore.extend(session, item, lease_until)
+        self.leases[item.id] = lease_until
         if held and item.id in self.held:
             groups.extend(session, self.held[item.id], lease_until)
         return held
@@ -117,6 +119,7 @@ class Worker(Processor):
             return super().process(claimed, budget)
         finally:
             self.store.held.clear()  # freed with their outcomes, or left to their leases
+            self.store.leases.clear()
 
     def _claim_highest(self, limit: int) -> list[jobstore.ClaimedJob]:
         """Strict priority: a batch comes from the first queue (in --queue order) that has due jobs."""
@@ -178,7 +181,8 @@ class Worker(Processor):
                 if wait is not None:
                     raise _Refused(wait, f"channel {handler.channel} is paused")
             if group is not None:
-                lease = now + timedelta(seconds=handler.timeout + self.runtime.settings.lease_margin)
+                # The job's own lease: the slot frees itself when the job may be claimed again.
+                lease = self.store.leases.get(item.id, item.lease_until)
                 wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait)
                 if wait is not None:
                     raise _Refused(wait, f"concurrency group {group} is full ({limit} running)")

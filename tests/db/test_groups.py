@@ -44,24 +44,45 @@ def slots(rt) -> list[GroupSlot]:
         return list(session.scalars(select(GroupSlot).order_by(GroupSlot.group_name, GroupSlot.slot)))
 
 
-def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, registry):
-    """4 workers (threads, each its own runtime and connection) on 8 jobs of a group of limit 2: the
-    handlers meet in pairs at a barrier, so two do run at once, and a third would show in the record."""
-    lock = threading.Lock()
+def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, registry, monkeypatch):
+    """4 workers (threads, each its own runtime and connection) on 8 jobs of a group of limit 2. The
+    handlers meet in pairs at a barrier (so two do run at once), then hold their slots until another
+    worker was refused one (or a third handler started: the violation the record then shows)."""
+    changed = threading.Condition()
     record: list[tuple[str, int]] = []  # ("start" | "end", job number), in the order they happened
+    refusals = [0]
     pair = threading.Barrier(2)
+    take = groups.take
+
+    def counted_take(*args, **kwargs):
+        wait = take(*args, **kwargs)
+        if wait is not None:
+            with changed:
+                refusals[0] += 1
+                changed.notify_all()
+        return wait
+
+    monkeypatch.setattr(groups, "take", counted_take)
+
+    def running() -> int:
+        return sum(1 if kind == "start" else -1 for kind, _ in record)
 
     @job("g", name="grouped.pair", concurrency_group="pair", concurrency_limit=2, registry=registry)
     def paired(payload, ctx):
-        with lock:
+        with changed:
             record.append(("start", payload))
+            seen = refusals[0]
+            changed.notify_all()
         try:
             pair.wait(timeout=5)  # the other slot's holder; only a last job alone waits this out
         except threading.BrokenBarrierError:
-            with lock:
+            with changed:
                 pair.reset()
-        with lock:
+        with changed:  # nobody left to refuse once all 8 started
+            changed.wait_for(lambda: refusals[0] > seen or running() > 2
+                             or sum(kind == "start" for kind, _ in record) == 8, timeout=10)
             record.append(("end", payload))
+            changed.notify_all()
 
     with runtime.sessions.begin() as session:
         for n in range(8):
@@ -75,7 +96,7 @@ def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, r
             start.wait(timeout=30)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                with lock:
+                with changed:
                     if sum(1 for kind, _ in record if kind == "end") == 8:
                         return
                 work(rt, ["g"], batch_size=1)

@@ -1,0 +1,48 @@
+"""Concurrency groups across real processes: a SIGKILLed slot holder's slot frees itself by its lease."""
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from outbox.core import clock
+from outbox.core.db import in_transaction
+from outbox.engine.registry import Registry
+from outbox.queue import groups
+from outbox.queue.models import GroupSlot, Job
+from tests.conftest import start_cli
+from tests.handlers import group_jobs
+from tests.processes.test_tick import _wait_for
+
+
+def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, tmp_path):
+    inside = tmp_path / "inside"
+    jobs = Registry().jobs
+    jobs.add(group_jobs.block.job)
+    with runtime.sessions.begin() as session:
+        group_jobs.block.dispatch(session, {"n": 1})
+    proc = start_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "TEST_INSIDE_FILE": str(inside)},
+                     "queue", "work", "--queue", "gq", "--stop-when-empty")
+    try:
+        _wait_for(lambda: inside.exists() or proc.poll() is not None, "the job to hold its slot")
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    with runtime.sessions() as session:
+        [slot] = session.scalars(select(GroupSlot)).all()
+        job = session.scalars(select(Job)).one()
+    assert (slot.group_name, slot.slot, slot.pid, slot.holder) == ("gslots", 0, proc.pid, f"{job.id}:{job.claim_token}")
+    assert slot.lease_until <= job.available_at  # never longer than the job's own lease
+    now = clock.utcnow()
+    taken = lambda at: in_transaction(runtime.sessions, lambda s: groups.take(  # noqa: E731
+        s, "gslots", 1, "next", at + timedelta(seconds=30), at))
+    assert taken(now) is not None  # the dead holder's lease still runs: the group is full
+    with runtime.sessions() as session:
+        assert [(u.name, u.limit, u.in_use, u.waiting) for u in groups.overview(session, jobs, now)] == [
+            ("gslots", 1, 1, 0)]
+        after = slot.lease_until + timedelta(seconds=1)
+        assert [(u.in_use, u.waiting) for u in groups.overview(session, jobs, after)] == [(0, 0)]
+    assert taken(slot.lease_until + timedelta(seconds=1)) is None  # its lease ran out: free, nothing leaked
