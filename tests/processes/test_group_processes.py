@@ -1,6 +1,7 @@
 """Concurrency groups across real processes: a SIGKILLed slot holder's slot frees itself by its lease."""
 from __future__ import annotations
 
+import dataclasses
 import signal
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ from outbox.core.db import in_transaction
 from outbox.engine.registry import Registry
 from outbox.queue import groups
 from outbox.queue.models import GroupSlot, Job
-from tests.conftest import start_cli
+from tests.conftest import run_cli, start_cli
 from tests.handlers import group_jobs
 from tests.processes.test_tick import _wait_for
 
@@ -46,3 +47,32 @@ def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, t
         after = slot.lease_until + timedelta(seconds=1)
         assert [(u.in_use, u.waiting) for u in groups.overview(session, jobs, after)] == [(0, 0)]
     assert taken(slot.lease_until + timedelta(seconds=1)) is None  # its lease ran out: free, nothing leaked
+
+
+def test_queue_groups_and_status_show_slots_waiting_jobs_and_budgets(runtime, env):
+    env = {**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "CRONBOX_QUEUE_BUDGETS": "gq=10/m",
+           "CRONBOX_GROUP_BUDGETS": "gslots=500/h"}
+    with runtime.sessions.begin() as session:
+        group_jobs.block.dispatch(session, {"n": 1})
+        group_jobs.block.dispatch(session, {"n": 2})
+    now = clock.utcnow()
+    in_transaction(runtime.sessions, lambda s: groups.take(s, "gslots", 1, "h", now + timedelta(hours=1), now))
+    budget = groups.budgets(dataclasses.replace(runtime.settings, raw=env))[("queue", "gq")]
+    in_transaction(runtime.sessions, lambda s: budget.charge(s, 3, now))
+    for command in ("groups", "status"):
+        result = run_cli(env, "queue", command)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert next(line for line in lines if line.startswith("gslots ")).split() == ["gslots", "1", "1", "2"]
+        queue_budget = next(line for line in lines if line.startswith("queue gq "))
+        assert queue_budget.split()[2:5] in (["3", "10", "60s"], ["0", "10", "60s"])  # a minute may have turned
+        assert next(line for line in lines if line.startswith("group gslots ")).split()[2:5] == ["0", "500", "3600s"]
+
+
+def test_a_bad_budget_setting_is_one_clear_line(runtime, env):
+    for command in (("groups",), ("work", "--queue", "gq", "--stop-when-empty")):
+        result = run_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "CRONBOX_QUEUE_BUDGETS": "sms=lots"},
+                         "queue", *command)
+        assert result.returncode != 0
+        assert "CRONBOX_QUEUE_BUDGETS: sms='lots' must look like 100/m" in result.stderr
+        assert "Traceback" not in result.stderr
