@@ -11,18 +11,26 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.engine.registry import Registry
 from outbox.queue import groups
+from outbox.queue.jobs import job
 from outbox.queue.models import GroupSlot, Job
 from tests.conftest import run_cli, start_cli
-from tests.handlers import group_jobs
 from tests.processes.test_tick import _wait_for
+
+
+def block_job(registry: Registry):
+    """tests.handlers.group_jobs' job as this process knows it (importing that module would register
+    it in every test's default registry)."""
+    return job("gq", name="group.block", timeout=60, concurrency_group="gslots", concurrency_limit=1,
+               registry=registry)(lambda payload, ctx: None)
 
 
 def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, tmp_path):
     inside = tmp_path / "inside"
-    jobs = Registry().jobs
-    jobs.add(group_jobs.block.job)
+    registry = Registry()
+    jobs = registry.jobs
+    block = block_job(registry)
     with runtime.sessions.begin() as session:
-        group_jobs.block.dispatch(session, {"n": 1})
+        block.dispatch(session, {"n": 1})
     proc = start_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "TEST_INSIDE_FILE": str(inside)},
                      "queue", "work", "--queue", "gq", "--stop-when-empty")
     try:
@@ -52,9 +60,10 @@ def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, t
 def test_queue_groups_and_status_show_slots_waiting_jobs_and_budgets(runtime, env):
     env = {**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "CRONBOX_QUEUE_BUDGETS": "gq=10/m",
            "CRONBOX_GROUP_BUDGETS": "gslots=500/h"}
+    block = block_job(Registry())
     with runtime.sessions.begin() as session:
-        group_jobs.block.dispatch(session, {"n": 1})
-        group_jobs.block.dispatch(session, {"n": 2})
+        block.dispatch(session, {"n": 1})
+        block.dispatch(session, {"n": 2})
     now = clock.utcnow()
     in_transaction(runtime.sessions, lambda s: groups.take(s, "gslots", 1, "h", now + timedelta(hours=1), now))
     budget = groups.budgets(dataclasses.replace(runtime.settings, raw=env))[("queue", "gq")]
