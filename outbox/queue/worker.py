@@ -94,6 +94,9 @@ class Worker(Processor):
         self.store = SlotStore()
         self.budgets = groups.budgets(runtime.settings)  # a bad setting: SettingsError before any claim
         self.group_wait = groups.full_wait(runtime.settings)
+        # group -> (monotonic time until which it is known full, why): later jobs of the same group in
+        # a batch wait as long as the refused one without asking the database again.
+        self._full: dict[str, tuple[float, str]] = {}
 
     def run(self, budget: Budget) -> int:
         """Run jobs until none is due or the budget says stop; returns the number of jobs handled."""
@@ -172,6 +175,11 @@ class Worker(Processor):
             if cost > b.limit:
                 return Outcome(PERMANENT, 0.0, f"cost {cost} is more than the {b.scope} {b.name} budget of "
                                                f"{b.spec}: it can never run")
+        if group is not None and group in self._full:
+            until, reason = self._full[group]
+            if clock.monotonic() < until:
+                return Outcome(RETRY_LATER, 0.0, reason, retry_in=until - clock.monotonic())
+            del self._full[group]
         holder = groups.holder_of(item)
 
         def gate(session) -> None:
@@ -185,7 +193,9 @@ class Worker(Processor):
                 lease = self.store.leases.get(item.id, item.lease_until)
                 wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait)
                 if wait is not None:
-                    raise _Refused(wait, f"concurrency group {group} is full ({limit} running)")
+                    reason = f"concurrency group {group} is full ({limit} running)"
+                    self._full[group] = (clock.monotonic() + wait, reason)
+                    raise _Refused(wait, reason)
             for b in spend:
                 wait = b.charge(session, cost, now)
                 if wait is not None:
