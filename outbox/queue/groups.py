@@ -76,7 +76,7 @@ def holder_of(item) -> str:
 # ---- slots ---------------------------------------------------------------------------
 
 def take(session: Session, group: str, limit: int, holder: str, lease_until: datetime, now: datetime, *,
-         max_wait: float = DEFAULT_WAIT) -> float | None:
+         max_wait: float = DEFAULT_WAIT, handover: str | None = None) -> float | None:
     """Take a free slot of `group` for `holder` until `lease_until`: None when taken, else the seconds
     to wait before trying again (the soonest holder's lease end, at most `max_wait`).
 
@@ -90,13 +90,21 @@ def take(session: Session, group: str, limit: int, holder: str, lease_until: dat
     missing row meet on the primary key the same way (the second waits, then is ignored). SQLite
     runs the whole transaction under BEGIN IMMEDIATE, one writer at a time. The caller commits at
     once (the handler runs after), so a slot's row lock is held for one short transaction only.
+
+    `handover`: a finished attempt of this worker whose slot (its ack not yet written) passes straight
+    to `holder`, one UPDATE guarded by the old holder: the next job of the group in a batch costs no
+    commit of its own for the release. Matching 0 rows (its lease ran out and another took it), the
+    slot is taken as usual.
     """
+    held = {"holder": holder, "lease_until": lease_until, "taken_at": now, "host": HOST, "pid": os.getpid()}
+    if handover is not None and session.execute(
+            update(S).where(S.c.group_name == group, S.c.holder == handover).values(held)).rowcount == 1:
+        return None
     rows = session.execute(select(S.c.slot, S.c.holder, S.c.lease_until).where(S.c.group_name == group)).all()
     live = [r for r in rows if r.holder is not None and r.lease_until is not None and r.lease_until > now]
     live_slots = {r.slot for r in live}
     # Slots at or over the limit belong to an older, larger limit: their live holders still count.
     if len(live) < limit:
-        held = {"holder": holder, "lease_until": lease_until, "taken_at": now, "host": HOST, "pid": os.getpid()}
         existing = {r.slot for r in rows}
         free = sorted(r.slot for r in rows if r.slot < limit and r.slot not in live_slots)
         for slot in free:

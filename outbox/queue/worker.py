@@ -97,6 +97,7 @@ class Worker(Processor):
         # group -> (monotonic time until which it is known full, why): later jobs of the same group in
         # a batch wait as long as the refused one without asking the database again.
         self._full: dict[str, tuple[float, str]] = {}
+        self._handover: tuple[str, str] | None = None  # (group, holder): a finished job's slot for the next job
 
     def run(self, budget: Budget) -> int:
         """Run jobs until none is due or the budget says stop; returns the number of jobs handled."""
@@ -121,6 +122,7 @@ class Worker(Processor):
         try:
             return super().process(claimed, budget)
         finally:
+            self._let_go()
             self.store.held.clear()  # freed with their outcomes, or left to their leases
             self.store.leases.clear()
 
@@ -160,12 +162,43 @@ class Worker(Processor):
         return super()._groupable(item, handler, token) and not self._gated(item, handler)
 
     def _holds_until_ack(self, item) -> bool:
-        return item.id in self.store.held
+        """A finished job's slot is freed with its ack at once (others may be waiting for it), unless
+        the next job of the batch is of the same group: then that job's gate takes the slot over and
+        this ack is batched as usual (one commit per job instead of two)."""
+        if item.id not in self.store.held:
+            return False
+        upcoming, handler = self._upcoming, self._handler(item)
+        group = self._group_of(item, handler)
+        if upcoming is not None and upcoming.claim_token == item.claim_token:
+            upcoming_handler = self._handler(upcoming)
+            if upcoming_handler is not None and self._group_of(upcoming, upcoming_handler) == group:
+                self._handover = (group, self.store.held[item.id])
+                return False
+        return True
+
+    def _let_go(self) -> None:
+        """A slot kept for a next job that did not take it: freed now (its ack would free it too, but
+        perhaps only after other jobs ran). Best effort: its lease is the safety net."""
+        handover, self._handover = self._handover, None
+        if handover is not None:
+            try:
+                in_transaction(self.sessions, lambda s: groups.release(s, [handover[1]]))
+            except Exception:
+                log.warning("job: could not free the slot of group %s; its lease will", handover[0])
 
     def _before_call(self, item, handler) -> Outcome | None:
+        group = self._group_of(item, handler) if handler is not None else None
+        if self._handover is not None and self._handover[0] != group:
+            self._let_go()
+        outcome = self._gate(item, handler, group)
+        if outcome is not None or group is None:
+            self._let_go()  # refused (the gate's transaction rolled the handover back), or none taken
+        self._handover = None  # taken over, in the gate's committed transaction
+        return outcome
+
+    def _gate(self, item, handler, group: str | None) -> Outcome | None:
         if not self._gated(item, handler):
             return None
-        group = self._group_of(item, handler)
         limit = handler.concurrency_limit if group == handler.concurrency_group else groups.limits(self.registry).get(group)
         cost = item.cost or handler.cost
         spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", group))) if b]
@@ -175,7 +208,8 @@ class Worker(Processor):
             if cost > b.limit:
                 return Outcome(PERMANENT, 0.0, f"cost {cost} is more than the {b.scope} {b.name} budget of "
                                                f"{b.spec}: it can never run")
-        if group is not None and group in self._full:
+        handover = self._handover[1] if self._handover is not None else None
+        if handover is None and group is not None and group in self._full:
             until, reason = self._full[group]
             if clock.monotonic() < until:
                 return Outcome(RETRY_LATER, 0.0, reason, retry_in=until - clock.monotonic())
@@ -191,7 +225,8 @@ class Worker(Processor):
             if group is not None:
                 # The job's own lease: the slot frees itself when the job may be claimed again.
                 lease = self.store.leases.get(item.id, item.lease_until)
-                wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait)
+                wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait,
+                                   handover=handover)
                 if wait is not None:
                     reason = f"concurrency group {group} is full ({limit} running)"
                     self._full[group] = (clock.monotonic() + wait, reason)

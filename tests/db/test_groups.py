@@ -44,7 +44,8 @@ def slots(rt) -> list[GroupSlot]:
         return list(session.scalars(select(GroupSlot).order_by(GroupSlot.group_name, GroupSlot.slot)))
 
 
-def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, registry, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 2])  # 2: a worker's second job takes over its first one's slot
+def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, registry, monkeypatch, batch):
     """4 workers (threads, each its own runtime and connection) on 8 jobs of a group of limit 2. The
     handlers meet in pairs at a barrier (so two do run at once), then hold their slots until another
     worker was refused one (or a third handler started: the violation the record then shows)."""
@@ -99,7 +100,7 @@ def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, r
                 with changed:
                     if sum(1 for kind, _ in record if kind == "end") == 8:
                         return
-                work(rt, ["g"], batch_size=1)
+                work(rt, ["g"], batch_size=batch)
         except Exception as exc:  # reported by the test, not lost in the thread
             errors.append(exc)
         finally:
@@ -301,3 +302,30 @@ def test_overview_counts_waiting_jobs_of_a_group_by_handler_and_by_dispatch(runt
     with runtime.sessions() as session:
         [use] = groups.overview(session, runtime.jobs, clock.utcnow())
     assert (use.name, use.limit, use.in_use, use.waiting) == ("providers", 3, 1, 3)
+
+
+def test_the_next_job_of_a_group_in_a_batch_takes_the_slot_over_and_a_refused_one_lets_it_go(runtime, registry):
+    """One worker, one batch: each job's slot passes to the next job of the group (never two held
+    at once, never a slot left behind), and when the next one is refused (the group's budget of 3 is
+    spent) the slot kept for it is freed at once."""
+    seen = []
+    observer = Runtime(runtime.settings, registry=registry)  # the worker holds the runtime's one connection
+
+    def live_slots():
+        with observer.sessions() as session:
+            return [s.holder for s in session.scalars(select(GroupSlot).where(GroupSlot.holder.is_not(None)))]
+
+    @job("q", name="relay", concurrency_group="providers", concurrency_limit=1, registry=registry)
+    def relay_job(payload, ctx):
+        seen.append((payload, live_slots()))
+
+    with clock.frozen(T0):
+        with runtime.sessions.begin() as session:
+            ids = [relay_job.dispatch(session, n) for n in range(5)]
+        stats = work(runtime, ["q"])
+        assert [n for n, _ in seen] == [0, 1, 2] and stats.done == 3 and stats.deferred == 2
+        assert [len(holders) for _, holders in seen] == [1, 1, 1]
+        assert [holders[0].split(":")[0] for _, holders in seen] == [str(i) for i in ids[:3]]
+        assert live_slots() == []
+        assert [(j.status, j.attempts) for j in all_jobs(runtime)] == [("done", 1)] * 3 + [("ready", 0)] * 2
+    observer.dispose()
