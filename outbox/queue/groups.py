@@ -197,9 +197,9 @@ def _parse(setting: str, scope: str, raw: str | None) -> dict[tuple[str, str], C
     for part in (raw or "").split(","):
         if not part.strip():
             continue
-        name, _, spec = part.partition("=")
+        name, equals, spec = part.partition("=")
         name = name.strip()
-        if not GROUP_NAME.match(name):
+        if not equals or not GROUP_NAME.match(name):
             raise SettingsError(f"{setting}: {part.strip()!r} must look like NAME=100/m (NAME: 1-64 letters, "
                                 f"digits, or _ . : -)")
         if (scope, name) in out:

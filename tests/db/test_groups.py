@@ -123,16 +123,17 @@ def test_four_concurrent_workers_never_run_more_than_the_groups_limit(runtime, r
     assert all(s.holder is None for s in slots(runtime))
 
 
-def test_a_full_group_defers_without_attempts_and_others_go_on(runtime, registry):
+def grouped_and_free(registry, group: str, limit: int) -> tuple[list, object, object]:
+    """Two jobs on queue q recording their payloads in one list: one in `group`, one in none."""
     ran = []
+    member = job("q", name="member", concurrency_group=group, concurrency_limit=limit,
+                 registry=registry)(lambda payload, ctx: ran.append(payload))
+    free = job("q", name="free", registry=registry)(lambda payload, ctx: ran.append(payload))
+    return ran, member, free
 
-    @job("q", name="capped", concurrency_group="one", concurrency_limit=1, registry=registry)
-    def capped(payload, ctx):
-        ran.append(payload)
 
-    @job("q", name="free", registry=registry)
-    def free(payload, ctx):
-        ran.append(payload)
+def test_a_full_group_defers_without_attempts_and_others_go_on(runtime, registry):
+    ran, capped, free = grouped_and_free(registry, "one", 1)
 
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
@@ -143,7 +144,7 @@ def test_a_full_group_defers_without_attempts_and_others_go_on(runtime, registry
             s, "one", 1, "elsewhere", T0 + timedelta(seconds=60), T0)) is None
         stats = work(runtime, ["q"])
         assert ran == ["f1"] and stats.deferred == 1
-        waiting = [j for j in all_jobs(runtime) if j.handler == "capped"][0]
+        waiting = [j for j in all_jobs(runtime) if j.handler == "member"][0]
         assert waiting.status == "ready" and waiting.attempts == 0
         assert waiting.available_at == T0 + timedelta(seconds=0.05)  # CRONBOX_GROUP_WAIT
         clock.advance(61)  # the holder's lease ran out without it ever coming back
@@ -195,10 +196,7 @@ def test_a_slot_whose_lease_ran_out_is_free_and_a_live_one_is_not(runtime):
 
 def test_cost_budget_per_queue_waits_for_the_next_window_without_attempts(runtime, registry):
     ran = []
-
-    @job("metered", name="metered", cost=2, registry=registry)
-    def metered(payload, ctx):
-        ran.append(payload)
+    metered = job("metered", name="metered", cost=2, registry=registry)(lambda payload, ctx: ran.append(payload))
 
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
@@ -224,15 +222,7 @@ def test_cost_budget_per_queue_waits_for_the_next_window_without_attempts(runtim
 
 def test_group_budget_and_slot_are_taken_together_or_not_at_all(runtime, registry):
     """A group's budget refusing after its slot was taken rolls the slot back (one transaction)."""
-    ran = []
-
-    @job("q", name="provider", concurrency_group="providers", concurrency_limit=5, registry=registry)
-    def provider(payload, ctx):
-        ran.append(payload)
-
-    @job("q", name="other", registry=registry)
-    def other(payload, ctx):
-        ran.append(payload)
+    ran, provider, other = grouped_and_free(registry, "providers", 5)
 
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
