@@ -170,12 +170,11 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         if len(job_name) > MAX_NAME - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
         jobs = (registry or DEFAULT).jobs
-        declared = groups.limits(jobs).get(concurrency_group)
-        if concurrency_group is not None and declared not in (None, concurrency_limit):
-            existing = next(h for h in jobs.all() if h.concurrency_group == concurrency_group)
-            if existing.name != job_name:
-                raise RegistrationError(f"concurrency group {concurrency_group!r} has limit {declared} "
-                                        f"({existing.name}), not {concurrency_limit}: one group, one limit")
+        other = next((h for h in jobs.all() if concurrency_group is not None and h.name != job_name
+                      and h.concurrency_group == concurrency_group and h.concurrency_limit != concurrency_limit), None)
+        if other is not None:
+            raise RegistrationError(f"concurrency group {concurrency_group!r} has limit {other.concurrency_limit} "
+                                    f"({other.name}), not {concurrency_limit}: one group, one limit")
         handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel,
                              grouped, concurrency_group, concurrency_limit, cost, jobs)
         jobs.add(handler)

@@ -258,7 +258,8 @@ def status(session: Session, now: datetime) -> dict[str, QueueStatus]:
 
 def waiting_per_group(session: Session, handler_groups: dict[str, str]) -> dict[str, int]:
     """Ready jobs (due or deferred) per concurrency group: a dispatch's own group, else its handler's
-    (`handler_groups`, handler name -> group). Reads the ready jobs only, not the done ones."""
+    (`handler_groups`, handler name -> group). Reads the ready jobs only (one range of the
+    (status, finished_at) index), never the done ones."""
     own = J.c.concurrency_group
     if handler_groups:
         own = func.coalesce(J.c.concurrency_group, case(handler_groups, value=J.c.handler, else_=None))
