@@ -104,7 +104,8 @@ def _groups(session, jobs, settings, now: datetime) -> list[Family]:
     limit = Family("cronbox_group_limit", "gauge",
                    "Concurrency limit per group, as its jobs declare it (absent for a group no job declares).")
     in_use = Family("cronbox_group_slots_in_use", "gauge",
-                    "Slots held now per concurrency group (live leases: a killed holder's counts until its lease ends).")
+                    "Slots held now per concurrency group (live leases: a killed holder's slot counts until its "
+                    "lease ends).")
     waiting = Family("cronbox_group_waiting", "gauge", "Ready jobs (due or deferred) per concurrency group.")
     for use in groups.overview(session, jobs, now):
         if use.limit is not None:

@@ -27,7 +27,7 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core.db import insert_ignore
@@ -43,6 +43,19 @@ MAX_LIMIT = 1000  # slots are rows: a larger limit is no limit on a shared host
 MAX_COST = 1_000_000
 DEFAULT_WAIT = 2.0  # CRONBOX_GROUP_WAIT: a group-full job is tried again at most this much later
 HOST = socket.gethostname()[:255]
+
+# The gate's statements, built once (each job runs them: building them anew cost more than running
+# them on SQLite); the values go in as parameters.
+_HELD = {"holder": bindparam("b_holder"), "lease_until": bindparam("b_lease"), "taken_at": bindparam("b_now"),
+         "host": bindparam("b_host"), "pid": bindparam("b_pid")}
+_HAND_OVER = update(S).where(S.c.group_name == bindparam("b_group"), S.c.holder == bindparam("b_old")).values(_HELD)
+_SLOTS = select(S.c.slot, S.c.holder, S.c.lease_until).where(S.c.group_name == bindparam("b_group"))
+_FREE = S.c.holder.is_(None) | S.c.lease_until.is_(None) | (S.c.lease_until <= bindparam("b_now"))
+_TAKE_FREE = (update(S).where(S.c.group_name == bindparam("b_group"), S.c.slot == bindparam("b_slot"), _FREE)
+              .values(_HELD))
+_SPEND = (update(R).where(R.c.bucket == bindparam("b_bucket"), R.c.window_start == bindparam("b_window"),
+                          R.c.used + bindparam("b_cost") <= bindparam("b_limit"))
+          .values(used=R.c.used + bindparam("b_cost")))
 
 
 def check_group(group, limit, *, error=RegistrationError) -> None:
@@ -96,32 +109,27 @@ def take(session: Session, group: str, limit: int, holder: str, lease_until: dat
     commit of its own for the release. Matching 0 rows (its lease ran out and another took it), the
     slot is taken as usual.
     """
-    held = {"holder": holder, "lease_until": lease_until, "taken_at": now, "host": HOST, "pid": os.getpid()}
-    if handover is not None and session.execute(
-            update(S).where(S.c.group_name == group, S.c.holder == handover).values(held)).rowcount == 1:
+    held = {"b_group": group, "b_holder": holder, "b_lease": lease_until, "b_now": now, "b_host": HOST,
+            "b_pid": os.getpid()}
+    if handover is not None and session.execute(_HAND_OVER, {**held, "b_old": handover}).rowcount == 1:
         return None
-    rows = session.execute(select(S.c.slot, S.c.holder, S.c.lease_until).where(S.c.group_name == group)).all()
+    rows = session.execute(_SLOTS, {"b_group": group}).all()
     live = [r for r in rows if r.holder is not None and r.lease_until is not None and r.lease_until > now]
     live_slots = {r.slot for r in live}
     # Slots at or over the limit belong to an older, larger limit: their live holders still count.
     if len(live) < limit:
         existing = {r.slot for r in rows}
-        free = sorted(r.slot for r in rows if r.slot < limit and r.slot not in live_slots)
-        for slot in free:
-            if session.execute(update(S).where(S.c.group_name == group, S.c.slot == slot, _free(now))
-                               .values(held)).rowcount == 1:
+        for slot in sorted(r.slot for r in rows if r.slot < limit and r.slot not in live_slots):
+            if session.execute(_TAKE_FREE, {**held, "b_slot": slot}).rowcount == 1:
                 return None
+        row = {"group_name": group, "holder": holder, "lease_until": lease_until, "taken_at": now, "host": HOST,
+               "pid": os.getpid()}
         for slot in range(limit):
-            if slot not in existing and insert_ignore(session, S, {"group_name": group, "slot": slot,
-                                                                   **held}).rowcount == 1:
+            if slot not in existing and insert_ignore(session, S, {**row, "slot": slot}).rowcount == 1:
                 return None
     soonest = min((r.lease_until for r in live), default=None)
     wait = (soonest - now).total_seconds() if soonest is not None else max_wait
     return min(max(wait, 0.05), max_wait)
-
-
-def _free(now: datetime):
-    return (S.c.holder.is_(None)) | (S.c.lease_until.is_(None)) | (S.c.lease_until <= now)
 
 
 def release(session: Session, holders: list[str]) -> int:
@@ -167,11 +175,14 @@ class CostBudget:
         ends. The guarded UPDATE takes the window row's lock, so concurrent workers add their costs
         one after the other, and each sees the sum the previous one committed (READ COMMITTED)."""
         window = self.window_of(now)
+        spend = {"b_bucket": self.bucket, "b_window": window, "b_cost": cost, "b_limit": self.limit}
+        if session.execute(_SPEND, spend).rowcount == 1:  # the row exists (all but a window's first job)
+            return None
+        # No row yet (the window's first job), or over the limit: make sure the row exists and try again.
+        # Again even when the INSERT was ignored: another worker may have just inserted it (its INSERT's
+        # key lock made ours wait for its COMMIT), and each statement at READ COMMITTED reads afresh.
         insert_ignore(session, R, {"bucket": self.bucket, "window_start": window, "used": 0})
-        taken = session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window,
-                                                R.c.used + cost <= self.limit)
-                                .values(used=R.c.used + cost)).rowcount
-        if taken == 1:
+        if session.execute(_SPEND, spend).rowcount == 1:
             return None
         stamp = calendar.timegm(now.timetuple()) + now.microsecond / 1e6
         return max(window + self.per_seconds - stamp, 0.05)

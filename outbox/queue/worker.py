@@ -199,7 +199,8 @@ class Worker(Processor):
     def _gate(self, item, handler, group: str | None) -> Outcome | None:
         if not self._gated(item, handler):
             return None
-        limit = handler.concurrency_limit if group == handler.concurrency_group else groups.limits(self.registry).get(group)
+        limit = (handler.concurrency_limit if group == handler.concurrency_group
+                 else groups.limits(self.registry).get(group))
         cost = item.cost or handler.cost
         spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", group))) if b]
         if group is not None and limit is None:
@@ -235,11 +236,11 @@ class Worker(Processor):
                 wait = b.charge(session, cost, now)
                 if wait is not None:
                     raise _Refused(wait, f"cost budget of {b.scope} {b.name} ({b.spec}) spent")
-            limit_now = handler.rate_limit(self.runtime.settings) if callable(handler.rate_limit) else handler.rate_limit
-            if limit_now is not None:
-                wait = limit_now.acquire(session, now)
+            rate = handler.rate_limit(self.runtime.settings) if callable(handler.rate_limit) else handler.rate_limit
+            if rate is not None:
+                wait = rate.acquire(session, now)
                 if wait is not None:
-                    raise _Refused(wait, f"rate limit {limit_now.bucket} reached")
+                    raise _Refused(wait, f"rate limit {rate.bucket} reached")
 
         try:
             in_transaction(self.sessions, gate)
