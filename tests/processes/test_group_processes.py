@@ -85,3 +85,53 @@ def test_a_bad_budget_setting_is_one_clear_line(runtime, env):
         assert result.returncode != 0
         assert "CRONBOX_QUEUE_BUDGETS: sms='lots' must look like 100/m" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_four_worker_processes_never_run_more_than_the_groups_limit(runtime, env, tmp_path):
+    """Real `queue work` processes, four at a time, each taking one job (--max-jobs 1) of 8 in a group of
+    limit 2: the record the handlers append shows at most 2 running at once, and 2 did; all done, each
+    on its first attempt (a refusal uses none)."""
+    runs = tmp_path / "runs.txt"
+    pair = job("gpair", name="group.pair", timeout=30, concurrency_group="gpair", concurrency_limit=2,
+               registry=Registry())(lambda payload, ctx: None)
+    with runtime.sessions.begin() as session:
+        for n in range(8):
+            pair.dispatch(session, {"n": n})
+    worker_env = {**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "TEST_RUNS_FILE": str(runs),
+                  "TEST_JOBS": "8", "CRONBOX_GROUP_WAIT": "0.05"}
+
+    def start():
+        return start_cli(worker_env, "queue", "work", "--queue", "gpair", "--max-jobs", "1", "--sleep", "0.05",
+                         "--max-time", "120")
+
+    def done() -> int:
+        with runtime.sessions() as session:
+            return sum(1 for j in session.scalars(select(Job)) if j.status == "done")
+
+    procs = [start() for _ in range(4)]
+    finished = []
+    try:
+        def keep_four():  # a worker that ran its one job exits; another takes its place
+            for i, proc in enumerate(procs):
+                if proc.poll() is not None:
+                    finished.append(proc)
+                    procs[i] = start()
+            return done() == 8
+
+        _wait_for(keep_four, "all 8 jobs done", timeout=120)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.communicate(timeout=30)
+    for proc in finished:
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err
+    running = peak = 0
+    for line in runs.read_text().splitlines():
+        running += 1 if line.startswith("start") else -1
+        peak = max(peak, running)
+    assert peak == 2, runs.read_text()
+    with runtime.sessions() as session:
+        assert [(j.status, j.attempts) for j in session.scalars(select(Job).order_by(Job.id))] == [("done", 1)] * 8
+        assert session.scalars(select(GroupSlot).where(GroupSlot.holder.is_not(None))).all() == []
