@@ -132,17 +132,21 @@ def take(session: Session, group: str, limit: int, holder: str, lease_until: dat
     return min(max(wait, 0.05), max_wait)
 
 
-def release(session: Session, holders: list[str]) -> int:
-    """Free the slots these attempts hold (in the transaction of their ack / retry / give-up)."""
-    if not holders:
+def release(session: Session, held: list[tuple[str, str]]) -> int:
+    """Free the slots these (group, holder) attempts hold (in the transaction of their ack / retry /
+    give-up). The group names keep the UPDATE on the primary key's range: it locks those groups' few
+    rows, never another group's (the holder is unique on its own: an attempt holds one slot)."""
+    if not held:
         return 0
-    return session.execute(update(S).where(S.c.holder.in_(holders))
+    return session.execute(update(S).where(S.c.group_name.in_({g for g, _ in held}),
+                                           S.c.holder.in_([h for _, h in held]))
                            .values(holder=None, lease_until=None, taken_at=None, host=None, pid=None)).rowcount
 
 
-def extend(session: Session, holder: str, lease_until: datetime) -> bool:
+def extend(session: Session, group: str, holder: str, lease_until: datetime) -> bool:
     """Keep a slot as long as its job's lease (extended together)."""
-    return session.execute(update(S).where(S.c.holder == holder).values(lease_until=lease_until)).rowcount == 1
+    return session.execute(update(S).where(S.c.group_name == group, S.c.holder == holder)
+                           .values(lease_until=lease_until)).rowcount == 1
 
 
 # ---- cost budgets --------------------------------------------------------------------

@@ -43,13 +43,13 @@ class SlotStore:
     (If that transaction never commits, the slot's lease frees it.)"""
 
     def __init__(self):
-        self.held: dict[int, str] = {}  # job id -> holder, for the attempts of this worker holding a slot
+        self.held: dict[int, tuple[str, str]] = {}  # job id -> (group, holder): this worker's attempts holding a slot
         self.leases: dict[int, datetime] = {}  # job id -> its lease, when extended after the claim
 
     def _free(self, session, ids) -> None:
-        holders = [self.held[i] for i in ids if i in self.held]
-        if holders:
-            groups.release(session, holders)
+        held = [self.held[i] for i in ids if i in self.held]
+        if held:
+            groups.release(session, held)
 
     def ack(self, session, ids, token, now):
         acked = jobstore.ack(session, ids, token, now)
@@ -75,7 +75,7 @@ class SlotStore:
         held = jobstore.extend(session, item, lease_until)
         self.leases[item.id] = lease_until
         if held and item.id in self.held:
-            groups.extend(session, self.held[item.id], lease_until)
+            groups.extend(session, *self.held[item.id], lease_until)
         return held
 
 
@@ -172,7 +172,7 @@ class Worker(Processor):
         if upcoming is not None and upcoming.claim_token == item.claim_token:
             upcoming_handler = self._handler(upcoming)
             if upcoming_handler is not None and self._group_of(upcoming, upcoming_handler) == group:
-                self._handover = (group, self.store.held[item.id])
+                self._handover = self.store.held[item.id]
                 return False
         return True
 
@@ -182,7 +182,7 @@ class Worker(Processor):
         handover, self._handover = self._handover, None
         if handover is not None:
             try:
-                in_transaction(self.sessions, lambda s: groups.release(s, [handover[1]]))
+                in_transaction(self.sessions, lambda s: groups.release(s, [handover]))
             except Exception:
                 log.warning("job: could not free the slot of group %s; its lease will", handover[0])
 
@@ -247,7 +247,7 @@ class Worker(Processor):
         except _Refused as refused:  # rolled back: nothing taken, nothing spent
             return Outcome(RETRY_LATER, 0.0, refused.reason, retry_in=refused.seconds)
         if group is not None:
-            self.store.held[item.id] = holder
+            self.store.held[item.id] = (group, holder)
         return None
 
     def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:

@@ -188,7 +188,11 @@ def test_a_slot_whose_lease_ran_out_is_free_and_a_live_one_is_not(runtime):
     assert take("c", T0 + timedelta(seconds=9.5), T0 + timedelta(seconds=40)) == pytest.approx(0.5)  # b's end
     assert take("c", T0 + timedelta(seconds=10), T0 + timedelta(seconds=40)) is None  # b's lease ran out
     assert {s.holder for s in slots(runtime)} == {"a", "c"}
-    assert in_transaction(runtime.sessions, lambda s: groups.release(s, ["a"])) == 1
+    assert in_transaction(runtime.sessions, lambda s: groups.extend(s, "g2", "c", T0 + timedelta(seconds=90)))
+    assert take("d", T0 + timedelta(seconds=50), T0 + timedelta(seconds=99)) is None  # a's lease ran out
+    assert take("e", T0 + timedelta(seconds=50), T0 + timedelta(seconds=99)) == pytest.approx(2.0)  # c's was extended
+    assert in_transaction(runtime.sessions, lambda s: groups.release(s, [("other", "c")])) == 0  # not its group
+    assert in_transaction(runtime.sessions, lambda s: groups.release(s, [("g2", "d")])) == 1
     with runtime.sessions() as session:
         [use] = [u for u in groups.overview(session, runtime.jobs, T0 + timedelta(seconds=11)) if u.name == "g2"]
     assert (use.limit, use.in_use, use.waiting) == (None, 1, 0)  # no job declares g2 here
