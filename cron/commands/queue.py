@@ -1,4 +1,4 @@
-"""`queue ...`: work, status, failed, retry, resume, forget, flush, prune."""
+"""`queue ...`: work, status, groups, failed, retry, resume, forget, flush, prune."""
 from __future__ import annotations
 
 import click
@@ -12,7 +12,7 @@ from outbox.core.errors import UnknownIds
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
-from outbox.queue import jobstore, pauses
+from outbox.queue import groups, jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from outbox.queue.pool import Pool, PoolRefused, check_budget
 from outbox.queue.worker import Worker
@@ -104,11 +104,13 @@ def _work_in_pool(ctx, rt, names, smallest, largest, *, stop_when_empty, max_tim
 
 @queue.command()
 def status():
-    """Per queue: ready, delayed, reserved, failed, oldest ready age; then paused channels."""
+    """Per queue: ready, delayed, reserved, failed, oldest ready age; then paused channels, concurrency
+    groups and cost budgets (when there are any), and the last worker pool."""
     rt = runtime()
     now = clock.utcnow()
-    queues, paused, pools = in_transaction(rt.sessions, lambda s: (
-        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1)))
+    queues, paused, pools, in_groups, spent = in_transaction(rt.sessions, lambda s: (
+        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
+        groups.overview(s, rt.jobs, now), groups.budget_overview(s, rt.settings, now)))
     if not queues:
         click.echo("no queues")
     else:
@@ -120,9 +122,39 @@ def status():
         click.echo(table(["channel", "until", "left", "reason"],
                          [[p.channel, f"{p.paused_until:%Y-%m-%d %H:%M:%S} UTC", age(now, p.paused_until), p.reason]
                           for p in paused]))
+    _show_groups(in_groups, spent, quiet=True)
     for run in pools:  # the last worker pool (queue work --workers, or a tick's)
         ended = f"stopped: {run.outcome}" if run.finished_at else "running"
         click.echo(f"last pool: {run.detail or ''}; started {age(run.started_at, now)} ago, {ended}")
+
+
+@queue.command("groups")
+def groups_command():
+    """Concurrency groups (limit, slots in use, jobs waiting) and cost budgets (used / limit in the
+    current window, CRONBOX_QUEUE_BUDGETS / CRONBOX_GROUP_BUDGETS)."""
+    rt = runtime()
+    now = clock.utcnow()
+    in_groups, spent = in_transaction(rt.sessions, lambda s: (groups.overview(s, rt.jobs, now),
+                                                              groups.budget_overview(s, rt.settings, now)))
+    _show_groups(in_groups, spent, quiet=False)
+
+
+def _show_groups(in_groups, spent, *, quiet: bool) -> None:
+    """`quiet` (queue status): nothing at all when no group or budget exists."""
+    if in_groups:
+        click.echo("concurrency groups:")
+        click.echo(table(["group", "limit", "in use", "waiting"],
+                         [[g.name, g.limit if g.limit is not None else "undeclared", g.in_use, g.waiting]
+                          for g in in_groups]))
+    elif not quiet:
+        click.echo("no concurrency groups")
+    if spent:
+        click.echo("cost budgets:")
+        click.echo(table(["budget", "used", "limit", "window", "resets in"],
+                         [[f"{u.budget.scope} {u.budget.name}", u.used, u.budget.limit, f"{u.budget.per_seconds}s",
+                           f"{u.resets_in:.0f}s"] for u in spent]))
+    elif not quiet:
+        click.echo("no cost budgets (CRONBOX_QUEUE_BUDGETS, CRONBOX_GROUP_BUDGETS)")
 
 
 @queue.command()

@@ -1,7 +1,8 @@
 """What GET /metrics shows, in the Prometheus text exposition format (version 0.0.4).
 
 Every number comes from a read model the console and health already use (deliveries.status and
-unfanned_count, jobstore.overview, heartbeat.recent / totals_since): no SQL of its own. A scrape reads index ranges only:
+unfanned_count, jobstore.overview, groups.overview / budget_overview, heartbeat.recent / totals_since):
+no SQL of its own. A scrape reads index ranges only:
 pending and dead deliveries, live and failed jobs, the heartbeat rows of the last window.
 
 Counters of handled work are not kept anywhere as monotonic totals (heartbeat rows are pruned after
@@ -18,7 +19,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.engine import heartbeat
 from outbox.events import deliveries
-from outbox.queue import jobstore
+from outbox.queue import groups, jobstore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_WINDOW = 3600.0
@@ -54,7 +55,8 @@ def collect(runtime, now: datetime | None = None) -> list[Family]:
     window = window_seconds(runtime.settings)
     queues = runtime.default_queues()
     return in_transaction(runtime.sessions, lambda session: [
-        *_outbox(session, runtime.consumers, now), *_jobs(session, queues, now), *_runs(session, now, window)])
+        *_outbox(session, runtime.consumers, now), *_jobs(session, queues, now),
+        *_groups(session, runtime.jobs, runtime.settings, now), *_runs(session, now, window)])
 
 
 def _age(now: datetime, then: datetime | None) -> float:
@@ -96,6 +98,30 @@ def _jobs(session, queues: list[str], now: datetime) -> list[Family]:
             jobs.add(getattr(q, state), queue=q.queue, state=state)
         oldest.add(round(_age(now, q.oldest_ready_at), 3), queue=q.queue)
     return [jobs, oldest]
+
+
+def _groups(session, jobs, settings, now: datetime) -> list[Family]:
+    limit = Family("cronbox_group_limit", "gauge",
+                   "Concurrency limit per group, as its jobs declare it (absent for a group no job declares).")
+    in_use = Family("cronbox_group_slots_in_use", "gauge",
+                    "Slots held now per concurrency group (live leases: a killed holder's slot counts until its "
+                    "lease ends).")
+    waiting = Family("cronbox_group_waiting", "gauge", "Ready jobs (due or deferred) per concurrency group.")
+    for use in groups.overview(session, jobs, now):
+        if use.limit is not None:
+            limit.add(use.limit, group=use.name)
+        in_use.add(use.in_use, group=use.name)
+        waiting.add(use.waiting, group=use.name)
+    used = Family("cronbox_budget_used", "gauge",
+                  "Cost spent in the current window per budget (CRONBOX_QUEUE_BUDGETS, CRONBOX_GROUP_BUDGETS).")
+    budget_limit = Family("cronbox_budget_limit", "gauge", "Cost allowed per window per budget.")
+    budget_window = Family("cronbox_budget_window_seconds", "gauge", "The window of each budget.")
+    for spent in groups.budget_overview(session, settings, now):
+        b = spent.budget
+        used.add(spent.used, scope=b.scope, name=b.name)
+        budget_limit.add(b.limit, scope=b.scope, name=b.name)
+        budget_window.add(b.per_seconds, scope=b.scope, name=b.name)
+    return [limit, in_use, waiting, used, budget_limit, budget_window]
 
 
 def _runs(session, now: datetime, window: float) -> list[Family]:

@@ -154,6 +154,7 @@ class Processor:
         self.stats = RunStats()
         self._started = False  # has the current item's handler been called?
         self._group: Group | None = None  # the group whose transaction is open, if any
+        self._upcoming = None  # the item after the current one in its batch, if any (for _holds_until_ack)
         self._on_db_error = self._watch_group  # one bound method, to remove the listener again
 
     store: LeaseStore  # outbox.events.deliveries / outbox.queue.jobstore
@@ -166,6 +167,12 @@ class Processor:
     def _before_call(self, item, handler) -> Outcome | None:
         """A gate before the handler (jobs: channel pauses, rate limits); an Outcome skips the call."""
         return None
+
+    def _holds_until_ack(self, item) -> bool:
+        """Does the item hold something others wait for until its ack (jobs: a concurrency-group
+        slot, unless the next item takes it over)? Then its ack is not batched with later items' but
+        written at once."""
+        return False
 
     def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:
         """Extra writes in the transaction that reschedules a RetryLater (jobs: record a channel pause)."""
@@ -220,6 +227,7 @@ class Processor:
                 handled += done
                 continue
             self._started = False
+            self._upcoming = work[index + 1] if index + 1 < len(work) else None
             try:
                 try:
                     ran = self._run_one(item, quiet_acks, budget)
@@ -269,6 +277,8 @@ class Processor:
                 budget.record(outcome.seconds)
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)
+                if self._holds_until_ack(item):
+                    self._flush(quiet_acks)
                 return True
             if outcome.ok:
                 outcome = self._ack_with_session(item, handler, ctx, outcome)

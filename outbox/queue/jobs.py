@@ -22,8 +22,9 @@ from outbox.core.db import insert_ignore
 from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
 from outbox.engine.backoff import Backoff
-from outbox.engine.registry import DEFAULT, Registry
+from outbox.engine.registry import DEFAULT, Jobs, Registry
 from outbox.events.record import connection_of, new_trace_id
+from outbox.queue import groups
 from outbox.queue.models import READY, Job
 from outbox.queue.ratelimit import RateLimit
 
@@ -46,23 +47,40 @@ class JobHandler:
     rate_limit: RateLimit | Callable | None = None  # or fn(settings) -> RateLimit | None, read per run
     channel: str | None = None  # jobs wait while this channel is paused (outbox.queue.pauses)
     grouped: bool = False  # group commit: see job()
+    concurrency_group: str | None = None  # at most concurrency_limit of its jobs run at once (outbox.queue.groups)
+    concurrency_limit: int | None = None
+    cost: int = 1  # what one run spends of its queue's and group's cost budgets
+    jobs: Jobs | None = field(default=None, repr=False, compare=False)  # where registered: the groups dispatch may name
 
     @property
     def max_attempts(self) -> int:
         return self.tries
 
     def dispatch(self, session: Session | Connection, payload=None, *, delay: float | timedelta = 0,
-                 unique_key: str | None = None) -> int | None:
+                 unique_key: str | None = None, concurrency_group: str | None = None,
+                 cost: int | None = None) -> int | None:
         """Add this job to the caller's transaction (a Session, scoped session or Core Connection,
         like record(): the INSERT runs on that transaction's connection, never flushing the caller's
         pending objects); returns its id, or None when a job with the same unique key is already
-        waiting or running (then nothing is added and the caller's transaction is untouched)."""
+        waiting or running (then nothing is added and the caller's transaction is untouched).
+
+        concurrency_group / cost: this run's own, instead of the handler's; the group must be one a
+        registered job declares (with its concurrency_limit)."""
         body = dump_payload(payload)
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
             raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
         if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
             raise PayloadError("unique_key must be a non-empty string")
+        if concurrency_group is not None:
+            groups.check_group(concurrency_group, None, error=PayloadError)
+            if self.grouped:
+                raise PayloadError(f"{self.name} is grouped=True: it cannot run in a concurrency group")
+            if concurrency_group not in groups.limits(self.jobs or DEFAULT.jobs):
+                raise PayloadError(f"concurrency group {concurrency_group!r} is not declared: give some "
+                                   f"@job concurrency_group={concurrency_group!r} and its concurrency_limit")
+        if cost is not None:
+            groups.check_cost(cost, error=PayloadError)
         if unique_key is None and self.unique:
             unique_key = hashlib.sha256(body.encode()).hexdigest()
         now = clock.utcnow()
@@ -77,6 +95,8 @@ class JobHandler:
             "retry_until": now + timedelta(seconds=self.retry_until) if self.retry_until is not None else None,
             "trace_id": new_trace_id(),
             "created_at": now,
+            "concurrency_group": concurrency_group,
+            "cost": cost,
         }
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
@@ -98,7 +118,8 @@ def _stored_key(handler: str, key: str) -> str:
 
 def job(queue: str = "default", *, name: str | None = None, tries: int = 5, backoff=5, timeout: float = 30,
         unique: bool = False, retry_until: float | timedelta | None = None, rate_limit: str | RateLimit | None = None,
-        channel: str | None = None, grouped: bool = False, registry: Registry | None = None):
+        channel: str | None = None, grouped: bool = False, concurrency_group: str | None = None,
+        concurrency_limit: int | None = None, cost: int = 1, registry: Registry | None = None):
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
     backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
@@ -131,6 +152,14 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     if grouped and (channel is not None or rate_limit is not None):
         raise RegistrationError("grouped=True cannot be combined with channel= or rate_limit= "
                                 "(a grouped job makes no network calls)")
+    if concurrency_group is not None or concurrency_limit is not None:
+        if concurrency_group is None or concurrency_limit is None:
+            raise RegistrationError("concurrency_group= and concurrency_limit= go together")
+        groups.check_group(concurrency_group, concurrency_limit)
+        if grouped:
+            raise RegistrationError("grouped=True cannot be combined with concurrency_group= "
+                                    "(its slot is taken and freed in transactions of their own)")
+    groups.check_cost(cost)
     policy = Backoff.of(backoff)
     limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
     if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
@@ -140,9 +169,15 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if len(job_name) > MAX_NAME - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
+        jobs = (registry or DEFAULT).jobs
+        other = next((h for h in jobs.all() if concurrency_group is not None and h.name != job_name
+                      and h.concurrency_group == concurrency_group and h.concurrency_limit != concurrency_limit), None)
+        if other is not None:
+            raise RegistrationError(f"concurrency group {concurrency_group!r} has limit {other.concurrency_limit} "
+                                    f"({other.name}), not {concurrency_limit}: one group, one limit")
         handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel,
-                             grouped)
-        (registry or DEFAULT).jobs.add(handler)
+                             grouped, concurrency_group, concurrency_limit, cost, jobs)
+        jobs.add(handler)
         fn.dispatch = handler.dispatch
         fn.job = handler
         return fn

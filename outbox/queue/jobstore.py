@@ -36,6 +36,8 @@ class ClaimedJob:
     lease_until: datetime
     retry_until: datetime | None
     trace_id: str
+    concurrency_group: str | None = None  # the dispatch's own (outbox.queue.groups); None: the handler's
+    cost: int | None = None
 
 
 def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
@@ -81,12 +83,12 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
         return []
     rows = session.execute(
         select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-               J.c.retry_until, J.c.trace_id)
+               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)
         .where(J.c.id.in_(ids))
     ).all()
     order = {job_id: index for index, job_id in enumerate(ids)}
     return [ClaimedJob(r.id, r.queue, r.handler, r.payload, r.attempts, r.claim_token, r.available_at,
-                       r.retry_until, r.trace_id) for r in sorted(rows, key=lambda r: order[r.id])]
+                       r.retry_until, r.trace_id, r.concurrency_group, r.cost) for r in sorted(rows, key=lambda r: order[r.id])]
 
 
 def _held(ids, token):
@@ -252,6 +254,18 @@ def status(session: Session, now: datetime) -> dict[str, QueueStatus]:
     for q, count in failed:
         out[q].failed = int(count)
     return {q: st for q, st in out.items() if st.ready or st.delayed or st.reserved or st.failed}
+
+
+def waiting_per_group(session: Session, handler_groups: dict[str, str]) -> dict[str, int]:
+    """Ready jobs (due or deferred) per concurrency group: a dispatch's own group, else its handler's
+    (`handler_groups`, handler name -> group). Reads the ready jobs only (one range of the
+    (status, finished_at) index), never the done ones."""
+    own = J.c.concurrency_group
+    if handler_groups:
+        own = func.coalesce(J.c.concurrency_group, case(handler_groups, value=J.c.handler, else_=None))
+    rows = session.execute(select(own, func.count()).where(J.c.status == READY, own.is_not(None))
+                           .group_by(own)).all()
+    return {group: int(count) for group, count in rows}
 
 
 def backlog(session: Session, now: datetime) -> int:

@@ -3,6 +3,11 @@
 Run from cron with --stop-when-empty (or inside the tick). Limits (--max-time,
 --max-jobs, --memory, a signal) are checked between jobs, never by killing one;
 what was claimed but not started is released at once.
+
+Before a handler starts, one short transaction checks what is shared by every worker: the channel's
+pause, a slot of the job's concurrency group, its queue's and group's cost budgets, the rate limit
+(outbox.queue.pauses, groups, ratelimit). All or nothing: a refusal rolls back what the earlier checks
+took, and the job waits (RetryLater, no attempt used) while the worker goes on with its batch.
 """
 from __future__ import annotations
 
@@ -12,15 +17,66 @@ from typing import Callable
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
+from outbox.core.errors import CronboxError
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.handler_call import RETRY_LATER, Outcome
+from outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
 from outbox.engine.processor import Processor
 from outbox.engine.registry import Jobs
-from outbox.queue import jobstore, pauses
+from outbox.queue import groups, jobstore, pauses
 
 log = logging.getLogger("cronbox")
+
+
+class _Refused(CronboxError):
+    """A pre-call check said wait: raised to roll back what the checks before it took."""
+
+    def __init__(self, seconds: float, reason: str):
+        super().__init__(reason)
+        self.seconds, self.reason = seconds, reason
+
+
+class SlotStore:
+    """jobstore's writes for the processor, each also freeing the concurrency-group slot its job's
+    attempt holds, in the same transaction: the slot is free exactly when the outcome is recorded.
+    (If that transaction never commits, the slot's lease frees it.)"""
+
+    def __init__(self):
+        self.held: dict[int, tuple[str, str]] = {}  # job id -> (group, holder): this worker's attempts holding a slot
+        self.leases: dict[int, datetime] = {}  # job id -> its lease, when extended after the claim
+
+    def _free(self, session, ids) -> None:
+        held = [self.held[i] for i in ids if i in self.held]
+        if held:
+            groups.release(session, held)
+
+    def ack(self, session, ids, token, now):
+        acked = jobstore.ack(session, ids, token, now)
+        self._free(session, ids)
+        return acked
+
+    def reschedule(self, session, item, next_at, error, refund_attempt):
+        held = jobstore.reschedule(session, item, next_at, error, refund_attempt)
+        self._free(session, [item.id])
+        return held
+
+    def give_up(self, session, item, error, traceback, now):
+        held = jobstore.give_up(session, item, error, traceback, now)
+        self._free(session, [item.id])
+        return held
+
+    def release(self, session, ids, token, now):
+        released = jobstore.release(session, ids, token, now)
+        self._free(session, ids)
+        return released
+
+    def extend(self, session, item, lease_until):
+        held = jobstore.extend(session, item, lease_until)
+        self.leases[item.id] = lease_until
+        if held and item.id in self.held:
+            groups.extend(session, *self.held[item.id], lease_until)
+        return held
 
 
 class Worker(Processor):
@@ -35,6 +91,13 @@ class Worker(Processor):
         self.fixed_queues = queues  # None: the runtime's default order, re-read each run
         self.batch_size = batch_size
         self.before_batch = before_batch
+        self.store = SlotStore()
+        self.budgets = groups.budgets(runtime.settings)  # a bad setting: SettingsError before any claim
+        self.group_wait = groups.full_wait(runtime.settings)
+        # group -> (monotonic time until which it is known full, why): later jobs of the same group in
+        # a batch wait as long as the refused one without asking the database again.
+        self._full: dict[str, tuple[float, str]] = {}
+        self._handover: tuple[str, str] | None = None  # (group, holder): a finished job's slot for the next job
 
     def run(self, budget: Budget) -> int:
         """Run jobs until none is due or the budget says stop; returns the number of jobs handled."""
@@ -54,6 +117,14 @@ class Worker(Processor):
                 break
             handled += self.process(claimed, budget)
         return handled
+
+    def process(self, claimed, budget: Budget) -> int:
+        try:
+            return super().process(claimed, budget)
+        finally:
+            self._let_go()
+            self.store.held.clear()  # freed with their outcomes, or left to their leases
+            self.store.leases.clear()
 
     def _claim_highest(self, limit: int) -> list[jobstore.ClaimedJob]:
         """Strict priority: a batch comes from the first queue (in --queue order) that has due jobs."""
@@ -76,28 +147,108 @@ class Worker(Processor):
     def _describe(self, item) -> str:
         return f"job={item.id} queue={item.queue} handler={item.handler}"
 
-    def _before_call(self, item, handler) -> Outcome | None:
-        if handler.channel is None and handler.rate_limit is None:
-            return None
+    def _group_of(self, item, handler) -> str | None:
+        return item.concurrency_group or handler.concurrency_group
 
-        def gate(session) -> tuple[float, str] | None:
+    def _gated(self, item, handler) -> bool:
+        """Has this job a pre-call check? (Not most jobs: they pay nothing for the feature.)"""
+        return (handler.channel is not None or handler.rate_limit is not None or item.concurrency_group is not None
+                or handler.concurrency_group is not None
+                or (bool(self.budgets) and (("queue", item.queue) in self.budgets
+                                            or ("group", self._group_of(item, handler)) in self.budgets)))
+
+    def _groupable(self, item, handler, token: str) -> bool:
+        # A grouped job runs no pre-call check; one with a budget (a setting job() cannot see) runs alone.
+        return super()._groupable(item, handler, token) and not self._gated(item, handler)
+
+    def _holds_until_ack(self, item) -> bool:
+        """A finished job's slot is freed with its ack at once (others may be waiting for it), unless
+        the next job of the batch is of the same group: then that job's gate takes the slot over and
+        this ack is batched as usual (one commit per job instead of two)."""
+        if item.id not in self.store.held:
+            return False
+        upcoming, handler = self._upcoming, self._handler(item)
+        group = self._group_of(item, handler)
+        if upcoming is not None and upcoming.claim_token == item.claim_token:
+            upcoming_handler = self._handler(upcoming)
+            if upcoming_handler is not None and self._group_of(upcoming, upcoming_handler) == group:
+                self._handover = self.store.held[item.id]
+                return False
+        return True
+
+    def _let_go(self) -> None:
+        """A slot kept for a next job that did not take it: freed now (its ack would free it too, but
+        perhaps only after other jobs ran). Best effort: its lease is the safety net."""
+        handover, self._handover = self._handover, None
+        if handover is not None:
+            try:
+                in_transaction(self.sessions, lambda s: groups.release(s, [handover]))
+            except Exception:
+                log.warning("job: could not free the slot of group %s; its lease will", handover[0])
+
+    def _before_call(self, item, handler) -> Outcome | None:
+        group = self._group_of(item, handler) if handler is not None else None
+        if self._handover is not None and self._handover[0] != group:
+            self._let_go()
+        outcome = self._gate(item, handler, group)
+        if outcome is not None or group is None:
+            self._let_go()  # refused (the gate's transaction rolled the handover back), or none taken
+        self._handover = None  # taken over, in the gate's committed transaction
+        return outcome
+
+    def _gate(self, item, handler, group: str | None) -> Outcome | None:
+        if not self._gated(item, handler):
+            return None
+        limit = (handler.concurrency_limit if group == handler.concurrency_group
+                 else groups.limits(self.registry).get(group))
+        cost = item.cost or handler.cost
+        spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", group))) if b]
+        if group is not None and limit is None:
+            return Outcome(PERMANENT, 0.0, f"concurrency group {group} is not declared by any job registered here")
+        for b in spend:
+            if cost > b.limit:
+                return Outcome(PERMANENT, 0.0, f"cost {cost} is more than the {b.scope} {b.name} budget of "
+                                               f"{b.spec}: it can never run")
+        handover = self._handover[1] if self._handover is not None else None
+        if handover is None and group is not None and group in self._full:
+            until, reason = self._full[group]
+            if clock.monotonic() < until:
+                return Outcome(RETRY_LATER, 0.0, reason, retry_in=until - clock.monotonic())
+            del self._full[group]
+        holder = groups.holder_of(item)
+
+        def gate(session) -> None:
             now = clock.utcnow()
             if handler.channel is not None:
                 wait = pauses.remaining(session, handler.channel, now)
                 if wait is not None:
-                    return wait, f"channel {handler.channel} is paused"
-            limit = handler.rate_limit(self.runtime.settings) if callable(handler.rate_limit) else handler.rate_limit
-            if limit is not None:
-                wait = limit.acquire(session, now)
+                    raise _Refused(wait, f"channel {handler.channel} is paused")
+            if group is not None:
+                # The job's own lease: the slot frees itself when the job may be claimed again.
+                lease = self.store.leases.get(item.id, item.lease_until)
+                wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait,
+                                   handover=handover)
                 if wait is not None:
-                    return wait, f"rate limit {limit.bucket} reached"
-            return None
+                    reason = f"concurrency group {group} is full ({limit} running)"
+                    self._full[group] = (clock.monotonic() + wait, reason)
+                    raise _Refused(wait, reason)
+            for b in spend:
+                wait = b.charge(session, cost, now)
+                if wait is not None:
+                    raise _Refused(wait, f"cost budget of {b.scope} {b.name} ({b.spec}) spent")
+            rate = handler.rate_limit(self.runtime.settings) if callable(handler.rate_limit) else handler.rate_limit
+            if rate is not None:
+                wait = rate.acquire(session, now)
+                if wait is not None:
+                    raise _Refused(wait, f"rate limit {rate.bucket} reached")
 
-        waiting = in_transaction(self.sessions, gate)
-        if waiting is None:
-            return None
-        seconds, reason = waiting
-        return Outcome(RETRY_LATER, 0.0, reason, retry_in=seconds)
+        try:
+            in_transaction(self.sessions, gate)
+        except _Refused as refused:  # rolled back: nothing taken, nothing spent
+            return Outcome(RETRY_LATER, 0.0, refused.reason, retry_in=refused.seconds)
+        if group is not None:
+            self.store.held[item.id] = (group, holder)
+        return None
 
     def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:
         if isinstance(outcome.raised, pauses.ChannelPaused):

@@ -327,6 +327,31 @@ def test_queue_retry_forget_and_flush(operator, runtime):
         "queue.retry", "queue.forget", "queue.flush", "queue.retry", "queue.retry"]
 
 
+def test_the_queues_page_shows_concurrency_groups_and_cost_budgets(runtime, env):
+    from outbox.queue import groups
+    from outbox.queue.jobs import job
+
+    app = make_app(env, runtime, CRONBOX_QUEUE_BUDGETS="sms=50/m")
+    try:
+        registry = app.extensions["cronbox"].runtime.registry
+        job("sms", name="provider.send", concurrency_group="providers", concurrency_limit=3,
+            registry=registry)(lambda payload, ctx: None)
+        now = clock.utcnow()
+        with runtime.sessions.begin() as session:
+            session.add(Job(queue="sms", handler="provider.send", payload="{}", status="ready", available_at=now,
+                            trace_id="j" * 32, created_at=now))
+            groups.take(session, "providers", 3, "h", now + timedelta(minutes=5), now)
+            groups.budgets(app.extensions["cronbox"].runtime.settings)[("queue", "sms")].charge(session, 20, now)
+        page = logged_in(app).get("/ops/queues").get_data(as_text=True)
+    finally:
+        app.extensions["cronbox"].runtime.dispose()
+    row = re.search(r'<tr id="group-providers">(.*?)</tr>', page, re.S).group(1)
+    assert re.findall(r'<td[^>]*>([^<]*)</td>', row) == ["providers", "3", "1", "1"]
+    budget = re.search(r'<tr id="budget-queue-sms">(.*?)</tr>', page, re.S).group(1)
+    assert re.findall(r'<td[^>]*>([^<]*)</td>', budget)[:4] in (["queue sms", "20", "50", "60 s"],
+                                                                 ["queue sms", "0", "50", "60 s"])  # a minute turned
+
+
 def test_paused_channels_are_shown_and_resumed(operator, runtime):
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:

@@ -117,6 +117,39 @@ def test_standalone_metrics_parse_and_match_what_was_seeded(env, runtime):
     check_seeded_values(response.get_data(as_text=True))
 
 
+def test_group_slot_use_and_budgets_parse(env, runtime):
+    from outbox.queue import groups
+    from outbox.queue.jobs import job
+
+    app = make_app(env, runtime, CRONBOX_METRICS_TOKEN=TOKEN, CRONBOX_GROUP_BUDGETS="providers=100/m",
+                   CRONBOX_QUEUE_BUDGETS="sms=5/10s")
+    job("sms", name="provider.send", concurrency_group="providers", concurrency_limit=3,
+        registry=app.extensions["cronbox"].runtime.registry)(lambda payload, ctx: None)
+    with runtime.sessions.begin() as session:
+        session.add_all([Job(queue="sms", handler="provider.send", payload="{}", status=READY, available_at=T0,
+                             trace_id="j" * 32, created_at=T0) for _ in range(4)])
+        session.add(Job(queue="sms", handler="other", payload="{}", status=READY, available_at=T0, trace_id="k" * 32,
+                        created_at=T0, concurrency_group="providers"))
+        for holder in ("a", "b"):
+            assert groups.take(session, "providers", 3, holder, T0 + timedelta(seconds=30), T0) is None
+        groups.take(session, "undeclared", 1, "c", T0 + timedelta(seconds=30), T0)
+        groups.take(session, "stale", 1, "d", T0 - timedelta(seconds=1), T0 - timedelta(seconds=60))
+        groups.budgets(app.extensions["cronbox"].runtime.settings)[("group", "providers")].charge(session, 7, T0)
+    response = scrape(app.test_client())
+    assert response.status_code == 200
+    got = samples(response.get_data(as_text=True))
+    assert got[("cronbox_group_limit", (("group", "providers"),))] == 3
+    assert got[("cronbox_group_slots_in_use", (("group", "providers"),))] == 2
+    assert got[("cronbox_group_waiting", (("group", "providers"),))] == 5
+    assert got[("cronbox_group_slots_in_use", (("group", "undeclared"),))] == 1
+    assert ("cronbox_group_limit", (("group", "undeclared"),)) not in got
+    assert ("cronbox_group_slots_in_use", (("group", "stale"),)) not in got  # its lease ended: nothing held
+    assert got[("cronbox_budget_used", (("name", "providers"), ("scope", "group")))] == 7
+    assert got[("cronbox_budget_limit", (("name", "sms"), ("scope", "queue")))] == 5
+    assert got[("cronbox_budget_window_seconds", (("name", "sms"), ("scope", "queue")))] == 10
+    assert got[("cronbox_budget_used", (("name", "sms"), ("scope", "queue")))] == 0
+
+
 def test_a_wrong_or_missing_token_gets_no_numbers(env, runtime):
     seed(runtime)
     client = make_app(env, runtime, CRONBOX_METRICS_TOKEN=TOKEN).test_client()

@@ -1,4 +1,5 @@
-"""Queues: per queue ready / delayed / reserved / failed; paused channels; failed jobs; retry, forget, flush, resume."""
+"""Queues: per queue ready / delayed / reserved / failed; paused channels; concurrency groups and cost
+budgets; failed jobs; retry, forget, flush, resume."""
 from __future__ import annotations
 
 from flask import abort, render_template, request
@@ -6,7 +7,7 @@ from flask import abort, render_template, request
 from cron.scheduling import once as once_requests
 from outbox.core import clock, paging
 from outbox.core.db import in_transaction
-from outbox.queue import jobstore, pauses
+from outbox.queue import groups, jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from cronbox.state import runtime
 
@@ -28,10 +29,11 @@ def queues():
     now = clock.utcnow()
     only = _queue_arg(request.args.get("queue"))
     cursor = paging.parse_cursor(request.args.get("after"), jobstore.FAILED_KEY)
-    rows, paused, page = in_transaction(rt.sessions, lambda s: (jobstore.overview(s, rt.default_queues(), now),
-                                                                pauses.active(s, now),
-                                                                jobstore.failed_page(s, cursor, queue=only)))
-    return render_template("cronbox_ops/queues.html", queues=rows, paused=paused, page=page, only=only, now=now)
+    rows, paused, in_groups, spent, page = in_transaction(rt.sessions, lambda s: (
+        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), groups.overview(s, rt.jobs, now),
+        groups.budget_overview(s, rt.settings, now), jobstore.failed_page(s, cursor, queue=only)))
+    return render_template("cronbox_ops/queues.html", queues=rows, paused=paused, groups=in_groups, budgets=spent,
+                           page=page, only=only, now=now)
 
 
 @bp.post("/queues/resume")
