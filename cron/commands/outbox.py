@@ -9,6 +9,7 @@ from cron.scheduling.retention import prune_outbox
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
 from outbox.events import deliveries
@@ -24,7 +25,7 @@ def publish(ctx, max_time):
     """Relay due events to their consumers once, without the tick lock (may run beside a tick)."""
     rt = runtime()
     relay = Relay(rt)
-    budget = Budget(max_time=max_time, memory_mb=None)
+    budget = Budget(max_time=max_time, memory_mb=None, time_headroom=time_headroom(rt.settings))
     try:
         result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
                             lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,

@@ -10,6 +10,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
 from outbox.engine import heartbeat
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
 from outbox.queue import jobstore, pauses
@@ -60,7 +61,8 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
                       max_jobs=max_jobs, memory=memory, sleep=sleep)
         return
     worker = Worker(rt, names)
-    budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs)
+    budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs,
+                    time_headroom=time_headroom(rt.settings))
     started = clock.monotonic()
     result = record_run(rt.sessions, "work",
                         lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once), poll=sleep),
