@@ -1,0 +1,91 @@
+"""Admission in real `python -m cron queue work` processes: a 60 MB handler under --memory 96 once its
+profile exists, and a job whose profile does not fit the rest of --max-time."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from outbox.engine.models import HandlerProfile
+from outbox.queue.models import Job
+from tests.conftest import run_cli
+from tests.handlers import admission_jobs
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+
+
+@pytest.fixture
+def admission_env(env, tmp_path):
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    return {**env, "CRONBOX_HANDLERS": "tests.handlers.admission_jobs", "TEST_INSIDE_DIR": str(inside)}
+
+
+def dispatch(runtime, handler, **payload) -> int:
+    with runtime.sessions.begin() as session:
+        return handler.dispatch(session, payload)
+
+
+def job(runtime, job_id: int) -> Job:
+    with runtime.sessions() as session:
+        return session.get(Job, job_id)
+
+
+def profile(runtime, handler: str) -> HandlerProfile:
+    with runtime.sessions() as session:
+        return session.scalars(select(HandlerProfile).where(HandlerProfile.handler == handler)).one()
+
+
+def logs(runtime) -> str:
+    return "".join(p.read_text() for p in sorted(runtime.settings.logs_dir.glob("cronbox-*.log")))
+
+
+def work(env, *args: str):
+    proc = run_cli(env, "queue", "work", "--queue", "admission", "--stop-when-empty", *args)
+    return proc, proc.stdout + proc.stderr
+
+
+def test_a_60_mb_handler_near_the_memory_limit_is_deferred_and_runs_with_headroom(runtime, admission_env, tmp_path):
+    first = dispatch(runtime, admission_jobs.alloc, n=1)
+    proc, out = work(admission_env, "--memory", "256")  # no profile yet: it runs, and is measured
+    assert proc.returncode == 0 and job(runtime, first).status == "done", out
+    learnt = profile(runtime, "admission.alloc")
+    assert learnt.runs == 1 and learnt.rss_growth_kb >= 55 * 1024, learnt.rss_growth_kb  # the peak, freed after
+
+    second = dispatch(runtime, admission_jobs.alloc, n=2)
+    # A worker already ~50 MB in (the interpreter, Flask, SQLAlchemy): 60 more would pass --memory 96.
+    proc, out = work(admission_env, "--memory", "96")
+    assert proc.returncode == 0 and "stopped: memory" in out and "1 deferred" in out, out
+    assert "handler=admission.alloc deferred: grows RSS by" in logs(runtime) and "given back" in logs(runtime)
+    kept = job(runtime, second)
+    assert kept.status == "ready" and kept.attempts == 0 and not (tmp_path / "inside" / "alloc-2").exists()
+    assert profile(runtime, "admission.alloc").never_fits is None  # 60 MB fits a 96 MB run: later, not never
+
+    proc, out = work(admission_env, "--memory", "256")  # enough headroom: it runs
+    assert proc.returncode == 0 and job(runtime, second).status == "done", out
+    assert profile(runtime, "admission.alloc").runs == 2
+
+
+def test_a_job_whose_profile_does_not_fit_the_rest_of_max_time_is_not_started(runtime, admission_env, tmp_path):
+    dispatch(runtime, admission_jobs.slow, n=1, seconds=3)
+    proc, out = work(admission_env)  # no --max-time: the profile learns 3 s
+    assert proc.returncode == 0 and profile(runtime, "admission.slow").duration_ms >= 3000, out
+    (tmp_path / "inside" / "slow-1").unlink()
+
+    before = dispatch(runtime, admission_jobs.sleep, n=2, seconds=1)  # no profile: admitted, uses 1 s
+    late = dispatch(runtime, admission_jobs.slow, n=3, seconds=3)
+    # 5 s, 1 s headroom: after the first job less than 3 s is left, and the slow one needs 3.
+    proc, out = work({**admission_env, "CRONBOX_ADMISSION_TIME_HEADROOM": "1"}, "--max-time", "5")
+    assert proc.returncode == 0 and "stopped: max-time" in out, out
+    assert job(runtime, before).status == "done"
+    kept = job(runtime, late)
+    assert kept.status == "ready" and kept.attempts == 0 and not (tmp_path / "inside" / "slow-3").exists(), out
+    samples = json.loads(profile(runtime, "admission.slow").samples)
+    assert len(samples) == 1  # it never ran again
+    assert "handler=admission.slow deferred: runs 3.0s on average" in logs(runtime)
+
+
+def test_a_bad_admission_setting_is_one_line_and_an_error_exit(runtime, admission_env):
+    proc, out = work({**admission_env, "CRONBOX_PROFILE_WINDOW": "none"})
+    assert proc.returncode != 0 and "CRONBOX_PROFILE_WINDOW='none' is not a number" in out and "Traceback" not in out
