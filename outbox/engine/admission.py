@@ -17,7 +17,9 @@ it are released the same way.
 
 Never fitting ("never"): the profile needs more than this kind of run can ever give, even fresh:
 longer than --max-time minus the headroom, or more memory than --memory / the kernel's limit minus
-the headroom. The handler is marked never-fits with that reason (the profile row, a warning per
+the headroom and the RSS the run started with (the interpreter and its imports: ~50 MB for a worker;
+without it, a handler a fresh run cannot fit either would be "later" for ever, stopping every run
+that reaches it). The handler is marked never-fits with that reason (the profile row, a warning per
 item, `queue status` / `outbox status`, the console's Profiles), and the item waits NEVER_FITS_DELAY
 without using an attempt, so it neither blocks the queue nor starves silently. It still runs where
 a run has room: a run without that limit (e.g. `queue work` without --max-time) admits it and clears
@@ -164,10 +166,12 @@ class Admission:
         if needs_kb <= 0:
             return None
         headroom = self.settings.memory_headroom_kb
+        base = budget.start_rss_kb  # a fresh run's own RSS: what no run of this kind is without
         if budget.memory_kb is not None:
-            if needs_kb > budget.memory_kb - headroom:
+            if needs_kb > budget.memory_kb - headroom - base:
                 return Verdict(False, "memory", f"grows RSS by {_mb(needs_kb)}, more than --memory "
-                                                f"{_mb(budget.memory_kb)} minus {_mb(headroom)} headroom")
+                                                f"{_mb(budget.memory_kb)} minus {_mb(headroom)} headroom and the "
+                                                f"run's own {_mb(base)}")
             left = budget.memory_kb - self._current_rss() - headroom
             if needs_kb > left:
                 return Verdict(True, "memory", f"grows RSS by {_mb(needs_kb)}; {_mb(max(left, 0))} of --memory "
@@ -175,9 +179,10 @@ class Admission:
         kernel = self._kernel_limit()
         if kernel is not None:
             limit_kb, used_kb, source = kernel
-            if needs_kb > limit_kb - headroom:
+            if needs_kb > limit_kb - headroom - base:
                 return Verdict(False, "memory", f"grows RSS by {_mb(needs_kb)}, more than the {source} limit "
-                                                f"{_mb(limit_kb)} minus {_mb(headroom)} headroom")
+                                                f"{_mb(limit_kb)} minus {_mb(headroom)} headroom and the run's own "
+                                                f"{_mb(base)}")
             left = limit_kb - used_kb - headroom
             if needs_kb > left:
                 return Verdict(True, "memory", f"grows RSS by {_mb(needs_kb)}; {_mb(max(left, 0))} left under "

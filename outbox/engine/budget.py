@@ -28,6 +28,7 @@ class Budget:
         self.handler_seconds = 0.0
         self.signalled: str | None = None
         self.peak_rss_kb = rss_kb()
+        self.start_rss_kb = self.peak_rss_kb  # what a fresh run of this kind needs before any handler
 
     def elapsed(self) -> float:
         return clock.monotonic() - self.started

@@ -195,12 +195,21 @@ def test_memory_that_does_not_fit_the_rest_of_memory_or_ever_is_told_apart(make_
     rss = admission._current_rss()
     room = Budget(max_time=None, memory_mb=(rss + 80 * 1024) / 1024)  # 80 MB above the RSS now
     near = Budget(max_time=None, memory_mb=(rss + 40 * 1024) / 1024)
+    near.start_rss_kb = rss - 60 * 1024  # it started 60 MB smaller: a fresh run would have room
     assert admission.check("big", room) is None
     verdict = admission.check("big", near)
     assert verdict.later and verdict.stop == "memory" and "grows RSS by 60 MB" in verdict.reason
+    assert admission.check("big", Budget(max_time=None, memory_mb=(rss + 40 * 1024) / 1024)).later is False
     verdict = admission.check("huge", room)
-    assert not verdict.later and "more than --memory" in verdict.reason
-    assert admission.book.verdicts == {"huge": verdict.reason}
+    assert not verdict.later and "more than --memory" in verdict.reason and "the run's own" in verdict.reason
+    assert set(admission.book.verdicts) == {"big", "huge"} and admission.book.verdicts["huge"] == verdict.reason
+
+
+def fresh() -> Budget:
+    """A run without --memory that started small (the test process itself is not a fresh worker)."""
+    budget = Budget(max_time=None, memory_mb=None)
+    budget.start_rss_kb = 30 * 1024
+    return budget
 
 
 @pytest.mark.skipif("v2" not in cgroup_paths("/proc/self/cgroup"), reason="no cgroup v2 line in /proc/self/cgroup")
@@ -212,11 +221,11 @@ def test_the_cgroup_limit_counts_beside_memory(make_runtime, tmp_path):
     rt = make_runtime(CRONBOX_CGROUP_ROOT=str(root), CRONBOX_LVE_LIST=str(tmp_path / "none"))
     admission = Admission("job", rt.settings)
     admission.book.add("big", 0.1, 60 * 1024)
-    verdict = admission.check("big", Budget(max_time=None, memory_mb=None))
+    verdict = admission.check("big", fresh())
     assert verdict.later and "left under the cgroup v2" in verdict.reason
     (root / "memory.max").write_text(f"{64 * MiB}\n")
     admission._kernel = None
-    verdict = admission.check("big", Budget(max_time=None, memory_mb=None))
+    verdict = admission.check("big", fresh())
     assert not verdict.later and "more than the cgroup v2" in verdict.reason
 
 
@@ -229,7 +238,7 @@ def test_an_lve_limit_counts_where_the_list_is_readable(make_runtime, tmp_path):
     rt = make_runtime(CRONBOX_CGROUP_ROOT=str(tmp_path / "no-cgroup"), CRONBOX_LVE_LIST=str(lve))
     admission = Admission("job", rt.settings)
     admission.book.add("big", 0.1, 60 * 1024)
-    verdict = admission.check("big", Budget(max_time=None, memory_mb=None))
+    verdict = admission.check("big", fresh())
     assert verdict.later and f"LVE {uid}" in verdict.reason
 
 

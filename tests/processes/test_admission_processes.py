@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from outbox.core import clock
 from outbox.engine.models import HandlerProfile
 from outbox.queue.models import Job
 from tests.conftest import run_cli
@@ -53,18 +54,34 @@ def test_a_60_mb_handler_near_the_memory_limit_is_deferred_and_runs_with_headroo
     learnt = profile(runtime, "admission.alloc")
     assert learnt.runs == 1 and learnt.rss_growth_kb >= 55 * 1024, learnt.rss_growth_kb  # the peak, freed after
 
+    # A worker that grew 50 MB during its run (the ballast job first): 60 more would pass --memory 160.
+    grown = dispatch(runtime, admission_jobs.ballast, n=2)
     second = dispatch(runtime, admission_jobs.alloc, n=2)
-    # A worker already ~50 MB in (the interpreter, Flask, SQLAlchemy): 60 more would pass --memory 96.
-    proc, out = work(admission_env, "--memory", "96")
+    proc, out = work(admission_env, "--memory", "160")
     assert proc.returncode == 0 and "stopped: memory" in out and "1 deferred" in out, out
     assert "handler=admission.alloc deferred: grows RSS by" in logs(runtime) and "given back" in logs(runtime)
     kept = job(runtime, second)
+    assert job(runtime, grown).status == "done"
     assert kept.status == "ready" and kept.attempts == 0 and not (tmp_path / "inside" / "alloc-2").exists()
-    assert profile(runtime, "admission.alloc").never_fits is None  # 60 MB fits a 96 MB run: later, not never
+    assert kept.available_at <= clock.utcnow()  # due at once: the next (fresh) run fits it
+    assert profile(runtime, "admission.alloc").never_fits is None
 
+    # --memory 96: even a fresh worker (~50 MB: the interpreter, Flask, SQLAlchemy) has no room for 60 MB.
+    proc, out = work(admission_env, "--memory", "96")
+    assert proc.returncode == 0 and "1 deferred" in out and "stopped: empty" in out, out
+    kept = job(runtime, second)
+    assert kept.status == "ready" and kept.attempts == 0 and not (tmp_path / "inside" / "alloc-2").exists()
+    marked = profile(runtime, "admission.alloc").never_fits
+    assert "more than --memory 96 MB minus 8 MB headroom" in marked, marked
+    status = run_cli(admission_env, "queue", "status").stdout
+    assert "never fits: admission.alloc (job" in status, status
+
+    with runtime.sessions.begin() as session:  # its wait (5 minutes) is over
+        session.execute(update(Job).where(Job.id == second).values(available_at=clock.utcnow()))
     proc, out = work(admission_env, "--memory", "256")  # enough headroom: it runs
     assert proc.returncode == 0 and job(runtime, second).status == "done", out
-    assert profile(runtime, "admission.alloc").runs == 2
+    again = profile(runtime, "admission.alloc")
+    assert again.runs == 2 and again.never_fits is None  # a run that took it clears the mark
 
 
 def test_a_job_whose_profile_does_not_fit_the_rest_of_max_time_is_not_started(runtime, admission_env, tmp_path):
