@@ -95,6 +95,7 @@ class Admission:
         self.book = Book(kind, self.settings.profiles)
         self._rss = RssProbe()
         self.last_rss_kb: int | None = None  # after the last handler: the worker's RSS now, read for free
+        self._last_peak_kb: int | None = None  # ru_maxrss after the last handler
         self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)
         self._loaded_at = 0.0
 
@@ -111,9 +112,14 @@ class Admission:
 
     # -- around one handler ----------------------------------------------------------------
     def probe(self) -> tuple[int, int] | None:
+        """RSS and peak before a handler: what they were after the last one (between two handlers
+        only the claim and the acks ran, and a peak never falls), read only at a run's first."""
         if not self.enabled:
             return None
-        return self._rss.rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if self.last_rss_kb is None or self._last_peak_kb is None:
+            self.last_rss_kb = self._rss.rss_kb()
+            self._last_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return self.last_rss_kb, self._last_peak_kb
 
     def record(self, handler: str, probe: tuple[int, int] | None, seconds: float) -> float | None:
         """Add the run to the handler's profile; returns the profile's duration (the budget's estimate).
@@ -126,7 +132,7 @@ class Admission:
             return None
         before, peak_before = probe
         after, peak = self._rss.rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self.last_rss_kb = after
+        self.last_rss_kb, self._last_peak_kb = after, peak
         growth = after - before
         if peak > peak_before:
             growth = max(growth, peak - before)

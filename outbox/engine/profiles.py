@@ -55,23 +55,48 @@ class ProfileSettings:
 
 @dataclass
 class Profile:
-    """One handler's recent runs; `duration` in seconds (mean), `growth_kb` the largest."""
+    """One handler's recent runs; `duration` in seconds (mean), `growth_kb` the largest: kept up to
+    date by summarize() after each change (admission reads them before every item)."""
 
     samples: list = field(default_factory=list)  # [[unix seconds, ms, kb], ...], oldest first
     runs: int = 0  # runs ever recorded (the window keeps only the last ones)
     never_fits: str | None = None
     never_fits_at: datetime | None = None
+    duration: float = 0.0
+    growth_kb: int = 0
+    _total_ms: int = 0
 
-    @property
-    def duration(self) -> float:
-        return sum(s[1] for s in self.samples) / len(self.samples) / 1000 if self.samples else 0.0
+    def summarize(self) -> None:
+        samples = self.samples
+        self._total_ms = sum(s[1] for s in samples)
+        self.duration = self._total_ms / len(samples) / 1000 if samples else 0.0
+        self.growth_kb = max((s[2] for s in samples), default=0)
 
-    @property
-    def growth_kb(self) -> int:
-        return max((s[2] for s in self.samples), default=0)
+    def add(self, sample: list, window: int) -> None:
+        """One more run, the oldest past the window dropped: the summary moved, not recomputed."""
+        samples = self.samples
+        samples.append(sample)
+        self.runs += 1
+        self._total_ms += sample[1]
+        self.growth_kb = max(self.growth_kb, sample[2])
+        if len(samples) > window:
+            dropped = samples.pop(0)
+            self._total_ms -= dropped[1]
+            if dropped[2] == self.growth_kb and sample[2] < dropped[2]:  # the largest left the window
+                self.growth_kb = max(s[2] for s in samples)
+        self.duration = self._total_ms / len(samples) / 1000
 
     def trim(self, now: float, settings: ProfileSettings) -> None:
         self.samples = [s for s in self.samples if s[0] > now - settings.ttl][-settings.window:]
+        self.summarize()
+
+
+EPOCH = datetime(1970, 1, 1)
+
+
+def epoch(moment: datetime) -> float:
+    """A naive UTC datetime as Unix seconds (datetime.timestamp() would take it for local time)."""
+    return (moment - EPOCH).total_seconds()
 
 
 def _load_samples(text: str | None) -> list:
@@ -106,7 +131,7 @@ class Book:
         now = clock.utcnow()
         rows = in_transaction(sessions, lambda s: list(s.scalars(
             select(HandlerProfile).where(HandlerProfile.kind == self.kind))))
-        self.known = {row.handler: _fresh(row, now.timestamp(), self.settings) for row in rows}
+        self.known = {row.handler: _fresh(row, epoch(now), self.settings) for row in rows}
         self.loaded = True
 
     def get(self, handler: str) -> Profile | None:
@@ -115,12 +140,11 @@ class Book:
         return profile if profile is not None and profile.samples else None
 
     def add(self, handler: str, seconds: float, growth_kb: int) -> Profile:
-        sample = [round(clock.utcnow().timestamp(), 3), round(seconds * 1000), max(int(growth_kb), 0)]
-        profile = self.known.setdefault(handler, Profile())
-        profile.samples.append(sample)
-        profile.runs += 1
-        if len(profile.samples) > self.settings.window:
-            del profile.samples[0]
+        sample = [round(epoch(clock.utcnow()), 3), round(seconds * 1000), max(int(growth_kb), 0)]
+        profile = self.known.get(handler)
+        if profile is None:
+            profile = self.known[handler] = Profile()
+        profile.add(sample, self.settings.window)
         self.pending.setdefault(handler, []).append(sample)
         return profile
 
@@ -161,10 +185,10 @@ class Book:
             .with_for_update())}
         for name in names:
             row = rows.get(name)
-            profile = _fresh(row, now.timestamp(), self.settings) if row is not None else Profile()
+            profile = _fresh(row, epoch(now), self.settings) if row is not None else Profile()
             profile.samples = sorted(profile.samples + pending.get(name, []))
             profile.runs += len(pending.get(name, []))
-            profile.trim(now.timestamp(), self.settings)
+            profile.trim(epoch(now), self.settings)
             if name in verdicts:
                 reason = verdicts[name]
                 if reason != profile.never_fits:
@@ -200,7 +224,7 @@ def overview(session, settings: ProfileSettings, now: datetime) -> list[ProfileV
     """Every profile, by kind and handler (one small table: a row per handler)."""
     out = []
     for row in session.scalars(select(HandlerProfile).order_by(HandlerProfile.kind, HandlerProfile.handler)):
-        profile = _fresh(row, now.timestamp(), settings)
+        profile = _fresh(row, epoch(now), settings)
         out.append(ProfileView(row.kind, row.handler, row.runs, len(profile.samples),
                                round(profile.duration * 1000) if profile.samples else row.duration_ms,
                                profile.growth_kb if profile.samples else row.rss_growth_kb, row.updated_at,

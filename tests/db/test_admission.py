@@ -61,7 +61,7 @@ def put_profile(rt, handler: str, *, ms: int, kb: int, at: datetime | None = Non
     when = (at or clock.utcnow())
     with rt.sessions.begin() as session:
         session.add(HandlerProfile(kind=kind, handler=handler, runs=1, duration_ms=ms, rss_growth_kb=kb,
-                                   samples=json.dumps([[when.timestamp(), ms, kb]]), updated_at=when))
+                                   samples=json.dumps([[profiles.epoch(when), ms, kb]]), updated_at=when))
 
 
 def test_profiles_are_recorded_within_the_window_in_one_write_per_run(make_runtime, registry):
@@ -277,3 +277,14 @@ def test_the_cli_shows_profiles_never_fits_and_the_last_pools(env, runtime):
     assert "never fits" not in invoke(env, "outbox", "status").output  # only deliveries' there
     pools = invoke(env, "queue", "pools").output
     assert "workers 3 (peak 3), started 4, restarts 1" in pools and "empty" in pools and "1m" in pools
+
+
+def test_a_profile_summary_follows_its_window():
+    profile = profiles.Profile()
+    for ms, kb in [(100, 5000), (200, 10), (300, 10), (400, 20)]:
+        profile.add([0.0, ms, kb], 3)
+    assert profile.runs == 4 and [s[1] for s in profile.samples] == [200, 300, 400]
+    assert profile.duration == 0.3 and profile.growth_kb == 20  # the 5000 KiB run left the window
+    summarized = profiles.Profile(samples=list(profile.samples))
+    summarized.summarize()
+    assert (summarized.duration, summarized.growth_kb) == (profile.duration, profile.growth_kb)

@@ -22,6 +22,7 @@ import outbox
 import outbox.channels
 from outbox.core import clock
 from outbox.engine.models import HandlerProfile, Heartbeat
+from outbox.engine.profiles import epoch
 from outbox.events.consumers import consumer
 from outbox.events.models import Delivery
 from outbox.queue import pauses
@@ -631,7 +632,7 @@ def test_queues_shows_handler_profiles_and_the_last_pools(operator, runtime):
     now = clock.utcnow()
     with runtime.sessions.begin() as session:
         session.add(HandlerProfile(kind="job", handler="report.<b>big</b>", runs=4, duration_ms=1500, rss_growth_kb=61440,
-                                   samples=json.dumps([[now.timestamp(), 1500, 61440]]), updated_at=now,
+                                   samples=json.dumps([[epoch(now), 1500, 61440]]), updated_at=now,
                                    never_fits="grows RSS by 60 MB, more than --memory 64 MB minus 8 MB headroom",
                                    never_fits_at=now))
         session.add(Heartbeat(command="pool", host="h", pid=1, started_at=now, finished_at=now, outcome="empty",
