@@ -53,3 +53,6 @@ class RssProbe:
             return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE_KB
         except (OSError, IndexError, ValueError):
             return rss_kb()
+
+
+PROBE = RssProbe()  # the process's own, for the checks made between handlers (budget, admission)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from outbox.core import clock
 from outbox.core.errors import SettingsError
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
-from outbox.core.resources import RssProbe
+from outbox.core.resources import PROBE
 from outbox.engine.budget import DEFAULT_TIME_HEADROOM
 from outbox.engine.profiles import Book, ProfileSettings
 
@@ -93,7 +93,7 @@ class Admission:
         self.settings = AdmissionSettings.of(settings)
         self.enabled = self.settings.enabled
         self.book = Book(kind, self.settings.profiles)
-        self._rss = RssProbe()
+        self._rss = PROBE
         self.last_rss_kb: int | None = None  # after the last handler: the worker's RSS now, read for free
         self._last_peak_kb: int | None = None  # ru_maxrss after the last handler
         self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)

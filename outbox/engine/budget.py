@@ -11,7 +11,7 @@ never holds leases on work it cannot reach.
 from __future__ import annotations
 
 from outbox.core import clock
-from outbox.core.resources import rss_kb
+from outbox.core.resources import PROBE
 
 DEFAULT_TIME_HEADROOM = 2.0  # seconds kept free at the end of --max-time (CRONBOX_ADMISSION_TIME_HEADROOM)
 
@@ -27,7 +27,7 @@ class Budget:
         self.handled = 0
         self.handler_seconds = 0.0
         self.signalled: str | None = None
-        self.peak_rss_kb = rss_kb()
+        self.peak_rss_kb = PROBE.rss_kb()
         self.start_rss_kb = self.peak_rss_kb  # what a fresh run of this kind needs before any handler
 
     def elapsed(self) -> float:
@@ -61,7 +61,7 @@ class Budget:
             if elapsed >= self.max_time or (self.handled and elapsed + self.time_headroom + self.average >= self.max_time):
                 return "max-time"
         if self.memory_kb is not None:
-            current = rss_kb()
+            current = PROBE.rss_kb()  # between every two handlers: a pread, not an open
             self.peak_rss_kb = max(self.peak_rss_kb, current)
             if current >= self.memory_kb:
                 return "memory"

@@ -216,7 +216,13 @@ class Processor:
             if index and budget.stop_reason() is not None:
                 self._release(work[index:])
                 break
-            if self._deferred(item, budget):
+            try:
+                deferred = self._deferred(item, budget)
+            except BaseException:  # its release or wait not written: as for an item never started
+                self._flush(quiet_acks, best_effort=True)
+                self._release(work[index:], best_effort=True)
+                raise
+            if deferred:
                 index += 1
                 continue
             if item.id not in alone and self._groupable(item, self._handler(item), item.claim_token):
