@@ -108,8 +108,8 @@ def main() -> None:
 NOTES = """
 Per job, admission adds a check (a dict lookup and a few comparisons; the kernel's cgroup/LVE limit is
 read at most once a second, not per job), and around the call two RSS reads (`/proc/self/statm` kept
-open and read with `pread`, about 2 µs each, instead of an open per read at about 20 µs) and two
-`getrusage` calls for the peak. The profile rows are written once per run (or every 5 s of a long
+open and read with `pread`, about 2 µs each, instead of an open per read at about 20 µs), a reset of
+the kernel's peak mark (`/proc/self/clear_refs`, kept open) and one `getrusage` for the peak. The profile rows are written once per run (or every 5 s of a long
 one) in one transaction for all the handlers that ran: never a round trip per job. The target is
 under 5 % of the no-op job; the drain's on/off ratio also carries the run-to-run noise of a shared
 two-core machine (see the load average), so its min-max ranges are printed beside it.

@@ -32,13 +32,12 @@ average handler time, as before.
 from __future__ import annotations
 
 import logging
-import resource
 from dataclasses import dataclass
 
 from outbox.core import clock
 from outbox.core.errors import SettingsError
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
-from outbox.core.resources import PROBE
+from outbox.core.resources import PROBE, PeakProbe
 from outbox.engine.budget import DEFAULT_TIME_HEADROOM
 from outbox.engine.profiles import Book, ProfileSettings
 
@@ -95,7 +94,7 @@ class Admission:
         self.book = Book(kind, self.settings.profiles)
         self._rss = PROBE
         self.last_rss_kb: int | None = None  # after the last handler: the worker's RSS now, read for free
-        self._last_peak_kb: int | None = None  # ru_maxrss after the last handler
+        self._peak = PeakProbe()
         self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)
         self._loaded_at = 0.0
 
@@ -111,31 +110,28 @@ class Admission:
             self.book.flush(sessions)
 
     # -- around one handler ----------------------------------------------------------------
-    def probe(self) -> tuple[int, int] | None:
-        """RSS and peak before a handler: what they were after the last one (between two handlers
-        only the claim and the acks ran, and a peak never falls), read only at a run's first."""
+    def probe(self) -> int | None:
+        """Before a handler: its RSS now, and the kernel's peak mark reset to it (PeakProbe)."""
         if not self.enabled:
             return None
-        if self.last_rss_kb is None or self._last_peak_kb is None:
-            self.last_rss_kb = self._rss.rss_kb()
-            self._last_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return self.last_rss_kb, self._last_peak_kb
+        before = self._rss.rss_kb()
+        self._peak.start()
+        return before
 
-    def record(self, handler: str, probe: tuple[int, int] | None, seconds: float) -> float | None:
+    def record(self, handler: str, probe: int | None, seconds: float) -> float | None:
         """Add the run to the handler's profile; returns the profile's duration (the budget's estimate).
 
-        Growth: RSS after minus RSS before, unless the process's peak (ru_maxrss) rose during the
-        call: then the peak minus RSS before, exactly what the handler needed at its worst. RSS after
-        alone misses a handler that frees what it allocated (large blocks go back to the kernel at
-        once), and the peak alone says nothing when an earlier, bigger handler set it."""
+        Growth: the peak RSS during the call minus RSS before it: what the handler needed at its
+        worst. RSS after minus before would miss a handler that frees what it allocated (large blocks
+        go back to the kernel at once); ru_maxrss without the reset says nothing once an earlier,
+        bigger handler (or the parent before exec) set the process's peak higher. Where the peak
+        cannot be read, RSS after minus before."""
         if probe is None:
             return None
-        before, peak_before = probe
-        after, peak = self._rss.rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self.last_rss_kb, self._last_peak_kb = after, peak
-        growth = after - before
-        if peak > peak_before:
-            growth = max(growth, peak - before)
+        after = self._rss.rss_kb()
+        self.last_rss_kb = after
+        peak = self._peak.peak_kb()
+        growth = max(after, peak if peak is not None else 0) - probe
         return self.book.add(handler, seconds, growth).duration
 
     # -- the check -------------------------------------------------------------------------

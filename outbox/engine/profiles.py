@@ -140,7 +140,7 @@ class Book:
         return profile if profile is not None and profile.samples else None
 
     def add(self, handler: str, seconds: float, growth_kb: int) -> Profile:
-        sample = [round(epoch(clock.utcnow()), 3), round(seconds * 1000), max(int(growth_kb), 0)]
+        sample = [round(clock.unix(), 3), round(seconds * 1000), max(int(growth_kb), 0)]
         profile = self.known.get(handler)
         if profile is None:
             profile = self.known[handler] = Profile()
