@@ -2,8 +2,8 @@
 
 Before each claimed job or delivery, its handler's profile (outbox.engine.profiles: mean duration,
 largest RSS growth over the recent window) is compared with what the run has left:
-- time: --max-time minus the time already used minus CRONBOX_ADMISSION_TIME_HEADROOM (the ack, the
-  heartbeat row and the exit still need time);
+- time: --max-time minus the time already used minus CRONBOX_ADMISSION_TIME_HEADROOM, at most a
+  tenth of --max-time (the ack, the heartbeat row and the exit still need time; a 3 s run keeps 0.3 s);
 - memory: --memory minus the worker's RSS now minus CRONBOX_ADMISSION_MEMORY_HEADROOM, and the
   process's real limit where the kernel shows one (cgroup memory.max, an LVE's lMEMPHY:
   outbox.core.memlimit) minus its use and the same headroom. Passing --memory only stops the run;
@@ -154,7 +154,7 @@ class Admission:
     def _time(self, needs: float, budget) -> Verdict | None:
         if budget.max_time is None or needs <= 0:
             return None
-        headroom = self.settings.time_headroom
+        headroom = budget.headroom
         if needs > budget.max_time - headroom:
             return Verdict(False, "max-time", f"runs {needs:.1f}s on average, longer than --max-time "
                                               f"{budget.max_time:g}s minus {headroom:g}s headroom")

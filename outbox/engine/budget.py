@@ -14,6 +14,7 @@ from outbox.core import clock
 from outbox.core.resources import PROBE
 
 DEFAULT_TIME_HEADROOM = 2.0  # seconds kept free at the end of --max-time (CRONBOX_ADMISSION_TIME_HEADROOM)
+HEADROOM_SHARE = 0.1  # ... but never more than this share of --max-time (a 3 s run keeps 0.3 s)
 
 
 class Budget:
@@ -32,6 +33,11 @@ class Budget:
 
     def elapsed(self) -> float:
         return clock.monotonic() - self.started
+
+    @property
+    def headroom(self) -> float:
+        """The time kept free at the end of --max-time: the setting, at most HEADROOM_SHARE of it."""
+        return min(self.time_headroom, self.max_time * HEADROOM_SHARE) if self.max_time is not None else 0.0
 
     def remaining(self) -> float:
         if self.max_time is None:
@@ -58,7 +64,7 @@ class Budget:
             return "max-jobs"
         if self.max_time is not None:
             elapsed = self.elapsed()
-            if elapsed >= self.max_time or (self.handled and elapsed + self.time_headroom + self.average >= self.max_time):
+            if elapsed >= self.max_time or (self.handled and elapsed + self.headroom + self.average >= self.max_time):
                 return "max-time"
         if self.memory_kb is not None:
             current = PROBE.rss_kb()  # between every two handlers: a pread, not an open
@@ -73,5 +79,5 @@ class Budget:
             largest = max(1, min(largest, self.max_handled - self.handled))
         if self.max_time is None or self.average <= 0:
             return largest
-        fits = int((self.remaining() - self.time_headroom) / self.average)
+        fits = int((self.remaining() - self.headroom) / self.average)
         return max(1, min(largest, fits))
