@@ -20,7 +20,7 @@ longer than --max-time minus the headroom, or more memory than --memory / the ke
 the headroom and the RSS the run started with (the interpreter and its imports: ~50 MB for a worker;
 without it, a handler a fresh run cannot fit either would be "later" for ever, stopping every run
 that reaches it). The handler is marked never-fits with that reason (the profile row, a warning per
-item, `queue status` / `outbox status`, the console's Profiles), and the item waits NEVER_FITS_DELAY
+item, `queue status` / `outbox status`, the console's Queues page), and the item waits NEVER_FITS_DELAY
 without using an attempt, so it neither blocks the queue nor starves silently. It still runs where
 a run has room: a run without that limit (e.g. `queue work` without --max-time) admits it and clears
 the mark; and a profile older than CRONBOX_PROFILE_TTL counts as unknown, so a bounded run tries it
@@ -93,7 +93,7 @@ class Admission:
         self.enabled = self.settings.enabled
         self.book = Book(kind, self.settings.profiles)
         self._rss = PROBE
-        self.last_rss_kb: int | None = None  # after the last handler: the worker's RSS now, read for free
+        self.last_rss_kb: int | None = None  # the worker's RSS, read once between two handlers when needed
         self._peak = PeakProbe()
         self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)
         self._loaded_at = 0.0
@@ -128,10 +128,9 @@ class Admission:
         cannot be read, RSS after minus before."""
         if probe is None:
             return None
-        after = self._rss.rss_kb()
-        self.last_rss_kb = after
-        peak = self._peak.peak_kb()
-        growth = max(after, peak if peak is not None else 0) - probe
+        peak = self._peak.peak_kb()  # at least the RSS now: the mark is never below it
+        self.last_rss_kb = None  # read again when a memory check needs it
+        growth = (peak if peak is not None else self._rss.rss_kb()) - probe
         return self.book.add(handler, seconds, growth).duration
 
     # -- the check -------------------------------------------------------------------------
