@@ -57,6 +57,14 @@ def job_rows(rt) -> list[Job]:
         return list(session.scalars(select(Job).order_by(Job.id)))
 
 
+def recording_jobs(registry, queue: str, *names: str) -> tuple[list, list]:
+    """Jobs `<queue>.<name>` on `queue` that append their name to the list returned, in run order."""
+    ran: list[str] = []
+    made = [job(queue, name=f"{queue}.{name}", registry=registry)(lambda payload, ctx, name=name: ran.append(name))
+            for name in names]
+    return ran, made
+
+
 def put_profile(rt, handler: str, *, ms: int, kb: int, at: datetime | None = None, kind: str = "job") -> None:
     when = (at or clock.utcnow())
     with rt.sessions.begin() as session:
@@ -114,16 +122,7 @@ def test_a_stale_profile_is_ignored_and_measured_again(make_runtime, registry):
 
 def test_a_job_that_does_not_fit_the_remaining_time_is_given_back_and_the_run_stops(make_runtime, registry):
     rt = make_runtime()
-    ran = []
-
-    @job("fit", name="fit.slow", registry=registry)
-    def slow(payload, ctx):
-        ran.append("slow")
-
-    @job("fit", name="fit.quick", registry=registry)
-    def quick(payload, ctx):
-        ran.append("quick")
-
+    ran, (slow, quick) = recording_jobs(registry, "fit", "slow", "quick")
     put_profile(rt, "fit.slow", ms=20_000, kb=0)  # 20 s on average
     [slow_id] = dispatch(rt, slow)
     dispatch(rt, quick)
@@ -144,16 +143,7 @@ def test_a_job_that_does_not_fit_the_remaining_time_is_given_back_and_the_run_st
 
 def test_a_job_that_never_fits_waits_without_an_attempt_and_runs_where_a_run_has_room(make_runtime, registry):
     rt = make_runtime()
-    ran = []
-
-    @job("never", name="never.long", registry=registry)
-    def long(payload, ctx):
-        ran.append("long")
-
-    @job("never", name="never.quick", registry=registry)
-    def quick(payload, ctx):
-        ran.append("quick")
-
+    ran, (long, quick) = recording_jobs(registry, "never", "long", "quick")
     with clock.frozen(clock.utcnow() + timedelta(days=1)):
         put_profile(rt, "never.long", ms=120_000, kb=0)  # 2 minutes: longer than any 55 s tick
         dispatch(rt, long)
