@@ -62,3 +62,10 @@ class PageCursor(click.ParamType):
             return paging.parse_cursor(value, self.kinds)
         except paging.BadCursor:
             self.fail(f"{value!r} is not a cursor printed by this list", param, ctx)
+
+
+def never_fits_lines(rows, now: datetime) -> list[str]:
+    """The handlers a run found it can never admit (outbox.engine.admission), for `queue status` /
+    `outbox status`: said, so no handler starves silently."""
+    return [f"never fits: {row.handler} ({row.kind}, {age(row.never_fits_at, now)} ago): {row.never_fits}"
+            for row in rows]

@@ -4,11 +4,13 @@ from __future__ import annotations
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, PageCursor, age, table
+from cron.format import DURATION, PageCursor, age, never_fits_lines, table
 from cron.scheduling.retention import prune_outbox
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.engine import profiles
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
 from outbox.events import deliveries
@@ -24,7 +26,7 @@ def publish(ctx, max_time):
     """Relay due events to their consumers once, without the tick lock (may run beside a tick)."""
     rt = runtime()
     relay = Relay(rt)
-    budget = Budget(max_time=max_time, memory_mb=None)
+    budget = Budget(max_time=max_time, memory_mb=None, time_headroom=time_headroom(rt.settings))
     try:
         result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
                             lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
@@ -42,7 +44,8 @@ def status():
     """Per consumer: pending, due, dead, blocked keys, oldest due age."""
     rt = runtime()
     now = clock.utcnow()
-    view = in_transaction(rt.sessions, lambda s: deliveries.overview(s, rt.consumers, now))
+    view, never = in_transaction(rt.sessions, lambda s: (deliveries.overview(s, rt.consumers, now),
+                                                         profiles.never_fitting(s, "delivery")))
     rows = [[name if registered else f"{name} (not registered here)", st.pending, st.due, st.dead,
              st.blocked_keys, age(st.oldest_due_at, now)] for name, registered, st in view.consumers]
     click.echo(table(["consumer", "pending", "due", "dead", "blocked keys", "oldest due"], rows)
@@ -52,6 +55,8 @@ def status():
         click.echo("blocked keys (consumer, key, held by delivery, waiting behind it):")
         for row in view.blocked:
             click.echo(f"  {row.consumer}  {row.key}  #{row.id} ({row.status})  {row.waiting} waiting")
+    for line in never_fits_lines(never, now):
+        click.echo(line)
 
 
 @outbox.command()

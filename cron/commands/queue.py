@@ -1,15 +1,16 @@
-"""`queue ...`: work, status, groups, failed, retry, resume, forget, flush, prune."""
+"""`queue ...`: work, status, groups, profiles, pools, failed, retry, resume, forget, flush, prune."""
 from __future__ import annotations
 
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, PageCursor, age, table
+from cron.format import DURATION, PageCursor, age, never_fits_lines, table
 from cron.scheduling.retention import flush_failed, prune_queue
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
-from outbox.engine import heartbeat
+from outbox.engine import heartbeat, profiles
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import record_run, run_loop
 from outbox.queue import groups, jobstore, pauses
@@ -60,7 +61,8 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
                       max_jobs=max_jobs, memory=memory, sleep=sleep)
         return
     worker = Worker(rt, names)
-    budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs)
+    budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs,
+                    time_headroom=time_headroom(rt.settings))
     started = clock.monotonic()
     result = record_run(rt.sessions, "work",
                         lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once), poll=sleep),
@@ -108,9 +110,10 @@ def status():
     groups and cost budgets (when there are any), and the last worker pool."""
     rt = runtime()
     now = clock.utcnow()
-    queues, paused, pools, in_groups, spent = in_transaction(rt.sessions, lambda s: (
+    queues, paused, pools, in_groups, spent, never = in_transaction(rt.sessions, lambda s: (
         jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
-        groups.overview(s, rt.jobs, now), groups.budget_overview(s, rt.settings, now)))
+        groups.overview(s, rt.jobs, now), groups.budget_overview(s, rt.settings, now),
+        profiles.never_fitting(s, "job")))
     if not queues:
         click.echo("no queues")
     else:
@@ -126,6 +129,39 @@ def status():
     for run in pools:  # the last worker pool (queue work --workers, or a tick's)
         ended = f"stopped: {run.outcome}" if run.finished_at else "running"
         click.echo(f"last pool: {run.detail or ''}; started {age(run.started_at, now)} ago, {ended}")
+    for line in never_fits_lines(never, now):
+        click.echo(line)
+
+
+@queue.command(name="profiles")
+def profiles_():
+    """Recent duration and memory per handler (admission's profiles; CRONBOX_PROFILE_WINDOW / _TTL)."""
+    rt = runtime()
+    now = clock.utcnow()
+    window = profiles.ProfileSettings.of(rt.settings)
+    view = in_transaction(rt.sessions, lambda s: profiles.overview(s, window, now))
+    if not view:
+        click.echo("no handler profiles yet (they are recorded as handlers run)")
+        return
+    click.echo(table(["kind", "handler", "runs", "samples", "mean ms", "peak growth MB", "updated", "never fits"],
+                     [[v.kind, v.handler, v.runs, f"{v.samples}" + (" (stale)" if v.stale else ""), v.duration_ms,
+                       f"{v.rss_growth_kb / 1024:.1f}", age(v.updated_at, now) + " ago", v.never_fits]
+                      for v in view]))
+
+
+@queue.command()
+@click.option("--limit", type=click.IntRange(min=1, max=100), default=10, show_default=True)
+def pools(limit):
+    """The last worker pools (`queue work --workers`, the tick's CRONBOX_TICK_WORKERS): workers, restarts, outcome."""
+    rt = runtime()
+    now = clock.utcnow()
+    runs = in_transaction(rt.sessions, lambda s: heartbeat.recent(s, "pool", limit))
+    if not runs:
+        click.echo("no worker pool has run")
+        return
+    click.echo(table(["started", "took", "outcome", "pool"],
+                     [[age(r.started_at, now) + " ago", age(r.started_at, r.finished_at) if r.finished_at else "-",
+                       r.outcome if r.finished_at else "running", r.detail] for r in runs]))
 
 
 @queue.command("groups")

@@ -11,6 +11,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError, SettingsError
 from outbox.core.resources import peak_rss_kb
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import RunResult, record_run, run_loop
 from outbox.engine.runtime import Runtime
@@ -93,7 +94,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
     runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
         _check_schema(runtime, run_command)
-        budget = Budget(max_time=max_time, memory_mb=memory_mb)
+        budget = Budget(max_time=max_time, memory_mb=memory_mb, time_headroom=time_headroom(runtime.settings))
         scheduler, once = Scheduler(runtime), OnceStage(runtime, run_command)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)

@@ -19,6 +19,13 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def unix() -> float:
+    """utcnow() as Unix seconds (frozen with it), without building a datetime when not frozen."""
+    if _frozen is not None:
+        return (_frozen - datetime(1970, 1, 1)).total_seconds()
+    return _time.time()
+
+
 def monotonic() -> float:
     return _time.monotonic()
 

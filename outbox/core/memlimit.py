@@ -8,9 +8,14 @@ holds for all its children together: the smallest headroom (limit - in use) of a
 kernel does before it kills anything; that is also what `docker stats` reports.
 
 CloudLinux LVE: the account's PMEM limit, where its kernel keeps it in cgroups (CloudLinux 8+
-lve kernels with cgroup v2) is read above. /proc/lve/list exists on LVE kernels but is readable
-by root only; /var/lve/info is a 5-minute snapshot written by lve-stats for control panels. Neither
-is read: when no cgroup limit is visible, the answer is "no limit known" and health checks nothing.
+lve kernels with cgroup v2) is read above. /proc/lve/list exists on LVE kernels and is readable by
+root only on most of them; where this process can read it (some kernels show an LVE its own row),
+`lve_limit` takes the row of the LVE whose id is this process's uid (an account's LVE id is its
+uid) and its lMEMPHY / MEMPHY columns (pages), found by the header line's names, as the columns
+moved between versions ("6:LVE EP lCPU ..." / "8:LVE ..."). /var/lve/info, a 5-minute snapshot
+written by lve-stats for control panels, is too old to admit work by and is not read. When nothing
+is readable, the answer is "no limit known" and health checks nothing. CRONBOX_LVE_LIST (default
+/proc/lve/list) says where the file is (the tests point it at a file of their own).
 
 CRONBOX_CGROUP_ROOT (default /sys/fs/cgroup) only says where the cgroup files are mounted (the
 tests point it at a folder of their own); the path of the process's group still comes from
@@ -18,10 +23,13 @@ tests point it at a folder of their own); the path of the process's group still 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
+DEFAULT_LVE_LIST = "/proc/lve/list"
+LVE_PAGE = 4096  # /proc/lve/list counts memory in 4 KiB pages
 UNLIMITED_V1 = 1 << 60  # v1 says "no limit" with a huge number (PAGE_COUNTER_MAX pages, ~2**63)
 
 
@@ -123,3 +131,34 @@ def _v1(mount: Path, path: str | None) -> MemoryLimit | None:
         used = max(usage - _reclaimable(level / "memory.stat", "total_inactive_file"), 0)
         found.append(MemoryLimit(limit, used, f"cgroup v1 {level}"))
     return _tightest(found)
+
+
+def lve_limit(path: str | Path = DEFAULT_LVE_LIST, lve_id: int | None = None) -> MemoryLimit | None:
+    """The physical-memory limit (lMEMPHY) and use (MEMPHY) of this account's LVE from /proc/lve/list,
+    or None when the file is missing or unreadable, has no row for the LVE, or sets no limit (0)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not lines:
+        return None
+    names = lines[0].split(":", 1)[-1].split()  # "8:LVE EP lCPU ..." -> ["LVE", "EP", "lCPU", ...]
+    try:
+        column_id, column_limit, column_used = (names.index(n) for n in ("LVE", "lMEMPHY", "MEMPHY"))
+    except ValueError:
+        return None
+    wanted = str(os.getuid() if lve_id is None else lve_id)
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) > max(column_id, column_limit, column_used) and fields[column_id] == wanted:
+            try:
+                limit, used = int(fields[column_limit]) * LVE_PAGE, int(fields[column_used]) * LVE_PAGE
+            except ValueError:
+                return None
+            return MemoryLimit(limit, used, f"LVE {wanted} {path}") if limit > 0 else None
+    return None
+
+
+def process_limit(root: str | Path = DEFAULT_ROOT, lve_list: str | Path = DEFAULT_LVE_LIST) -> MemoryLimit | None:
+    """The tightest of the cgroup limit and the LVE limit, whichever the kernel lets this process read."""
+    return _tightest([found for found in (memory_limit(root), lve_limit(lve_list)) if found is not None])

@@ -1,31 +1,43 @@
 """The limits of one cron-started run, checked between handlers, never by killing one.
 
-A run stops claiming when elapsed + 3 x the average handler time would pass
---max-time (so the last handler it starts is expected to finish in time), when
-RSS passes --memory, or when a signal asked it to stop. Batch sizes shrink as
-time runs out, so it never holds leases on work it cannot reach.
+A run stops claiming when elapsed + the time headroom + the expected handler time would pass
+--max-time, when RSS passes --memory, or when a signal asked it to stop. The expected time is the
+mean, over the items this run handled, of their handlers' profiles (outbox.engine.profiles), each
+item's own measured time where its handler has none (or admission is off). Before each item, the
+processor asks admission (outbox.engine.admission) whether that item's own profile fits what is
+left: one rule, per run here and per item there. Batch sizes shrink as time runs out, so a run
+never holds leases on work it cannot reach.
 """
 from __future__ import annotations
 
 from outbox.core import clock
-from outbox.core.resources import rss_kb
+from outbox.core.resources import PROBE
 
-SAFETY = 3  # multiples of the average handler time kept in reserve
+DEFAULT_TIME_HEADROOM = 2.0  # seconds kept free at the end of --max-time (CRONBOX_ADMISSION_TIME_HEADROOM)
+HEADROOM_SHARE = 0.1  # ... but never more than this share of --max-time (a 3 s run keeps 0.3 s)
 
 
 class Budget:
-    def __init__(self, *, max_time: float | None, memory_mb: float | None, max_handled: int | None = None):
+    def __init__(self, *, max_time: float | None, memory_mb: float | None, max_handled: int | None = None,
+                 time_headroom: float = DEFAULT_TIME_HEADROOM):
         self.started = clock.monotonic()
+        self.time_headroom = time_headroom
         self.max_handled = max_handled
         self.max_time = max_time
         self.memory_kb = memory_mb * 1024 if memory_mb else None
         self.handled = 0
         self.handler_seconds = 0.0
         self.signalled: str | None = None
-        self.peak_rss_kb = rss_kb()
+        self.peak_rss_kb = PROBE.rss_kb()
+        self.start_rss_kb = self.peak_rss_kb  # what a fresh run of this kind needs before any handler
 
     def elapsed(self) -> float:
         return clock.monotonic() - self.started
+
+    @property
+    def headroom(self) -> float:
+        """The time kept free at the end of --max-time: the setting, at most HEADROOM_SHARE of it."""
+        return min(self.time_headroom, self.max_time * HEADROOM_SHARE) if self.max_time is not None else 0.0
 
     def remaining(self) -> float:
         if self.max_time is None:
@@ -36,9 +48,10 @@ class Budget:
     def average(self) -> float:
         return self.handler_seconds / self.handled if self.handled else 0.0
 
-    def record(self, seconds: float) -> None:
+    def record(self, seconds: float, expected: float | None = None) -> None:
+        """A handler ran `seconds`; `expected`: its profile's duration, which the estimate uses instead."""
         self.handled += 1
-        self.handler_seconds += seconds
+        self.handler_seconds += seconds if expected is None else expected
 
     def stop(self, reason: str) -> None:
         self.signalled = self.signalled or reason
@@ -49,10 +62,12 @@ class Budget:
             return self.signalled
         if self.max_handled is not None and self.handled >= self.max_handled:
             return "max-jobs"
-        if self.max_time is not None and self.elapsed() + SAFETY * self.average >= self.max_time:
-            return "max-time"
+        if self.max_time is not None:
+            elapsed = self.elapsed()
+            if elapsed >= self.max_time or (self.handled and elapsed + self.headroom + self.average >= self.max_time):
+                return "max-time"
         if self.memory_kb is not None:
-            current = rss_kb()
+            current = PROBE.rss_kb()  # between every two handlers: a pread, not an open
             self.peak_rss_kb = max(self.peak_rss_kb, current)
             if current >= self.memory_kb:
                 return "memory"
@@ -64,5 +79,5 @@ class Budget:
             largest = max(1, min(largest, self.max_handled - self.handled))
         if self.max_time is None or self.average <= 0:
             return largest
-        fits = int((self.remaining() - SAFETY * self.average) / self.average)
+        fits = int((self.remaining() - self.headroom) / self.average)
         return max(1, min(largest, fits))

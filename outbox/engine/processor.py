@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from outbox.core import clock
 from outbox.core.db import in_transaction, is_connection_lost, mysql_error_code, session_factory
+from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import (
@@ -156,6 +157,7 @@ class Processor:
         self._group: Group | None = None  # the group whose transaction is open, if any
         self._upcoming = None  # the item after the current one in its batch, if any (for _holds_until_ack)
         self._on_db_error = self._watch_group  # one bound method, to remove the listener again
+        self.admission = Admission(self.kind, runtime.settings)  # profiles: checked before, recorded after
 
     store: LeaseStore  # outbox.events.deliveries / outbox.queue.jobstore
 
@@ -191,8 +193,10 @@ class Processor:
             self.connection, self.sessions = connection, session_factory(connection)
             event.listen(engine, "handle_error", self._on_db_error)
             try:
+                self._profiles(lambda: self.admission.start(self.sessions))
                 return run()
             finally:
+                self._profiles(lambda: self.admission.flush(self.sessions, force=True))
                 event.remove(engine, "handle_error", self._on_db_error)
                 self.connection, self.sessions = None, self.runtime.sessions
 
@@ -219,6 +223,15 @@ class Processor:
             if index and budget.stop_reason() is not None:
                 self._release(work[index:])
                 break
+            try:
+                deferred = self._deferred(item, budget)
+            except BaseException:  # its release or wait not written: as for an item never started
+                self._flush(quiet_acks, best_effort=True)
+                self._release(work[index:], best_effort=True)
+                raise
+            if deferred:
+                index += 1
+                continue
             if item.id not in alone and self._groupable(item, self._handler(item), item.claim_token):
                 self._flush(quiet_acks)  # its own transaction: before the group opens one on the connection
                 taken, done, rerun = self._run_group(work, index, budget)
@@ -246,7 +259,45 @@ class Processor:
             handled += ran
             index += 1
         self._flush(quiet_acks)
+        self._profiles(lambda: self.admission.flush(self.sessions))
         return handled
+
+    # -- admission ---------------------------------------------------------------------
+    def _deferred(self, item, budget: Budget) -> bool:
+        """Admission (outbox.engine.admission) before the item starts: True when it was given back,
+        without using an attempt: released, the run stopping (it fits a later run), or waiting
+        NEVER_FITS_DELAY (it fits no run like this one)."""
+        handler = self._handler(item)
+        if handler is None or item.attempts > handler.max_attempts:
+            return False
+        verdict: Verdict | None = self.admission.check(handler.name, budget)
+        if verdict is None:
+            return False
+        if verdict.later:
+            log.warning("%s deferred: %s; given back, stopping the run", self._describe(item), verdict.reason)
+            self._release([item])
+            self.stats.deferred += 1
+            budget.stop(verdict.stop)
+        else:
+            log.warning("%s never fits: %s; waiting %.0fs (no attempt used)", self._describe(item), verdict.reason,
+                        NEVER_FITS_DELAY)
+            self._after_failure(item, handler, Outcome(RETRY_LATER, 0.0, f"never fits: {verdict.reason}",
+                                                       retry_in=NEVER_FITS_DELAY))
+        return True
+
+    def _profiles(self, work: Callable[[], None]) -> None:
+        """Reading and writing profiles is best effort: an estimate never fails a run."""
+        try:
+            work()
+        except Exception as exc:
+            log.warning("%s: handler profiles not read/written (%s)", self.kind, log_text(describe(exc, 200)))
+
+    def _call(self, handler, args: tuple, ctx: Context, budget: Budget) -> Outcome:
+        """The handler's call, measured into its profile and the budget."""
+        probe = self.admission.probe()
+        outcome = call_handler(handler.fn, args, timeout=handler.timeout, scope=self.runtime.scope_for(ctx))
+        budget.record(outcome.seconds, self.admission.record(handler.name, probe, outcome.seconds))
+        return outcome
 
     def _run_one(self, item, quiet_acks: QuietAcks, budget: Budget) -> bool:
         handler = self._handler(item)
@@ -272,9 +323,7 @@ class Processor:
             outcome = self._before_call(item, handler)
             if outcome is None:
                 self._started = True
-                outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout,
-                                       scope=self.runtime.scope_for(ctx))
-                budget.record(outcome.seconds)
+                outcome = self._call(handler, self._args(item, ctx), ctx, budget)
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)
                 if self._holds_until_ack(item):
@@ -319,16 +368,15 @@ class Processor:
                 # CRONBOX_GROUP_MS plus the run of the member running then (never cut short: a
                 # timer firing mid-query costs the connection, and then every member's work).
                 if ran and (clock.monotonic() >= deadline or budget.stop_reason() is not None
-                            or not self._groupable(item, handler, group.token)):
+                            or not self._groupable(item, handler, group.token)
+                            or self.admission.check(handler.name, budget) is not None):  # process() defers it
                     break
                 index += 1
                 crash_point("after-claim")
                 ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
                               idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
                               connection=self.connection, settings=settings, group=group)
-                outcome = call_handler(handler.fn, self._args(item, ctx), timeout=handler.timeout,
-                                       scope=self.runtime.scope_for(ctx))
-                budget.record(outcome.seconds)
+                outcome = self._call(handler, self._args(item, ctx), ctx, budget)
                 ran.append(item)
                 if self._settle(group, item, handler, ctx, outcome) == "culprit":
                     culprit = (item, handler, outcome)

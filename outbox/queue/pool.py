@@ -38,6 +38,7 @@ from outbox.core.locks import RunLock
 from outbox.core.resources import rss_kb, rss_kb_of
 from outbox.core.settings import Settings
 from outbox.engine import heartbeat
+from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.handler_call import describe
 from outbox.engine.run_loop import RunResult, StopSignals, record_run, run_loop
@@ -343,7 +344,7 @@ class Pool:
         code = 1
         try:
             budget = Budget(max_time=max_time, memory_mb=self.memory_kb / 1024 if self.memory_kb else None,
-                            max_handled=self.max_jobs)
+                            max_handled=self.max_jobs, time_headroom=time_headroom(self.runtime.settings))
             for sig in (signal.SIGTERM, signal.SIGINT):  # the parent's handlers stop the parent's budget
                 signal.signal(sig, lambda *_: budget.stop("signal"))
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)

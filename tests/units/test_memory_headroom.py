@@ -3,6 +3,8 @@ a cgroup folder of the test's own (CRONBOX_CGROUP_ROOT), laid out as the kernel 
 this very process (the group path comes from the real /proc/self/cgroup)."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -103,3 +105,30 @@ def test_no_limit_known_means_no_check(tmp_path):
 def test_a_bad_threshold_is_a_warning_saying_which_setting(tmp_path, name, value):
     check = memory(tmp_path, tmp_path, **{name: value})
     assert check.status == "warn" and name in check.detail and "\n" not in check.detail
+
+
+PEAK_CHILD = """
+from outbox.core.resources import PROBE, PeakProbe, peak_rss_kb
+probe = PeakProbe()
+for mb in (60, 10):
+    before = PROBE.rss_kb()
+    probe.start()
+    data = bytearray(b"1") * (mb * 2 ** 20)
+    del data
+    print(probe.peak_kb() - before, end=" ")
+print(peak_rss_kb())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="no /proc/self/clear_refs")
+def test_the_peak_of_each_call_is_seen_even_under_a_larger_parents_peak():
+    """A process started by a large one begins with its parent's peak in ru_maxrss (kept over exec):
+    the probe then reads this program's own mark, reset before each call, so a 10 MB call after a
+    60 MB one is 10 MB, not hidden."""
+    ballast = bytearray(b"1") * (200 * MiB)  # this test process is now the large parent
+    out = subprocess.run([sys.executable, "-c", PEAK_CHILD], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}).stdout.split()
+    del ballast
+    first, second, inherited = (int(x) for x in out)
+    assert inherited >= 200 * 1024  # ru_maxrss alone would have shown neither call
+    assert 58 * 1024 <= first <= 64 * 1024 and 9 * 1024 <= second <= 13 * 1024, out

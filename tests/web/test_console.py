@@ -5,6 +5,7 @@ Browser tests (a real chromium) are in test_console_browser.py; the chart in tes
 from __future__ import annotations
 
 import io
+import json
 import re
 import secrets
 from datetime import datetime, timedelta
@@ -20,6 +21,8 @@ from cron.scheduling.models import OnceRequest
 import outbox
 import outbox.channels
 from outbox.core import clock
+from outbox.engine.models import HandlerProfile, Heartbeat
+from outbox.engine.profiles import epoch
 from outbox.events.consumers import consumer
 from outbox.events.models import Delivery
 from outbox.queue import pauses
@@ -648,3 +651,18 @@ def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, ru
     assert elsewhere.status_code == 404  # POST /files knows no operator (and no upload token is set here)
     with runtime.sessions() as session:
         assert session.scalar(select(func.count()).select_from(SealedFile)) == 1
+
+
+def test_queues_shows_handler_profiles_and_the_last_pools(operator, runtime):
+    now = clock.utcnow()
+    with runtime.sessions.begin() as session:
+        session.add(HandlerProfile(kind="job", handler="report.<b>big</b>", runs=4, duration_ms=1500, rss_growth_kb=61440,
+                                   samples=json.dumps([[epoch(now), 1500, 61440]]), updated_at=now,
+                                   never_fits="grows RSS by 60 MB, more than --memory 64 MB minus 8 MB headroom",
+                                   never_fits_at=now))
+        session.add(Heartbeat(command="pool", host="h", pid=1, started_at=now, finished_at=now, outcome="empty",
+                              detail="workers 3 (peak 3), started 4, restarts 1, jobs 40 done, 0 failed"))
+    page = operator.get("/ops/queues").get_data(as_text=True)
+    assert "Handler profiles" in page and "report.&lt;b&gt;big&lt;/b&gt;" in page and "<b>big" not in page
+    assert "60.0" in page and "1500" in page and "more than --memory 64 MB" in page
+    assert "Worker pools" in page and "restarts 1" in page

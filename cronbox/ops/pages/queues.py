@@ -1,5 +1,5 @@
 """Queues: per queue ready / delayed / reserved / failed; paused channels; concurrency groups and cost
-budgets; failed jobs; retry, forget, flush, resume."""
+budgets; handler profiles (admission) and the last worker pools; failed jobs; retry, forget, flush, resume."""
 from __future__ import annotations
 
 from flask import abort, render_template, request
@@ -7,12 +7,15 @@ from flask import abort, render_template, request
 from cron.scheduling import once as once_requests
 from outbox.core import clock, paging
 from outbox.core.db import in_transaction
+from outbox.engine import heartbeat, profiles
 from outbox.queue import groups, jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from cronbox.state import runtime
 
 from .. import bp
 from ..guard import act, confirm_page, confirmed, done, form_ids, id_list, operator_name, unchanged_note
+
+POOL_RUNS = 5  # the last worker pools shown
 
 
 def _queue_arg(value: str | None) -> str | None:
@@ -29,11 +32,13 @@ def queues():
     now = clock.utcnow()
     only = _queue_arg(request.args.get("queue"))
     cursor = paging.parse_cursor(request.args.get("after"), jobstore.FAILED_KEY)
-    rows, paused, in_groups, spent, page = in_transaction(rt.sessions, lambda s: (
+    window = profiles.ProfileSettings.of(rt.settings)
+    rows, paused, in_groups, spent, page, handlers, pools = in_transaction(rt.sessions, lambda s: (
         jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), groups.overview(s, rt.jobs, now),
-        groups.budget_overview(s, rt.settings, now), jobstore.failed_page(s, cursor, queue=only)))
+        groups.budget_overview(s, rt.settings, now), jobstore.failed_page(s, cursor, queue=only),
+        profiles.overview(s, window, now), heartbeat.recent(s, "pool", POOL_RUNS)))
     return render_template("cronbox_ops/queues.html", queues=rows, paused=paused, groups=in_groups, budgets=spent,
-                           page=page, only=only, now=now)
+                           page=page, only=only, now=now, profiles=handlers, pools=pools)
 
 
 @bp.post("/queues/resume")

@@ -1,0 +1,119 @@
+"""Admission benchmark: what checking and recording handler profiles costs a no-op job drain.
+
+    .venv/bin/python -m bench.bench_admission [--mysql mysql+pymysql://root:@127.0.0.1/test] [--size 5000] [--runs 7]
+
+Two measures, both in the same run:
+- the drain: one `queue work --stop-when-empty --max-time 600 --memory 1024` draining `--size` no-op jobs,
+  with admission on (a profile of the handler exists, so every job is checked against time and memory,
+  probed and recorded) and with CRONBOX_ADMISSION=off, interleaved; the rate is jobs / (last
+  finished_at - first reserved_at) as bench_queue measures it. The ratio on/off is noisy at the
+  few-% level on a shared two-core machine, so
+- the calls: the admission's own work per job (check, probe, record) timed in this process over
+  many calls, as a share of the no-op job's time off (1 / the drain rate with admission off). This
+  is the number the issue's "under 5 % of the no-op drain" is about; the profile writes (one
+  transaction per run or per FLUSH_SECONDS) are in the drain's figure, not in this one.
+Rewrites the "Admission" section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from sqlalchemy import func, select, text
+
+from bench import handlers
+from bench.bench_outbox import Target, child_env
+from bench.bench_queue import bulk_dispatch
+from bench.report import write_section
+from outbox.engine.admission import Admission
+from outbox.engine.budget import Budget
+from outbox.queue.models import Job
+
+CALLS = 200_000
+
+
+def drain(t: Target, n: int, admission: str) -> float:
+    with t.runtime.engine.begin() as c:
+        c.execute(text("DELETE FROM cronbox_jobs"))
+    bulk_dispatch(t, handlers.job_noop, n)
+    t.runtime.engine.dispose()
+    proc = subprocess.run([sys.executable, "-m", "cron", "queue", "work", "--queue", "bench", "--stop-when-empty",
+                           "--max-time", "600", "--memory", "1024"],
+                          env={**child_env(t), "CRONBOX_ADMISSION": admission}, cwd="/", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with t.runtime.sessions() as s:
+        done = s.scalar(select(func.count()).select_from(Job).where(Job.status == "done"))
+        first, last = s.execute(select(func.min(Job.reserved_at), func.max(Job.finished_at))).one()
+    assert done == n, f"{done} of {n} done: {proc.stdout}"
+    return n / (last - first).total_seconds()
+
+
+def calls_cost(t: Target) -> float:
+    """Seconds per job of admission's own calls, with a profile and both --max-time and --memory set."""
+    admission = Admission("job", t.settings)
+    name = "bench.job.noop"
+    admission.book.add(name, 0.0001, 0)
+    budget = Budget(max_time=600, memory_mb=1024)
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        admission.check(name, budget)
+        probe = admission.probe()
+        budget.record(0.0001, admission.record(name, probe, 0.0001))
+        admission.book.pending.clear()  # the drain writes these once per run; memory stays flat here
+    return (time.perf_counter() - started) / CALLS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
+    parser.add_argument("--size", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    loads = [os.getloadavg()[0]]
+    rows = []
+    for label, url in [("SQLite", None)] + ([("MariaDB", args.mysql)] if args.mysql else []):
+        t = Target(label, url)
+        try:
+            drain(t, 200, "on")  # the handler's profile, as a worker finds it after its first run
+            rates = {"on": [], "off": []}
+            for _ in range(args.runs):  # interleaved: the machine's load drifts alike for both
+                for mode in ("off", "on"):
+                    rates[mode].append(drain(t, args.size, mode))
+                    loads.append(os.getloadavg()[0])
+            on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+            paired = statistics.median(a / b for a, b in zip(rates["on"], rates["off"]))  # each pair ran back to back
+            per_job = calls_cost(t)
+            share = per_job * off  # of one no-op job's time with admission off
+            rows.append((label, f"{off:,.0f} ({min(rates['off']):,.0f}-{max(rates['off']):,.0f})",
+                         f"{on:,.0f} ({min(rates['on']):,.0f}-{max(rates['on']):,.0f})", f"{paired:.3f}",
+                         f"{per_job * 1e6:.1f}", f"{share * 100:.1f} %"))
+            print(label, f"off {off:,.0f}/s", f"on {on:,.0f}/s", f"on/off {paired:.3f}",
+                  f"calls {per_job * 1e6:.1f} us/job = {share * 100:.1f} % of a no-op job", flush=True)
+        finally:
+            t.close()
+    table = (f"| store | no-op drain, admission off (jobs/s, median (min-max of {args.runs})) | admission on | "
+             "on/off (median of the back-to-back pairs' ratios) | admission's calls per job (µs) | share of a no-op job (off) |\n"
+             "|---|---|---|---|---|---|\n")
+    table += "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
+    table += f"\nLoad average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores.\n"
+    print(table)
+    command = "python -m bench.bench_admission" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
+    write_section("admission", "Admission by handler profile", command, table + NOTES)
+
+
+NOTES = """
+Per job, admission adds a check (a dict lookup and a few comparisons; the kernel's cgroup/LVE limit is
+read at most once a second, not per job), and around the call two RSS reads (`/proc/self/statm` kept
+open and read with `pread`, about 2 µs each, instead of an open per read at about 20 µs), a reset of
+the kernel's peak mark (`/proc/self/clear_refs`, kept open) and one `getrusage` for the peak. The profile rows are written once per run (or every 5 s of a long
+one) in one transaction for all the handlers that ran: never a round trip per job. The target is
+under 5 % of the no-op job; the drain's on/off ratio also carries the run-to-run noise of a shared
+two-core machine (see the load average), so its min-max ranges are printed beside it.
+"""
+
+if __name__ == "__main__":
+    main()
