@@ -133,10 +133,9 @@ def main() -> None:
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--amqp", default=os.environ.get("CRONBOX_AMQP_URL") or "amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--part", choices=["all", "forward", "consume"], default="all")
     parser.add_argument("--messages", type=int, default=3000, help="messages per consumer run")
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds of the consumers (best of them)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each part (best of them)")
     args = parser.parse_args()
     if args.part in ("all", "consume"):
         consume_main(args)
