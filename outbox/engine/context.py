@@ -127,7 +127,7 @@ class HandlerTransaction:
         self.connection = connection
         self.group = group
         self.outer: Transaction | None = None
-        self.commits = 0  # attempt transactions committed (commit_now, then the final one)
+        self.committed: list[Transaction] = []  # attempt transactions committed (commit_now, then the last)
         self.session = HandlerSession(self, savepoint=savepoint or group is not None)
 
     def begin(self) -> None:
@@ -149,7 +149,7 @@ class HandlerTransaction:
             self.session.flush()
             if self.outer is not None and self.outer.is_active:
                 self.outer.commit()
-                self.commits += 1
+                self.committed.append(self.outer)
         finally:
             self.session.end()  # usable again: its next statement opens a new attempt transaction
 

@@ -370,8 +370,9 @@ class QueueConsumer:
             if transaction.session.failed_with is not None:
                 return Outcome(ERROR, outcome.seconds, "the handler left ctx.session failed (call rollback() after "
                                                        f"catching a database error): {transaction.session.failed_with}")
-            if not first.is_active and not transaction.commits and not self._take_again(ctx, incoming, consumer):
-                return None
+            if not first.is_active and first not in transaction.committed and not self._take_again(ctx, incoming,
+                                                                                                     consumer):
+                return None  # the handler's rollback() took the inbox row with it, and a copy committed meanwhile
             try:
                 crash_point("before-inbox-commit")
                 transaction.commit()  # the handler's writes and the inbox row, together
