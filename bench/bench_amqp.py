@@ -133,10 +133,9 @@ def main() -> None:
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--amqp", default=os.environ.get("CRONBOX_AMQP_URL") or "amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--part", choices=["all", "forward", "consume"], default="all")
     parser.add_argument("--messages", type=int, default=3000, help="messages per consumer run")
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds of the consumers (best of them)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each part (best of them)")
     args = parser.parse_args()
     if args.part in ("all", "consume"):
         consume_main(args)
@@ -185,50 +184,62 @@ def main() -> None:
 
 
 NOTES = """
-How the relay forwards (issue 11 follow-up): batches are pipelined one deep. Batch N is published;
-while its confirms come in, the relay acks N-1 (one UPDATE per batch), fans out and claims N+1; N's
-confirms are read just before N+1 is published. Nothing is acked before its confirm; the claim of
-N+1 cannot take a later delivery of a key N carries (N's deliveries are pending, so they hold their
-keys). The publish frames are written by cronbox (`broker.publish_frames`, byte for byte py-amqp's),
-not by `basic_publish`, which did a non-blocking read before every message, serialized properties
-generically and wrote each message separately. The bare publisher uses the same client, so it got
-faster too.
+How the relay forwards: batches are pipelined one deep (batch N is published; while its confirms
+come in, the relay acks N-1 in one UPDATE and claims and fans out N+1; N's confirms are read just
+before N+1 is published), and the publish frames are written by cronbox (`broker.publish_frames`,
+byte for byte py-amqp's). Since the second follow-up, each batch is one transaction: the claim of
+what is due (retries, deliveries left by earlier fan-outs, an expired lease alone), then the
+fan-out of new events, which inserts a forward target's new deliveries already leased to the run
+(claim token, attempt 1, the lease: `deliveries.fan_out(lease=...)`) up to the rest of the batch,
+for those a claim would take at once (due, keyless or the first of their key with nothing of the
+key pending or dead). A fresh forwarded event costs no claim statement; per-key order, leases and
+retries are the claim's.
 
-Before and after, same machine, A/B/A/B, best of 3 interleaved rounds each (`python -m
-bench.bench_amqp --mysql ...`, before = main at 8f909b6 with this bench script; the machine's load
-average was 8-14 from other work throughout):
+Before and after that change, same machine (two cores shared with three other helpers' test runs,
+load average 2-8 throughout; before = 97d80c5, the tree this work started from):
 
-| run | SQLite relay/s | vs bare | vs no-op | MariaDB relay/s | vs bare | vs no-op |
-|---|---|---|---|---|---|---|
-| before 1 | 1,137 | 58% | 88% | 532 | 34% | 90% |
-| after 1 | 1,124 | 33% | 119% | 1,600 | 35% | 149% |
-| before 2 | 1,561 | 66% | 98% | 761 | 33% | 80% |
-| after 2 | 1,551 | 49% | 75% | 1,399 | 33% | 92% |
+| `python -m bench.bench_amqp --mysql ...`, best of 3 interleaved rounds | SQLite vs bare | SQLite vs no-op | MariaDB vs bare | MariaDB vs no-op |
+|---|---|---|---|---|
+| before 1 (load 2-3) | 58 % | 69 % | 23 % | 82 % |
+| before 2 (load 2-7) | 46 % | 71 % | 38 % | 96 % |
+| after 1 (load 5-6) | 59 % | 82 % | 28 % | 90 % |
+| after 2 (load 4-6, the table above) | 41 % | 71 % | 29 % | 94 % |
 
-The bare publisher went from 1,971-2,358 to 3,156-4,527 messages/s in the same runs. The earlier
-single-run figures in this section were 54 % / 42 % of the bare publisher and 66 % / 80 % of the
-no-op relay.
+Those ratios move by ±15 points between runs of the same code here, more than the change does, so
+the change was also measured on the relay run alone, A/B/A/B back to back (before = 5daca0e, the
+same relay as 97d80c5; 5,000 events, batches of 500; per delivery, the best of 3 rounds in the
+first / the second A/B pair):
 
-Where the time goes now (SQLite, 5,000 events, one run at load ~7, timers around each step: bare
-publisher 6,050/s, relay 3,405/s, no-op relay 4,297/s): the relay spent 0.45 s fanning out, 0.46 s
-claiming, 0.28 s acking (ten statements of 500), 0.16 s writing frames, 0.1 s building messages, and
-0.01 s waiting for confirms (1.1 s before the pipeline: the whole confirm wait is now hidden). The
-bare publisher spent 0.09 s writing and 0.73 s waiting: it is bound by the broker persisting the
-messages.
+| relay run alone | SQLite before | SQLite after | MariaDB before | MariaDB after |
+|---|---|---|---|---|
+| SQL statements for the 5,000 | 129 | 107 | 103 | 83 |
+| CPU of the relay process (ms) | 0.168 / 0.182 | 0.135 / 0.142 | 0.202 / 0.203 | 0.186 / 0.219 |
+| wall (ms) | 0.352 / 0.369 | 0.334 / 0.346 | 0.745 / 0.818 | 0.737 / 0.748 |
 
-- *vs the no-op relay* (target ≥ 70 %): met in every run after. The forwarding relay does the same
-  fan-out, claim and ack as the no-op relay, minus a handler call per delivery, plus 0.05 ms a message
-  of framing (the table above: 101 % / 91 %, measured while a test suite ran). Its database steps
-  run slower than the no-op relay's (ack 0.28 s vs 0.14 s) because RabbitMQ now persists the previous batch on the same two cores at the same time.
-- *vs the bare publisher* (target ≥ 60 %): not met, on MariaDB (19-35 %) nor on SQLite (29-56 %).
-  The bare publisher is the broker's confirm latency alone (about 0.15 ms a message here); the relay's
-  database work for a delivery (fan-out, claim with the per-key check, ack: 0.24 ms on SQLite, more on
-  MariaDB with a commit flushed per transaction) is longer than that by itself, so hiding the confirm
-  wait behind it cannot bring the ratio to 60 %. What would: fewer statements per delivery, e.g. a
-  forward target's delivery rows inserted already leased by the fan-out (no separate claim for
-  fresh events), which changes the delivery state machine and its claim SQL; not done here.
-- The numbers move by half between runs on this machine (other suites share its two cores): compare
-  ratios within one run, never across runs.
+Where the time goes (cProfile of one relay run of 5,000 events, MariaDB, seconds under the
+profiler): before, the claim 2.9 of 6.7 (the candidate SELECT with its per-key NOT EXISTS, the
+locking re-read, the UPDATE, the read of the claimed rows with their events), the fan-out 1.95,
+publishing 0.63, settling (the ack) 0.87. After: the claim of what is due 0.38 (nothing is, here),
+the fan-out 2.1 (the events read with their payloads, the INSERT IGNORE 0.64, the leased rows'
+ids read back 0.57, the events marked fanned out), publishing 0.41, the ack 0.37, of 3.8. On
+MariaDB the relay's own CPU is a quarter of its wall time: the rest is the server executing the
+statements, mostly index upkeep (a delivery row has six indexes, written on insert and four of them
+again by the ack), which no client-side change removes.
+
+- *vs the no-op relay* (target ≥ 70 %): met in every run after (71-82 % SQLite, 90-94 % MariaDB;
+  before 69-71 % and 82-96 %). The forwarding relay now does less database work than the no-op
+  relay (which still claims every delivery), plus 0.05 ms a message of framing.
+- *vs the bare publisher* (target ≥ 60 %): not met. SQLite 41-59 % after (46-58 % before), MariaDB
+  28-29 % (23-38 %): 1-19 points short on SQLite, about 30 on MariaDB. The bare publisher is
+  RabbitMQ persisting and confirming messages (0.1-0.2 ms a message here); a relay run takes 0.33
+  ms a delivery on SQLite and 0.74 ms on MariaDB, nearly all of it the database work (insert
+  leased, read back, ack: the confirm wait is hidden, 8-13 % of the run is in the broker client),
+  longer than the whole bare publish, so hiding the confirm wait behind it cannot reach 60 %.
+  What is left to take: the read-back of the leased rows' ids (INSERT IGNORE ... RETURNING,
+  MariaDB >= 10.5 and SQLite >= 3.35, would fold it into the insert; SQLAlchemy's executemany
+  RETURNING with rows skipped by IGNORE needs care), and fewer indexes written per delivery (a
+  schema change).
+- The numbers move by half between runs on this machine: compare ratios within one run.
 """
 
 def markdown_table(results: dict, rows: list[tuple[str, str, str]]) -> str:
@@ -342,47 +353,63 @@ def consume_main(args) -> None:
 
 
 CONSUME_NOTES = """
-Below the 70 % target. The machine is 2 cores shared with other test suites: absolute rates moved
-by half between runs of the same code, so the change was measured as runs of main (97fa53b, before)
-and of this code (after) one after the other, `--messages 1500`, each run the best of its A/B rounds
-(consumer with the inbox / bare consumer, SQLite / MariaDB):
+Below the 70 % target, closer on SQLite. Since the second follow-up the handler's session joins
+the attempt's transaction without a SAVEPOINT (`Context(savepoint=False)`): the inbox row is the
+transaction's first statement, so a copy already handled is still skipped before its handler
+runs; a handler's rollback() or close() rolls the whole transaction back, which loses exactly what
+a savepoint would (nothing else was in it but the inbox row), and the row is then written again
+after the handler (`QueueConsumer._take_again`); after the handler's first commit() the session
+switches to savepoints, so a later rollback() keeps what commit() kept. The one semantic
+difference: two copies in flight at once, of a handler that calls rollback(), can both run the
+handler (their DB effects still commit once: the second's inbox INSERT fails and its transaction
+is rolled back). Every ctx.session case of the relay and the worker is checked through the consumer
+(tests/db/test_consume.py::test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row).
 
-| pair | load | before | after |
-|---|---|---|---|
-| 1 | load average ~10 | 28 % / 32 % | 42 % / 64 % |
-| 2 | ~1.5 | 49 % / 46 % | 54 % / 48 %, 39 % / 43 %, 65 % / 55 % |
-| 3 | ~1 | 33 % / 28 % | 50 % / 36 % (the table above) |
+Before (97d80c5) and after, same machine (two cores shared with three other helpers' test runs),
+consumer with the inbox / bare consumer:
 
-Median of the runs: before 33 % / 32 %, after 50 % / 48 %; best: before 49 % / 46 %, after 65 % / 64 %.
-
-What changed:
-- acks: one `basic.ack multiple` for the messages handled in a row, sent when nothing more is read
-  ahead, after half the prefetch (25 here) or 0.1 s, and before the channel closes (SIGTERM,
-  `--max-messages`, `--max-time`); never before the commits of every message it covers (they are
-  handled in delivery order). It was one `basic.ack` (a socket write) per message, 0.9 to 2.4 ms on
-  this machine; a crash before the batched ack only brings its messages again, and the inbox skips
-  them (test_a_crash_before_a_batched_ack_only_brings_its_messages_again).
-- the inbox INSERT is one statement built once, its values as parameters (was `insert().values()`
-  built and cache-keyed per message).
-
-Where the rest goes (cProfile of the SQLite run, 1,500 messages, ms a message under the profiler):
-
-| part | ms | what it is |
+| run | SQLite | MariaDB |
 |---|---|---|
-| handler | 2.7 | `call_handler` around the bench's handler: its `ctx.session.execute(insert().values())` through the ORM session (1.9, of which the session's SAVEPOINT 0.9) |
-| attempt transaction | 0.9 | `BEGIN IMMEDIATE` and the `cronbox_inbox` INSERT (primary key check) |
-| commit | 0.6 | one COMMIT for the inbox row and the handler's row (the bare consumer has the same one) |
-| read | 0.7 | one delivery read off the socket and parsed by py-amqp (the bare consumer has the same) |
-| parse, log, ack | 0.3 | the message checked, its JSON parsed, one log line, its share of a batched ack |
+| before 1, `python -m bench.bench_amqp --mysql ...` (load 2-3) | 51 % | 53 % |
+| before 2 (load 2-7) | 50 % | 40 % |
+| after 1 (load 5-6) | 34 % | 53 % |
+| after 2 (load 4-6, the table above) | 58 % | 49 % |
 
-- The difference to the bare consumer is the database work around the handler: two statements
-  more than its INSERT + COMMIT (the inbox INSERT and the handler session's SAVEPOINT) and
-  SQLAlchemy's ORM session around the handler's statement. On SQLite, where a statement costs no
-  round trip, that Python is most of it; on MariaDB each extra statement is a round trip to a server
-  whose commits are flushed.
-- What would close the rest, not built: a handler session without its SAVEPOINT (the inbox row
-  would have to be written after the handler, outside any rollback() it makes), and running
-  consumers that never touch `ctx.session` without an ORM session.
+Wall-clock runs under this load are dominated by it (the same code gave 34 % and 58 % within five
+minutes), so the change was measured A/B back to back as well (SQLite, 3,000 messages, best of 3
+rounds each, load 4-6):
+
+| A/B, SQLite | bare consumer | with the inbox | ratio |
+|---|---|---|---|
+| before, wall ms a message | 0.60 | 1.36 | 44 % |
+| after, wall ms a message | 0.68 | 1.15 | 59 % |
+| before, CPU ms of the consuming process a message | 0.42 | 0.99 | 42 % |
+| after, CPU ms a message | 0.46 | 0.89 | 52 % |
+
+Still short of 70 %: by about 11 points on SQLite (58-59 % at best) and 17-20 on MariaDB (49-53 %).
+
+Where the rest goes (cProfile of the SQLite run after the change, 3,000 messages: seconds under the
+profiler and share of the consumer's run, 32.6 s):
+
+| part | s | share | what it is |
+|---|---|---|---|
+| handler | 11.5 | 35 % | `call_handler` (1.8 s of it: the timeout timer, the scope) around the bench's handler, whose `ctx.session.execute(insert().values())` goes through the ORM session (the bare consumer runs the same statement on a Core connection) |
+| read | 4.5 | 14 % | deliveries read off the socket and parsed by py-amqp (the bare consumer has the same) |
+| inbox row | 3.6 | 11 % | the `cronbox_inbox` INSERT: the one statement the bare consumer does not have |
+| attempt transaction | 3.4 | 10 % | `BEGIN IMMEDIATE` (2.4, the bare consumer has the same) and the Context, HandlerTransaction and session made per message |
+| commit | 3.1 | 10 % | one COMMIT for the inbox row and the handler's row (the bare consumer has the same one) and the session's end |
+| parse, log, ack | 4.3 | 13 % | the message checked and its JSON parsed (2.2), one log line (0.8), its share of a batched ack (0.7) |
+
+- The SAVEPOINT was the largest single extra (12 % of the run before, more than the inbox row);
+  it is gone. What is left over the bare consumer is the inbox INSERT (the feature itself),
+  SQLAlchemy's ORM session around the handler's statement, and the per-message Python of cronbox
+  (the handler call with its timeout, the context, the check and the log line).
+- On MariaDB both consumers wait mostly on the server's flushed COMMIT, one per message each; the
+  inbox INSERT is one more round trip with its index write.
+- Not built: group commit of a prefetch window for grouped consumers (one COMMIT for many messages,
+  a SAVEPOINT per handler as in outbox.engine.processor.Group); it would beat the bare consumer on
+  MariaDB, whose COMMIT is flushed, but compare against a bare consumer that commits once per
+  message only with that said. Nor a handler session reused across messages.
 """
 
 

@@ -19,6 +19,13 @@ outlive the attempt); the session then joins a new attempt transaction.
 A handler that never touches it has no database effects to protect, which lets
 the processor batch its ack (QuietAcks).
 
+`savepoint=False` (the broker consumer, outbox.events.consume: nothing of cronbox's is written
+before the handler that a rollback() could take with it, or it is written again) saves the
+SAVEPOINT statement: the session joins the attempt's transaction itself, so `rollback()` and
+`close()` roll the whole transaction back (the same writes a savepoint would lose: everything
+since the start, as nothing was committed yet), and after the handler's first `commit()` it
+switches to a savepoint per transaction, so a later rollback() keeps what commit() kept.
+
 In a group (a grouped handler: outbox.engine.processor.Group) the transaction is the group's,
 shared by consecutive grouped items: the session's savepoint is the handler's own, kept on
 success (left open: its writes commit with the group) and rolled back on failure. A handler that
@@ -53,8 +60,9 @@ class HandlerSession(Session):
     error until it is rolled back (MySQL and SQLite undo only the failed statement, so without this
     a handler's half-done writes would commit)."""
 
-    def __init__(self, transaction: HandlerTransaction):
-        super().__init__(bind=transaction.connection, join_transaction_mode="create_savepoint",
+    def __init__(self, transaction: HandlerTransaction, savepoint: bool = True):
+        super().__init__(bind=transaction.connection,
+                         join_transaction_mode="create_savepoint" if savepoint else "rollback_only",
                          expire_on_commit=False)
         self.attempt_transaction = transaction
         self.failed_with: str | None = None
@@ -70,6 +78,18 @@ class HandlerSession(Session):
     def commit(self) -> None:
         self.released = True
         super().commit()
+        # Joined without a savepoint, a rollback() would now also undo what this commit() kept.
+        self.join_transaction_mode = "create_savepoint"
+
+    def close(self) -> None:
+        """The handler's close(): its uncommitted writes are gone, as with a savepoint."""
+        if self.join_transaction_mode == "rollback_only" and self.in_transaction():
+            self.rollback()
+        super().close()
+
+    def end(self) -> None:
+        """cronbox's own close, after the attempt's transaction was committed or rolled back."""
+        super().close()
 
     def execute(self, *args, **kwargs):
         return self._watch(super().execute, args, kwargs)
@@ -103,11 +123,12 @@ class HandlerTransaction:
     """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack.
     With a `group`, the transaction is the group's (begun by the first member that writes)."""
 
-    def __init__(self, connection: Connection, group=None):
+    def __init__(self, connection: Connection, group=None, *, savepoint: bool = True):
         self.connection = connection
         self.group = group
         self.outer: Transaction | None = None
-        self.session = HandlerSession(self)
+        self.committed: list[Transaction] = []  # attempt transactions committed (commit_now, then the last)
+        self.session = HandlerSession(self, savepoint=savepoint or group is not None)
 
     def begin(self) -> None:
         if self.group is not None:
@@ -128,8 +149,9 @@ class HandlerTransaction:
             self.session.flush()
             if self.outer is not None and self.outer.is_active:
                 self.outer.commit()
+                self.committed.append(self.outer)
         finally:
-            self.session.close()  # usable again: its next statement opens a new attempt transaction
+            self.session.end()  # usable again: its next statement opens a new attempt transaction
 
     def discard(self, *, invalidate: bool = False) -> None:
         """Roll back everything; `invalidate` drops the connection (after a timeout interrupted it
@@ -140,13 +162,14 @@ class HandlerTransaction:
             if self.outer is not None and self.outer.is_active:
                 self.outer.rollback()
         finally:
-            self.session.close()
+            self.session.end()
 
 
 class Context:
     def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
-                 settings=None, group=None):
+                 settings=None, group=None, savepoint: bool = True):
         self.attempt = attempt
+        self._savepoint = savepoint  # HandlerTransaction's: False only where nothing precedes the handler
         self.settings = settings  # the run's Settings (channels read their configuration here)
         self.trace_id = trace_id
         self.idempotency_key = idempotency_key
@@ -157,7 +180,7 @@ class Context:
     @property
     def session(self) -> Session:
         if self._transaction is None:
-            self._transaction = HandlerTransaction(self._connection, self._group)
+            self._transaction = HandlerTransaction(self._connection, self._group, savepoint=self._savepoint)
         return self._transaction.session
 
     @property

@@ -6,10 +6,12 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    parked in Q.dead with the reason, acked, and the queue goes on;
 2. for each consumer registered for its type (forward targets excluded), in its own transaction on
    cronbox's connection: `inbox.take_first()` writes the (consumer, message_id) row as its first
-   statement, outside the handler's savepoint (a copy already handled finds it: that consumer is
-   skipped), the handler runs through `call_handler` (timeout, outcome, safe error text) inside
-   the host app's scope (`runtime.scope_for`), then one COMMIT
-   holds the handler's writes and the inbox row, or a rollback neither;
+   statement (a copy already handled finds it: that consumer is skipped), the handler runs
+   through `call_handler` (timeout, outcome, safe error text) inside the host app's scope
+   (`runtime.scope_for`), then one COMMIT holds the handler's writes and the inbox row, or a
+   rollback neither. The handler's session joins that transaction without a SAVEPOINT (one
+   statement less per message); should its rollback() take the inbox row with it, the row is
+   written again after the handler (_take_again);
 3. only then the broker ack: one `basic.ack multiple` for the messages handled in a row (consumer_link.Link.ack
    says when it goes out; a crash before it only brings them again, and the inbox skips them). A failure is republished first (publisher confirm) and acked after:
    - retried: to `Q.retry.<ms>ms` with the attempt header raised; its TTL dead-letters it back to
@@ -352,9 +354,12 @@ class QueueConsumer:
         """The consumer's outcome in its own transaction; None if it had already handled the message."""
         ctx = Context(attempt=attempt, trace_id=incoming.trace_id,
                       idempotency_key=_idempotency_key(consumer.name, incoming.message_id),
-                      connection=self._connection(), settings=self.runtime.settings)
+                      connection=self._connection(), settings=self.runtime.settings, savepoint=False)
         try:
-            if not inbox.take_first(self._attempt(ctx), consumer.name, incoming.message_id, incoming.type,
+            connection = self._attempt(ctx)
+            transaction = ctx.transaction
+            first = transaction.outer  # the transaction the inbox row is written in
+            if not inbox.take_first(connection, consumer.name, incoming.message_id, incoming.type,
                                     incoming.trace_id, clock.utcnow()):
                 return None
             outcome = call_handler(consumer.fn, (incoming.event, ctx), timeout=consumer.timeout,
@@ -362,10 +367,12 @@ class QueueConsumer:
             if not outcome.ok:
                 ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
                 return outcome
-            transaction = ctx.transaction
             if transaction.session.failed_with is not None:
                 return Outcome(ERROR, outcome.seconds, "the handler left ctx.session failed (call rollback() after "
                                                        f"catching a database error): {transaction.session.failed_with}")
+            if not first.is_active and first not in transaction.committed and not self._take_again(ctx, incoming,
+                                                                                                     consumer):
+                return None  # the handler's rollback() took the inbox row with it, and a copy committed meanwhile
             try:
                 crash_point("before-inbox-commit")
                 transaction.commit()  # the handler's writes and the inbox row, together
@@ -381,11 +388,26 @@ class QueueConsumer:
     @staticmethod
     def _attempt(ctx: Context):
         """The attempt's transaction opened on cronbox's connection, before the handler's session
-        joins it with its savepoint: the inbox row, written first, is outside that savepoint, so
-        nothing the handler does to its session (rollback()) can undo it."""
+        joins it (without a savepoint: Context(savepoint=False)), so that the inbox row is its
+        first statement: a copy already handled is skipped before its handler runs."""
         ctx.session  # noqa: B018  (makes the attempt's HandlerTransaction)
         ctx.transaction.begin()
         return ctx.transaction.connection
+
+    @staticmethod
+    def _take_again(ctx: Context, incoming: Incoming, consumer) -> bool:
+        """The handler's rollback() (or close()) rolled back the transaction that held the inbox
+        row: write it again in the transaction the handler's later writes are in (its own rollback
+        costs no SAVEPOINT per message this way). False if a concurrent copy committed it meanwhile:
+        this attempt is then rolled back whole, and its writes happen once, the copy's. (In that
+        window the copy's handler may run alongside this one: outside effects of a handler that
+        calls rollback() can happen twice for two copies in flight at once, as for any crash.)"""
+        ctx.transaction.begin()
+        if inbox.take_first(ctx.transaction.connection, consumer.name, incoming.message_id, incoming.type,
+                            incoming.trace_id, clock.utcnow()):
+            return True
+        ctx.discard_session()
+        return False
 
     def _finish(self, message, incoming: Incoming, results: dict, started: float) -> None:
         crash_point("after-inbox-commit")

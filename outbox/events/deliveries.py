@@ -46,41 +46,90 @@ class Claimed(NamedTuple):
     created_at: datetime
 
 
-def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) -> tuple[int, int]:
+def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
+            lease: Lease | None = None) -> tuple[int, int, list[Claimed]]:
     """Make delivery rows for events not yet fanned out, oldest first.
 
     The consumers are those registered now, in this process. Delivery rows are
     inserted with INSERT IGNORE on (event_id, consumer), so two relays fanning
     out the same event (plain reads, no claim) cannot make duplicates.
-    Returns (events, deliveries).
+
+    With a `lease`, up to `lease.limit` of the new deliveries of `lease.consumers` (the relay's
+    forward targets) are inserted already claimed by this run: its claim token, attempt 1, the
+    consumer's lease. Only those a claim would take at once: due, and keyless or the first of
+    their (consumer, key), i.e. no delivery of the key pending or dead in the table (one read of
+    the (consumer, key, status, event_id) index; in this transaction's snapshot, and a
+    concurrent fan-out of an earlier event of the key reads that event too: both read the oldest
+    events not fanned out) and none earlier in this batch. A row another relay inserted first
+    is skipped by INSERT IGNORE, and not read back as ours: the read back is by our token.
+    Returns (events, deliveries, the leased deliveries).
     """
+    columns = [E.c.id, E.c.type, E.c.key, E.c.available_at]
+    if lease is not None and lease.limit > 0:
+        columns += [E.c.payload, E.c.trace_id, E.c.created_at]
+    else:
+        lease = None
     events = session.execute(
-        select(E.c.id, E.c.type, E.c.key, E.c.available_at)
-        .where(E.c.fanned_out_at.is_(None))
-        .order_by(E.c.id)
-        .limit(limit)
+        select(*columns).where(E.c.fanned_out_at.is_(None)).order_by(E.c.id).limit(limit)
     ).all()
     if not events:
-        return 0, 0
-    rows = [
-        {
-            "event_id": event.id,
-            "consumer": consumer.name,
-            "key": event.key,
-            "status": PENDING,
-            "attempts": 0,
-            "next_attempt_at": event.available_at,
-            "created_at": now,
-        }
-        for event in events
-        for consumer in registry.for_type(event.type)
-    ]
+        return 0, 0, []
+    held = _held_keys(session, lease, events) if lease is not None else set()
+    rows, leased = [], {}
+    for event in events:
+        for consumer in registry.for_type(event.type):
+            row = {"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
+                   "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
+                   "claim_token": None, "lease_until": None}
+            if lease is not None and consumer.name in lease.consumers:
+                held_key = (consumer.name, event.key)
+                if (len(leased) < lease.limit and event.available_at <= now
+                        and (event.key is None or held_key not in held)):
+                    row.update(claim_token=lease.token, attempts=1, lease_until=lease.consumers[consumer.name])
+                    leased[event.id] = event
+                if event.key is not None:
+                    held.add(held_key)  # leased or waiting, it holds the later events of its key
+            rows.append(row)
     if rows:
         insert_ignore(session, D, rows)
     session.execute(
         update(E).where(E.c.id.in_([e.id for e in events]), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now)
     )
-    return len(events), len(rows)
+    return len(events), len(rows), _read_leased(session, lease, leased) if leased else []
+
+
+class Lease(NamedTuple):
+    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many."""
+    token: str
+    consumers: dict[str, datetime]
+    limit: int
+
+    @classmethod
+    def new(cls, consumers, now: datetime, lease_margin: float, limit: int) -> Lease:
+        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit)
+
+
+def _held_keys(session: Session, lease: Lease, events) -> set[tuple[str, str]]:
+    keys = {e.key for e in events if e.key is not None}
+    if not keys:
+        return set()
+    return {tuple(r) for r in session.execute(
+        select(D.c.consumer, D.c.key).distinct()
+        .where(D.c.consumer.in_(list(lease.consumers)), D.c.key.in_(list(keys)), D.c.status.in_(HOLDING)))}
+
+
+def _read_leased(session: Session, lease: Lease, events: dict) -> list[Claimed]:
+    rows = session.execute(
+        select(D.c.id, D.c.consumer, D.c.attempts, D.c.lease_until, D.c.event_id)
+        .where(D.c.event_id.in_(list(events)), D.c.claim_token == lease.token).order_by(D.c.id)
+    ).all()
+    return [Claimed(r.id, r.consumer, r.attempts, lease.token, r.lease_until, r.event_id, e.type, e.key, e.payload,
+                    e.trace_id, e.created_at) for r in rows for e in (events[r.event_id],)]
+
+
+def lease_for(consumers, now: datetime, lease_margin: float) -> dict[str, datetime]:
+    """When a lease taken now ends, per consumer: its timeout plus the margin (as _claim sets it)."""
+    return {c.name: now + timedelta(seconds=c.timeout + lease_margin) for c in consumers}
 
 
 def claim_due(session: Session, registry: Consumers, *, now: datetime, limit: int, mode: str,
@@ -92,16 +141,22 @@ def claim_due(session: Session, registry: Consumers, *, now: datetime, limit: in
     in a batch, it would count an attempt against every batch-mate each time it
     kills the process again; alone, only the item in flight pays.
     """
+    return claim_due_or_expired(session, registry, now=now, limit=limit, mode=mode, lease_margin=lease_margin)[0]
+
+
+def claim_due_or_expired(session: Session, registry: Consumers, *, now: datetime, limit: int, mode: str,
+                         lease_margin: float) -> tuple[list[Claimed], bool]:
+    """claim_due, and whether what it claimed is an expired lease (claimed alone: nothing may join it)."""
     consumers = registry.all()
     if not consumers or limit <= 0:
-        return []
+        return [], False
     expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
     fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
     for claimable, size in ((expired, 1), (fresh, limit)):
         claimed = _claim(session, consumers, claimable, size, now=now, mode=mode, lease_margin=lease_margin)
         if claimed:
-            return claimed
-    return []
+            return claimed, claimable is expired
+    return [], False
 
 
 def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
@@ -120,7 +175,7 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
         .limit(limit)
     )
     token = uuid.uuid4().hex
-    leases = {c.name: now + timedelta(seconds=c.timeout + lease_margin) for c in consumers}
+    leases = lease_for(consumers, now, lease_margin)
     values = {
         "claim_token": token,
         "attempts": D.c.attempts + 1,

@@ -6,7 +6,10 @@ Processor (a Python function per delivery). Deliveries of forward targets (outbo
 published per target as one batch with publisher confirms (outbox.events.broker); each one is then
 acked if the broker confirmed it, or retried with the target's backoff. Claiming, leases, per-key
 order and retries are the same for both: a claim takes at most one delivery per (consumer, key),
-so a message that failed stays pending and holds its key back until it gets through.
+so a message that failed stays pending and holds its key back until it gets through. Each batch
+is one transaction: the claim of what is due, then the fan-out of new events, which inserts the
+forward targets' new deliveries already leased (up to the rest of the batch; those a claim would
+take at once: deliveries.fan_out), so a fresh forwarded event needs no claim statement.
 
 Forwarded batches are pipelined one deep: batch N is published, and while its confirms come in the
 relay settles N-1 (one ack statement, reschedules) and fans out and claims N+1; N's confirms are
@@ -91,13 +94,12 @@ class Relay(Processor):
             while budget.stop_reason() is None:
                 if self.before_batch is not None:
                     self.before_batch()  # e.g. RunLock.check: raises LockLost
-                # While a forwarded batch is in flight, its confirms come in during this fan-out
-                # and claim: the claim cannot take a later delivery of a key in flight (its
-                # delivery is still pending, so it holds the key), and nothing is acked here.
+                # While a forwarded batch is in flight, its confirms come in during this claim and
+                # fan-out: neither takes a later delivery of a key in flight (its delivery is still
+                # pending, so it holds the key), and nothing is acked here.
                 if self._in_flight is not None and self._in_flight.leases_until <= clock.utcnow():
                     self._settle_sent(self._collect())  # its leases ran out: the claim would take it again
-                fanned = self.fan_out()
-                claimed = self.claim(budget.batch_size(self.batch_size))
+                fanned, claimed = self.claim_and_fan_out(budget.batch_size(self.batch_size))
                 if not claimed and not fanned:
                     if self._in_flight is None:
                         break
@@ -112,20 +114,35 @@ class Relay(Processor):
 
     def fan_out(self) -> int:
         now = clock.utcnow()
-        events, _rows = in_transaction(
+        events, _rows, _leased = in_transaction(
             self.sessions, lambda s: deliveries.fan_out(s, self.registry, now, FAN_OUT_BATCH)
         )
         self.stats.fanned += events
         return events
 
-    def claim(self, limit: int) -> list[deliveries.Claimed]:
+    def claim_and_fan_out(self, limit: int) -> tuple[int, list[deliveries.Claimed]]:
+        """One transaction: claim what is due (up to `limit`), then fan out new events, inserting up
+        to the rest of `limit` of the forward targets' new deliveries already leased to this run
+        (deliveries.fan_out's `lease`): a fresh forwarded event costs no claim statement. Claimed
+        first, so retries and deliveries left from earlier fan-outs keep going first (oldest
+        first, as the claim orders them), and nothing joins an expired lease, claimed alone.
+        Returns (events fanned out, the claimed deliveries)."""
         mode = self.runtime.claim_mode()
         margin = self.runtime.settings.lease_margin
-        return in_transaction(
-            self.sessions,
-            lambda s: deliveries.claim_due(s, self.registry, now=clock.utcnow(), limit=limit, mode=mode,
-                                           lease_margin=margin),
-        )
+        targets = [c for c in self.registry.all() if is_forward(c)]
+
+        def step(session):
+            now = clock.utcnow()
+            claimed, expired = deliveries.claim_due_or_expired(session, self.registry, now=now, limit=limit,
+                                                               mode=mode, lease_margin=margin)
+            rest = 0 if expired else limit - len(claimed)
+            lease = deliveries.Lease.new(targets, now, margin, rest) if targets and rest > 0 else None
+            events, _rows, leased = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH, lease=lease)
+            return events, claimed + leased
+
+        events, claimed = in_transaction(self.sessions, step)
+        self.stats.fanned += events
+        return events, claimed
 
     def process(self, claimed: list, budget: Budget) -> int:
         forwarded = [item for item in claimed if is_forward(self.registry.get(item.consumer))]

@@ -21,6 +21,8 @@ from outbox.events.consume import QueueConsumer
 from outbox.events.consumer_link import SetupError
 from outbox.events.incoming import MAX_BODY
 from outbox.events.parked import DeadQueue
+from tests.db.test_hostile_handlers import SESSION_CASES
+from tests.handlers import hostile
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy
@@ -123,6 +125,41 @@ def test_each_consumer_commits_once_duplicates_are_acked_without_a_call(runtime,
         assert inbox.count(session) == 4 and inbox.has(session, "a", first)
         beat = session.scalars(select(Heartbeat).where(Heartbeat.command == "amqp consume")).one()
     assert (beat.detail, beat.outcome, beat.delivered) == (queue, "max-messages", 2) and beat.beat_at is not None
+
+
+@pytest.mark.parametrize("case", sorted(SESSION_CASES))
+def test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row(runtime, registry, rabbit, queue,
+                                                                                 case):
+    """The consumer's ctx.session joins the attempt's transaction without a savepoint (the inbox
+    row is its first statement): rollback(), close() and commit() keep the meaning they have in the
+    relay and the worker (tests/db/test_hostile_handlers.py), and a rollback() that took the inbox
+    row with it still leaves the row committed with the handler's writes: a second copy of a message
+    that was handled is acked without a call."""
+    steps, outcome, kept = SESSION_CASES[case]
+    hostile.metadata.create_all(runtime.engine)
+    calls = []
+
+    @outbox.consumer("amqp.session", name="session", backoff=[600], registry=registry)
+    def session(event, ctx):
+        calls.append(event.payload["n"])
+        steps(ctx)
+
+    copies = 2 if outcome == "done" else 1
+    mid = f"m-{secrets.token_hex(6)}"
+    for _ in range(copies):
+        publish(rabbit, queue, 1, message_id=mid, props={"type": "amqp.session"})
+    consumer, result = consume(runtime, rabbit, queue, messages=copies)
+    assert result.exit_code == 0
+    with runtime.sessions() as s:
+        tags = sorted(s.scalars(select(hostile.rows.c.tag)))
+        taken = inbox.has(s, "session", mid)
+    assert tags == sorted(kept)
+    if outcome == "done":
+        assert calls == [1] and taken
+        assert consumer.stats.done == 1 and consumer.stats.duplicates == 1
+    else:
+        assert calls == [1] and consumer.stats.retried == 1
+        assert taken == (case == "commit-now-then-fail")  # commit_now() commits the inbox row with its writes
 
 
 def test_a_failure_waits_in_a_ttl_queue_and_reruns_only_the_consumer_that_failed(runtime, rabbit, queue, behaviour):

@@ -11,6 +11,7 @@ import pytest
 import outbox
 from outbox.core import clock
 from outbox.engine.budget import Budget
+from outbox.events import deliveries as store
 from outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
@@ -224,3 +225,39 @@ def test_a_routing_key_function_sees_the_event_and_its_failure_is_that_deliverys
     assert [json.loads(m.body) for m in rabbit.take(lab)] == [{"kind": "blood"}, {"kind": "blood"}]
     (failed,) = [d for d in deliveries(runtime, consumer="to-broker") if d.status == "pending"]
     assert failed.last_error.startswith("no routing key: KeyError")
+
+
+def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_would_take_them(runtime, registry):
+    """deliveries.fan_out with a lease (the relay's step, so a fresh forwarded event needs no claim):
+    attempt 1, the token, the target's lease; never past the limit, for an event not due yet, for a
+    key held by a pending delivery (in the table or earlier in the batch), nor for an in-process
+    consumer. A claim does not take the leased ones, and takes the rest in order."""
+    outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
+    outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
+    with clock.frozen(T0):
+        [(held, _)] = record(runtime, "t.a", [{"n": "held"}], key="k-held")
+        with runtime.sessions.begin() as session:
+            assert store.fan_out(session, runtime.consumers, T0, 500)[:2] == (1, 2)  # pending: holds k-held
+        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(6)],
+                                    key=lambda i: [None, "k-held", "k1", "k1", None, None][i])]
+        with runtime.sessions() as session:
+            late = outbox.record(session, "t.a", {"n": "later"}, delay=60).id
+            session.commit()
+        targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
+        with runtime.sessions.begin() as session:
+            lease = store.Lease.new(targets, T0, 5.0, 3)
+            events, rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
+        assert (events, rows) == (7, 14)
+        # keyless 0, k1's first (2), keyless 4; k-held's waits, k1's second (3) waits behind 2, 5 is past the limit
+        assert [d.event_id for d in leased] == [ids[0], ids[2], ids[4]]
+        assert all(d.consumer == "fwd" and d.attempts == 1 and d.claim_token == lease.token
+                   and d.lease_until == datetime(2026, 12, 1, 9, 0, 12) for d in leased)
+        assert json.loads(leased[0].payload) == {"n": 0} and leased[0].key is None
+        rows = by_status(runtime, "fwd")
+        assert rows[late].claim_token is None and rows[ids[1]].claim_token is None
+        assert all(d.claim_token is None for d in deliveries(runtime, consumer="local"))
+        with runtime.sessions.begin() as session:
+            claimed = store.claim_due(session, runtime.consumers, now=T0, limit=100, mode=runtime.claim_mode(),
+                                      lease_margin=5.0)
+    fwd = [d.event_id for d in claimed if d.consumer == "fwd"]
+    assert fwd == [held, ids[5]]  # not the leased ones, nor those their keys hold back, nor the late one

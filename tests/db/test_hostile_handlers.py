@@ -286,6 +286,7 @@ SESSION_CASES = {
     "caught-orm-flush-error": (_steps(A, _orm_duplicate), "retry", []),
     "caught-orm-flush-error-then-rollback": (_steps(A, _orm_duplicate, ROLLBACK, B), "done", ["B"]),
     "commit-now-then-fail": (_steps(A, COMMIT_NOW, B, _fail), "retry", ["A"]),
+    "rollback-then-commit-now": (_steps(A, ROLLBACK, B, COMMIT_NOW), "done", ["B"]),
 }
 
 
