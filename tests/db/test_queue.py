@@ -410,3 +410,23 @@ def test_idempotency_keys_stay_unique_when_pruned_ids_come_back(rt, jobs):
         with rt.sessions.begin() as session:
             session.execute(Job.__table__.delete())  # queue prune
     assert len(set(keys)) == 2 and all(k.startswith("job-") for k in keys)
+
+
+def test_the_backlog_counts_in_one_statement_what_the_relay_and_the_worker_could_do_now(rt, jobs):
+    """The tick's heartbeat backlog: unfanned events, due pending deliveries and due jobs, one statement."""
+    from outbox.events import deliveries
+    from outbox.queue import jobstore
+
+    @job("mail", name="mail", registry=jobs)
+    def mail(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        outbox.record(session, "order.placed", {"n": 1})
+        outbox.record(session, "order.placed", {"n": 2})
+        mail.dispatch(session, {"due": True})
+        mail.dispatch(session, {"due": False}, delay=3600)
+    now = clock.utcnow() + timedelta(seconds=1)
+    with rt.sessions() as session:
+        assert deliveries.backlog(session, now) == 2 and jobstore.backlog(session, now) == 1
+        assert session.scalar(select(deliveries.backlog_count(now) + jobstore.backlog_count(now))) == 3
