@@ -330,7 +330,8 @@ claimed and acked in batches of 500 with SKIP LOCKED, raw SQL):
   for 5,000 events (tracemalloc). Meeting the target would mean Core-only models and a lighter driver.
 """
 GROUP_NOTES = """
-Every item writes one row. The hand-written loop pays per item a claim, the insert, the update and a
+Every item writes one row (the consumer runs a module-level INSERT with parameters through
+ctx.session, bench/handlers.py). The hand-written loop pays per item a claim, the insert, the update and a
 COMMIT (an fsync); cronbox ungrouped pays per delivery a savepoint, the insert, the ack and a COMMIT,
 plus its share of the batched claim and fan-out. Grouped (`grouped=True`), the per-delivery cost is a
 SAVEPOINT and the insert; the acks (one UPDATE) and the COMMIT are shared by up to CRONBOX_GROUP_MAX

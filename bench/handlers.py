@@ -10,6 +10,10 @@ import outbox
 metadata = MetaData()
 rows = Table("bench_rows", metadata, Column("id", Integer, primary_key=True), Column("event_id", Integer),
              Column("note", String(32)))
+# The one-row consumers and jobs run this statement with parameters, as a handler written for speed
+# would (and as cronbox's own record() does): a statement built per call with .values() is keyed and
+# looked up in SQLAlchemy's compiled cache each time (~150 µs of Python per item here).
+insert_row = insert(rows)
 latencies = Table("bench_latency", metadata, Column("id", Integer, primary_key=True), Column("seconds", Float))
 # The hand-written baseline's own queue (bench_outbox.hand_loop): what a user would write without cronbox.
 hand_queue = Table("bench_hand_queue", metadata, Column("id", Integer, primary_key=True),
@@ -25,13 +29,13 @@ def noop(event, ctx):
 @outbox.consumer("bench.write", name="bench.write")
 def write(event, ctx):
     """One row through ctx.session: committed together with the ack."""
-    ctx.session.execute(insert(rows).values(event_id=event.id, note="x"))
+    ctx.session.execute(insert_row, {"event_id": event.id, "note": "x"})
 
 
 @outbox.consumer("bench.write_grouped", name="bench.write_grouped", grouped=True)
 def write_grouped(event, ctx):
     """The same row, with group commit: many deliveries' rows and acks share one COMMIT."""
-    ctx.session.execute(insert(rows).values(event_id=event.id, note="x"))
+    ctx.session.execute(insert_row, {"event_id": event.id, "note": "x"})
 
 
 @outbox.consumer("bench.latency", name="bench.latency")
@@ -55,13 +59,13 @@ def job_noop(payload, ctx):
 @outbox.job("bench", name="bench.job.write", timeout=30)
 def job_write(payload, ctx):
     """One row through ctx.session: committed together with the ack, one transaction per job."""
-    ctx.session.execute(insert(rows).values(event_id=payload["i"], note="j"))
+    ctx.session.execute(insert_row, {"event_id": payload["i"], "note": "j"})
 
 
 @outbox.job("bench", name="bench.job.write_grouped", timeout=30, grouped=True)
 def job_write_grouped(payload, ctx):
     """The same row, with group commit."""
-    ctx.session.execute(insert(rows).values(event_id=payload["i"], note="j"))
+    ctx.session.execute(insert_row, {"event_id": payload["i"], "note": "j"})
 
 
 @outbox.job("bench", name="bench.job.bump", timeout=30)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from sqlalchemy import select
+
 from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
 from cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
 from cron.scheduling.schedule import Scheduler
@@ -107,8 +109,8 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
 
         def counts() -> dict:
             now = clock.utcnow()
-            backlog = in_transaction(runtime.sessions,
-                                     lambda s: deliveries.backlog(s, now) + jobstore.backlog(s, now))
+            total = select(deliveries.backlog_count(now) + jobstore.backlog_count(now))  # one statement, not three
+            backlog = in_transaction(runtime.sessions, lambda s: s.scalar(total) or 0)
             return {"delivered": relay.stats.done, "retried": relay.stats.retried, "dead": relay.stats.gave_up,
                     "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}

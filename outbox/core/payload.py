@@ -12,11 +12,28 @@ import math
 from outbox.core.errors import PayloadError
 
 _ALLOWED = "str, int, float, bool, None, list, dict with str keys"
+# One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def dump_payload(payload) -> str:
-    _check(payload, "payload")
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not _is_json(payload):
+        _check(payload, "payload")  # raises, naming the offending key path
+    return _ENCODER.encode(payload)
+
+
+def _is_json(value) -> bool:
+    """_check's test without the key paths it formats for its message (every record() and dispatch()
+    passes here; only a refused payload needs the path)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_is_json(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
+    return False
 
 
 def load_payload(text: str):

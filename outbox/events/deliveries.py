@@ -400,10 +400,14 @@ def unfanned_count(session: Session) -> int:
 
 def backlog(session: Session, now: datetime) -> int:
     """Work a relay could do right now: events not yet fanned out plus due pending deliveries."""
-    due = session.scalar(
-        select(func.count()).select_from(D).where(D.c.status == PENDING, D.c.next_attempt_at <= now)
-    ) or 0
-    return due + unfanned_count(session)
+    return session.scalar(select(backlog_count(now))) or 0
+
+
+def backlog_count(now: datetime):
+    """backlog() as one SQL expression, two counts in one statement (the tick adds the jobs' to it)."""
+    due = select(func.count()).select_from(D).where(D.c.status == PENDING, D.c.next_attempt_at <= now)
+    unfanned = select(func.count()).select_from(E).where(E.c.fanned_out_at.is_(None))
+    return due.scalar_subquery() + unfanned.scalar_subquery()
 
 
 def unregistered_due(session: Session, registry: Consumers, now: datetime) -> list[tuple[str, int]]:

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, case, delete, func, select, update
+from sqlalchemy import and_, case, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core import paging
@@ -38,6 +38,27 @@ class ClaimedJob:
     trace_id: str
     concurrency_group: str | None = None  # the dispatch's own (outbox.queue.groups); None: the handler's
     cost: int | None = None
+
+
+def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime) -> list[str]:
+    """Which of `queues` (in their order) have a due job of a handler registered here: one
+    statement, an EXISTS per queue, each stopping at the first index entry of its (queue, status,
+    available_at) range, so the worker claims only from those instead of trying every queue in
+    turn (a quiet pass sent a claim per registered queue, six for the built-in ones). A plain read:
+    the claim that follows re-checks and locks, so a job committed or taken meanwhile only moves
+    to the next batch, as it would between two claims. With one candidate queue there is nothing
+    to choose, and no statement."""
+    names: dict[str, list[str]] = {}
+    for handler in registry.all():
+        names.setdefault(handler.queue, []).append(handler.name)
+    candidates = [q for q in dict.fromkeys(queues) if q in names]
+    if len(candidates) <= 1:
+        return candidates
+    row = session.execute(select(*(
+        exists().where(J.c.queue == q, J.c.status.in_((READY, RESERVED)), J.c.available_at <= now,
+                       J.c.handler.in_(names[q]))
+        for q in candidates))).one()
+    return [q for q, due in zip(candidates, row) if due]
 
 
 def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
@@ -269,7 +290,12 @@ def waiting_per_group(session: Session, handler_groups: dict[str, str]) -> dict[
 
 
 def backlog(session: Session, now: datetime) -> int:
-    return session.scalar(select(func.count()).select_from(J).where(J.c.available_at <= now)) or 0
+    return session.scalar(select(backlog_count(now))) or 0
+
+
+def backlog_count(now: datetime):
+    """backlog() as an SQL expression (the tick adds it to the relay's in one statement)."""
+    return select(func.count()).select_from(J).where(J.c.available_at <= now).scalar_subquery()
 
 
 def overview(session: Session, queues: list[str], now: datetime) -> list[QueueStatus]:

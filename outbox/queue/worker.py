@@ -127,15 +127,21 @@ class Worker(Processor):
             self.store.leases.clear()
 
     def _claim_highest(self, limit: int) -> list[jobstore.ClaimedJob]:
-        """Strict priority: a batch comes from the first queue (in --queue order) that has due jobs."""
+        """Strict priority: a batch comes from the first queue (in --queue order) that has due jobs,
+        asked in one statement (jobstore.due_queues); the claims follow in the same short transaction."""
         mode = self.runtime.claim_mode()
         margin = self.runtime.settings.lease_margin
-        for queue in self.queues:
-            claimed = in_transaction(self.sessions, lambda s: jobstore.claim_due(
-                s, self.registry, queue, now=clock.utcnow(), limit=limit, mode=mode, lease_margin=margin))
-            if claimed:
-                return claimed
-        return []
+
+        def claim(session) -> list[jobstore.ClaimedJob]:
+            now = clock.utcnow()
+            for queue in jobstore.due_queues(session, self.registry, self.queues, now):
+                claimed = jobstore.claim_due(session, self.registry, queue, now=now, limit=limit, mode=mode,
+                                             lease_margin=margin)
+                if claimed:
+                    return claimed
+            return []
+
+        return in_transaction(self.sessions, claim)
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):

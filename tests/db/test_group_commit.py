@@ -111,6 +111,33 @@ def test_grouped_writes_and_acks_commit_once_in_one_transaction(runtime, registr
     assert effect_counts(runtime) == Counter({i: 1 for i in ids + more})
 
 
+def test_savepoints_are_sent_as_plain_text_on_cronbox_engines_only(runtime, tables):
+    """cronbox's engines send SAVEPOINT / ROLLBACK TO / RELEASE as text (SQLAlchemy compiles them on
+    every call); they still nest and undo as SQLAlchemy's would, and another engine keeps SQLAlchemy's."""
+    sent = []
+
+    def statement(connection, cursor, text, *args):
+        sent.append(text.split()[0].upper())
+
+    event.listen(runtime.engine, "before_cursor_execute", statement)
+    try:
+        with runtime.engine.connect() as connection, connection.begin():
+            connection.execute(insert(effects), {"consumer": "kept", "item": 1})
+            undone = connection.begin_nested()
+            connection.execute(insert(effects), {"consumer": "undone", "item": 2})
+            undone.rollback()
+            released = connection.begin_nested()
+            connection.execute(insert(effects), {"consumer": "released", "item": 3})
+            released.commit()
+    finally:
+        event.remove(runtime.engine, "before_cursor_execute", statement)
+    assert sent.count("SAVEPOINT") == 2 and "ROLLBACK" in sent and "RELEASE" in sent
+    with runtime.sessions() as session:
+        assert set(session.scalars(select(effects.c.consumer))) == {"kept", "released"}
+    assert "do_savepoint" in vars(runtime.engine.dialect)
+    assert "do_savepoint" not in vars(create_engine("sqlite://").dialect)
+
+
 def test_a_failing_handler_rolls_back_only_its_own_writes_and_is_rescheduled_in_the_group(runtime, registry, tables):
     @consumer("g", name="grouped", grouped=True, backoff=[60], max_attempts=3, registry=registry)
     def grouped(event, ctx):

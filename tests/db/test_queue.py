@@ -5,7 +5,7 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import event, func, insert, select
 
 import outbox
 from outbox.channels.models import Notification
@@ -283,6 +283,38 @@ def test_strict_priority_order(rt, jobs):
     assert order == [("sms", 0), ("sms", 1), ("sms", 2), ("note", 0), ("sms", 99), ("note", 1), ("note", 2)]
 
 
+def test_the_claim_asks_once_which_queues_have_due_jobs_and_keeps_their_priority(rt, jobs):
+    """One statement tells which queues have due jobs; only those are claimed from, in priority order,
+    and a queue whose due jobs belong to handlers not registered here is passed over."""
+    ran = []
+    for queue in ("q1", "q2", "q3", "q4"):
+        job(queue, name=f"job-{queue}", registry=jobs)(lambda payload, ctx, queue=queue: ran.append((queue, payload)))
+    elsewhere = Registry()
+    stranger = job("q1", name="stranger", registry=elsewhere)(lambda payload, ctx: None)
+    statements = []
+
+    def sent(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    event.listen(rt.engine, "before_cursor_execute", sent)
+    try:
+        quiet = Worker(rt, ["q1", "q2", "q3", "q4"])
+        quiet.run(Budget(max_time=30, memory_mb=None))
+        claims = [s for s in statements if "cronbox_jobs" in s]
+        assert len(claims) == 1 and claims[0].upper().count("EXISTS") == 4  # not a claim per queue
+        with rt.sessions.begin() as session:
+            stranger.dispatch(session, "not ours")
+            jobs.jobs.get("job-q4").dispatch(session, "low")
+            jobs.jobs.get("job-q2").dispatch(session, "high")
+        statements.clear()
+        worker = Worker(rt, ["q1", "q2", "q3", "q4"], batch_size=1)
+        worker.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        event.remove(rt.engine, "before_cursor_execute", sent)
+    assert ran == [("q2", "high"), ("q4", "low")]
+    assert [j.status for j in all_jobs(rt)] == ["ready", "done", "done"]
+
+
 def test_jobs_of_unregistered_handlers_wait(rt, jobs, settings):
     @job(name="known", registry=jobs)
     def known(payload, ctx):
@@ -378,3 +410,23 @@ def test_idempotency_keys_stay_unique_when_pruned_ids_come_back(rt, jobs):
         with rt.sessions.begin() as session:
             session.execute(Job.__table__.delete())  # queue prune
     assert len(set(keys)) == 2 and all(k.startswith("job-") for k in keys)
+
+
+def test_the_backlog_counts_in_one_statement_what_the_relay_and_the_worker_could_do_now(rt, jobs):
+    """The tick's heartbeat backlog: unfanned events, due pending deliveries and due jobs, one statement."""
+    from outbox.events import deliveries
+    from outbox.queue import jobstore
+
+    @job("mail", name="mail", registry=jobs)
+    def mail(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        outbox.record(session, "order.placed", {"n": 1})
+        outbox.record(session, "order.placed", {"n": 2})
+        mail.dispatch(session, {"due": True})
+        mail.dispatch(session, {"due": False}, delay=3600)
+    now = clock.utcnow() + timedelta(seconds=1)
+    with rt.sessions() as session:
+        assert deliveries.backlog(session, now) == 2 and jobstore.backlog(session, now) == 1
+        assert session.scalar(select(deliveries.backlog_count(now) + jobstore.backlog_count(now))) == 3
