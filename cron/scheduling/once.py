@@ -41,7 +41,7 @@ ALLOWED = (
     ("migrate",),
     ("outbox", "retry"), ("outbox", "skip"), ("outbox", "prune"), ("outbox", "publish"), ("outbox", "status"),
     ("queue", "retry"), ("queue", "forget"), ("queue", "flush"), ("queue", "prune"), ("queue", "status"),
-    ("queue", "failed"), ("queue", "resume"),
+    ("queue", "failed"), ("queue", "resume"), ("queue", "groups"), ("queue", "profiles"), ("queue", "pools"),
     ("storage", "rewrap"), ("storage", "sweep"), ("storage", "verify"),
     ("schedule", "run"), ("schedule", "list"),
     ("health",),

@@ -192,6 +192,18 @@ def test_once_commands(runtime, env):
     assert invoke(env, "once", "run").output.startswith("once: 0 files collected, 0 requests run")
 
 
+def test_the_read_only_queue_views_run_as_one_off_commands(runtime, env):
+    """A user without SSH sees groups, profiles and pools through a one-off run's output."""
+    for view in ("groups", "profiles", "pools"):
+        assert once.allowed(["queue", view]) is None
+        added = invoke(env, "once", "add", "queue", view)
+        assert added.exit_code == 0, added.output
+    ran = invoke(env, "once", "run")
+    assert ran.exit_code == 0 and "3 requests run" in ran.output, ran.output
+    rows = requests(runtime)
+    assert [(r.status, r.exit_code) for r in rows] == [("done", 0)] * 3, [(r.argv, r.output) for r in rows]
+
+
 def test_a_forbidden_request_written_to_the_table_by_hand_is_refused_when_run(runtime):
     with runtime.sessions.begin() as session:
         session.add(OnceRequest(argv=json.dumps(["demo", "--count", "5"]), source="sql", status="pending",
