@@ -21,7 +21,7 @@ import pymysql
 from sqlalchemy import func, select, text
 
 from bench import handlers
-from bench.bench_outbox import APP_ROOT, Target, child_env, commit_ceiling, group_table, hand_loop
+from bench.bench_outbox import APP_ROOT, Target, child_env, group_peers, group_table
 from bench.report import write_section
 from outbox.queue.models import Job
 
@@ -73,12 +73,9 @@ def drain(t: Target, handler, n: int, workers: int) -> dict:
 
 
 def group_commit(t: Target, n: int) -> dict:
-    """One run, same database, same n items writing one row each: the single-commit ceiling, the
-    hand-written loop, and one `queue work` draining the one-row job ungrouped and grouped."""
-    r = {"ceiling": commit_ceiling(t, n)}
-    t.reset()
-    r["hand"] = hand_loop(t, n)
-    t.reset()
+    """One run, same database, same n items writing one row each: bench_outbox.group_peers, and one
+    `queue work` draining the one-row job ungrouped and grouped."""
+    r = group_peers(t, n)
     r["ungrouped"] = drain(t, handlers.job_write, n, 1)["rate"]
     t.reset()
     r["grouped"] = drain(t, handlers.job_write_grouped, n, 1)["rate"]

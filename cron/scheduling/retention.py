@@ -6,6 +6,7 @@
 | dead / pending deliveries | until retried or skipped | never automatically |
 | run heartbeats | 7 days (a running one that still beats: kept) | with the outbox |
 | inbox rows (messages a broker consumer handled) | 14 days (`CRONBOX_INBOX_RETENTION_DAYS`) | daily task |
+| redelivery counts of `amqp consume --ordered` (deleted when the message finishes; a crash's leftovers) | as the inbox | daily task |
 | done jobs | 48 hours (`queue prune --older-than`) | daily task, `queue prune` |
 | failed jobs | until retried, forgotten or flushed | `queue flush` |
 | send attempts | 30 days | with the queue |
@@ -30,7 +31,7 @@ from outbox.channels.models import Notification, SendAttempt
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.engine import heartbeat
-from outbox.events import deliveries, inbox
+from outbox.events import deliveries, inbox, redeliveries
 from outbox.queue import jobstore, ratelimit
 from outbox.queue.models import FAILED, DONE as JOB_DONE
 
@@ -62,6 +63,13 @@ def prune_inbox(rt) -> int:
     any redelivery (a message parked in the dead queue and moved back later, a replay)."""
     cutoff = clock.utcnow() - timedelta(days=rt.settings.inbox_retention_days)
     return _batches(rt, lambda s: inbox.prune(s, cutoff, BATCH))
+
+
+def prune_redeliveries(rt) -> int:
+    """Redelivery counts not seen for the inbox's window: a count is deleted when its message is
+    finished, so these are what a crash left between the count and the finish."""
+    cutoff = clock.utcnow() - timedelta(days=rt.settings.inbox_retention_days)
+    return _batches(rt, lambda s: redeliveries.prune(s, cutoff, BATCH))
 
 
 def prune_queue(rt, older_than: float) -> dict[str, int]:
@@ -112,4 +120,5 @@ def prune_console_actions(session, before) -> int:
 def prune_all(rt) -> dict[str, int]:
     events, beats = prune_outbox(rt, OUTBOX_KEPT.total_seconds())
     return {"events": events, "heartbeats": beats, "inbox rows": prune_inbox(rt),
+            "redelivery counts": prune_redeliveries(rt),
             **prune_queue(rt, DONE_JOBS_KEPT.total_seconds()), **prune_ops(rt)}

@@ -79,20 +79,35 @@ class UtcFormatter(logging.Formatter):
         super().__init__("%(asctime)s.%(msecs)03dZ %(levelname)s [%(process)d] %(message)s", "%Y-%m-%dT%H:%M:%S")
 
 
-def configure_logging(logs_dir: Path, *, level: int = logging.INFO) -> logging.Logger:
-    """Attach the daily file handler once per folder (idempotent: commands and the app both call it)."""
+class StderrHandler(logging.StreamHandler):
+    """The same lines on standard error, for a supervisor that keeps them (systemd's journal):
+    CRONBOX_LOG_STDERR=on. Off by default: cron mails whatever a job writes there."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+
+def configure_logging(logs_dir: Path, *, level: int = logging.INFO, stderr: bool = False) -> logging.Logger:
+    """Attach the daily file handler once per folder, and the stderr one when asked (idempotent:
+    commands and the app both call it)."""
     logger = logging.getLogger(LOGGER)
     logger.setLevel(level)
     logger.propagate = False
+    has_file = False
     for handler in list(logger.handlers):
-        if isinstance(handler, DailyFileHandler):
-            if handler.folder == logs_dir:
-                return logger
+        if isinstance(handler, DailyFileHandler) and handler.folder == logs_dir:
+            has_file = True
+        elif isinstance(handler, DailyFileHandler) or (isinstance(handler, StderrHandler) and not stderr):
             logger.removeHandler(handler)
             handler.close()
-    handler = DailyFileHandler(logs_dir)
-    handler.setFormatter(UtcFormatter())
-    logger.addHandler(handler)
+    if not has_file:
+        handler = DailyFileHandler(logs_dir)
+        handler.setFormatter(UtcFormatter())
+        logger.addHandler(handler)
+    if stderr and not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
+        handler.setFormatter(UtcFormatter())
+        logger.addHandler(handler)
     return logger
 
 

@@ -59,6 +59,7 @@ class Settings:
     audit_retention_days: int = 2192
     inbox_retention_days: int = 14  # CRONBOX_INBOX_RETENTION_DAYS: a redelivery older than this runs again
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
+    log_stderr: bool = False  # CRONBOX_LOG_STDERR: the log lines on stderr too (systemd's journal), not only in files
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
     # Group commit (outbox.engine.processor.Group): how many grouped handlers' items share one
@@ -221,6 +222,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
         inbox_retention_days=_number(get, "CRONBOX_INBOX_RETENTION_DAYS", 14, int, minimum=1),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
+        log_stderr=_switch(get, "CRONBOX_LOG_STDERR"),
         base_url=_base_url(get("CRONBOX_BASE_URL")),
         files_prefix=url_prefix(get("CRONBOX_FILES_PREFIX"), "CRONBOX_FILES_PREFIX"),
         raw=dict(values),

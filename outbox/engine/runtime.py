@@ -129,7 +129,7 @@ def open_runtime(*, role: str = "cron", settings: Settings | None = None, migrat
                  handlers: bool = True) -> Runtime:
     """`handlers=False`: the caller imports CRONBOX_HANDLERS later (a host app, after its factory returns)."""
     settings = settings or load_settings()
-    configure_logging(settings.private_dir("logs"))
+    configure_logging(settings.private_dir("logs"), stderr=settings.log_stderr)
     if handlers:
         load_handlers(settings)
     runtime = Runtime(settings, role=role)

@@ -26,7 +26,8 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    died or its connection did with it in hand) is republished to the back of Q with
    `x-cronbox-redeliveries` raised and acked, or parked once that reaches max_redeliveries (a
    poison message; _requeue_redelivered). Not in `ordered` mode, where a republish would break the
-   order: there a redelivered message is handled in place, and a poison one blocks the queue (README).
+   order: there the count is kept in the database (outbox.events.redeliveries) and the message is
+   handled in place, or parked once the count reaches max_redeliveries (_park_if_poison).
 
 The broker connection (outbox.events.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
 while idle) is dropped on any error and opened again with backoff until the run's end; unacked
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core import clock
-from outbox.core.db import is_connection_lost, session_factory
+from outbox.core.db import in_transaction, is_connection_lost, session_factory
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 from outbox.engine import heartbeat
@@ -53,7 +54,7 @@ from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
 from outbox.engine.run_loop import RunResult, StopSignals
-from outbox.events import inbox, queues
+from outbox.events import inbox, queues, redeliveries
 from outbox.events.broker import BrokerAddress
 from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
 from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
@@ -229,7 +230,11 @@ class QueueConsumer:
                 self._log(message, None, "bad", started, error=bad.reason)
                 return
             if self.ordered:
-                self._handle_in_place(message, incoming, budget, started)
+                counted = bool((message.delivery_info or {}).get("redelivered"))
+                if counted and self._park_if_poison(message, incoming, started):
+                    return
+                if self._handle_in_place(message, incoming, budget, started) and counted:
+                    in_transaction(self._db_sessions(), lambda s: redeliveries.forget(s, self.queue, incoming.message_id))
             else:
                 self._handle_once(message, incoming, started)
         except DBAPIError as exc:
@@ -269,6 +274,32 @@ class QueueConsumer:
         self.link.ack(message.delivery_tag)
         self._log(message, None, "redelivered", started, note=f"redeliveries={times}; requeued at the back")
 
+    def _park_if_poison(self, message, incoming: Incoming, started: float) -> bool:
+        """--ordered: the message came back unacked, and cannot be moved to the back to carry its count
+        (later messages of its key would overtake it). Count it in the database (outbox.events.redeliveries)
+        before any consumer runs it again; park it once the count reaches max_redeliveries. With
+        prefetch 1 the message in hand is the only one unacked, so the one redelivered is the one
+        the process died with (or lost its connection with): no neighbour is counted."""
+        times = in_transaction(self._db_sessions(),
+                               lambda s: redeliveries.count(s, self.queue, incoming.message_id, clock.utcnow()))
+        if times < self.max_redeliveries:
+            log.warning("amqp consume: message=%s redelivered unacked (%d of %d before it is parked); handled in place "
+                        "trace=%s", incoming.message_id, times, self.max_redeliveries, incoming.trace_id)
+            return False
+        reason = f"killed the consumer {times} times (redelivered unacked; the limit is {self.max_redeliveries})"
+        self._park(message, reason, incoming.attempts, None, redeliveries=times)
+        self.link.ack(message.delivery_tag)
+        self.link.flush_acks()  # before the count goes: a crash in between parks a copy, never runs it
+        in_transaction(self._db_sessions(), lambda s: redeliveries.forget(s, self.queue, incoming.message_id))
+        self.stats.parked += 1
+        self._log(message, incoming, "parked", started, error=reason)
+        return True
+
+    def _db_sessions(self):
+        """Sessions on the run's database connection (opened if the queue was idle)."""
+        self._connection()
+        return self._sessions()
+
     def _give_back_quietly(self, tag: int) -> None:
         try:
             self.link.give_back(tag)
@@ -301,13 +332,14 @@ class QueueConsumer:
         self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt, results=results,
                   error=_reason(failures), note=f"next in {delay:g}s via {target}")
 
-    def _handle_in_place(self, message, incoming: Incoming, budget: Budget, started: float) -> None:
-        """--ordered: wait the delay holding the message, then run the consumers that did not commit."""
+    def _handle_in_place(self, message, incoming: Incoming, budget: Budget, started: float) -> bool:
+        """--ordered: wait the delay holding the message, then run the consumers that did not commit.
+        True when the message is finished (acked: done or parked), False when it was given back."""
         attempt = incoming.attempts + 1
         while True:
             wait = self._attempt_once(message, incoming, attempt, started)
             if wait is None:
-                return
+                return True
             delay, used, failures, results = wait
             self._log(message, incoming, "retry" if used else "retry-later", started, attempt=attempt,
                       results=results, error=_reason(failures), note=f"next in {delay:g}s, in place")
@@ -317,7 +349,7 @@ class QueueConsumer:
                 self.link.give_back(message.delivery_tag)
                 log.info("amqp consume: message=%s given back to %s while waiting (stopping)", incoming.message_id,
                          self.queue)
-                return
+                return False
             if used:
                 attempt += 1
 

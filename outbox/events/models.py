@@ -75,3 +75,17 @@ class InboxEntry(Base):
     received_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
     __table_args__ = (Index(None, "received_at"),)
+
+
+class Redelivery(Base):
+    """How many times `amqp consume --ordered` got a message back unacked (outbox.events.redeliveries):
+    in that mode a message cannot be moved to carry the count in its headers, so it is kept here."""
+
+    __tablename__ = "cronbox_redeliveries"
+
+    queue: Mapped[str] = mapped_column(String(191), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(191), primary_key=True)
+    times: Mapped[int] = mapped_column(Integer)
+    seen_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "seen_at"),)

@@ -15,10 +15,11 @@ import pytest
 
 from cron.scheduling import health, retention
 from outbox.core import clock
+from outbox.core.db import in_transaction
 from outbox.core.settings import load_settings
 from outbox.engine import heartbeat
 from outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
-from outbox.events import inbox
+from outbox.events import inbox, redeliveries
 from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
@@ -120,6 +121,28 @@ def test_inbox_rows_are_pruned_after_the_retention_window_in_batches(runtime, mo
         # A shorter window, from CRONBOX_INBOX_RETENTION_DAYS.
         monkeypatch.setattr(runtime, "settings", replace(runtime.settings, inbox_retention_days=3))
         assert retention.prune_all(runtime)["inbox rows"] == 1
+
+
+def test_redelivery_counts_rise_per_message_go_when_forgotten_and_leftovers_are_pruned_with_the_inbox(runtime):
+    with clock.frozen(T0):
+        for expected in (1, 2, 3):
+            assert in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "orders", "m-1", clock.utcnow())) \
+                == expected
+        in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "other", "m-1", clock.utcnow()))
+        in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "orders", "m-2", clock.utcnow()))
+        with runtime.sessions.begin() as session:
+            assert redeliveries.times(session, "orders", "m-1") == 3  # per (queue, message)
+            assert redeliveries.times(session, "other", "m-1") == 1
+            redeliveries.forget(session, "orders", "m-2")
+            assert redeliveries.times(session, "orders", "m-2") == 0
+        clock.advance(14 * 86400 - 1)
+        assert retention.prune_all(runtime)["redelivery counts"] == 0
+        in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "other", "m-1", clock.utcnow()))  # seen again
+        clock.advance(2)
+        assert retention.prune_all(runtime)["redelivery counts"] == 1  # orders/m-1: a crash's leftover
+        with runtime.sessions() as session:
+            assert redeliveries.times(session, "orders", "m-1") == 0
+            assert redeliveries.times(session, "other", "m-1") == 2
 
 
 def test_the_inbox_window_setting(env):

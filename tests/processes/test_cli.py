@@ -63,6 +63,25 @@ def test_bad_setting(env):
     assert "CRONBOX_CLAIM_MODE='turbo'" in one_line_error(proc)
 
 
+def test_log_lines_go_to_stderr_only_when_asked(env, runtime, settings):
+    """CRONBOX_LOG_STDERR=on (a systemd unit's journal) writes each log line to stderr as well as to
+    the day's file; by default (cron, which mails stderr) nothing but errors reaches stderr."""
+    env = {**env, "CRONBOX_HANDLERS": "cron.demo"}
+    assert run_cli(env, "demo", "--count", "1").returncode == 0
+    quiet = run_cli(env, "tick", "--no-linger")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert run_cli(env, "demo", "--count", "1").returncode == 0
+    loud = run_cli(env, "tick", "--no-linger", CRONBOX_LOG_STDERR="on")
+    assert loud.returncode == 0, loud.stderr
+    lines = loud.stderr.splitlines()
+    assert lines and all(" INFO [" in line or " WARNING [" in line for line in lines), loud.stderr
+    assert any("consumer=demo.clinic_receipt" in line and "outcome=done" in line for line in lines), loud.stderr
+    logged = "".join(p.read_text() for p in (settings.private_dir("logs")).glob("cronbox-*.log"))
+    assert all(line.split(" ", 1)[1] in logged for line in lines if "consumer=" in line)  # the same lines, in the file too
+    bad = run_cli(env, "tick", "--no-linger", CRONBOX_LOG_STDERR="yes")
+    assert bad.returncode == 1 and "CRONBOX_LOG_STDERR='yes' must be on or off" in one_line_error(bad)
+
+
 @pytest.mark.parametrize("url", ["mysql+pymysql://root:@127.0.0.1:1/nowhere",
                                  "sqlite:////nonexistent-dir/sub/x.db"])
 def test_unreachable_database(env, tmp_path, url):

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import amqp
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 import outbox
 from outbox.core.faults import CRASH_EXIT_CODE
+from outbox.events.models import Redelivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
@@ -129,6 +130,38 @@ def test_a_poison_message_is_parked_after_killing_the_consumer_n_times(setup, ru
     assert json.loads(dead.body)["n"] == 3 and headers["x-cronbox-redeliveries"] == 3
     assert headers["x-cronbox-reason"].startswith("killed the consumer 3 times")
     assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(8) if n != 3})
+    assert rabbit.take(queue) == []
+
+
+def test_ordered_a_poison_message_is_counted_in_the_database_and_parked_in_place(setup, runtime, rabbit):
+    """--ordered cannot move a redelivered message to the back (later messages of its key would
+    overtake it): its kill count is kept in cronbox_redeliveries instead. Restarted like systemd
+    would, the consumer parks it on the 3rd death, then handles the rest once, in their order, and
+    the count is gone."""
+    env, _queue, calls_file = setup
+    queue = rabbit.name("ordered")
+    rabbit.channel.queue_declare(queue, durable=True, auto_delete=False, arguments={"x-single-active-consumer": True})
+    rabbit.queues.append(queue)
+    for n in range(5):
+        publish(rabbit, queue, n, **({"kill": 1} if n == 1 else {}))
+    codes = []
+    for _ in range(8):  # systemd's Restart=always
+        proc = run_cli(env, "amqp", "consume", "--queue", queue, "--ordered", "--max-redeliveries", "3",
+                       "--max-time", "3")
+        codes.append(proc.returncode)
+        if proc.returncode == 0 and rabbit.channel.queue_declare(queue, passive=True)[1] == 0:
+            break
+    assert codes.count(-signal.SIGKILL) == 3 and codes[-1] == 0, codes
+    [dead] = rabbit.take(f"{queue}.dead")
+    headers = dead.properties["application_headers"]
+    assert json.loads(dead.body)["n"] == 1 and headers["x-cronbox-redeliveries"] == 3
+    assert headers["x-cronbox-reason"].startswith("killed the consumer 3 times")
+    assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(5) if n != 1})
+    # In order: 0 before the poison message, 2-4 only after it was parked (none overtook it).
+    made = [int(line.split()[1]) for line in calls_file.read_text().splitlines() if line.startswith("consume.a")]
+    assert made == [0, 2, 3, 4]
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Redelivery)) == 0
     assert rabbit.take(queue) == []
 
 
