@@ -31,6 +31,7 @@ def peak_rss_kb() -> int:
     return _getrusage(_SELF).ru_maxrss
 
 
+_RUSAGE, _HWM, _NONE = "ru_maxrss", "VmHWM", "none"  # how a PeakProbe reads the peak
 _PROBES: "weakref.WeakSet" = weakref.WeakSet()  # the probes to reset in a forked child
 
 
@@ -100,7 +101,6 @@ class PeakProbe:
     low; the parent cron starts a worker from, /bin/sh, peaks far below any Python's RSS."""
 
     HIDDEN_MARGIN_KB = 1024  # ru_maxrss above the RSS by more than this right after a reset: not ours
-    RUSAGE, HWM, NONE = "ru_maxrss", "VmHWM", "none"  # how the peak is read
 
     def __init__(self):
         self._way: str | None = None  # None: not found out yet (or again, in a forked child)
@@ -116,50 +116,50 @@ class PeakProbe:
             if fd is not None:
                 _close(fd)
         self._clear = self._status = None
-        self._way = self.NONE
+        self._way = _NONE
         try:
             self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
             os.write(self._clear, b"5")
         except OSError:
             return
-        self._way = self.RUSAGE
+        self._way = _RUSAGE
         # Right after the reset: ru_maxrss is max(the RSS now, the pre-exec peak); above the RSS,
         # the peak is not this program's and ru_maxrss can tell neither a call's peak nor the RSS.
         if peak_rss_kb() > PROBE.rss_kb() + self.HIDDEN_MARGIN_KB:
             try:
                 self._status = os.open("/proc/self/status", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError:
-                self._way = self.NONE
+                self._way = _NONE
                 return
-            self._way = self.HWM if self._vm_hwm() is not None else self.NONE
+            self._way = _HWM if self._vm_hwm() is not None else _NONE
 
     def start(self) -> int:
         """Reset the mark; returns the RSS (KiB) it was reset to."""
         way = self._way
-        if way is self.RUSAGE:  # the hot path: a write and a getrusage
+        if way is _RUSAGE:  # the hot path: a write and a getrusage
             try:
                 _write(self._clear, b"5")
                 return _getrusage(_SELF).ru_maxrss
             except OSError:
-                self._way = self.NONE
+                self._way = _NONE
         elif way is None:
             self._open()
             return self.start()
-        elif way is self.HWM:
+        elif way is _HWM:
             before = PROBE.rss_kb()
             try:
                 _write(self._clear, b"5")
             except OSError:
-                self._way = self.NONE
+                self._way = _NONE
             return before
         return PROBE.rss_kb()
 
     def peak_kb(self) -> int | None:
         """The peak since start(); None where it cannot be read (growth is then RSS after minus before)."""
         way = self._way
-        if way is self.RUSAGE:
+        if way is _RUSAGE:
             return _getrusage(_SELF).ru_maxrss
-        return self._vm_hwm() if way is self.HWM else None
+        return self._vm_hwm() if way is _HWM else None
 
     def _vm_hwm(self) -> int | None:
         try:

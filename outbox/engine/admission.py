@@ -93,7 +93,8 @@ class Admission:
         self.enabled = self.settings.enabled
         self.book = Book(kind, self.settings.profiles)
         self._peak = PeakProbe()
-        self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)
+        self._kernel = None  # (limit kb, use kb, source, our RSS kb then), None: no limit known
+        self._kernel_due = 0.0  # when the kernel's limit is read again (monotonic)
         self._loaded_at = 0.0
 
     # -- the run's edges -----------------------------------------------------------------
@@ -134,7 +135,8 @@ class Admission:
         profile = self.book.get(handler)
         if profile is None:
             return None
-        verdict = self._time(profile.duration, budget) or self._memory(profile.growth_kb, budget)
+        verdict = self._time(profile.duration, budget) or (
+            self._memory(profile.growth_kb, budget) if profile.growth_kb > 0 else None)
         if verdict is None:
             if profile.never_fits is not None and (budget.max_time is not None or budget.memory_kb is not None
                                                    or self._kernel_limit(budget) is not None):
@@ -190,14 +192,14 @@ class Admission:
         The RSS is the budget's reading between two handlers (Budget.rss_kb), shared with its own
         memory check and with --memory's above: one reading per item."""
         now = clock.monotonic()
-        if self._kernel is None or now - self._kernel[2] >= KERNEL_SECONDS:
+        if now >= self._kernel_due:
             found = process_limit(self.settings.cgroup_root, self.settings.lve_list)
-            limit = None if found is None else (found.limit // 1024, found.used // 1024, found.source)
-            self._kernel = (limit, budget.rss_kb(), now)
-        limit, rss_then, _ = self._kernel
-        if limit is None:
+            self._kernel = None if found is None else (found.limit // 1024, found.used // 1024, found.source,
+                                                       budget.rss_kb())
+            self._kernel_due = now + KERNEL_SECONDS
+        if self._kernel is None:
             return None
-        limit_kb, used_kb, source = limit
+        limit_kb, used_kb, source, rss_then = self._kernel
         return limit_kb, used_kb + (budget.rss_kb() - rss_then), source
 
 def _mb(kb: float) -> str:

@@ -215,7 +215,7 @@ def test_the_cgroup_limit_counts_beside_memory(make_runtime, tmp_path):
     verdict = admission.check("big", fresh())
     assert verdict.later and "left under the cgroup v2" in verdict.reason
     (root / "memory.max").write_text(f"{64 * MiB}\n")
-    admission._kernel = None
+    admission._kernel_due = 0.0  # read the kernel's limit again now
     verdict = admission.check("big", fresh())
     assert not verdict.later and "more than the cgroup v2" in verdict.reason
 
