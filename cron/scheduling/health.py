@@ -20,7 +20,7 @@ from cron.scheduling.models import AlertState
 from outbox.core import clock
 from outbox.core.db import insert_ignore
 from outbox.core.logs import log_text
-from outbox.core.memlimit import DEFAULT_ROOT, memory_limit
+from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
 from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
 from outbox.events import deliveries
@@ -182,14 +182,17 @@ MEMORY_WARN, MEMORY_FAIL = 80.0, 95.0  # per cent of the limit in use (CRONBOX_M
 
 
 def _memory_checks(settings) -> list[Check]:
-    """Headroom under the memory limit of this process's cgroup (an LVE on CloudLinux 8+: the whole
-    account's web and cron processes together), outbox.core.memlimit. No limit known: no check."""
+    """Headroom under the memory limit the kernel puts on this process (outbox.core.memlimit's
+    process_limit, the one admission uses): its cgroup's, or its CloudLinux LVE's where
+    /proc/lve/list is readable (either way the whole account's web and cron processes together),
+    the tighter of the two. No limit known: no check."""
     try:
         warn, fail = (_percent(settings, name, default) for name, default in
                       (("CRONBOX_MEMORY_WARN", MEMORY_WARN), ("CRONBOX_MEMORY_FAIL", MEMORY_FAIL)))
     except ValueError as exc:
         return [Check("memory", WARN, str(exc))]
-    found = memory_limit(settings.get("CRONBOX_CGROUP_ROOT") or DEFAULT_ROOT)
+    found = process_limit(settings.get("CRONBOX_CGROUP_ROOT") or DEFAULT_ROOT,
+                          settings.get("CRONBOX_LVE_LIST") or DEFAULT_LVE_LIST)
     if found is None:
         return []
     share = found.share_used * 100

@@ -92,10 +92,9 @@ class Admission:
         self.settings = AdmissionSettings.of(settings)
         self.enabled = self.settings.enabled
         self.book = Book(kind, self.settings.profiles)
-        self._rss = PROBE
-        self.last_rss_kb: int | None = None  # the worker's RSS, read once between two handlers when needed
         self._peak = PeakProbe()
-        self._kernel = None  # ((limit kb, use kb, source) or None, our RSS kb then, when read)
+        self._kernel = None  # (limit kb, use kb, source, our RSS kb then), None: no limit known
+        self._kernel_due = 0.0  # when the kernel's limit is read again (monotonic)
         self._loaded_at = 0.0
 
     # -- the run's edges -----------------------------------------------------------------
@@ -111,12 +110,8 @@ class Admission:
 
     # -- around one handler ----------------------------------------------------------------
     def probe(self) -> int | None:
-        """Before a handler: its RSS now, and the kernel's peak mark reset to it (PeakProbe)."""
-        if not self.enabled:
-            return None
-        before = self._rss.rss_kb()
-        self._peak.start()
-        return before
+        """Before a handler: the kernel's peak mark reset to the RSS now, and that RSS (PeakProbe.start)."""
+        return self._peak.start() if self.enabled else None
 
     def record(self, handler: str, probe: int | None, seconds: float) -> float | None:
         """Add the run to the handler's profile; returns the profile's duration (the budget's estimate).
@@ -129,8 +124,7 @@ class Admission:
         if probe is None:
             return None
         peak = self._peak.peak_kb()  # at least the RSS now: the mark is never below it
-        self.last_rss_kb = None  # read again when a memory check needs it
-        growth = (peak if peak is not None else self._rss.rss_kb()) - probe
+        growth = (peak if peak is not None else PROBE.rss_kb()) - probe
         return self.book.add(handler, seconds, growth).duration
 
     # -- the check -------------------------------------------------------------------------
@@ -141,9 +135,11 @@ class Admission:
         profile = self.book.get(handler)
         if profile is None:
             return None
-        verdict = self._time(profile.duration, budget) or self._memory(profile.growth_kb, budget)
+        verdict = self._time(profile.duration, budget) or (
+            self._memory(profile.growth_kb, budget) if profile.growth_kb > 0 else None)
         if verdict is None:
-            if budget.max_time is not None or budget.memory_kb is not None or self._kernel_limit() is not None:
+            if profile.never_fits is not None and (budget.max_time is not None or budget.memory_kb is not None
+                                                   or self._kernel_limit(budget) is not None):
                 self.book.never_fits(handler, None)  # a bounded run took it: whatever a run said before is past
             return None
         if not verdict.later:
@@ -173,11 +169,11 @@ class Admission:
                 return Verdict(False, "memory", f"grows RSS by {_mb(needs_kb)}, more than --memory "
                                                 f"{_mb(budget.memory_kb)} minus {_mb(headroom)} headroom and the "
                                                 f"run's own {_mb(base)}")
-            left = budget.memory_kb - self._current_rss() - headroom
+            left = budget.memory_kb - budget.rss_kb() - headroom
             if needs_kb > left:
                 return Verdict(True, "memory", f"grows RSS by {_mb(needs_kb)}; {_mb(max(left, 0))} of --memory "
                                                f"{_mb(budget.memory_kb)} left after the {_mb(headroom)} headroom")
-        kernel = self._kernel_limit()
+        kernel = self._kernel_limit(budget)
         if kernel is not None:
             limit_kb, used_kb, source = kernel
             if needs_kb > limit_kb - headroom - base:
@@ -190,25 +186,21 @@ class Admission:
                                                f"the {source} limit after the {_mb(headroom)} headroom")
         return None
 
-    def _current_rss(self) -> int:
-        if self.last_rss_kb is None:
-            self.last_rss_kb = self._rss.rss_kb()
-        return self.last_rss_kb
-
-    def _kernel_limit(self) -> tuple[int, int, str] | None:
+    def _kernel_limit(self, budget) -> tuple[int, int, str] | None:
         """(limit, in use, where) in KiB, read at most every KERNEL_SECONDS; between reads the use is
-        moved by this process's own RSS change (the other processes of the group are what they were)."""
+        moved by this process's own RSS change (the other processes of the group are what they were).
+        The RSS is the budget's reading between two handlers (Budget.rss_kb), shared with its own
+        memory check and with --memory's above: one reading per item."""
         now = clock.monotonic()
-        if self._kernel is None or now - self._kernel[2] >= KERNEL_SECONDS:
+        if now >= self._kernel_due:
             found = process_limit(self.settings.cgroup_root, self.settings.lve_list)
-            self.last_rss_kb = self._rss.rss_kb()
-            limit = None if found is None else (found.limit // 1024, found.used // 1024, found.source)
-            self._kernel = (limit, self.last_rss_kb, now)
-        limit, rss_then, _ = self._kernel
-        if limit is None:
+            self._kernel = None if found is None else (found.limit // 1024, found.used // 1024, found.source,
+                                                       budget.rss_kb())
+            self._kernel_due = now + KERNEL_SECONDS
+        if self._kernel is None:
             return None
-        limit_kb, used_kb, source = limit
-        return limit_kb, used_kb + (self._current_rss() - rss_then), source
+        limit_kb, used_kb, source, rss_then = self._kernel
+        return limit_kb, used_kb + (budget.rss_kb() - rss_then), source
 
 def _mb(kb: float) -> str:
     return f"{kb / 1024:.0f} MB"

@@ -30,6 +30,7 @@ class Budget:
         self.signalled: str | None = None
         self.peak_rss_kb = PROBE.rss_kb()
         self.start_rss_kb = self.peak_rss_kb  # what a fresh run of this kind needs before any handler
+        self._rss_kb: int | None = None  # the last reading (rss_kb), until the next handler ran
 
     def elapsed(self) -> float:
         return clock.monotonic() - self.started
@@ -42,14 +43,24 @@ class Budget:
     def remaining(self) -> float:
         if self.max_time is None:
             return float("inf")
-        return self.max_time - self.elapsed()
+        return self.max_time - (clock.monotonic() - self.started)  # (before every item: one call less)
 
     @property
     def average(self) -> float:
         return self.handler_seconds / self.handled if self.handled else 0.0
 
+    def rss_kb(self) -> int:
+        """The worker's RSS between two handlers, read once: stop_reason's memory check reads it before
+        each item (but the first of a batch), and admission's check right after takes that reading
+        rather than making another (a handler's run is what moves RSS; the bookkeeping between two
+        handlers hardly does)."""
+        if self._rss_kb is None:
+            self._rss_kb = PROBE.rss_kb()
+        return self._rss_kb
+
     def record(self, seconds: float, expected: float | None = None) -> None:
         """A handler ran `seconds`; `expected`: its profile's duration, which the estimate uses instead."""
+        self._rss_kb = None  # it moved RSS: read again when a check needs it
         self.handled += 1
         self.handler_seconds += seconds if expected is None else expected
 
@@ -67,7 +78,7 @@ class Budget:
             if elapsed >= self.max_time or (self.handled and elapsed + self.headroom + self.average >= self.max_time):
                 return "max-time"
         if self.memory_kb is not None:
-            current = PROBE.rss_kb()  # between every two handlers: a pread, not an open
+            current = self._rss_kb = PROBE.rss_kb()  # before every item: a pread, not an open (rss_kb() shares it)
             self.peak_rss_kb = max(self.peak_rss_kb, current)
             if current >= self.memory_kb:
                 return "memory"

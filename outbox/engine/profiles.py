@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -73,22 +74,36 @@ class Profile:
         self.growth_kb = max((s[2] for s in samples), default=0)
 
     def add(self, sample: list, window: int) -> None:
-        """One more run, the oldest past the window dropped: the summary moved, not recomputed."""
+        """One more run, the oldest past the window dropped: the summary moved, not recomputed (after
+        every job or delivery: kept to plain comparisons)."""
         samples = self.samples
         samples.append(sample)
         self.runs += 1
-        self._total_ms += sample[1]
-        self.growth_kb = max(self.growth_kb, sample[2])
+        kb = sample[2]
+        total = self._total_ms + sample[1]
+        if kb > self.growth_kb:
+            self.growth_kb = kb
         if len(samples) > window:
             dropped = samples.pop(0)
-            self._total_ms -= dropped[1]
-            if dropped[2] == self.growth_kb and sample[2] < dropped[2]:  # the largest left the window
+            total -= dropped[1]
+            if dropped[2] == self.growth_kb and kb < dropped[2]:  # the largest left the window
                 self.growth_kb = max(s[2] for s in samples)
-        self.duration = self._total_ms / len(samples) / 1000
+        self._total_ms = total
+        self.duration = total / len(samples) / 1000
 
     def trim(self, now: float, settings: ProfileSettings) -> None:
         self.samples = [s for s in self.samples if s[0] > now - settings.ttl][-settings.window:]
         self.summarize()
+
+
+@dataclass
+class Unwritten:
+    """What a run learnt of one handler since its last flush: how many runs, and the last of their
+    samples, as many as the window keeps (the merge keeps the newest `window` of the row's and these
+    together, so an older one of these could never be written: a 5,000-job run holds 20, not 5,000)."""
+
+    samples: deque
+    runs: int = 0
 
 
 EPOCH = datetime(1970, 1, 1)
@@ -122,7 +137,7 @@ class Book:
         self.kind = kind
         self.settings = settings
         self.known: dict[str, Profile] = {}
-        self.pending: dict[str, list] = {}  # handler -> samples not yet written
+        self.pending: dict[str, Unwritten] = {}  # handler -> runs not yet written
         self.verdicts: dict[str, str | None] = {}  # handler -> never-fits reason (None: it fits) to write
         self.loaded = False
         self.flushed_at = clock.monotonic()
@@ -140,12 +155,19 @@ class Book:
         return profile if profile is not None and profile.samples else None
 
     def add(self, handler: str, seconds: float, growth_kb: int) -> Profile:
-        sample = [round(clock.unix(), 3), round(seconds * 1000), max(int(growth_kb), 0)]
+        """One run of the handler (after every job or delivery: kept cheap). Its time is rounded to the
+        millisecond, as stored, only when written (_merge): round(t, 3) costs more than the rest of this."""
+        sample = [clock.unix(), round(seconds * 1000), int(growth_kb) if growth_kb > 0 else 0]
+        window = self.settings.window
         profile = self.known.get(handler)
         if profile is None:
             profile = self.known[handler] = Profile()
-        profile.add(sample, self.settings.window)
-        self.pending.setdefault(handler, []).append(sample)
+        profile.add(sample, window)
+        unwritten = self.pending.get(handler)
+        if unwritten is None:
+            unwritten = self.pending[handler] = Unwritten(deque(maxlen=window))
+        unwritten.samples.append(sample)
+        unwritten.runs += 1
         return profile
 
     def never_fits(self, handler: str, reason: str | None) -> None:
@@ -186,8 +208,10 @@ class Book:
         for name in names:
             row = rows.get(name)
             profile = _fresh(row, epoch(now), self.settings) if row is not None else Profile()
-            profile.samples = sorted(profile.samples + pending.get(name, []))
-            profile.runs += len(pending.get(name, []))
+            unwritten = pending.get(name)
+            if unwritten is not None:
+                profile.samples = sorted(profile.samples + [[round(s[0], 3), s[1], s[2]] for s in unwritten.samples])
+                profile.runs += unwritten.runs
             profile.trim(epoch(now), self.settings)
             if name in verdicts:
                 reason = verdicts[name]

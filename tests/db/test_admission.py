@@ -13,6 +13,7 @@ from sqlalchemy import event, select
 from outbox.core import clock
 from outbox.core.errors import SettingsError
 from outbox.core.memlimit import cgroup_paths
+from outbox.core.resources import PROBE
 from outbox.core.settings import load_settings
 from outbox.engine import profiles
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission
@@ -182,7 +183,7 @@ def test_memory_that_does_not_fit_the_rest_of_memory_or_ever_is_told_apart(make_
     admission = Admission("job", rt.settings)
     admission.book.add("big", 0.1, 60 * 1024)
     admission.book.add("huge", 0.1, 200 * 1024)
-    rss = admission._current_rss()
+    rss = PROBE.rss_kb()
     room = Budget(max_time=None, memory_mb=(rss + 80 * 1024) / 1024)  # 80 MB above the RSS now
     near = Budget(max_time=None, memory_mb=(rss + 40 * 1024) / 1024)
     near.start_rss_kb = rss - 60 * 1024  # it started 60 MB smaller: a fresh run would have room
@@ -214,7 +215,7 @@ def test_the_cgroup_limit_counts_beside_memory(make_runtime, tmp_path):
     verdict = admission.check("big", fresh())
     assert verdict.later and "left under the cgroup v2" in verdict.reason
     (root / "memory.max").write_text(f"{64 * MiB}\n")
-    admission._kernel = None
+    admission._kernel_due = 0.0  # read the kernel's limit again now
     verdict = admission.check("big", fresh())
     assert not verdict.later and "more than the cgroup v2" in verdict.reason
 
@@ -278,3 +279,55 @@ def test_a_profile_summary_follows_its_window():
     summarized = profiles.Profile(samples=list(profile.samples))
     summarized.summarize()
     assert (summarized.duration, summarized.growth_kb) == (profile.duration, profile.growth_kb)
+
+
+def test_a_long_run_keeps_only_the_samples_its_write_can_keep(make_runtime):
+    """A run's unwritten samples are bounded by the window (a 5,000-job run holds 3 here, not 5,000),
+    yet the row gets every run counted, the newest samples, and times to the millisecond as before."""
+    rt = make_runtime(CRONBOX_PROFILE_WINDOW="3")
+    put_profile(rt, "long.run", ms=900, kb=4096, at=clock.utcnow() - timedelta(minutes=5))  # older: merged out
+    admission = Admission("job", rt.settings)
+    admission.start(rt.sessions)
+    for ms in range(1, 5001):
+        admission.book.add("long.run", ms / 1000, ms % 7)
+    unwritten = admission.book.pending["long.run"]
+    assert unwritten.runs == 5000 and [s[1] for s in unwritten.samples] == [4998, 4999, 5000]
+    admission.flush(rt.sessions, force=True)
+    row = rows(rt)["long.run"]
+    samples = json.loads(row.samples)
+    assert row.runs == 5001 and [s[1:] for s in samples] == [[4998, 0], [4999, 1], [5000, 2]]
+    assert all(s[0] == round(s[0], 3) and abs(s[0] - profiles.epoch(clock.utcnow())) < 60 for s in samples)
+    assert row.duration_ms == 4999 and row.rss_growth_kb == 2 and admission.book.pending == {}
+
+
+class CountingProbe:
+    """The process's RSS as the budget reads it, counted (and set by the test)."""
+
+    def __init__(self, rss_kb: int):
+        self.rss, self.reads = rss_kb, 0
+
+    def rss_kb(self) -> int:
+        self.reads += 1
+        return self.rss
+
+
+def test_one_rss_reading_between_two_handlers_serves_the_budget_and_admission(make_runtime, monkeypatch):
+    rt = make_runtime(CRONBOX_ADMISSION_MEMORY_HEADROOM="8", CRONBOX_CGROUP_ROOT="/nonexistent",
+                      CRONBOX_LVE_LIST="/nonexistent")
+    probe = CountingProbe(100 * 1024)
+    monkeypatch.setattr("outbox.engine.budget.PROBE", probe)
+    admission = Admission("job", rt.settings)
+    admission.book.add("mid", 0.01, 20 * 1024)  # grows 20 MB
+    budget = Budget(max_time=None, memory_mb=200)
+    budget.start_rss_kb = 50 * 1024
+    probe.reads = 0
+    assert budget.stop_reason() is None and admission.check("mid", budget) is None
+    assert probe.reads == 1  # the check took the stop_reason's reading
+    probe.rss = 175 * 1024  # a handler ran and grew the worker: 25 MB left, 17 after the headroom
+    budget.record(0.01)
+    verdict = admission.check("mid", budget)  # the first of a batch: no stop_reason before it
+    assert probe.reads == 2 and verdict.later and "17 MB of --memory" in verdict.reason
+    assert admission.check("mid", budget).later and probe.reads == 2  # still no handler since: no new reading
+    probe.rss = 100 * 1024
+    assert budget.stop_reason() is None and probe.reads == 3  # the budget's own check always reads afresh
+    assert admission.check("mid", budget) is None and probe.reads == 3
