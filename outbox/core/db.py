@@ -375,9 +375,17 @@ def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]
 
 
 def server_version(engine: Engine) -> str:
+    """The server's version (10.11.19-MariaDB, 8.0.36, sqlite 3.45.1). MySQL: as the dialect read it
+    on the engine's first connection (SQLAlchemy asks every new engine's server), not one more query
+    per run (the claim path's choice asked SELECT VERSION() in every tick)."""
+    if is_mysql(engine):
+        dialect = engine.dialect
+        if dialect.server_version_info is None:  # no connection made yet: the first one reads it
+            with engine.connect():
+                pass
+        version = ".".join(str(part) for part in dialect.server_version_info if isinstance(part, int))
+        return f"{version}-MariaDB" if dialect.is_mariadb else version
     with engine.connect() as connection:
-        if is_mysql(engine):
-            return connection.execute(text("SELECT VERSION()")).scalar_one()
         return "sqlite " + connection.execute(text("SELECT sqlite_version()")).scalar_one()
 
 
