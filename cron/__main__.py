@@ -3,9 +3,10 @@
 Start-up allocates a few hundred thousand long-lived objects (modules, classes, mapped tables,
 compiled regexes) and next to no garbage, yet the cyclic collector, triggered by allocation counts,
 walks that growing heap again and again while it loads: ~60 ms of a quiet tick's ~0.4 s of CPU on
-the bench machine. So it is off while the command tree loads; then what loaded is frozen (moved out
-of the collector's generations: later collections, during the command, never walk it again) and
-collection is back on for the command itself, whose handlers may well make cycles. This is the
+the bench machine. So it is off while the command tree and the command's own module load; then
+what loaded is frozen (moved out of the collector's generations: later collections, during the
+command, never walk it again) and collection is back on for the command itself, whose handlers may
+well make cycles. This is the
 process's own entry point: `flask --app ... cron` and a host app importing cronbox are untouched.
 """
 import gc
@@ -13,7 +14,9 @@ import sys
 
 gc.disable()
 try:
-    from cron.cli import main
+    from cron.cli import import_command, main
+
+    import_command(sys.argv[1:])  # the command's own module (a tick: the stages, the store modules)
 finally:
     gc.freeze()
     gc.enable()

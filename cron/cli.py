@@ -9,6 +9,7 @@ pull in libsodium and `cryptography`, megabytes a tick never needs; amqp, the br
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -39,6 +40,17 @@ def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""
     state = ctx.ensure_object(State)
     ctx.call_on_close(state.close)
+
+
+def import_command(argv: list[str]) -> None:
+    """Import the module of the command `argv` starts with, ahead of main() (`python -m cron` does, with
+    the cyclic collector off). An unknown name, or a module that fails to import, is left to main(),
+    which reports it in one line."""
+    if argv and argv[0] in COMMANDS:
+        try:
+            importlib.import_module(COMMANDS[argv[0]].partition(":")[0])
+        except Exception:
+            pass
 
 
 def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> int:
