@@ -128,7 +128,54 @@ def main() -> None:
     print(table)
     if not args.no_write:
         command = "python -m bench.bench_tick" + (" --mysql mysql+pymysql://root:@127.0.0.1/test" if args.mysql else "")
-        write_section("tick", "Quiet tick", command, table)
+        write_section("tick", "Quiet tick", command, table + NOTES)
+
+
+NOTES = """
+The last run of this table shared the machine with other work (load average 7-9 on 2 cores: the floor
+took 1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load, in the
+tick's favour here (the collector's walks, which the tick now skips at start-up, cost more on
+contended caches); the instruction counts below do not move.
+
+Before 2026-12-01 late the children inherited this machine's PYTHONDONTWRITEBYTECODE=1 and compiled
+every cronbox module from source in every run (~100 ms of the tick's start-up), which the floor,
+loading installed packages' bytecode, never paid; they now run with the bytecode cache, as on a host
+(see the script's docstring). Earlier ratios in this section's history (tick 1.21-1.46×) include it.
+
+Instructions (callgrind, PYTHONHASHSEED=0: the same count whatever the machine's load; same pass,
+2026-12-01 late): floor 1.332 G; tick 1.898 G (1.43×) on the previous code, 1.631 G (1.22×) now;
+`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cron` loads the command tree
+and the command's own module with the cyclic collector off, then freezes what loaded
+(`cron/__main__.py`; start-up makes a few hundred thousand long-lived objects and no garbage, and the
+collections walking them were ~6% of even the floor's instructions, and cost more wall time on a
+loaded machine); every command module is imported only when used (`cron/cli.py`, `COMMANDS`), and so
+are the daily and five-minute tasks' code (retention loads the console's tables), the channels'
+drivers (smtplib, http.client) and, on MySQL, the SQLite dialect. What is left over the floor is
+mostly cronbox's own modules: the declarative models (~17 mapped classes, a few ms each), the tick's
+stages and store modules; then the run (two connections' set-up, the statements below).
+
+Why below the floor in RSS: the floor imports PyMySQL as is, and PyMySQL imports `cryptography`
+(~8 MiB) for the one case of an RSA password exchange with MySQL 8; cronbox imports PyMySQL without
+it and loads it on that exchange's first call (`outbox/core/db.py`). The hourly storage sweep builds
+no Storage (key ring, libsodium, the token signer) to delete files and rows. `tests/processes/test_cli.py`
+checks that a tick and `queue work` with every built-in task due load none of Flask, Jinja, Werkzeug,
+WTForms, itsdangerous, cryptography, nacl or py-amqp, and that a quiet tick loads no other command's
+module, no retention or health code and no channel driver. CRONBOX_APP costs what the host app
+imports (Flask, Flask-SQLAlchemy, Jinja, Werkzeug: about +17 MiB); that is the host app's.
+
+Statements: counted in the tick right after the first one (whose built-in tasks' first runs take the
+slots). 12 now, 20 on the previous code (14 SELECT, 4 INSERT, 1 SET, 1 UPDATE): the scheduler reads
+which of the tasks' current slots are taken in one SELECT and tries only the free ones (was one
+INSERT IGNORE and COMMIT per task, `Scheduler._skip_taken`); handler profiles are read before a run's
+first item, so a run that claims nothing reads none (was one SELECT each for the relay and the
+worker); the run lock counts as held for 0.5 s after its GET_LOCK or an IS_USED_LOCK
+(`locks.CONFIRMED_FOR`: the run loop and two stages checked it within milliseconds, three round
+trips); the claim-mode choice takes the server version the dialect read on connecting (was SELECT
+VERSION()). Not counted here, since SQLAlchemy sends them on the raw connection: each new engine's
+first-connect queries (version, sql_mode, isolation, ...; ten round trips for the work connection
+and again for the lock's) and a COMMIT per read transaction. Left: the relay's unregistered-consumer
+count and its fan-out SELECT, the schema check, the heartbeat's INSERT/UPDATE and backlog count.
+"""
 
 
 if __name__ == "__main__":
