@@ -132,8 +132,8 @@ def main() -> None:
 
 
 NOTES = """
-The last run of this table shared the machine with other work (load average 7-9 on 2 cores: the floor
-took 1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load, in the
+The last runs of this table shared the machine with other work (load average 4-9 on 2 cores: the
+floor took 0.9-1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load, in the
 tick's favour here (the collector's walks, which the tick now skips at start-up, cost more on
 contended caches); the instruction counts below do not move.
 
