@@ -1,14 +1,16 @@
 """Tasks every installation runs from the tick: retention (daily), the health check (every 5 minutes)
 and the sealed-storage sweep (hourly: orphaned files of uploads that never committed, ended grants,
-audit rows past their retention)."""
+audit rows past their retention).
+
+Each task imports what it runs when it runs: most ticks run none of them, and retention alone
+loads the tables of every family (the console's, the channels' attempts) a quiet tick never reads.
+"""
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 
 from cron.scheduling import schedule
-from cron.scheduling.health import alert_on, run_checks
-from cron.scheduling.retention import prune_all
 import outbox.channels  # noqa: F401  (the alert jobs must be registered in every tick)
 
 log = logging.getLogger("cronbox")
@@ -17,6 +19,8 @@ SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commi
 
 @schedule.every(days=1, name="cronbox.prune")  # at 00:00 UTC
 def prune(ctx):
+    from cron.scheduling.retention import prune_all
+
     counts = prune_all(ctx.runtime)
     log.info("prune: %s", ", ".join(f"{n} {what}" for what, n in counts.items()))
 
@@ -37,6 +41,8 @@ def storage_sweep(ctx):
 
 @schedule.every(minutes=5, name="cronbox.health")
 def health(ctx):
+    from cron.scheduling.health import alert_on, run_checks
+
     report = run_checks(ctx.runtime)
     sent = alert_on(ctx.runtime, report)
     log.info("health: %s%s", report.status, f" (alerts: {', '.join(sent)})" if sent else "")

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from cron.scheduling.models import ScheduleRun
@@ -206,6 +206,8 @@ class Scheduler:
 
     def run(self, budget: Budget) -> int:
         work = 0
+        now = clock.utcnow()
+        self._skip_taken({task.name: task.slot(now) for task in self.tasks.all()})
         for task in self.tasks.all():
             if budget.stop_reason() is not None:
                 break
@@ -219,6 +221,20 @@ class Scheduler:
                 self.ran += 1
                 self.failed += status == "error"
         return work
+
+    def _skip_taken(self, slots: dict[str, datetime]) -> None:
+        """Mark as seen the slots some run has already taken, in one SELECT, so that a fresh process
+        (every tick) claims only the slots still free: one INSERT IGNORE and COMMIT each, where
+        before it paid them for every task, due or not. A row read here is a slot claim_slot could
+        not win (its unique key); a row inserted after this read still makes that INSERT a no-op."""
+        new = {name: slot for name, slot in slots.items() if self.seen.get(name) != slot}
+        if len(new) < 2:
+            return  # one statement either way: the INSERT IGNORE itself
+        taken = in_transaction(self.runtime.sessions, lambda s: s.execute(
+            select(R.c.task, R.c.slot).where(tuple_(R.c.task, R.c.slot).in_(list(new.items())))).all())
+        for name, slot in taken:
+            if new.get(name) == slot:
+                self.seen[name] = slot
 
 
 @dataclass

@@ -5,6 +5,9 @@ Admin alerts: a message to the operator by e-mail, SMS and/or a signed webhook, 
 The unique key makes a second alert about the same problem a no-op while the first is still
 waiting or running; callers decide how often a problem may be repeated (health: once an hour)
 by putting a time bucket in the key.
+
+Every tick and worker imports this module (the jobs must be registered to be run), most send
+nothing: each job imports its driver (smtplib, http.client, the attempts' table) when it first runs.
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import socket
 
 from sqlalchemy.orm import Session
 
-from outbox.channels import email, sms, webhook
 from outbox.channels.config import channel_config
 from outbox.channels.errors import UnknownAfterLookup
 from outbox.channels.models import Notification
@@ -42,6 +44,8 @@ def send_sms(payload, ctx):
     """payload: {"to": "+98912...", "text": "..."}"""
     to = _text(payload, "to", limit=32)
     text = _text(payload, "text", limit=1600)
+    from outbox.channels import sms
+
     try:
         sms.driver_for(channel_config(ctx.settings)).send(ctx, to, text)
     except UnknownAfterLookup as exc:
@@ -57,6 +61,8 @@ def send_sms(payload, ctx):
      rate_limit=lambda settings: channel_config(settings).mail_rate)
 def send_email(payload, ctx):
     """payload: {"to": "a@b.c", "subject": "...", "text": "...", "html": optional}"""
+    from outbox.channels import email
+
     email.send(channel_config(ctx.settings), ctx, to=_text(payload, "to", limit=254),
                subject=_text(payload, "subject", limit=255), text=_text(payload, "text", limit=1_000_000),
                html=_text(payload, "html", limit=2_000_000, required=False))
@@ -69,6 +75,8 @@ def send_webhook(payload, ctx):
     if not isinstance(payload, dict) or not isinstance(payload.get("recovery"), bool):
         raise PermanentFailure("payload must be an alert: check, status, message, time, host, recovery")
     fields = {name: _text(payload, name, limit=4000) for name in ("check", "status", "message", "time", "host")}
+    from outbox.channels import webhook
+
     webhook.send(channel_config(ctx.settings), ctx, {**fields, "recovery": payload["recovery"]})
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from outbox.core import clock
 from outbox.core.db import database_name, is_connection_lost, is_mysql
 from outbox.core.errors import LockLost
 from outbox.core.settings import Settings
@@ -27,6 +28,12 @@ from outbox.core.settings import Settings
 log = logging.getLogger("cronbox")
 
 MAX_LOCK_NAME = 64  # MySQL refuses longer GET_LOCK names
+# A lock taken or found held this many seconds ago counts as held without asking the server again:
+# the stages of one pass of the run loop check it in turn within milliseconds (a quiet tick: three
+# IS_USED_LOCK round trips right after its GET_LOCK). A lock lost in that moment is noticed at the
+# next check after it, a batch later at most; claims are leased, so an overlapping run is safe
+# meanwhile, as it is in the moment between any check and the batch after it.
+CONFIRMED_FOR = 0.5
 _ABANDONED: list[Connection] = []  # a forked child's copies of its parent's lock connections (abandon())
 
 
@@ -49,11 +56,14 @@ class MySQLLock:
         self.hold_seconds = max(int(hold_seconds), 60)
         self.borrowed = borrowed
         self.connection: Connection | None = None
+        self._confirmed_at = float("-inf")  # clock.monotonic() when the server last said it is ours
 
     def _take(self) -> bool:
         if self.borrowed is not None:
             got = self.borrowed.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
             self.connection = self.borrowed if got == 1 else None
+            if got == 1:
+                self._confirmed_at = clock.monotonic()
             return got == 1
         connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
@@ -66,6 +76,7 @@ class MySQLLock:
             raise
         if got == 1:
             self.connection = connection
+            self._confirmed_at = clock.monotonic()
             return True
         connection.close()
         return False
@@ -76,6 +87,8 @@ class MySQLLock:
     def held(self) -> bool:
         if self.connection is None:
             return False
+        if clock.monotonic() - self._confirmed_at < CONFIRMED_FOR:
+            return True
         try:
             owned = self.connection.execute(
                 text("SELECT IS_USED_LOCK(:name) = CONNECTION_ID()"), {"name": self.name}
@@ -84,6 +97,8 @@ class MySQLLock:
             log.warning("lock %s: connection lost (%s)", self.name, type(exc).__name__)
             self._discard()
             return False
+        if owned == 1:
+            self._confirmed_at = clock.monotonic()
         return owned == 1
 
     def retake(self) -> bool:
@@ -129,6 +144,7 @@ class MySQLLock:
             force_close()
 
     def _discard(self) -> None:
+        self._confirmed_at = float("-inf")
         if self.connection is not None and self.connection is self.borrowed:
             self.connection = None
             return

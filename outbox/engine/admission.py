@@ -99,8 +99,12 @@ class Admission:
 
     # -- the run's edges -----------------------------------------------------------------
     def start(self, sessions) -> None:
-        """At the start of a run: the profiles as the database has them (one SELECT, again every minute)."""
+        """Before a run's first item (the processor's first batch): the profiles as the database has them
+        (one SELECT), read again once a minute, after writing what this process learnt since (a batch of
+        a long run may come first: the read must include its samples)."""
         if self.enabled and (not self.book.loaded or clock.monotonic() - self._loaded_at >= RELOAD_SECONDS):
+            if self.book.loaded:
+                self.book.flush(sessions)
             self.book.load(sessions)
             self._loaded_at = clock.monotonic()
 

@@ -193,7 +193,6 @@ class Processor:
             self.connection, self.sessions = connection, session_factory(connection)
             event.listen(engine, "handle_error", self._on_db_error)
             try:
-                self._profiles(lambda: self.admission.start(self.sessions))
                 return run()
             finally:
                 self._profiles(lambda: self.admission.flush(self.sessions, force=True))
@@ -213,6 +212,10 @@ class Processor:
             group.lost = "the database connection was lost"
 
     def process(self, claimed: list, budget: Budget) -> int:
+        # The profiles are read (again once a minute) when there is work to admit, between the claim's
+        # transaction and the first item's: a run that finds nothing due never reads them.
+        if claimed:
+            self._profiles(lambda: self.admission.start(self.sessions))
         quiet_acks = QuietAcks()
         handled = 0
         work = list(claimed)  # a lost group puts its members back here, to run alone

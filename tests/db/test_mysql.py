@@ -9,15 +9,16 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import create_engine, insert, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, event, insert, text
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
 import outbox
 from outbox.core.db import in_transaction, make_engine
-from outbox.core.locks import lock_name
+from outbox.core import clock
+from outbox.core.locks import CONFIRMED_FOR, lock_name
 from outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
@@ -60,6 +61,39 @@ def test_event_committed_late_is_delivered_and_the_open_transaction_never_blocks
 def _lock_holder(admin, database: str) -> int | None:
     with admin.connect() as connection:
         return connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": lock_name(database, "tick")}).scalar()
+
+
+def test_a_run_lock_confirmed_less_than_half_a_second_ago_is_not_asked_again(runtime, mysql_admin, database,
+                                                                               monkeypatch):
+    """The run loop and each stage check the lock in turn: within CONFIRMED_FOR of GET_LOCK or of the
+    last IS_USED_LOCK it counts as held without a round trip; past it, it is asked again, and a lock
+    whose connection was killed meanwhile is found lost then."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "monotonic", lambda: now[0])
+    sent = []
+    listen = lambda conn, cursor, statement, *args: sent.append(statement)  # noqa: E731
+    asked = lambda: sum("IS_USED_LOCK" in s for s in sent)  # noqa: E731
+    lock = runtime.lock("probe")
+    event.listen(Engine, "before_cursor_execute", listen)
+    try:
+        assert lock.acquire()
+        lock.check()
+        now[0] += CONFIRMED_FOR - 0.1
+        lock.check()
+        assert asked() == 0
+        now[0] += 0.2  # past the window from GET_LOCK: asked, and confirmed anew
+        lock.check()
+        lock.check()
+        assert asked() == 1
+        with mysql_admin.connect() as connection:
+            connection.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(database.name, "probe")})
+            connection.execute(text(f"KILL {int(lock.connection.connection.dbapi_connection.thread_id())}"))
+        now[0] += CONFIRMED_FOR
+        assert lock.ensure()  # the lost lock is noticed and taken again
+        assert asked() == 2 and lock.backend.held()
+    finally:
+        event.remove(Engine, "before_cursor_execute", listen)
+        lock.release()
 
 
 @pytest.fixture
