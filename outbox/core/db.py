@@ -293,18 +293,32 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
-def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict):
+def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict, *, returning=()):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
     `session` may be a Core Connection too.
+
+    `returning`: columns of the rows inserted (never of those skipped), for a caller that checked
+    `supports_insert_returning` first.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
     """
     dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
     if dialect.name == "sqlite":
-        return session.execute(sqlite_dialect.insert(table).on_conflict_do_nothing(), rows)
-    return session.execute(mysql_dialect.insert(table).prefix_with("IGNORE"), rows)
+        statement = sqlite_dialect.insert(table).on_conflict_do_nothing()
+    else:
+        statement = mysql_dialect.insert(table).prefix_with("IGNORE")
+    if returning:
+        statement = statement.returning(*returning)
+    return session.execute(statement, rows)
+
+
+def supports_insert_returning(session: Session | Connection) -> bool:
+    """INSERT ... RETURNING, of many rows at once: MariaDB >= 10.5 and SQLite >= 3.35 (as
+    SQLAlchemy detects them on the first connection); not MySQL."""
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    return bool(dialect.insert_returning and dialect.insert_executemany_returning)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
