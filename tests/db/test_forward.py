@@ -261,3 +261,28 @@ def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_
                                       lease_margin=5.0)
     fwd = [d.event_id for d in claimed if d.consumer == "fwd"]
     assert fwd == [held, ids[5]]  # not the leased ones, nor those their keys hold back, nor the late one
+
+
+def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, rabbit):
+    """One batch can hold a claimed retry and fresh deliveries the fan-out leased under another
+    claim token: the broker confirms them all, and every one is acked (not only those of the first
+    item's token, leaving the rest to be published again when their leases run out)."""
+    exchange = rabbit.exchange()
+    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
+    with clock.frozen(T0):
+        (retried, _), = record(runtime, "late.bound", [{"i": 0}])
+        relay = relay_with(runtime, rabbit.url)
+        try:
+            run(relay)  # nothing bound yet: unroutable, retried in 10 s
+            assert by_status(runtime, "to-broker")[retried].status == "pending"
+            queue = rabbit.queue(exchange, "#")
+            clock.advance(11)
+            fresh = [e for e, _ in record(runtime, "late.bound", [{"i": i} for i in range(1, 4)])]
+            stats = run(relay)  # one claim_and_fan_out: the retry claimed, the three leased
+        finally:
+            relay.close()
+    assert sorted(json.loads(m.body)["i"] for m in rabbit.take(queue)) == [0, 1, 2, 3]
+    assert (stats.done, stats.lease_lost) == (4, 0)
+    rows = by_status(runtime, "to-broker")
+    assert {e: (rows[e].status, rows[e].claim_token) for e in [retried, *fresh]} == {
+        e: ("done", None) for e in [retried, *fresh]}
