@@ -293,13 +293,14 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
-def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict, *, returning=()):
+def insert_ignore(session: Session | Connection, table, rows, *, columns: list[str] | None = None, returning=()):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
     `session` may be a Core Connection too.
 
-    `returning`: columns of the rows inserted (never of those skipped), for a caller that checked
-    `supports_insert_returning` first.
+    `rows`: a dict or a list of them; or a SELECT giving the values of `columns` (INSERT ...
+    SELECT: the server copies them, none goes through Python). `returning`: columns of the rows
+    inserted (never of those skipped), for a caller that checked `supports_insert_returning` first.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
@@ -311,6 +312,8 @@ def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict,
         statement = mysql_dialect.insert(table).prefix_with("IGNORE")
     if returning:
         statement = statement.returning(*returning)
+    if columns is not None:
+        return session.execute(statement.from_select(columns, rows))
     return session.execute(statement, rows)
 
 
