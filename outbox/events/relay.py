@@ -211,6 +211,9 @@ class Relay(Processor):
         if not live:
             return
         crash_point("after-claim")
+        # Another target's confirmed deliveries (this is the second target of a claimed batch) are
+        # acked now: left to the next claim, they would wait on this collect and publish too.
+        self._flush_confirmed()
         previous = self._collect()
         started = clock.monotonic()
         # Never past the run's end: the tick must exit by --max-time even if the broker stalls.
