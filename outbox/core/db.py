@@ -318,10 +318,10 @@ def insert_ignore(session: Session | Connection, table, rows, *, columns: list[s
 
 
 def supports_insert_returning(session: Session | Connection) -> bool:
-    """INSERT ... RETURNING, of many rows at once: MariaDB >= 10.5 and SQLite >= 3.35 (as
-    SQLAlchemy detects them on the first connection); not MySQL."""
+    """INSERT ... RETURNING (one statement; with INSERT ... SELECT, of many rows): MariaDB >= 10.5
+    and SQLite >= 3.35, as SQLAlchemy detects them on the first connection; not MySQL."""
     dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
-    return bool(dialect.insert_returning and dialect.insert_executemany_returning)
+    return bool(dialect.insert_returning)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
