@@ -128,7 +128,9 @@ def _insert_leased(session: Session, lease: Lease, mine: dict[str, list[int]], e
     """Insert the leased deliveries, one INSERT ... SELECT from the events per consumer: only the
     event ids go to the server, which copies each event's key and available_at (a row's values
     rendered and escaped in Python were a third of the relay's own CPU). At READ COMMITTED the
-    SELECT is a consistent read of the events, locking none. Returns them claimed, by id: where
+    SELECT is a consistent read of the events, locking none. (MySQL calls INSERT IGNORE ... SELECT
+    unsafe for statement-based replication: with binlog_format=STATEMENT, not the default, the
+    server logs a warning for it; MIXED and ROW log its rows.) Returns them claimed, by id: where
     the server has INSERT ... RETURNING (MariaDB >= 10.5, SQLite >= 3.35) from the statement
     itself, returning only the rows it inserted; elsewhere read back by our claim token."""
     returning = (D.c.id, D.c.event_id, D.c.consumer) if supports_insert_returning(session) else ()
