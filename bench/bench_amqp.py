@@ -185,61 +185,69 @@ def main() -> None:
 
 NOTES = """
 How the relay forwards: batches are pipelined one deep (batch N is published; while its confirms
-come in, the relay acks N-1 in one UPDATE and claims and fans out N+1; N's confirms are read just
-before N+1 is published), and the publish frames are written by cronbox (`broker.publish_frames`,
-byte for byte py-amqp's). Since the second follow-up, each batch is one transaction: the claim of
-what is due (retries, deliveries left by earlier fan-outs, an expired lease alone), then the
-fan-out of new events, which inserts a forward target's new deliveries already leased to the run
-(claim token, attempt 1, the lease: `deliveries.fan_out(lease=...)`) up to the rest of the batch,
-for those a claim would take at once (due, keyless or the first of their key with nothing of the
-key pending or dead). A fresh forwarded event costs no claim statement; per-key order, leases and
-retries are the claim's.
+come in, the relay settles N-1 and claims and fans out N+1; N's confirms are read just before N+1 is
+published), and the publish frames are written by cronbox (`broker.publish_frames`, byte for byte
+py-amqp's). Each batch is one transaction: the ack of the deliveries of N-1 the broker confirmed
+(one UPDATE per claim token), the claim of what is due (retries, deliveries left by earlier
+fan-outs, an expired lease alone), then the fan-out of new events, which inserts a forward
+target's new deliveries already leased to the run (claim token, attempt 1, the lease:
+`deliveries.fan_out(lease=...)`) up to the rest of the batch, for those a claim would take at once
+(due, keyless or the first of their key with nothing of the key pending or dead). A fresh
+forwarded event costs no claim statement; per-key order, leases and retries are the claim's.
+Failed deliveries are rescheduled at once; the confirmed ones are acked in a transaction of their
+own only when the relay stops pipelining (the end of the run, in-process handlers next, a failed
+or expiring batch, a second target in the same claimed batch).
 
-Before and after that change, same machine (two cores shared with three other helpers' test runs,
-load average 2-8 throughout; before = 97d80c5, the tree this work started from):
+Since the third follow-up (issue 11's last benchmark target), per batch of 500 on MariaDB:
 
-| `python -m bench.bench_amqp --mysql ...`, best of 3 interleaved rounds | SQLite vs bare | SQLite vs no-op | MariaDB vs bare | MariaDB vs no-op |
+- the leased deliveries are inserted by one `INSERT IGNORE ... SELECT` from the events per forward
+  target (only the event ids go to the server, which copies key and available_at; the rows built,
+  rendered and escaped in Python were a third of the relay's own CPU), with `RETURNING id,
+  event_id, consumer` on MariaDB >= 10.5 and SQLite >= 3.35 instead of the read back of their ids
+  by claim token (still the path of MySQL and older MariaDB);
+- the ack of N-1 rides on N+1's claim-and-fan-out transaction: one COMMIT a batch, not two (each
+  is a flush of the redo log on MariaDB);
+- a batch that held a claimed retry and fresh deliveries leased under the fan-out's token acked
+  only the first token's (the rest were published again when their leases ran out): fixed.
+
+Statements of one relay run of 5,000 events (the bench's setup; before = fd572d1): MariaDB 79 +
+24 COMMITs before, 69 + 15 after; SQLite 102 + 24 before, 83 + 15 after. Measured on a machine
+shared with four other helpers' test runs (load average 8-12 throughout), so A/B, alternating the
+two trees:
+
+| the relay run alone, 5,000 events, 3 A/B pairs of 3 rounds (ms a delivery) | best before | best after | median before | median after |
 |---|---|---|---|---|
-| before 1 (load 2-3) | 58 % | 69 % | 23 % | 82 % |
-| before 2 (load 2-7) | 46 % | 71 % | 38 % | 96 % |
-| after 1 (load 5-6) | 59 % | 82 % | 28 % | 90 % |
-| after 2 (load 4-6, the table above) | 41 % | 71 % | 29 % | 94 % |
+| MariaDB, wall | 0.294 | 0.237 | 0.442 | 0.412 |
+| MariaDB, CPU of the relay process | 0.074 | 0.055 | 0.088 | 0.069 |
+| SQLite, wall | 0.197 | 0.167 | 0.256 | 0.236 |
+| SQLite, CPU | 0.065 | 0.051 | 0.075 | 0.058 |
 
-Those ratios move by ±15 points between runs of the same code here, more than the change does, so
-the change was also measured on the relay run alone, A/B/A/B back to back (before = 5daca0e, the
-same relay as 97d80c5; 5,000 events, batches of 500; per delivery, the best of 3 rounds in the
-first / the second A/B pair):
+| `bench_amqp --part forward --mysql ...`, 3 A/B pairs, load 8-12 | before | after |
+|---|---|---|
+| MariaDB relay → RabbitMQ (deliveries/s) | 2,669 / 2,314 / 2,163 | 2,741 / 2,665 / 3,487 |
+| MariaDB vs bare publisher | 24 % / 20 % / 35 % | 31 % / 29 % / 40 % |
+| SQLite relay → RabbitMQ (deliveries/s) | 6,162 / 3,039 / 2,821 | 5,592 / 6,295 / 5,595 |
+| SQLite vs bare publisher | 40 % / 35 % / 31 % | 51 % / 66 % / 78 % |
 
-| relay run alone | SQLite before | SQLite after | MariaDB before | MariaDB after |
-|---|---|---|---|---|
-| SQL statements for the 5,000 | 129 | 107 | 103 | 83 |
-| CPU of the relay process (ms) | 0.168 / 0.182 | 0.135 / 0.142 | 0.202 / 0.203 | 0.186 / 0.219 |
-| wall (ms) | 0.352 / 0.369 | 0.334 / 0.346 | 0.745 / 0.818 | 0.737 / 0.748 |
+Under that load the MariaDB server competes with the other helpers for the two cores and its
+share dominates; on a quiet machine, before this change, the relay took 0.167 ms a delivery on
+MariaDB (38 % of the bare publisher, 15,673 messages/s) and 0.104 ms on SQLite (60 %); 60 % on
+MariaDB needs about 0.106 ms. Where the time goes after it (cProfile, MariaDB): the fan-out
+(events read, INSERT ... SELECT, events marked fanned out) about half, the ack an eighth, the
+claim's two SELECTs a tenth, the rest publishing (framing, which the bare publisher pays too).
+What is left is mostly the server's index upkeep: a delivery row has six indexes, all written by
+its INSERT and four of them again by the ack; dropping `(status, lease_until)` and `(status,
+consumer, next_attempt_at)` was measured (500-row INSERT and ack on an idle server: 4.5 and 5.5
+ms with all six, 20-25 % less without those two, 2-3 µs a delivery) and not done: the
+expired-lease claim and the console's counts need them. Inserting the forward deliveries only
+after their confirm, already done (no ack UPDATE at all), was considered and not done: the
+events would stay unfanned while in flight (another relay, or a crash, publishes them again
+without a lease or a counted attempt, so a batch that kills the process would never go dead).
 
-Where the time goes (cProfile of one relay run of 5,000 events, MariaDB, seconds under the
-profiler): before, the claim 2.9 of 6.7 (the candidate SELECT with its per-key NOT EXISTS, the
-locking re-read, the UPDATE, the read of the claimed rows with their events), the fan-out 1.95,
-publishing 0.63, settling (the ack) 0.87. After: the claim of what is due 0.38 (nothing is, here),
-the fan-out 2.1 (the events read with their payloads, the INSERT IGNORE 0.64, the leased rows'
-ids read back 0.57, the events marked fanned out), publishing 0.41, the ack 0.37, of 3.8. On
-MariaDB the relay's own CPU is a quarter of its wall time: the rest is the server executing the
-statements, mostly index upkeep (a delivery row has six indexes, written on insert and four of them
-again by the ack), which no client-side change removes.
-
-- *vs the no-op relay* (target ≥ 70 %): met in every run after (71-82 % SQLite, 90-94 % MariaDB;
-  before 69-71 % and 82-96 %). The forwarding relay now does less database work than the no-op
-  relay (which still claims every delivery), plus 0.05 ms a message of framing.
-- *vs the bare publisher* (target ≥ 60 %): not met. SQLite 41-59 % after (46-58 % before), MariaDB
-  28-29 % (23-38 %): 1-19 points short on SQLite, about 30 on MariaDB. The bare publisher is
-  RabbitMQ persisting and confirming messages (0.1-0.2 ms a message here); a relay run takes 0.33
-  ms a delivery on SQLite and 0.74 ms on MariaDB, nearly all of it the database work (insert
-  leased, read back, ack: the confirm wait is hidden, 8-13 % of the run is in the broker client),
-  longer than the whole bare publish, so hiding the confirm wait behind it cannot reach 60 %.
-  What is left to take: the read-back of the leased rows' ids (INSERT IGNORE ... RETURNING,
-  MariaDB >= 10.5 and SQLite >= 3.35, would fold it into the insert; SQLAlchemy's executemany
-  RETURNING with rows skipped by IGNORE needs care), and fewer indexes written per delivery (a
-  schema change).
-- The numbers move by half between runs on this machine: compare ratios within one run.
+- *vs the no-op relay* (target ≥ 70 %): met on both backends (the forwarding relay does less
+  database work than the no-op relay, which claims every delivery).
+- *vs the bare publisher* (target ≥ 60 %): see the table above for the last run; on this loaded
+  machine the ratios move by ±15 points between runs of the same code: compare within one run.
 """
 
 def markdown_table(results: dict, rows: list[tuple[str, str, str]]) -> str:

@@ -293,10 +293,14 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     return engine
 
 
-def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict):
+def insert_ignore(session: Session | Connection, table, rows, *, columns: list[str] | None = None, returning=()):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
     `session` may be a Core Connection too.
+
+    `rows`: a dict or a list of them; or a SELECT giving the values of `columns` (INSERT ...
+    SELECT: the server copies them, none goes through Python). `returning`: columns of the rows
+    inserted (never of those skipped), for a caller that checked `supports_insert_returning` first.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
@@ -306,8 +310,21 @@ def insert_ignore(session: Session | Connection, table, rows: list[dict] | dict)
         # Imported here: an SQLite engine has loaded it already, a MySQL process never needs it (~5 ms).
         from sqlalchemy.dialects.sqlite import insert
 
-        return session.execute(insert(table).on_conflict_do_nothing(), rows)
-    return session.execute(mysql_dialect.insert(table).prefix_with("IGNORE"), rows)
+        statement = insert(table).on_conflict_do_nothing()
+    else:
+        statement = mysql_dialect.insert(table).prefix_with("IGNORE")
+    if returning:
+        statement = statement.returning(*returning)
+    if columns is not None:
+        return session.execute(statement.from_select(columns, rows))
+    return session.execute(statement, rows)
+
+
+def supports_insert_returning(session: Session | Connection) -> bool:
+    """INSERT ... RETURNING (one statement; with INSERT ... SELECT, of many rows): MariaDB >= 10.5
+    and SQLite >= 3.35, as SQLAlchemy detects them on the first connection; not MySQL."""
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    return bool(dialect.insert_returning)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

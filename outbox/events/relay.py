@@ -12,11 +12,14 @@ forward targets' new deliveries already leased (up to the rest of the batch; tho
 take at once: deliveries.fan_out), so a fresh forwarded event needs no claim statement.
 
 Forwarded batches are pipelined one deep: batch N is published, and while its confirms come in the
-relay settles N-1 (one ack statement, reschedules) and fans out and claims N+1; N's confirms are
-collected just before N+1 is published. Nothing is acked before its confirm, and the claim of N+1
+relay settles N-1 and fans out and claims N+1; N's confirms are collected just before N+1 is
+published. Settling N-1 reschedules its failed deliveries at once, and leaves its confirmed ones to
+the transaction of N+1's claim and fan-out, which acks them first (one COMMIT a batch, not two: on
+MySQL each is a flush of the redo log). Nothing is acked before its confirm, and the claim of N+1
 cannot take a later delivery of a key N carries: N's deliveries are still pending, so they hold
-their keys. N is settled at once when it failed outright (broker unreachable), when its leases run
-out, before in-process handlers run, and at the end of the run.
+their keys. N is settled, and the confirmed deliveries acked in a transaction of their own, when it
+failed outright (broker unreachable), when its leases run out, before in-process handlers run, and
+at the end of the run.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
 from outbox.engine.handler_call import ERROR, Outcome, describe
-from outbox.engine.processor import Processor, QuietAcks
+from outbox.engine.processor import Processor
 from outbox.events import deliveries
 from outbox.events.broker import Broker, InFlight, Outgoing
 from outbox.events.forward import ForwardTarget, is_forward, message_properties
@@ -68,6 +71,8 @@ class Relay(Processor):
         self._warned: set[str] = set()
         self._broker = broker
         self._in_flight: Forwarded | None = None
+        # Confirmed by the broker, not yet acked: the next claim's transaction acks them (_settle_sent).
+        self._confirmed: list = []
 
     @property
     def broker(self) -> Broker:
@@ -121,26 +126,36 @@ class Relay(Processor):
         return events
 
     def claim_and_fan_out(self, limit: int) -> tuple[int, list[deliveries.Claimed]]:
-        """One transaction: claim what is due (up to `limit`), then fan out new events, inserting up
-        to the rest of `limit` of the forward targets' new deliveries already leased to this run
-        (deliveries.fan_out's `lease`): a fresh forwarded event costs no claim statement. Claimed
-        first, so retries and deliveries left from earlier fan-outs keep going first (oldest
-        first, as the claim orders them), and nothing joins an expired lease, claimed alone.
-        Returns (events fanned out, the claimed deliveries)."""
+        """One transaction: ack the forwarded deliveries confirmed since the last one, claim what
+        is due (up to `limit`), then fan out new events, inserting up to the rest of `limit` of the
+        forward targets' new deliveries already leased to this run (deliveries.fan_out's `lease`):
+        a fresh forwarded event costs no claim statement. Claimed first, so retries and deliveries
+        left from earlier fan-outs keep going first (oldest first, as the claim orders them), and
+        nothing joins an expired lease, claimed alone. The acks come before the claim, as they did
+        when they committed on their own just before it: a key whose delivery is acked here is free
+        for the claim. Returns (events fanned out, the claimed deliveries)."""
         mode = self.runtime.claim_mode()
         margin = self.runtime.settings.lease_margin
         targets = [c for c in self.registry.all() if is_forward(c)]
+        confirmed = self._confirmed
 
         def step(session):
             now = clock.utcnow()
+            acked = self._ack_confirmed(session, confirmed, now) if confirmed else 0
             claimed, expired = deliveries.claim_due_or_expired(session, self.registry, now=now, limit=limit,
                                                                mode=mode, lease_margin=margin)
             rest = 0 if expired else limit - len(claimed)
             lease = deliveries.Lease.new(targets, now, margin, rest) if targets and rest > 0 else None
             events, _rows, leased = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH, lease=lease)
-            return events, claimed + leased
+            if confirmed:
+                crash_point("before-ack-commit")
+            return events, claimed + leased, acked
 
-        events, claimed = in_transaction(self.sessions, step)
+        events, claimed, acked = in_transaction(self.sessions, step)
+        if confirmed:
+            crash_point("after-ack-commit")
+            self._confirmed = []
+            self._acked(confirmed, acked)
         self.stats.fanned += events
         return events, claimed
 
@@ -196,13 +211,16 @@ class Relay(Processor):
         if not live:
             return
         crash_point("after-claim")
+        # Another target's confirmed deliveries (this is the second target of a claimed batch) are
+        # acked now: left to the next claim, they would wait on this collect and publish too.
+        self._flush_confirmed()
         previous = self._collect()
         started = clock.monotonic()
         # Never past the run's end: the tick must exit by --max-time even if the broker stalls.
         wait = max(1.0, min(target.timeout, budget.remaining() if budget.max_time is not None else target.timeout))
         flight = self.broker.publish(messages, wait)
         self._in_flight = Forwarded(target, live, flight, started, budget, min(i.lease_until for i in live))
-        self._settle_sent(previous)
+        self._settle_sent(previous, ack_later=True)  # the next claim_and_fan_out acks its confirmed ones
         if flight.results is not None:  # failed already (broker unreachable): settle it now, within its leases
             self._settle_sent(self._collect())
 
@@ -229,29 +247,61 @@ class Relay(Processor):
         results = self.broker.collect(forwarded.flight)
         return forwarded, results, clock.monotonic() - forwarded.started
 
-    def _settle_sent(self, collected, *, best_effort: bool = False) -> None:
-        """Ack the confirmed deliveries of a collected batch in one statement, reschedule the rest."""
-        if collected is None:
-            return
-        forwarded, results, took = collected
-        target, live = forwarded.target, forwarded.items
-        seconds = took / len(live)
-        for _ in live:
-            forwarded.budget.record(seconds)
-        confirmed = QuietAcks()
-        for item, error in zip(live, results):
-            if error is None:
-                confirmed.add(item)
+    def _settle_sent(self, collected, *, best_effort: bool = False, ack_later: bool = False) -> None:
+        """Ack the confirmed deliveries of a collected batch (with any left from earlier batches),
+        reschedule the rest. `ack_later`: leave the acks to the next claim_and_fan_out's
+        transaction, which follows at once (within the leases, as an ack of its own would)."""
+        if collected is not None:
+            forwarded, results, took = collected
+            target, live = forwarded.target, forwarded.items
+            seconds = took / len(live)
+            for _ in live:
+                forwarded.budget.record(seconds)
+            self._confirmed.extend(item for item, error in zip(live, results) if error is None)
         try:
-            self._flush(confirmed)  # first: the broker has these, the sooner acked the fewer duplicates
-            for item, error in zip(live, results):
-                if error is not None:
-                    self._after_failure(item, target, Outcome(ERROR, seconds, error))
+            if not ack_later:
+                self._flush_confirmed()  # first: the broker has these, the sooner acked the fewer duplicates
+            if collected is not None:
+                for item, error in zip(live, results):
+                    if error is not None:
+                        self._after_failure(item, target, Outcome(ERROR, seconds, error))
         except Exception:
             if not best_effort:
                 raise
+            failed = sum(1 for _, error in zip(live, results) if error is not None) if collected is not None else 0
             log.warning("relay: could not record the outcome of %d forwarded deliveries; their leases will "
-                        "expire and they are published again", len(live))
+                        "expire and they are published again", len(self._confirmed) + failed)
+            self._confirmed = []
+
+    def _flush_confirmed(self) -> None:
+        """Ack the confirmed deliveries waiting in self._confirmed, in a transaction of their own."""
+        confirmed = self._confirmed
+        if not confirmed:
+            return
+        crash_point("before-ack-commit")
+        acked = in_transaction(self.sessions, lambda s: self._ack_confirmed(s, confirmed, clock.utcnow()))
+        crash_point("after-ack-commit")
+        self._confirmed = []
+        self._acked(confirmed, acked)
+
+    @staticmethod
+    def _ack_confirmed(session, items: list, now: datetime) -> int:
+        """One UPDATE per claim token: a batch can hold deliveries of the claim and of the fan-out,
+        leased under two tokens. Returns how many were still ours."""
+        ids: dict[str, list[int]] = {}
+        for item in items:
+            ids.setdefault(item.claim_token, []).append(item.id)
+        return sum(deliveries.ack(session, group, token, now) for token, group in ids.items())
+
+    def _acked(self, items: list, acked: int) -> None:
+        """Counters and log lines of a committed ack (as Processor._flush's)."""
+        self.stats.done += acked
+        self.stats.lease_lost += len(items) - acked
+        for item in items:
+            self._log(item, self._handler(item), "done", None)
+        if acked != len(items):
+            log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
+                        self.kind, len(items) - acked, len(items))
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):

@@ -12,6 +12,7 @@ import outbox
 from outbox.core import clock
 from outbox.engine.budget import Budget
 from outbox.events import deliveries as store
+from outbox.events.models import Delivery
 from outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
@@ -261,3 +262,58 @@ def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_
                                       lease_margin=5.0)
     fwd = [d.event_id for d in claimed if d.consumer == "fwd"]
     assert fwd == [held, ids[5]]  # not the leased ones, nor those their keys hold back, nor the late one
+
+
+@pytest.mark.parametrize("returning", [True, False], ids=["insert-returning", "read-back"])
+def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(runtime, registry, monkeypatch,
+                                                                              returning):
+    """The leased rows' ids come from INSERT ... RETURNING where the server has it (MariaDB >= 10.5,
+    SQLite >= 3.35), else from a read back by claim token (MySQL; forced here): either way a row
+    another relay's fan-out inserted first (INSERT IGNORE skips ours) is not ours to publish."""
+    if not returning:
+        monkeypatch.setattr(store, "supports_insert_returning", lambda session: False)
+    outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
+    outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
+    with clock.frozen(T0):
+        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)])]
+        with runtime.sessions.begin() as session:  # the other relay's row for event 1, not yet fanned out here
+            session.add(Delivery(event_id=ids[1], consumer="fwd", key=None, status="pending", attempts=1,
+                                 next_attempt_at=T0, claim_token="theirs", lease_until=T0, created_at=T0))
+        targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
+        with runtime.sessions.begin() as session:
+            lease = store.Lease.new(targets, T0, 5.0, 10)
+            events, _rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
+    assert events == 4
+    assert [(d.event_id, d.consumer, d.attempts, d.claim_token) for d in leased] == [
+        (e, "fwd", 1, lease.token) for e in (ids[0], ids[2], ids[3])]
+    rows = by_status(runtime, "fwd")
+    assert [d.id for d in leased] == [rows[e].id for e in (ids[0], ids[2], ids[3])]
+    assert rows[ids[1]].claim_token == "theirs"
+    assert all(rows[e].lease_until == datetime(2026, 12, 1, 9, 0, 12) and rows[e].next_attempt_at == T0
+               and rows[e].created_at == T0 for e in (ids[0], ids[2], ids[3]))
+    assert len(deliveries(runtime, consumer="local")) == 4
+
+
+def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, rabbit):
+    """One batch can hold a claimed retry and fresh deliveries the fan-out leased under another
+    claim token: the broker confirms them all, and every one is acked (not only those of the first
+    item's token, leaving the rest to be published again when their leases run out)."""
+    exchange = rabbit.exchange()
+    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
+    with clock.frozen(T0):
+        (retried, _), = record(runtime, "late.bound", [{"i": 0}])
+        relay = relay_with(runtime, rabbit.url)
+        try:
+            run(relay)  # nothing bound yet: unroutable, retried in 10 s
+            assert by_status(runtime, "to-broker")[retried].status == "pending"
+            queue = rabbit.queue(exchange, "#")
+            clock.advance(11)
+            fresh = [e for e, _ in record(runtime, "late.bound", [{"i": i} for i in range(1, 4)])]
+            stats = run(relay)  # one claim_and_fan_out: the retry claimed, the three leased
+        finally:
+            relay.close()
+    assert sorted(json.loads(m.body)["i"] for m in rabbit.take(queue)) == [0, 1, 2, 3]
+    assert (stats.done, stats.lease_lost) == (4, 0)
+    rows = by_status(runtime, "to-broker")
+    assert {e: (rows[e].status, rows[e].claim_token) for e in [retried, *fresh]} == {
+        e: ("done", None) for e in [retried, *fresh]}
