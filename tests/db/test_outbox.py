@@ -377,9 +377,9 @@ def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_
 
 def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runtime, registry, settings):
     """Leases are 1 s; the batch's third item waits 1.2 s. Another run claims it meanwhile: the first
-    run must notice before starting it (its lease can't be extended) and leave it to the other."""
-    import time as _time
-
+    run must notice before starting it (its lease can't be extended) and leave it to the other.
+    The handlers move a frozen clock rather than sleep: a sleep's real time on a loaded machine
+    would let the second item's lease run out as well."""
     from outbox.engine.runtime import Runtime
     from outbox.engine.registry import Registry
 
@@ -392,15 +392,16 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
     @consumer("slow", name="slow", timeout=1, registry=registry)
     def slow(event, ctx):
         runs.append(("first", event.payload["n"]))
-        _time.sleep(0.6)
+        clock.advance(0.6)
         if event.payload["n"] == 1:
             relay(other)  # the third item's lease has run out by now: the other run takes it
 
     try:
-        with runtime.sessions.begin() as session:
-            for n in range(3):
-                outbox.record(session, "slow", {"n": n})
-        stats = relay(runtime)
+        with clock.frozen(T0):
+            with runtime.sessions.begin() as session:
+                for n in range(3):
+                    outbox.record(session, "slow", {"n": n})
+            stats = relay(runtime)
     finally:
         other.dispose()
     assert sorted(runs) == [("first", 0), ("first", 1), ("other", 2)]
