@@ -77,6 +77,7 @@ class ChunkCipher:
         self.algorithm = algorithm
         self.nonce_size = NONCE_SIZES[algorithm]
         self._key = key
+        self.capacity = capacity
         self._out = ffi.new("unsigned char[]", capacity + TAG_SIZE)
         self._view = memoryview(ffi.buffer(self._out))
         self._length = ffi.new("unsigned long long *")
@@ -100,17 +101,30 @@ class ChunkCipher:
             # exists for the test vectors, which must be reproducible on any CPU.
             return memoryview(self._openssl.encrypt(nonce, bytes(plaintext), ad))
         size = len(plaintext)
+        self._check(nonce, size)  # libsodium writes size + TAG_SIZE bytes into the buffer: never past it
         rc = self._encrypt(self._out, self._length, ffi.from_buffer(plaintext), size, ad, len(ad),
                            ffi.NULL, nonce, self._key)
         if rc != 0:
             raise StorageError("encryption failed")
         return self._view[: self._length[0]]
 
+    def _check(self, nonce: bytes, size: int) -> None:
+        """What libsodium takes on trust (it reads nonce_size bytes of the nonce, writes size + tag
+        bytes into the buffer): a caller's mistake must be an error, not memory past the end."""
+        if size > self.capacity:
+            raise ValueError(f"plaintext of {size} bytes is over this cipher's capacity of {self.capacity}")
+        if len(nonce) != self.nonce_size:
+            raise ValueError(f"nonce of {len(nonce)} bytes, not {self.nonce_size}")
+
     def open(self, nonce: bytes, sealed, ad: bytes) -> memoryview:
         """The plaintext of `sealed` (ciphertext || tag); IntegrityError if it does not authenticate."""
         size = len(sealed)
         if size < TAG_SIZE:
             raise IntegrityError("chunk shorter than its tag")
+        if size - TAG_SIZE > self.capacity:  # a chunk longer than the format allows: never written past the buffer
+            raise IntegrityError(f"chunk of {size} bytes is longer than {self.capacity + TAG_SIZE}")
+        if len(nonce) != self.nonce_size:
+            raise IntegrityError(f"nonce of {len(nonce)} bytes, not {self.nonce_size}")
         if self._openssl is not None:
             from cryptography.exceptions import InvalidTag
 

@@ -275,3 +275,25 @@ def test_range_reads_decrypt_only_the_touched_chunks(ids, monkeypatch):
     start, stop = 2 * CHUNK_SIZE - 10, 3 * CHUNK_SIZE + 10
     assert b"".join(bytes(p) for p in reader.iter_range(start, stop)) == data[start:stop]
     assert opened == [1, 2, 3]
+
+
+@pytest.mark.parametrize("algorithm", [AES, XCHACHA])
+def test_a_chunk_cipher_never_writes_past_its_buffer_or_reads_past_a_short_nonce(algorithm):
+    """libsodium writes len(plaintext) + 16 bytes into the cipher's reused buffer and reads a nonce of
+    its own size: a plaintext over the capacity, a sealed chunk longer than it allows or a short nonce
+    is refused before libsodium is called, and the cipher still works after."""
+    if algorithm == AES and not ciphers.hardware_aes():
+        pytest.skip("AES-GCM seals only with AES-NI (the software path checks its own sizes)")
+    key, nonce = os.urandom(32), os.urandom(ciphers.NONCE_SIZES[algorithm])
+    cipher = ciphers.ChunkCipher(algorithm, key, 64)
+    with pytest.raises(ValueError, match="over this cipher's capacity of 64"):
+        cipher.seal(nonce, b"x" * 65, b"ad")
+    with pytest.raises(ValueError, match="nonce of 5 bytes"):
+        cipher.seal(nonce[:5], b"x" * 10, b"ad")
+    big = ciphers.ChunkCipher(algorithm, key, 4096).seal(nonce, b"y" * 4096, b"ad")
+    with pytest.raises(IntegrityError, match="longer than 80"):
+        cipher.open(nonce, bytes(big), b"ad")
+    sealed = bytes(cipher.seal(nonce, b"z" * 64, b"ad"))
+    with pytest.raises(IntegrityError, match="nonce of 5 bytes"):
+        cipher.open(nonce[:5], sealed, b"ad")
+    assert bytes(cipher.open(nonce, sealed, b"ad")) == b"z" * 64
