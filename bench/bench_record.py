@@ -298,10 +298,10 @@ transaction's time over the case's, both taken in the same round, the cases inte
 transaction by transaction in a shuffled order. The columns after the rates count, per
 transaction, the statements sent, the pings at checkout and the commits. The last row of each
 store is the floor: the driver alone (no SQLAlchemy, no cronbox) running the business INSERT and
-COMMIT, and the same with an INSERT of an event's columns and values into cronbox_events. It is
-what the extra statement costs the server and the wire; no client code can do better than its
-ratio, and cronbox's ratios are higher than it only because SQLAlchemy's transaction has more
-Python around the same round trips.
+COMMIT, and the same with an INSERT of an event's columns and values into cronbox_events: what
+the extra statement costs the server, the wire and the driver, with no other Python around it.
+cronbox's ratios differ from it by SQLAlchemy's Python: more of it around the same round trips
+raises them (the ORM row's), its own execution of the extra statement lowers them.
 
 Where the extra INSERT's time goes on MariaDB (2026-12-01, issue 14, PyMySQL alone on a migrated
 schema). The server keeps no binary log (`log_bin` OFF) and flushes its redo log at every commit
@@ -317,7 +317,7 @@ payload ~20 more, the jobs INSERT 86, of which its secondary indexes ~6. No inde
 (fanned_out_at, id) serves the relay's fan-out scan (`fanned_out_at IS NULL ORDER BY id`,
 `outbox/events/deliveries.py`), the backlog counts and retention's purge; the jobs table's serve
 the claims (queue, status, available_at, id), retention (status, finished_at) and unique dispatch
-(`outbox/queue/jobstore.py`). So the floor ratio is ~0.75 on a quiet MariaDB, and lower on a loaded
+(`outbox/queue/jobstore.py`). So the floor ratio is ~0.75-0.8 on a quiet MariaDB, and lower on a loaded
 one, where every round trip also waits for a core.
 
 What cronbox adds above the floor is Python. Since this change record() and dispatch() send their
