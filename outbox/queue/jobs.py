@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
 
-from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -21,6 +20,7 @@ from outbox.core import clock
 from outbox.core.db import insert_ignore
 from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
+from outbox.core.row_insert import RowInsert
 from outbox.engine.backoff import Backoff
 from outbox.engine.registry import DEFAULT, Jobs, Registry
 from outbox.events.record import connection_of, new_trace_id
@@ -31,7 +31,10 @@ from outbox.queue.ratelimit import RateLimit
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 J = Job.__table__
-_INSERT = insert(J)  # one statement, compiled once; the row goes in as parameters
+# Rendered once per dialect, the row goes in as parameters (outbox/core/row_insert.py).
+_COLUMNS = ("queue", "handler", "payload", "status", "attempts", "available_at", "unique_key", "retry_until",
+            "trace_id", "created_at", "concurrency_group", "cost")
+_INSERT = RowInsert(J, _COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,10 @@ class JobHandler:
         }
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
-            result = connection.execute(_INSERT, row)
-        else:
-            result = insert_ignore(connection, J, row)
-            if result.rowcount == 0:
-                return None
+            return _INSERT.execute(connection, row)
+        result = insert_ignore(connection, J, row)
+        if result.rowcount == 0:
+            return None
         return result.inserted_primary_key[0]
 
 

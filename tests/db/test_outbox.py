@@ -86,6 +86,39 @@ def test_record_never_flushes_the_callers_pending_objects(runtime):
     assert count_events(runtime) == 0
 
 
+def test_record_stores_times_as_sqlalchemy_would_and_its_statement_is_seen_by_the_callers_listeners(runtime):
+    """record() sends a pre-rendered INSERT (outbox/core/row_insert.py). At a whole second SQLite's
+    own datetime adapter would store '12:00:00' where SQLAlchemy stores '12:00:00.000000', and
+    every comparison on SQLite is on that text: the event must be found by its time. The statement
+    still goes through the caller's Connection, so a host's statement listener sees it, in the
+    caller's transaction; so does a Connection with a schema_translate_map (the Core path)."""
+    from sqlalchemy import event as sa_event
+    from outbox.events.models import OutboxEvent
+    seen = []
+
+    def listener(conn, cursor, statement, parameters, context, executemany):
+        seen.append((statement.split("(")[0].strip(), conn.in_transaction()))
+
+    sa_event.listen(runtime.engine, "before_cursor_execute", listener)
+    try:
+        with clock.frozen(T0):
+            with runtime.engine.begin() as connection:
+                first = outbox.record(connection, "note", {"n": 1}, delay=timedelta(seconds=60))
+            with runtime.engine.connect() as translated:
+                translated.execution_options(schema_translate_map={None: None})  # in place (SQLAlchemy 2)
+                with translated.begin():
+                    second = outbox.record(translated, "note", {"n": 2})
+    finally:
+        sa_event.remove(runtime.engine, "before_cursor_execute", listener)
+    assert ("INSERT INTO cronbox_events", True) in seen
+    E = OutboxEvent.__table__
+    with runtime.sessions() as session:
+        at_t0 = session.scalars(select(E.c.id).where(E.c.created_at == T0).order_by(E.c.id)).all()
+        delayed = session.scalar(select(E.c.id).where(E.c.available_at == T0 + timedelta(seconds=60)))
+    assert at_t0 == [first.id, second.id] and second.id > first.id
+    assert delayed == first.id and first.available_at == T0 + timedelta(seconds=60)
+
+
 def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
     with runtime.sessions() as session:
         with pytest.raises(PayloadError, match=r"payload\['when'\] is a datetime"):
