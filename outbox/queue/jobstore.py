@@ -40,19 +40,20 @@ class ClaimedJob:
     cost: int | None = None
 
 
-def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime) -> list[str]:
+def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime, *,
+               always_ask: bool = False) -> list[str]:
     """Which of `queues` (in their order) have a due job of a handler registered here: one
     statement, an EXISTS per queue, each stopping at the first index entry of its (queue, status,
     available_at) range, so the worker claims only from those instead of trying every queue in
     turn (a quiet pass sent a claim per registered queue, six for the built-in ones). A plain read:
     the claim that follows re-checks and locks, so a job committed or taken meanwhile only moves
     to the next batch, as it would between two claims. With one candidate queue there is nothing
-    to choose, and no statement."""
+    to choose, and no statement (unless `always_ask`: the answer itself is wanted)."""
     names: dict[str, list[str]] = {}
     for handler in registry.all():
         names.setdefault(handler.queue, []).append(handler.name)
     candidates = [q for q in dict.fromkeys(queues) if q in names]
-    if len(candidates) <= 1:
+    if not candidates or (len(candidates) == 1 and not always_ask):
         return candidates
     row = session.execute(select(*(
         exists().where(J.c.queue == q, J.c.status.in_((READY, RESERVED)), J.c.available_at <= now,

@@ -352,7 +352,7 @@ class Pool:
             crash_point("worker-start")
             threading.Thread(target=self._watch_parent, args=(budget,), daemon=True, name="cronbox-parent").start()
             # Smaller batches than a lone worker's: a child must not lease the backlog its siblings wait for.
-            worker = Worker(self.runtime, self.queues, batch_size=JOBS_PER_WORKER)
+            worker = Worker(self.runtime, self.queues, batch_size=JOBS_PER_WORKER, siblings=True)
             result = record_run(self.runtime.sessions, "work",
                                 lambda: run_loop([worker.run], budget, linger=not self.stop_when_empty,
                                                  poll=self.sleep),

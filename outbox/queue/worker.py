@@ -12,6 +12,7 @@ took, and the job waits (RetryLater, no attempt used) while the worker goes on w
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from typing import Callable
 
@@ -27,6 +28,10 @@ from outbox.engine.registry import Jobs
 from outbox.queue import groups, jobstore, pauses
 
 log = logging.getLogger("cronbox")
+# A pool child's empty claim while due jobs exist (a sibling's claim holds their rows): look again
+# this many times, this far apart, before ending as "empty".
+SIBLING_RETRIES = 5
+SIBLING_PAUSE = 0.05
 
 
 class _Refused(CronboxError):
@@ -85,8 +90,9 @@ class Worker(Processor):
     store = jobstore
 
     def __init__(self, runtime, queues: list[str] | None = None, *, batch_size: int = 100,
-                 before_batch: Callable[[], None] | None = None):
+                 before_batch: Callable[[], None] | None = None, siblings: bool = False):
         super().__init__(runtime)
+        self.siblings = siblings  # a pool child: an empty claim may be a sibling's claim in progress
         self.registry: Jobs = runtime.jobs
         self.fixed_queues = queues  # None: the runtime's default order, re-read each run
         self.batch_size = batch_size
@@ -109,14 +115,31 @@ class Worker(Processor):
 
     def _run(self, budget: Budget) -> int:
         handled = 0
+        busy = 0
         while budget.stop_reason() is None:
             if self.before_batch is not None:
                 self.before_batch()
             claimed = self._claim_highest(budget.batch_size(self.batch_size))
             if not claimed:
+                if self.siblings and busy < SIBLING_RETRIES and self._due_but_taken():
+                    busy += 1
+                    time.sleep(SIBLING_PAUSE)
+                    continue
                 break
+            busy = 0
             handled += self.process(claimed, budget)
         return handled
+
+    def _due_but_taken(self) -> bool:
+        """After an empty claim in a pool child: are there due jobs all the same? A sibling's claim in
+        progress holds row locks on the jobs it is taking, and SKIP LOCKED (or the token path's
+        guarded UPDATE) passes over them and whatever else its scan locked, so a child starting at
+        the same moment as two others can find nothing although a backlog waits. Ended as "empty",
+        it would leave that backlog to the siblings' next batches, one child short for the rest of
+        the run. A plain read (no locks): one statement, paid only after an empty claim."""
+        now = clock.utcnow()
+        return bool(in_transaction(self.sessions, lambda s: jobstore.due_queues(
+            s, self.registry, self.queues, now, always_ask=True)))
 
     def process(self, claimed, budget: Budget) -> int:
         try:

@@ -430,3 +430,40 @@ def test_the_backlog_counts_in_one_statement_what_the_relay_and_the_worker_could
     with rt.sessions() as session:
         assert deliveries.backlog(session, now) == 2 and jobstore.backlog(session, now) == 1
         assert session.scalar(select(deliveries.backlog_count(now) + jobstore.backlog_count(now))) == 3
+
+
+@pytest.mark.backends("mysql-skip-locked")
+@pytest.mark.parametrize("siblings", [True, False])
+def test_a_pool_child_whose_claim_finds_the_backlog_locked_by_a_sibling_looks_again(rt, jobs, siblings):
+    """Three children claiming at one moment: one's SKIP LOCKED can pass over every due job while
+    the others' claims hold their rows. A pool child (siblings=True) checks that due jobs remain,
+    looks again a moment later and takes them; a lone worker ends as empty, as it always has."""
+    import threading
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    seen = []
+
+    @job("held", name="held", registry=jobs)
+    def held(payload, ctx):
+        seen.append(payload["n"])
+
+    with rt.sessions.begin() as session:
+        for n in range(3):
+            held.dispatch(session, {"n": n})
+    other = create_engine(rt.engine.url, poolclass=NullPool)  # another child's own connection
+    sibling = other.connect()  # its claim in progress: the rows locked, not yet taken
+    locked = sibling.begin()
+    sibling.execute(text("SELECT id FROM cronbox_jobs WHERE status = 'ready' FOR UPDATE")).all()
+    release = threading.Timer(0.12, locked.rollback)  # ... which then ends without taking them
+    release.start()
+    try:
+        worker = Worker(rt, ["held"], siblings=siblings)
+        worker.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        release.join()
+        sibling.close()
+        other.dispose()
+    assert sorted(seen) == ([0, 1, 2] if siblings else [])
+    assert worker.stats.done == (3 if siblings else 0)
