@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from sqlalchemy import create_engine, event, make_url, text
+from sqlalchemy import create_engine, delete, event, make_url, select, text
 from sqlalchemy.dialects import mysql as mysql_dialect  # loaded by the models' column types in any case
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
@@ -325,6 +325,16 @@ def supports_insert_returning(session: Session | Connection) -> bool:
     and SQLite >= 3.35, as SQLAlchemy detects them on the first connection; not MySQL."""
     dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
     return bool(dialect.insert_returning)
+
+
+def delete_oldest(session: Session, table, key_columns: list, stamp, cutoff, batch: int) -> int:
+    """Delete up to `batch` rows of `table` whose `stamp` is before `cutoff`, oldest first (an index on
+    `stamp` serves the read), one DELETE per primary key `key_columns`: for tables keyed by more than
+    one column, where `IN` over tuples is not portable. Returns how many."""
+    keys = session.execute(select(*key_columns).where(stamp < cutoff).order_by(stamp).limit(batch)).all()
+    for key in keys:
+        session.execute(delete(table).where(*(column == value for column, value in zip(key_columns, key))))
+    return len(keys)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from outbox.core.db import delete_oldest
 from outbox.events.models import InboxEntry
 
 T = InboxEntry.__table__
@@ -78,8 +79,4 @@ def count(session: Session, consumer: str | None = None) -> int:
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` rows received before `cutoff`, oldest first (the received_at index)."""
-    keys = session.execute(select(T.c.consumer, T.c.message_id).where(T.c.received_at < cutoff)
-                           .order_by(T.c.received_at).limit(batch)).all()
-    for consumer, message_id in keys:
-        session.execute(delete(T).where(T.c.consumer == consumer, T.c.message_id == message_id))
-    return len(keys)
+    return delete_oldest(session, T, [T.c.consumer, T.c.message_id], T.c.received_at, cutoff, batch)

@@ -23,7 +23,7 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import insert_ignore
+from outbox.core.db import delete_oldest, insert_ignore
 from outbox.events.models import Redelivery
 
 T = Redelivery.__table__
@@ -48,8 +48,4 @@ def times(session: Session, queue: str, message_id: str) -> int:
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` rows last seen before `cutoff`, oldest first (the seen_at index)."""
-    keys = session.execute(select(T.c.queue, T.c.message_id).where(T.c.seen_at < cutoff)
-                           .order_by(T.c.seen_at).limit(batch)).all()
-    for queue, message_id in keys:
-        session.execute(delete(T).where(T.c.queue == queue, T.c.message_id == message_id))
-    return len(keys)
+    return delete_oldest(session, T, [T.c.queue, T.c.message_id], T.c.seen_at, cutoff, batch)

@@ -112,23 +112,29 @@ def test_a_crash_before_a_batched_ack_only_brings_its_messages_again(setup, runt
     assert rabbit.take(queue) == []
 
 
-def test_a_poison_message_is_parked_after_killing_the_consumer_n_times(setup, runtime, rabbit):
-    """A message whose consumer SIGKILLs the process: restarted like systemd would, the consumer
-    requeues it at the back each time it comes back, parks it on the 3rd, and handles the rest once."""
-    env, queue, calls_file = setup
-    for n in range(8):
-        publish(rabbit, queue, n, **({"kill": 1} if n == 3 else {}))
+def restart_until_parked(env, rabbit, queue: str, *args: str, poison: int, runs: int) -> None:
+    """Run the consumer again each time it dies, as systemd's Restart=always does, until the queue is
+    empty: it must have been killed exactly 3 times, by message `poison`, then parked it in Q.dead."""
     codes = []
-    for _ in range(12):  # systemd's Restart=always
-        proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-redeliveries", "3", "--max-time", "3")
+    for _ in range(runs):
+        proc = run_cli(env, "amqp", "consume", "--queue", queue, *args, "--max-redeliveries", "3", "--max-time", "3")
         codes.append(proc.returncode)
         if proc.returncode == 0 and rabbit.channel.queue_declare(queue, passive=True)[1] == 0:
             break
     assert codes.count(-signal.SIGKILL) == 3 and codes[-1] == 0, codes
     [dead] = rabbit.take(f"{queue}.dead")
     headers = dead.properties["application_headers"]
-    assert json.loads(dead.body)["n"] == 3 and headers["x-cronbox-redeliveries"] == 3
+    assert json.loads(dead.body)["n"] == poison and headers["x-cronbox-redeliveries"] == 3
     assert headers["x-cronbox-reason"].startswith("killed the consumer 3 times")
+
+
+def test_a_poison_message_is_parked_after_killing_the_consumer_n_times(setup, runtime, rabbit):
+    """A message whose consumer SIGKILLs the process: restarted like systemd would, the consumer
+    requeues it at the back each time it comes back, parks it on the 3rd, and handles the rest once."""
+    env, queue, calls_file = setup
+    for n in range(8):
+        publish(rabbit, queue, n, **({"kill": 1} if n == 3 else {}))
+    restart_until_parked(env, rabbit, queue, poison=3, runs=12)
     assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(8) if n != 3})
     assert rabbit.take(queue) == []
 
@@ -144,18 +150,7 @@ def test_ordered_a_poison_message_is_counted_in_the_database_and_parked_in_place
     rabbit.queues.append(queue)
     for n in range(5):
         publish(rabbit, queue, n, **({"kill": 1} if n == 1 else {}))
-    codes = []
-    for _ in range(8):  # systemd's Restart=always
-        proc = run_cli(env, "amqp", "consume", "--queue", queue, "--ordered", "--max-redeliveries", "3",
-                       "--max-time", "3")
-        codes.append(proc.returncode)
-        if proc.returncode == 0 and rabbit.channel.queue_declare(queue, passive=True)[1] == 0:
-            break
-    assert codes.count(-signal.SIGKILL) == 3 and codes[-1] == 0, codes
-    [dead] = rabbit.take(f"{queue}.dead")
-    headers = dead.properties["application_headers"]
-    assert json.loads(dead.body)["n"] == 1 and headers["x-cronbox-redeliveries"] == 3
-    assert headers["x-cronbox-reason"].startswith("killed the consumer 3 times")
+    restart_until_parked(env, rabbit, queue, "--ordered", poison=1, runs=8)
     assert rows(runtime) == Counter({(c, n): 1 for c in ("consume.a", "consume.b") for n in range(5) if n != 1})
     # In order: 0 before the poison message, 2-4 only after it was parked (none overtook it).
     made = [int(line.split()[1]) for line in calls_file.read_text().splitlines() if line.startswith("consume.a")]
