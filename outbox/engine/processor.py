@@ -547,24 +547,34 @@ class Processor:
         if not quiet_acks:
             return
         items = quiet_acks.take()
-        ids = [item.id for item in items]
         crash_point("before-ack-commit")
         try:
-            acked = in_transaction(self.sessions, lambda s: self.store.ack(s, ids, items[0].claim_token,
-                                                                          clock.utcnow()))
+            acked = in_transaction(self.sessions, lambda s: self._ack(s, items, clock.utcnow()))
         except Exception:
             if not best_effort:
                 raise
-            log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(ids))
+            log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(items))
             return
         crash_point("after-ack-commit")
+        self._acked(items, acked)
+
+    def _ack(self, session, items: list, now: datetime) -> int:
+        """The items done, one UPDATE per claim token (a relay batch can hold deliveries of its claim
+        and of its fan-out, leased under two tokens). Returns how many were still ours."""
+        ids: dict[str, list[int]] = {}
+        for item in items:
+            ids.setdefault(item.claim_token, []).append(item.id)
+        return sum(self.store.ack(session, group, token, now) for token, group in ids.items())
+
+    def _acked(self, items: list, acked: int) -> None:
+        """Counters and log lines of a committed ack."""
         self.stats.done += acked
-        self.stats.lease_lost += len(ids) - acked
+        self.stats.lease_lost += len(items) - acked
         for item in items:
             self._log(item, self._handler(item), "done", None)
-        if acked != len(ids):
+        if acked != len(items):
             log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
-                        self.kind, len(ids) - acked, len(ids))
+                        self.kind, len(items) - acked, len(items))
 
     def _write(self, group: Group | None, work: Callable[[Session], bool]) -> bool:
         """A write of the processor's: in its own short transaction, or in the group's."""

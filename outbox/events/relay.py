@@ -141,7 +141,7 @@ class Relay(Processor):
 
         def step(session):
             now = clock.utcnow()
-            acked = self._ack_confirmed(session, confirmed, now) if confirmed else 0
+            acked = self._ack(session, confirmed, now) if confirmed else 0
             claimed, expired = deliveries.claim_due_or_expired(session, self.registry, now=now, limit=limit,
                                                                mode=mode, lease_margin=margin)
             rest = 0 if expired else limit - len(claimed)
@@ -279,29 +279,10 @@ class Relay(Processor):
         if not confirmed:
             return
         crash_point("before-ack-commit")
-        acked = in_transaction(self.sessions, lambda s: self._ack_confirmed(s, confirmed, clock.utcnow()))
+        acked = in_transaction(self.sessions, lambda s: self._ack(s, confirmed, clock.utcnow()))
         crash_point("after-ack-commit")
         self._confirmed = []
         self._acked(confirmed, acked)
-
-    @staticmethod
-    def _ack_confirmed(session, items: list, now: datetime) -> int:
-        """One UPDATE per claim token: a batch can hold deliveries of the claim and of the fan-out,
-        leased under two tokens. Returns how many were still ours."""
-        ids: dict[str, list[int]] = {}
-        for item in items:
-            ids.setdefault(item.claim_token, []).append(item.id)
-        return sum(deliveries.ack(session, group, token, now) for token, group in ids.items())
-
-    def _acked(self, items: list, acked: int) -> None:
-        """Counters and log lines of a committed ack (as Processor._flush's)."""
-        self.stats.done += acked
-        self.stats.lease_lost += len(items) - acked
-        for item in items:
-            self._log(item, self._handler(item), "done", None)
-        if acked != len(items):
-            log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
-                        self.kind, len(items) - acked, len(items))
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):
