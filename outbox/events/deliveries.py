@@ -22,6 +22,8 @@ from outbox.core import paging
 from outbox.core.db import insert_ignore, supports_insert_returning
 from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
+from outbox.events import flights
+from outbox.events.forward import is_forward
 from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
@@ -44,6 +46,16 @@ class Claimed(NamedTuple):
     payload: str
     trace_id: str
     created_at: datetime
+    # A keyless delivery the fan-out leased into a flight (outbox.events.flights): no row yet, `id`
+    # is None, and its row is written when the flight lands (land_flight).
+    flight: bool = False
+
+
+class FanOutRace(Exception):
+    """Another relay fanned out some of the same events while this fan-out ran (MySQL: its UPDATE
+    of the events waited for the other's COMMIT, then matched fewer rows). Rows are safe from this
+    (INSERT IGNORE on (event_id, consumer)), a flight is not: nothing would stop both relays from
+    publishing the same events. The caller rolls back and fans out again without flights."""
 
 
 def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
@@ -63,6 +75,12 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     events not fanned out) and none earlier in this batch. A row another relay inserted first
     is skipped by INSERT IGNORE, and not taken as ours: INSERT ... RETURNING returns only the
     rows it inserted, and where the server has no RETURNING the rows are read back by our token.
+
+    Keyless ones (with `lease.flights`) are not inserted at all but go into one flight per consumer
+    (outbox.events.flights), whose rows are written once their outcome is known. The events are
+    marked fanned out first: an UPDATE that matched fewer rows than were read means another relay
+    fanned some of them out meanwhile, and a fan-out with flights raises FanOutRace (rolled back by
+    the caller) rather than publish them a second time.
     Returns (events, deliveries, the leased deliveries).
     """
     columns = [E.c.id, E.c.type, E.c.key, E.c.available_at]
@@ -75,43 +93,58 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     ).all()
     if not events:
         return 0, 0, []
+    marked = session.execute(
+        update(E).where(E.c.id.in_([e.id for e in events]), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now)
+    ).rowcount
     held = _held_keys(session, lease, events) if lease is not None else set()
-    rows, mine, leased = [], {}, {}
+    rows, mine, flying, leased = [], {}, {}, {}
+    consumers_of: dict[str, list] = {}  # a batch holds few types: each matched against the patterns once
     for event in events:
-        for consumer in registry.for_type(event.type):
-            row = {"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
-                   "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
-                   "claim_token": None, "lease_until": None}
+        consumers = consumers_of.get(event.type)
+        if consumers is None:
+            consumers = consumers_of[event.type] = registry.for_type(event.type)
+        for consumer in consumers:
             if lease is not None and consumer.name in lease.consumers:
                 held_key = (consumer.name, event.key)
                 if (len(leased) < lease.limit and event.available_at <= now
                         and (event.key is None or held_key not in held)):
-                    row.update(claim_token=lease.token, attempts=1, lease_until=lease.consumers[consumer.name])
                     leased[event.id] = event
+                    (flying if event.key is None and lease.flights else mine).setdefault(
+                        consumer.name, []).append(event.id)
+                    if event.key is not None:
+                        held.add(held_key)
+                    continue
                 if event.key is not None:
-                    held.add(held_key)  # leased or waiting, it holds the later events of its key
-            if row["claim_token"] is not None:
-                mine.setdefault(consumer.name, []).append(event.id)
-            else:
-                rows.append(row)
+                    held.add(held_key)  # waiting, it holds the later events of its key
+            rows.append({"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
+                         "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
+                         "claim_token": None, "lease_until": None})
+    if flying and marked != len(events):
+        raise FanOutRace(f"{len(events) - marked} of {len(events)} events fanned out by another relay meanwhile")
     if rows:
         insert_ignore(session, D, rows)
     claimed = _insert_leased(session, lease, mine, leased, now) if mine else []
-    session.execute(
-        update(E).where(E.c.id.in_([e.id for e in events]), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now)
-    )
-    return len(events), len(rows) + sum(map(len, mine.values())), claimed
+    for consumer, event_ids in flying.items():
+        lease_until = lease.consumers[consumer]
+        flights.start(session, lease.token, consumer, event_ids, lease_until, now)
+        claimed += [Claimed(None, consumer, 1, lease.token, lease_until, e.id, e.type, e.key, e.payload, e.trace_id,
+                            e.created_at, True) for e in map(leased.__getitem__, event_ids)]
+    if flying and mine:
+        claimed.sort(key=lambda d: d.event_id)  # published in the order recorded
+    return len(events), len(rows) + sum(map(len, mine.values())) + sum(map(len, flying.values())), claimed
 
 
 class Lease(NamedTuple):
-    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many."""
+    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many,
+    and whether keyless ones may fly (outbox.events.flights) rather than be inserted leased."""
     token: str
     consumers: dict[str, datetime]
     limit: int
+    flights: bool = True
 
     @classmethod
-    def new(cls, consumers, now: datetime, lease_margin: float, limit: int) -> Lease:
-        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit)
+    def new(cls, consumers, now: datetime, lease_margin: float, limit: int, *, flights: bool = True) -> Lease:
+        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit, flights)
 
 
 def _held_keys(session: Session, lease: Lease, events) -> set[tuple[str, str]]:
@@ -136,12 +169,8 @@ def _insert_leased(session: Session, lease: Lease, mine: dict[str, list[int]], e
     returning = (D.c.id, D.c.event_id, D.c.consumer) if supports_insert_returning(session) else ()
     inserted = []
     for consumer, event_ids in mine.items():
-        values = select(E.c.id, literal(consumer, D.c.consumer.type), E.c.key, literal(PENDING, D.c.status.type),
-                        literal(1, D.c.attempts.type), E.c.available_at, literal(now, D.c.created_at.type),
-                        literal(lease.token, D.c.claim_token.type),
-                        literal(lease.consumers[consumer], D.c.lease_until.type))
-        result = insert_ignore(session, D, values.where(E.c.id.in_(event_ids)).order_by(E.c.id),
-                               columns=LEASED_COLUMNS, returning=returning)
+        result = insert_from_events(session, consumer, event_ids, now, attempts=1, claim_token=lease.token,
+                                    lease_until=lease.consumers[consumer], returning=returning)
         if returning:
             inserted += result.all()
     if not returning:
@@ -149,8 +178,67 @@ def _insert_leased(session: Session, lease: Lease, mine: dict[str, list[int]], e
     return _leased(lease, events, sorted(inserted))
 
 
+def insert_from_events(session: Session, consumer: str, event_ids: list[int], now: datetime, *,
+                       status: str = PENDING, attempts: int, claim_token: str | None = None,
+                       lease_until: datetime | None = None, finished_at: datetime | None = None, returning=()):
+    """INSERT IGNORE ... SELECT: `consumer`'s delivery rows of `event_ids`, the server copying each
+    event's key and available_at (next_attempt_at); the rest are the same for every row. Returns the
+    result (`returning`: columns of the rows inserted, where supports_insert_returning)."""
+    values = select(E.c.id, literal(consumer, D.c.consumer.type), E.c.key, literal(status, D.c.status.type),
+                    literal(attempts, D.c.attempts.type), E.c.available_at, literal(now, D.c.created_at.type),
+                    literal(claim_token, D.c.claim_token.type), literal(lease_until, D.c.lease_until.type),
+                    literal(finished_at, D.c.finished_at.type))
+    return insert_ignore(session, D, values.where(E.c.id.in_(event_ids)).order_by(E.c.id),
+                         columns=LEASED_COLUMNS, returning=returning)
+
+
 LEASED_COLUMNS = ["event_id", "consumer", "key", "status", "attempts", "next_attempt_at", "created_at",
-                  "claim_token", "lease_until"]
+                  "claim_token", "lease_until", "finished_at"]
+
+
+# ---- flights (outbox.events.flights): keyless forwarded deliveries written once settled ------------
+
+class Landing(NamedTuple):
+    """What became of a flight's deliveries: event ids done or given back unstarted (`released`:
+    the attempt not counted), and (event id, next attempt or None for dead, error) of the failed."""
+    done: list[int]
+    failed: list[tuple[int, datetime | None, str]]
+    released: list[int]
+
+
+def land_flight(session: Session, token: str, consumer: str, landing: Landing, now: datetime) -> bool:
+    """Write the rows of a flight's deliveries, once each, and end the flight: done (attempt 1),
+    back to pending for a retry or dead with the error, or pending as if never claimed (released).
+    False, writing nothing, if the flight is no longer ours (its lease ran out and a claim grounded
+    it: those rows, leased and expired, are the claim's now)."""
+    if not flights.take(session, token, consumer):
+        return False
+    if landing.done:
+        insert_from_events(session, consumer, landing.done, now, status=DONE, attempts=1, finished_at=now)
+    if landing.released:
+        insert_from_events(session, consumer, landing.released, now, attempts=0)
+    if landing.failed:
+        # A flight is keyless, so a failed row needs nothing of its event: VALUES, the rare path.
+        insert_ignore(session, D, [
+            {"event_id": event_id, "consumer": consumer, "key": None, "status": PENDING if next_at else DEAD,
+             "attempts": 1, "next_attempt_at": next_at or now, "created_at": now, "claim_token": None,
+             "lease_until": None, "last_error": error[:ERROR_MAX], "finished_at": None if next_at else now}
+            for event_id, next_at, error in landing.failed])
+    return True
+
+
+def ground_expired_flights(session: Session, consumers: list[str], now: datetime, limit: int = 20) -> int:
+    """Turn flights whose lease ran out into the leased delivery rows they stand for (attempt 1, the
+    flight's token and expired lease), for the expired-lease claim that follows to take one at a time.
+    Rows that exist already (another relay's fan-out got there first) are left as they are.
+    Returns the flights grounded."""
+    grounded = 0
+    for token, consumer, event_ids, lease_until in flights.expired(session, consumers, now, limit):
+        if flights.take(session, token, consumer):
+            insert_from_events(session, consumer, event_ids, now, attempts=1, claim_token=token,
+                               lease_until=lease_until)
+            grounded += 1
+    return grounded
 
 
 def _read_leased(session: Session, lease: Lease, events: dict) -> list[Claimed]:
@@ -194,6 +282,9 @@ def claim_due_or_expired(session: Session, registry: Consumers, *, now: datetime
     consumers = registry.all()
     if not consumers or limit <= 0:
         return [], False
+    forward_targets = [c.name for c in consumers if is_forward(c)]
+    if forward_targets:  # flights whose lease ran out become the expired leased rows claimed below
+        ground_expired_flights(session, forward_targets, now)
     expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
     fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
     for claimable, size in ((expired, 1), (fresh, limit)):
@@ -267,6 +358,8 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
 
 
 def extend(session: Session, item, lease_until: datetime) -> bool:
+    if item.flight:  # no row yet: the flight's row is its lease
+        return flights.extend(session, item.claim_token, item.consumer, lease_until)
     result = session.execute(
         update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING)
         .values(lease_until=lease_until)
@@ -383,6 +476,8 @@ def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
     for name, count, due, oldest in pending:
         out[name] = ConsumerStatus(name, int(count), int(due or 0),
                                    oldest_due_at=oldest if oldest is not None and oldest <= now else None)
+    for name, count in flights.sizes(session):  # published, not yet settled: pending, not due
+        out.setdefault(name, ConsumerStatus(name)).pending += count
     for name, count in session.execute(select(D.c.consumer, func.count()).where(D.c.status == DEAD)
                                        .group_by(D.c.consumer)).all():
         out.setdefault(name, ConsumerStatus(name)).dead = int(count)
@@ -469,10 +564,12 @@ def unregistered_due(session: Session, registry: Consumers, now: datetime) -> li
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` events fanned out before `cutoff` whose deliveries are all finished
-    (done or skipped), with those deliveries. Events with dead or pending deliveries stay."""
+    (done or skipped), with those deliveries. Events with dead or pending deliveries stay, and so do
+    those a flight may still hold (their rows are not written yet)."""
     unfinished = exists().where(D.c.event_id == E.c.id, D.c.status.in_(HOLDING))
     ids = list(session.scalars(
-        select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished)
+        select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished,
+                             ~flights.covering(E.c.id))
         .order_by(E.c.id).limit(batch)
     ))
     if not ids:

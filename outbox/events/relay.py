@@ -9,7 +9,9 @@ order and retries are the same for both: a claim takes at most one delivery per 
 so a message that failed stays pending and holds its key back until it gets through. Each batch
 is one transaction: the claim of what is due, then the fan-out of new events, which inserts the
 forward targets' new deliveries already leased (up to the rest of the batch; those a claim would
-take at once: deliveries.fan_out), so a fresh forwarded event needs no claim statement.
+take at once: deliveries.fan_out), so a fresh forwarded event needs no claim statement; keyless ones
+are not even written as rows until their outcome is known (outbox.events.flights). A claim that
+found nothing is skipped for a second while fresh events keep coming (_claim_wanted).
 
 Forwarded batches are pipelined one deep: batch N is published, and while its confirms come in the
 relay settles N-1 and fans out and claims N+1; N's confirms are collected just before N+1 is
@@ -43,6 +45,7 @@ from outbox.events.forward import ForwardTarget, is_forward, message_properties
 log = logging.getLogger("cronbox")
 
 FAN_OUT_BATCH = 500
+CLAIM_EVERY = 1.0  # seconds between claims that find nothing, while fan-outs keep a run busy (_claim_wanted)
 MAX_ROUTING_KEY = 255  # an AMQP short string
 
 
@@ -55,6 +58,7 @@ class Forwarded:
     started: float  # monotonic, when publishing began
     budget: Budget
     leases_until: datetime  # the earliest lease among the items
+    unsent: list  # (flight item, error) never published (its routing key failed): settled with the rest
 
 
 class Relay(Processor):
@@ -73,6 +77,8 @@ class Relay(Processor):
         self._in_flight: Forwarded | None = None
         # Confirmed by the broker, not yet acked: the next claim's transaction acks them (_settle_sent).
         self._confirmed: list = []
+        self._claim_next = True  # _claim_wanted
+        self._next_claim_at = 0.0
 
     @property
     def broker(self) -> Broker:
@@ -137,27 +143,55 @@ class Relay(Processor):
         mode = self.runtime.claim_mode()
         margin = self.runtime.settings.lease_margin
         targets = [c for c in self.registry.all() if is_forward(c)]
-        confirmed = self._confirmed
 
-        def step(session):
+        def step(session, confirmed, claim, flights=True):
             now = clock.utcnow()
             acked = self._ack(session, confirmed, now) if confirmed else 0
-            claimed, expired = deliveries.claim_due_or_expired(session, self.registry, now=now, limit=limit,
-                                                               mode=mode, lease_margin=margin)
+            claimed, expired = deliveries.claim_due_or_expired(
+                session, self.registry, now=now, limit=limit, mode=mode, lease_margin=margin) if claim else ([], False)
             rest = 0 if expired else limit - len(claimed)
-            lease = deliveries.Lease.new(targets, now, margin, rest) if targets and rest > 0 else None
-            events, _rows, leased = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH, lease=lease)
+            lease = (deliveries.Lease.new(targets, now, margin, rest, flights=flights)
+                     if targets and rest > 0 else None)
+            events, rows, leased = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH, lease=lease)
             if confirmed:
                 crash_point("before-ack-commit")
-            return events, claimed + leased, acked
+            return events, claimed, leased, rows - len(leased), acked
 
-        events, claimed, acked = in_transaction(self.sessions, step)
-        if confirmed:
-            crash_point("after-ack-commit")
-            self._confirmed = []
-            self._acked(confirmed, acked)
-        self.stats.fanned += events
-        return events, claimed
+        claim = self._claim_wanted()
+        while True:
+            confirmed = self._confirmed
+            try:
+                events, claimed, leased, waiting, acked = in_transaction(
+                    self.sessions, lambda s: step(s, confirmed, claim))
+            except deliveries.FanOutRace as race:  # rolled back; rows, unlike flights, are safe from a race
+                log.info("relay: %s; fanning out again without flights", race)
+                events, claimed, leased, waiting, acked = in_transaction(
+                    self.sessions, lambda s: step(s, confirmed, claim, flights=False))
+            if confirmed:
+                crash_point("after-ack-commit")
+                self._confirmed = []
+                self._acked(confirmed, acked)
+            self.stats.fanned += events
+            if claim:
+                self._next_claim_at = clock.monotonic() + CLAIM_EVERY
+            # Claim again next time if this one found work (there may be more), or the fan-out left
+            # rows a claim is to take (in-process consumers', held keys', those past the lease limit).
+            self._claim_next = bool(claimed) or waiting > 0
+            if claim or events:
+                return events, claimed + leased
+            claim = True  # no new events: look for due work before the run concludes there is none
+
+    def _claim_wanted(self) -> bool:
+        """Does this batch's transaction claim? A claim that found nothing is not repeated for
+        CLAIM_EVERY seconds while fresh events keep coming (each costs a few statements and reads the
+        pending rows' indexes: a fifth of forwarding's time when every batch claimed), unless
+        something since may have made a row claimable: a row left by a fan-out, a claim that found
+        work, an ack or release of rows (it frees their keys). Rows that come due meanwhile (retries,
+        another run's expired leases, an operator's retry) wait at most that long; the run's first
+        transaction, and one that finds no new events, always claim."""
+        if self._claim_next or clock.monotonic() >= self._next_claim_at:
+            return True
+        return any(not item.flight for item in self._confirmed)
 
     def process(self, claimed: list, budget: Budget) -> int:
         forwarded = [item for item in claimed if is_forward(self.registry.get(item.consumer))]
@@ -166,6 +200,7 @@ class Relay(Processor):
             if forwarded:
                 self._forward(forwarded, budget)
             if local:
+                self._claim_next = True  # their acks free their keys
                 # Handlers may run long: the batch in flight is settled first, within its leases.
                 self._settle_sent(self._collect())
         except BaseException:
@@ -192,7 +227,7 @@ class Relay(Processor):
             self._publish(self.registry.get(name), groups[name], budget)
 
     def _publish(self, target: ForwardTarget, items: list, budget: Budget) -> None:
-        live, messages = [], []
+        live, messages, unsent = [], [], []
         covered = clock.utcnow() + timedelta(seconds=target.timeout)  # a lease past this needs no extending
         for item in items:
             if item.lease_until < covered and not self._lease_covers(item, target):
@@ -205,10 +240,15 @@ class Relay(Processor):
             try:
                 messages.append(self._message(target, item))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
-                self._after_failure(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
+                error = f"no routing key: {describe(exc, 900)}"
+                if item.flight:
+                    unsent.append((item, error))  # written when its flight lands, with the others
+                else:
+                    self._after_failure(item, target, Outcome(ERROR, 0.0, error))
                 continue
             live.append(item)
         if not live:
+            self._land_failed(target, [(i, e, 0.0) for i, e in unsent])
             return
         crash_point("after-claim")
         # Another target's confirmed deliveries (this is the second target of a claimed batch) are
@@ -219,7 +259,7 @@ class Relay(Processor):
         # Never past the run's end: the tick must exit by --max-time even if the broker stalls.
         wait = max(1.0, min(target.timeout, budget.remaining() if budget.max_time is not None else target.timeout))
         flight = self.broker.publish(messages, wait)
-        self._in_flight = Forwarded(target, live, flight, started, budget, min(i.lease_until for i in live))
+        self._in_flight = Forwarded(target, live, flight, started, budget, min(i.lease_until for i in live), unsent)
         self._settle_sent(previous, ack_later=True)  # the next claim_and_fan_out acks its confirmed ones
         if flight.results is not None:  # failed already (broker unreachable): settle it now, within its leases
             self._settle_sent(self._collect())
@@ -251,24 +291,34 @@ class Relay(Processor):
         """Ack the confirmed deliveries of a collected batch (with any left from earlier batches),
         reschedule the rest. `ack_later`: leave the acks to the next claim_and_fan_out's
         transaction, which follows at once (within the leases, as an ack of its own would)."""
+        failed_flights = []
         if collected is not None:
             forwarded, results, took = collected
             target, live = forwarded.target, forwarded.items
             seconds = took / len(live)
             for _ in live:
                 forwarded.budget.record(seconds)
-            self._confirmed.extend(item for item, error in zip(live, results) if error is None)
+            # A flight lands whole, in one transaction: with its confirmed deliveries in the next
+            # claim's (as rows are acked) when nothing of it failed, else now.
+            failing = {i.claim_token for i, error in zip(live, results) if error is not None and i.flight}
+            failing.update(i.claim_token for i, _ in forwarded.unsent)
+            self._confirmed.extend(item for item, error in zip(live, results)
+                                   if error is None and not (item.flight and item.claim_token in failing))
+            failed_flights = [(i, e, seconds) for i, e in zip(live, results) if i.flight and i.claim_token in failing]
+            failed_flights += [(i, e, 0.0) for i, e in forwarded.unsent]
         try:
             if not ack_later:
                 self._flush_confirmed()  # first: the broker has these, the sooner acked the fewer duplicates
             if collected is not None:
                 for item, error in zip(live, results):
-                    if error is not None:
+                    if error is not None and not item.flight:
                         self._after_failure(item, target, Outcome(ERROR, seconds, error))
+                self._land_failed(target, failed_flights)
         except Exception:
             if not best_effort:
                 raise
-            failed = sum(1 for _, error in zip(live, results) if error is not None) if collected is not None else 0
+            failed = (sum(1 for i, error in zip(live, results) if error is not None and not i.flight)
+                      + len(failed_flights)) if collected is not None else 0
             log.warning("relay: could not record the outcome of %d forwarded deliveries; their leases will "
                         "expire and they are published again", len(self._confirmed) + failed)
             self._confirmed = []
@@ -282,7 +332,91 @@ class Relay(Processor):
         acked = in_transaction(self.sessions, lambda s: self._ack(s, confirmed, clock.utcnow()))
         crash_point("after-ack-commit")
         self._confirmed = []
+        self._claim_next = self._claim_next or any(not item.flight for item in confirmed)
         self._acked(confirmed, acked)
+
+    # -- flights (outbox.events.flights): keyless deliveries whose rows are written once settled --
+
+    def _land_failed(self, target: ForwardTarget, outcomes: list) -> None:
+        """Land the flights of `outcomes` ((item, error or None, seconds) of every member of each):
+        the confirmed ones done, the failed ones retrying with the target's backoff (attempt 1 was
+        theirs) or dead, in one transaction a flight; then their counters and log lines."""
+        by_flight: dict[str, list] = {}
+        for outcome in outcomes:
+            by_flight.setdefault(outcome[0].claim_token, []).append(outcome)
+        for token, members in by_flight.items():
+            now = clock.utcnow()
+            done, failed, lines = [], [], []
+            for item, error, seconds in members:
+                if error is None:
+                    done.append(item.event_id)
+                    lines.append((item, "done", None, None))
+                    continue
+                outcome = Outcome(ERROR, seconds, error)
+                if item.attempts >= target.max_attempts:
+                    failed.append((item.event_id, None, error))
+                    lines.append((item, self.gave_up_word, outcome, None))
+                else:
+                    next_at = now + timedelta(seconds=target.backoff.delay(item.attempts))
+                    failed.append((item.event_id, next_at, error))
+                    lines.append((item, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s"))
+            landing = deliveries.Landing(done, failed, [])
+            if not in_transaction(self.sessions, lambda s: deliveries.land_flight(s, token, target.name, landing, now)):
+                self._flight_lost(target, [m[0] for m in members])
+                continue
+            for item, word, outcome, note in lines:
+                if word == "done":
+                    self.stats.done += 1
+                elif word == "retry":
+                    self.stats.retried += 1
+                else:
+                    self.stats.gave_up += 1
+                self._log(item, target, word, outcome, note)
+
+    def _flight_lost(self, target: ForwardTarget, items: list) -> None:
+        self.stats.lease_lost += len(items)
+        log.warning("relay: the flight of %d deliveries to %s ran out of its lease before it landed; another "
+                    "run published them again or will (same message ids), this outcome is not recorded",
+                    len(items), target.name)
+
+    def _ack(self, session, items: list, now: datetime) -> int:
+        """Rows acked as Processor._ack does; the confirmed deliveries of a flight written done as
+        the flight lands (all of a flight's deliveries are confirmed here: one that failed lands
+        the flight at once, _land_failed)."""
+        rows = [item for item in items if not item.flight]
+        acked = super()._ack(session, rows, now) if rows else 0
+        by_flight: dict[tuple[str, str], list[int]] = {}
+        for item in items:
+            if item.flight:
+                by_flight.setdefault((item.claim_token, item.consumer), []).append(item.event_id)
+        for (token, consumer), event_ids in by_flight.items():
+            if deliveries.land_flight(session, token, consumer, deliveries.Landing(event_ids, [], []), now):
+                acked += len(event_ids)
+        return acked
+
+    def _release(self, items: list, *, best_effort: bool = False) -> None:
+        """Give back what was claimed but not started: rows as Processor._release does (per claim
+        token), a flight's deliveries written as pending rows, their attempt not counted."""
+        self._claim_next = True  # claimable again
+        by_token: dict[str, list] = {}
+        for item in items:
+            by_token.setdefault(item.claim_token, []).append(item)
+        for token, members in by_token.items():
+            if not members[0].flight:
+                super()._release(members, best_effort=best_effort)
+                continue
+            consumer = members[0].consumer
+            landing = deliveries.Landing([], [], [i.event_id for i in members])
+            try:
+                landed = in_transaction(self.sessions, lambda s: deliveries.land_flight(
+                    s, token, consumer, landing, clock.utcnow()))
+            except Exception:
+                if not best_effort:
+                    raise
+                log.warning("relay: could not release a flight of %d deliveries; its lease will expire", len(members))
+                continue
+            if landed:
+                log.info("relay: released %d claimed but not started", len(members))
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):
@@ -292,7 +426,9 @@ class Relay(Processor):
         return (Event(item.event_id, item.event_type, item.key, load_payload(item.payload), item.created_at), ctx)
 
     def _describe(self, item) -> str:
-        return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} type={item.event_type}")
+        # A flight's delivery has no row id when it is logged (its row is written as it lands).
+        return (f"delivery={item.id if item.id is not None else '-'} consumer={item.consumer} "
+                f"event={item.event_id} type={item.event_type}")
 
     def _warn_unregistered(self) -> None:
         rows = in_transaction(self.sessions, lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))

@@ -7,12 +7,13 @@ import json
 from datetime import datetime
 
 import pytest
+from sqlalchemy import select
 
 import outbox
 from outbox.core import clock
 from outbox.engine.budget import Budget
 from outbox.events import deliveries as store
-from outbox.events.models import Delivery
+from outbox.events.models import Delivery, Flight
 from outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
@@ -45,6 +46,11 @@ def record(runtime, event_type, payloads, *, key=None, rollback=False):
 
 def by_status(runtime, consumer):
     return {d.event_id: d for d in deliveries(runtime, consumer=consumer)}
+
+
+def flight_rows(runtime) -> list[Flight]:
+    with runtime.sessions() as session:
+        return list(session.scalars(select(Flight).order_by(Flight.created_at)))
 
 
 def test_committed_events_arrive_exactly_as_recorded_rolled_back_never(runtime, registry, rabbit):
@@ -232,7 +238,8 @@ def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_
     """deliveries.fan_out with a lease (the relay's step, so a fresh forwarded event needs no claim):
     attempt 1, the token, the target's lease; never past the limit, for an event not due yet, for a
     key held by a pending delivery (in the table or earlier in the batch), nor for an in-process
-    consumer. A claim does not take the leased ones, and takes the rest in order."""
+    consumer. Keyed ones are inserted leased; keyless ones have no row, only their flight's. A
+    claim does not take the leased ones, and takes the rest in order."""
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
     outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
@@ -254,7 +261,14 @@ def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_
         assert all(d.consumer == "fwd" and d.attempts == 1 and d.claim_token == lease.token
                    and d.lease_until == datetime(2026, 12, 1, 9, 0, 12) for d in leased)
         assert json.loads(leased[0].payload) == {"n": 0} and leased[0].key is None
+        assert [(d.flight, d.id is None) for d in leased] == [(True, True), (False, False), (True, True)]
         rows = by_status(runtime, "fwd")
+        assert ids[0] not in rows and ids[4] not in rows  # keyless: in the flight, no row yet
+        assert rows[ids[2]].id == leased[1].id and rows[ids[2]].claim_token == lease.token
+        [flight] = flight_rows(runtime)
+        assert (flight.token, flight.consumer, flight.event_ids, flight.size) == (
+            lease.token, "fwd", f"{ids[0]},{ids[4]}", 2)
+        assert flight.lease_until == datetime(2026, 12, 1, 9, 0, 12)
         assert rows[late].claim_token is None and rows[ids[1]].claim_token is None
         assert all(d.claim_token is None for d in deliveries(runtime, consumer="local"))
         with runtime.sessions.begin() as session:
@@ -269,7 +283,8 @@ def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(run
                                                                               returning):
     """The leased rows' ids come from INSERT ... RETURNING where the server has it (MariaDB >= 10.5,
     SQLite >= 3.35), else from a read back by claim token (MySQL; forced here): either way a row
-    another relay's fan-out inserted first (INSERT IGNORE skips ours) is not ours to publish."""
+    another relay's fan-out inserted first (INSERT IGNORE skips ours) is not ours to publish.
+    (Keyless deliveries are leased as rows only without flights: the relay's fan-out after a race.)"""
     if not returning:
         monkeypatch.setattr(store, "supports_insert_returning", lambda session: False)
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
@@ -281,9 +296,9 @@ def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(run
                                  next_attempt_at=T0, claim_token="theirs", lease_until=T0, created_at=T0))
         targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
         with runtime.sessions.begin() as session:
-            lease = store.Lease.new(targets, T0, 5.0, 10)
+            lease = store.Lease.new(targets, T0, 5.0, 10, flights=False)
             events, _rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
-    assert events == 4
+    assert events == 4 and not flight_rows(runtime)
     assert [(d.event_id, d.consumer, d.attempts, d.claim_token) for d in leased] == [
         (e, "fwd", 1, lease.token) for e in (ids[0], ids[2], ids[3])]
     rows = by_status(runtime, "fwd")
