@@ -36,10 +36,10 @@ from bench import handlers
 from bench.bench_outbox import Target, bulk_record, relay_rate
 from bench.report import write_section
 from outbox.engine.budget import Budget
-from outbox.events.broker import Broker, Outgoing
+from outbox.events.broker import Broker
 from outbox.events.consume import QueueConsumer
 from outbox.events.deliveries import Claimed
-from outbox.events.forward import message_properties
+from outbox.events.forward import message_of
 from outbox.events.record import new_trace_id
 from outbox.events.relay import Relay
 
@@ -93,14 +93,26 @@ class Broker_:
         self.connection.close()
 
 
+SETTLE = 2.0  # seconds
+
+
+def settle() -> None:
+    """The same machine state before every timed run: the servers' background work of the one
+    before (InnoDB purging the rows a reset deleted and flushing the pages the events' INSERTs
+    dirtied, RabbitMQ dropping a purged queue's messages from its store) is done, not run on the
+    same two cores during this one. Dirty pages go to disk first."""
+    os.sync()
+    time.sleep(SETTLE)
+
+
 def bare_publisher(broker: Broker_, n: int) -> float:
     """Messages/s: the client alone, batches of BATCH published then their confirms collected."""
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     items = [Claimed(i, "bench", 1, "t", now, i, "bench.fwd", None, outbox.core.payload.dump_payload({**PAYLOAD, "i": i}),
                      new_trace_id(), now) for i in range(1, n + 1)]
-    messages = [Outgoing(broker.exchange, "bench.fwd", item.payload.encode(), message_properties(item))
-                for item in items]
+    messages = [message_of(broker.exchange, "bench.fwd", item) for item in items]  # as the relay makes them
     client = Broker(broker.url)
+    settle()
     started = time.perf_counter()
     for start in range(0, n, BATCH):
         results = client.send(messages[start:start + BATCH], 30)
@@ -119,6 +131,7 @@ def forward_rate(t: Target, broker: Broker_, n: int) -> tuple[float, float]:
                 outbox.record(s, "bench.fwd", {**PAYLOAD, "i": i})
     client = TimedBroker(broker.url)
     relay = Relay(t.runtime, batch_size=BATCH, broker=client)
+    settle()
     started = time.perf_counter()
     relay.run(Budget(max_time=600, memory_mb=None))
     took = time.perf_counter() - started
@@ -126,6 +139,78 @@ def forward_rate(t: Target, broker: Broker_, n: int) -> tuple[float, float]:
     assert relay.stats.done == n, relay.stats
     assert broker.purge() == n
     return n / took, client.seconds / took
+
+
+def driver_relay(t: Target, broker: Broker_, n: int) -> float:
+    """Deliveries/s of the relay's statements alone: what cronbox's relay sends per batch for fresh
+    keyless events (the previous batch's flight landed: its row deleted, its done rows inserted by
+    INSERT ... SELECT; the next 500 events read, marked fanned out, their flight inserted; one
+    COMMIT), on a plain DB-API connection (PyMySQL, or sqlite3 in WAL), pipelined as the relay is
+    (batch N+1's transaction while N's confirms come in), published by the same client and messages.
+    No SQLAlchemy, no cronbox: the floor of the statements and the driver on this machine."""
+    from bench.bench_outbox import _commit, driver_connection
+
+    for start in range(0, n, 500):
+        with t.runtime.sessions.begin() as s:
+            for i in range(start, min(n, start + 500)):
+                outbox.record(s, "bench.fwd", {**PAYLOAD, "i": i})
+    sqlite = t.url.startswith("sqlite")
+    mark = "?" if sqlite else "%s"
+    connection = driver_connection(t)
+    cursor = connection.cursor()
+    if not sqlite:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    client = Broker(broker.url)
+    settle()
+    started = time.perf_counter()
+    landing, in_flight, done = None, None, 0
+    while True:
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        if sqlite:
+            cursor.execute("BEGIN IMMEDIATE")
+        if landing is not None:
+            token, ids = landing
+            cursor.execute(f"DELETE FROM cronbox_flights WHERE token = {mark} AND consumer = {mark}", (token, "drv"))
+            cursor.execute(
+                f"INSERT {'OR IGNORE' if sqlite else 'IGNORE'} INTO cronbox_deliveries (event_id, consumer, `key`, "
+                "status, attempts, next_attempt_at, created_at, claim_token, lease_until, finished_at) "
+                f"SELECT id, 'drv', `key`, 'done', 1, available_at, {mark}, NULL, NULL, {mark} FROM cronbox_events "
+                f"WHERE id IN ({','.join(map(str, ids))}) ORDER BY id", (now, now))
+            done += len(ids)
+        cursor.execute("SELECT id, type, `key`, available_at, payload, trace_id, created_at FROM cronbox_events "
+                       "WHERE fanned_out_at IS NULL ORDER BY id LIMIT 500")
+        rows = cursor.fetchall()
+        token = secrets.token_hex(16)
+        if rows:
+            ids = [r[0] for r in rows]
+            cursor.execute(f"UPDATE cronbox_events SET fanned_out_at = {mark} WHERE id IN ({','.join(map(str, ids))}) "
+                           "AND fanned_out_at IS NULL", (now,))
+            cursor.execute("INSERT INTO cronbox_flights (token, consumer, event_ids, size, first_event_id, "
+                           f"last_event_id, lease_until, created_at) VALUES ({', '.join([mark] * 8)})",
+                           (token, "drv", ",".join(map(str, ids)), len(ids), ids[0], ids[-1], now, now))
+        _commit(connection, cursor, sqlite)
+        if in_flight is not None:
+            flight_token, flight_ids, flight = in_flight
+            assert not any(client.collect(flight))
+            landing = (flight_token, flight_ids)
+            in_flight = None
+        else:
+            landing = None
+        if not rows:
+            if landing is None:
+                break
+            continue
+        items = [Claimed(None, "drv", 1, token, now, r[0], r[1], r[2], r[4] if isinstance(r[4], str) else r[4].decode(),
+                         r[5], r[6] if isinstance(r[6], datetime) else datetime.fromisoformat(r[6]), True)
+                 for r in rows]
+        in_flight = (token, ids, client.publish([message_of(broker.exchange, item.event_type, item) for item in items],
+                                                30))
+    took = time.perf_counter() - started
+    client.close()
+    connection.close()
+    assert done == n, done
+    assert broker.purge() == n
+    return n / took
 
 
 def main() -> None:
@@ -150,17 +235,21 @@ def main() -> None:
             try:
                 # The three runs interleaved, best of --rounds each: other work on the machine slows
                 # single runs by up to half; the best round of each is the least disturbed.
-                r = {"bare": 0.0, "forward": 0.0, "noop": 0.0, "in_client": 0.0}
+                r = {"bare": 0.0, "forward": 0.0, "noop": 0.0, "in_client": 0.0, "driver": 0.0}
                 for _ in range(args.rounds):
                     r["bare"] = max(r["bare"], bare_publisher(broker, args.events))
                     rate, in_client = forward_rate(t, broker, args.events)
                     if rate > r["forward"]:
                         r["forward"], r["in_client"] = rate, in_client
                     t.reset()
-                    r["noop"] = max(r["noop"], relay_rate(t, "bench.noop", args.events))
+                    r["driver"] = max(r["driver"], driver_relay(t, broker, args.events))
+                    t.reset()
+                    r["noop"] = max(r["noop"], relay_rate(t, "bench.noop", args.events, before=settle))
                     t.reset()
                 r["vs_bare"] = r["forward"] / r["bare"]
                 r["vs_noop"] = r["forward"] / r["noop"]
+                r["driver_vs_bare"] = r["driver"] / r["bare"]
+                r["vs_driver"] = r["forward"] / r["driver"]
                 results[label] = r
                 print(label, {k: round(v, 3) for k, v in r.items()}, flush=True)
             finally:
@@ -175,6 +264,10 @@ def main() -> None:
          "{:.0%}"),
         ("relay → RabbitMQ / bare publisher (target ≥ 60 %)", "vs_bare", "{:.0%}"),
         ("relay → RabbitMQ / no-op relay (target ≥ 70 %)", "vs_noop", "{:.0%}"),
+        ("floor: the relay's statements on the bare driver, same client and pipelining (deliveries/s)", "driver",
+         "{:,.0f}"),
+        ("floor / bare publisher", "driver_vs_bare", "{:.0%}"),
+        ("relay → RabbitMQ / floor", "vs_driver", "{:.0%}"),
     ]
     table = markdown_table(results, rows)
     print(table)
@@ -281,8 +374,7 @@ def fill(broker: Broker_, n: int) -> None:
              for i in range(1, n + 1)]
     client = Broker(broker.url)
     for start in range(0, n, BATCH):
-        batch = [Outgoing(broker.exchange, "bench.write", item.payload.encode(), message_properties(item))
-                 for item in items[start:start + BATCH]]
+        batch = [message_of(broker.exchange, "bench.write", item) for item in items[start:start + BATCH]]
         assert not any(client.send(batch, 30))
     client.close()
 

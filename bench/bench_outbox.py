@@ -59,7 +59,7 @@ class Target:
 
     def reset(self):
         with self.runtime.engine.begin() as c:
-            for table in ("cronbox_deliveries", "cronbox_events", "cronbox_heartbeats", "bench_rows",
+            for table in ("cronbox_deliveries", "cronbox_flights", "cronbox_events", "cronbox_heartbeats", "bench_rows",
                           "bench_latency", "bench_hand_queue"):
                 c.execute(text(f"DELETE FROM {table}"))
 
@@ -87,9 +87,13 @@ def bulk_record(t: Target, event_type: str, n: int) -> None:
                 outbox.record(s, event_type, {"i": i})
 
 
-def relay_rate(t: Target, event_type: str, n: int) -> float:
+def relay_rate(t: Target, event_type: str, n: int, *, before=None) -> float:
+    """Deliveries/s of one relay run over n events recorded beforehand; `before()` is called just
+    before the timing starts (bench_amqp: let the servers settle)."""
     bulk_record(t, event_type, n)
     relay = Relay(t.runtime, batch_size=500)
+    if before is not None:
+        before()
     started = time.perf_counter()
     relay.run(Budget(max_time=600, memory_mb=None))
     took = time.perf_counter() - started

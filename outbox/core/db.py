@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -196,10 +197,32 @@ def _import_pymysql_without_cryptography() -> None:
     auth.sha2_rsa_encrypt = sha2_rsa_encrypt
 
 
+def _pymysql_conversions() -> dict:
+    """PyMySQL's conversions, with DATETIME and TIMESTAMP values read by datetime.fromisoformat
+    (C, ~0.1 us) instead of PyMySQL's regular expression and int() calls (~2.2 us): the relay reads
+    two of them per forwarded event. What fromisoformat refuses (zero dates, a fraction it cannot
+    read on Python < 3.11) goes to PyMySQL's converter, so every value reads as before. Only
+    cronbox's own engine gets this; the host's connections keep theirs."""
+    from pymysql.constants import FIELD_TYPE
+    from pymysql.converters import conversions, convert_datetime
+
+    parse = datetime.fromisoformat
+
+    def read_datetime(value):
+        try:
+            return parse(value)  # 'YYYY-MM-DD HH:MM:SS[.ffffff]', as the server sends them
+        except (TypeError, ValueError):
+            return convert_datetime(value)
+
+    return {**conversions, FIELD_TYPE.DATETIME: read_datetime, FIELD_TYPE.TIMESTAMP: read_datetime}
+
+
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     if url.startswith("mysql+pymysql"):
         _import_pymysql_without_cryptography()
     connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
+    if url.startswith("mysql+pymysql"):
+        connect_args["conv"] = _pymysql_conversions()
     if settings.mysql_tls == "off":
         # PyMySQL otherwise negotiates TLS and loads the system CA store on every
         # connection (~20 ms); on localhost that buys nothing.

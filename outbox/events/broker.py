@@ -85,6 +85,10 @@ class Outgoing:
     routing_key: str
     body: bytes
     properties: dict
+    # The property list already encoded as publish_frames writes it (flags, then the values), by a
+    # sender that knows its messages' shape (outbox.events.forward.message_of); `properties` then
+    # needs only the message_id the broker's returns are matched by.
+    header: bytes | None = None
 
 
 class Batch:
@@ -365,7 +369,7 @@ def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
     method = b"".join((b"\x00\x3c\x00\x28\x00\x00", _shortstr(message.exchange), _shortstr(message.routing_key),
                        b"\x01"))  # class 60 basic, method 40 publish, ticket 0, ..., bits: mandatory
     body = message.body
-    header = _pack(">HHQ", 60, 0, len(body)) + _properties(message.properties)
+    header = _pack(">HHQ", 60, 0, len(body)) + (message.header or _properties(message.properties))
     out = [_pack(">BHI", 1, channel_id, len(method)), method, FRAME_END,
            _pack(">BHI", 2, channel_id, len(header)), header, FRAME_END]
     for start in range(0, len(body), chunk):
@@ -427,6 +431,18 @@ def _shortstr(text: str) -> bytes:
     if len(data) > 255:
         raise ValueError(f"AMQP short string longer than 255 bytes: {text[:40]!r}...")
     return _OCTET[len(data)] + data
+
+
+shortstr = _shortstr  # for encoders of a known property list (outbox.events.forward.message_of)
+
+
+def property_flags(names: tuple[str, ...]) -> bytes:
+    """The property flags word of a property list holding exactly `names`."""
+    flags = 0
+    for name, flag, _kind in _LAYOUT:
+        if name in names:
+            flags |= flag
+    return _pack(">H", flags)
 
 
 def _why(exc: BaseException) -> str:

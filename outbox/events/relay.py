@@ -40,7 +40,7 @@ from outbox.engine.handler_call import ERROR, Outcome, describe
 from outbox.engine.processor import Processor
 from outbox.events import deliveries
 from outbox.events.broker import Broker, InFlight, Outgoing
-from outbox.events.forward import ForwardTarget, is_forward, message_properties
+from outbox.events.forward import ForwardTarget, is_forward, message_of
 
 log = logging.getLogger("cronbox")
 
@@ -277,7 +277,7 @@ class Relay(Processor):
                                               item.created_at))
         if len(key.encode("utf-8", "surrogatepass")) > MAX_ROUTING_KEY:
             raise ValueError(f"the routing key is longer than AMQP's {MAX_ROUTING_KEY} bytes: {key[:40]!r}...")
-        return Outgoing(target.target.exchange, key, item.payload.encode("utf-8"), message_properties(item))
+        return message_of(target.target.exchange, key, item)
 
     def _collect(self) -> tuple[Forwarded, list[str | None], float] | None:
         """Wait for the confirms of the batch in flight, if any: (it, results, seconds it took)."""

@@ -99,13 +99,22 @@ def test_publish_frames_are_the_bytes_py_amqp_writes(body_size, key):
 
     from outbox.events.broker import Outgoing, publish_frames
     from outbox.events.deliveries import Claimed
-    from outbox.events.forward import message_properties
+    from outbox.events.forward import message_of, message_properties
 
     created = datetime(2026, 12, 1, 9, 30, 15, 123456)
-    for event_id in (7, 2_147_483_647, 2_147_483_648, 10**15):
-        item = Claimed(1, "c", 1, "tok", created, event_id, "appointment.päid", key, "x", "0123456789abcdef", created)
-        message = Outgoing("clinic.ëx", "appointment.päid", b"{" + b"7" * body_size + b"}", message_properties(item))
-        for frame_max in (4096, 131072):
-            assert publish_frames(3, frame_max - 8, message) == _py_amqp_frames(3, frame_max, message)
+    body = "{" + "7" * body_size + "}"
+    for event_id in (7, 2_147_483_647, 2_147_483_648, 10**15, -5):
+        for event_type in ("appointment.päid", "t" * 255, "t" * 256):  # the last: too long for a short string
+            item = Claimed(1, "c", 1, "tok", created, event_id, event_type, key, body, "0123456789abcdef", created)
+            message = Outgoing("clinic.ëx", "appointment.päid", body.encode(), message_properties(item))
+            encoded = message_of("clinic.ëx", "appointment.päid", item)  # what the relay publishes
+            assert encoded.properties["message_id"] == message.properties["message_id"]
+            assert (encoded.header is None) == (len(event_type) > 255)
+            for frame_max in (4096, 131072):
+                if len(event_type) > 255:  # py-amqp refuses it as well
+                    continue
+                expected = _py_amqp_frames(3, frame_max, message)
+                assert publish_frames(3, frame_max - 8, message) == expected
+                assert publish_frames(3, frame_max - 8, encoded) == expected
     odd = Outgoing("x", "rk", b"{}", {"message_id": "m", "application_headers": {"f": 1.5, "t": True, "n": None}})
     assert publish_frames(1, 131072 - 8, odd) == _py_amqp_frames(1, 131072, odd)  # py-amqp's serializer
