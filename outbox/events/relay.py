@@ -229,9 +229,19 @@ class Relay(Processor):
     def _publish(self, target: ForwardTarget, items: list, budget: Budget) -> None:
         live, messages, unsent = [], [], []
         covered = clock.utcnow() + timedelta(seconds=target.timeout)  # a lease past this needs no extending
+        flights_covered: dict[str, bool] = {}  # a flight has one lease: extended once for all its deliveries
         for item in items:
-            if item.lease_until < covered and not self._lease_covers(item, target):
-                continue
+            if item.lease_until < covered:
+                if not item.flight:
+                    if not self._lease_covers(item, target):
+                        continue
+                elif item.claim_token not in flights_covered:
+                    flights_covered[item.claim_token] = self._lease_covers(item, target)
+                    if not flights_covered[item.claim_token]:
+                        continue  # grounded by another run: what it stands for is that run's now
+                elif not flights_covered[item.claim_token]:
+                    self.stats.lease_lost += 1  # as _lease_covers counted the first of them
+                    continue
             if item.attempts > target.max_attempts:
                 self._give_up(item, target, Outcome(
                     "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {target.max_attempts} was claimed "

@@ -241,3 +241,34 @@ def test_two_relays_fanning_out_the_same_events_never_both_fly_them(runtime, reg
     assert "4 of 4 events fanned out by another relay meanwhile" in outcome["race"]
     [flight] = flights(runtime)
     assert flight.token == first.token
+
+
+def test_a_flight_s_short_lease_is_extended_once_and_a_lost_one_is_not_published(runtime, registry, rabbit,
+                                                                                  monkeypatch):
+    """With no lease margin a fresh flight's lease ends before a publish started now could finish:
+    the relay extends it, one UPDATE of its row for all its deliveries. A flight whose row is gone
+    by then (grounded by another run) is not published at all, each of its deliveries lease-lost."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+    outbox.forward("*", exchange=exchange, name="fwd", registry=registry, timeout=5)
+    record(runtime, "thing.extended", 20)
+    statements = []
+    event.listen(runtime.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *args: statements.append(" ".join(statement.split())))
+    relay = relay_with(runtime, rabbit.url)
+    try:
+        relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    assert relay.stats.done == 20 and len(rabbit.take(queue)) == 20
+    assert len([s for s in statements if s.startswith("UPDATE cronbox_flights")]) == 1
+
+    record(runtime, "thing.lost", 7)
+    monkeypatch.setattr(store.flights, "extend", lambda session, token, consumer, lease_until: False)
+    relay = relay_with(runtime, rabbit.url)
+    try:
+        relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    assert rabbit.take(queue) == []
+    assert (relay.stats.done, relay.stats.lease_lost) == (0, 7)
