@@ -18,7 +18,7 @@ from typing import NamedTuple
 from sqlalchemy import and_, bindparam, case, delete, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from outbox.core import paging
+from outbox.core import clock, paging
 from outbox.core.db import insert_ignore, supports_insert_returning
 from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
@@ -56,9 +56,11 @@ class Claimed(NamedTuple):
 
 class FanOutRace(Exception):
     """Another relay fanned out some of the same events while this fan-out ran (MySQL: its UPDATE
-    of the events waited for the other's COMMIT, then matched fewer rows). Rows are safe from this
-    (INSERT IGNORE on (event_id, consumer)), a flight is not: nothing would stop both relays from
-    publishing the same events. The caller rolls back and fans out again without flights."""
+    of the events waited for the other's COMMIT, then matched fewer rows). INSERT IGNORE would keep
+    the rows single, but the other may have put those events in a flight, whose rows do not exist
+    yet: rows inserted here would publish them a second time. So a fan-out goes on only with every
+    event it read marked by its own UPDATE; the caller rolls back and fans out again, and the next
+    read sees the other's COMMIT."""
 
 
 def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
@@ -79,11 +81,11 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     is skipped by INSERT IGNORE, and not taken as ours: INSERT ... RETURNING returns only the
     rows it inserted, and where the server has no RETURNING the rows are read back by our token.
 
-    Keyless ones (with `lease.flights`) are not inserted at all but go into one flight per consumer
+    Keyless ones are not inserted at all but go into one flight per consumer
     (outbox.events.flights), whose rows are written once their outcome is known. The events are
     marked fanned out first: an UPDATE that matched fewer rows than were read means another relay
-    fanned some of them out meanwhile, and a fan-out with flights raises FanOutRace (rolled back by
-    the caller) rather than publish them a second time.
+    fanned some of them out meanwhile, and the fan-out raises FanOutRace (rolled back by the
+    caller) rather than publish them a second time.
     Returns (events, deliveries, the leased deliveries).
     """
     columns = [E.c.id, E.c.type, E.c.key, E.c.available_at]
@@ -100,6 +102,8 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
         update(E).where(E.c.id.in_(EVENT_IDS), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now),
         {"event_ids": [e.id for e in events]},
     ).rowcount
+    if marked != len(events):
+        raise FanOutRace(f"{len(events) - marked} of {len(events)} events fanned out by another relay meanwhile")
     held = _held_keys(session, lease, events) if lease is not None else set()
     rows, mine, flying, leased = [], {}, {}, {}
     consumers_of: dict[str, list] = {}  # a batch holds few types: each matched against the patterns once
@@ -113,7 +117,7 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
                 if (len(leased) < lease.limit and event.available_at <= now
                         and (event.key is None or held_key not in held)):
                     leased[event.id] = event
-                    (flying if event.key is None and lease.flights else mine).setdefault(
+                    (flying if event.key is None else mine).setdefault(
                         consumer.name, []).append(event.id)
                     if event.key is not None:
                         held.add(held_key)
@@ -123,8 +127,6 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
             rows.append({"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
                          "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
                          "claim_token": None, "lease_until": None})
-    if flying and marked != len(events):
-        raise FanOutRace(f"{len(events) - marked} of {len(events)} events fanned out by another relay meanwhile")
     if rows:
         insert_ignore(session, D, rows)
     claimed = _insert_leased(session, lease, mine, leased, now) if mine else []
@@ -139,16 +141,14 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
 
 
 class Lease(NamedTuple):
-    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many,
-    and whether keyless ones may fly (outbox.events.flights) rather than be inserted leased."""
+    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many."""
     token: str
     consumers: dict[str, datetime]
     limit: int
-    flights: bool = True
 
     @classmethod
-    def new(cls, consumers, now: datetime, lease_margin: float, limit: int, *, flights: bool = True) -> Lease:
-        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit, flights)
+    def new(cls, consumers, now: datetime, lease_margin: float, limit: int) -> Lease:
+        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit)
 
 
 def _held_keys(session: Session, lease: Lease, events) -> set[tuple[str, str]]:
@@ -232,14 +232,17 @@ def land_flight(session: Session, token: str, consumer: str, landing: Landing, n
     return True
 
 
-def ground_expired_flights(session: Session, consumers: list[str], now: datetime, limit: int = 20) -> int:
+def ground_expired_flights(session: Session, consumers: list[str] | None, now: datetime, limit: int = 20) -> int:
     """Turn flights whose lease ran out into the leased delivery rows they stand for (attempt 1, the
-    flight's token and expired lease), for the expired-lease claim that follows to take one at a time.
+    flight's token and expired lease), for the expired-lease claim that follows to take one at a time
+    (`consumers`: those of these targets; None: of any, e.g. a target no longer registered anywhere,
+    whose rows then wait with the warning any unregistered consumer's get).
     Rows that exist already (another relay's fan-out got there first) are left as they are.
     Returns the flights grounded."""
     grounded = 0
     for token, consumer, event_ids, lease_until in flights.expired(session, consumers, now, limit):
-        if flights.take(session, token, consumer):
+        # Taken only if still expired: the owner may have extended it since the read (and publish on).
+        if flights.take(session, token, consumer, expired_before=now):
             insert_from_events(session, consumer, event_ids, now, attempts=1, claim_token=token,
                                lease_until=lease_until)
             grounded += 1
@@ -481,8 +484,12 @@ def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
     for name, count, due, oldest in pending:
         out[name] = ConsumerStatus(name, int(count), int(due or 0),
                                    oldest_due_at=oldest if oldest is not None and oldest <= now else None)
-    for name, count in flights.sizes(session):  # published, not yet settled: pending, not due
-        out.setdefault(name, ConsumerStatus(name)).pending += count
+    for name, count, expired, oldest in flights.sizes(session, now):  # published, not yet settled
+        counts = out.setdefault(name, ConsumerStatus(name))
+        counts.pending += count
+        counts.due += expired  # its lease ran out: waiting for a claim to ground it
+        if oldest is not None and (counts.oldest_due_at is None or oldest < counts.oldest_due_at):
+            counts.oldest_due_at = oldest
     for name, count in session.execute(select(D.c.consumer, func.count()).where(D.c.status == DEAD)
                                        .group_by(D.c.consumer)).all():
         out.setdefault(name, ConsumerStatus(name)).dead = int(count)
@@ -571,6 +578,7 @@ def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` events fanned out before `cutoff` whose deliveries are all finished
     (done or skipped), with those deliveries. Events with dead or pending deliveries stay, and so do
     those a flight may still hold (their rows are not written yet)."""
+    ground_expired_flights(session, None, clock.utcnow(), batch)  # of a target gone from every process's code too
     unfinished = exists().where(D.c.event_id == E.c.id, D.c.status.in_(HOLDING))
     ids = list(session.scalars(
         select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import and_, case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.events.models import Flight
@@ -42,11 +42,15 @@ def start(session: Session, token: str, consumer: str, event_ids: list[int], lea
                                       last_event_id=event_ids[-1], lease_until=lease_until, created_at=now))
 
 
-def take(session: Session, token: str, consumer: str) -> bool:
+def take(session: Session, token: str, consumer: str, *, expired_before: datetime | None = None) -> bool:
     """Delete the flight row: True if it was still there, i.e. the lease is ours and what it stands for
-    is ours to write. At READ COMMITTED the DELETE waits for a concurrent taker's row lock and then
-    finds the row gone, so exactly one of two takers gets True."""
-    return session.execute(delete(F).where(F.c.token == token, F.c.consumer == consumer)).rowcount == 1
+    is ours to write. At READ COMMITTED the DELETE waits for a concurrent taker's (or extender's) row
+    lock and then re-reads the row, so exactly one of two takers gets True. `expired_before`: only if
+    its lease ended before then (a grounding claim: the owner may have extended it since)."""
+    condition = [F.c.token == token, F.c.consumer == consumer]
+    if expired_before is not None:
+        condition.append(F.c.lease_until < expired_before)
+    return session.execute(delete(F).where(*condition)).rowcount == 1
 
 
 def extend(session: Session, token: str, consumer: str, lease_until: datetime) -> bool:
@@ -55,20 +59,25 @@ def extend(session: Session, token: str, consumer: str, lease_until: datetime) -
     ).rowcount == 1
 
 
-def expired(session: Session, consumers: list[str], now: datetime, limit: int) -> list:
-    """(token, consumer, event ids, lease_until) of flights of `consumers` whose lease ran out."""
-    rows = session.execute(
-        select(F.c.token, F.c.consumer, F.c.event_ids, F.c.lease_until)
-        .where(F.c.consumer.in_(consumers), F.c.lease_until < now).order_by(F.c.lease_until).limit(limit)
-    ).all()
+def expired(session: Session, consumers: list[str] | None, now: datetime, limit: int) -> list:
+    """(token, consumer, event ids, lease_until) of flights (of `consumers`; None: any) whose lease ran out."""
+    query = select(F.c.token, F.c.consumer, F.c.event_ids, F.c.lease_until).where(F.c.lease_until < now)
+    if consumers is not None:
+        query = query.where(F.c.consumer.in_(consumers))
+    rows = session.execute(query.order_by(F.c.lease_until).limit(limit)).all()
     return [(token, consumer, [int(i) for i in ids.split(",")], lease_until)
             for token, consumer, ids, lease_until in rows]
 
 
-def sizes(session: Session) -> list[tuple[str, int]]:
-    """(consumer, deliveries in flight) for `outbox status`, the console and health: pending work."""
-    return [(name, int(size)) for name, size in
-            session.execute(select(F.c.consumer, func.sum(F.c.size)).group_by(F.c.consumer)).all()]
+def sizes(session: Session, now: datetime) -> list[tuple[str, int, int, datetime | None]]:
+    """(consumer, deliveries in flight, of them in flights whose lease ran out, the earliest such
+    lease end) for `outbox status`, the console and health: pending work, due once expired."""
+    expired = F.c.lease_until < now
+    rows = session.execute(
+        select(F.c.consumer, func.sum(F.c.size), func.sum(case((expired, F.c.size), else_=0)),
+               func.min(case((expired, F.c.lease_until), else_=None)))
+        .group_by(F.c.consumer)).all()
+    return [(name, int(size), int(late or 0), oldest) for name, size, late, oldest in rows]
 
 
 def covering(event_id_column):

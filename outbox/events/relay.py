@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Callable, TypeVar
 
 from outbox.core import clock
 from outbox.core.db import in_transaction
@@ -43,10 +43,26 @@ from outbox.events.broker import Broker, InFlight, Outgoing
 from outbox.events.forward import ForwardTarget, is_forward, message_of
 
 log = logging.getLogger("cronbox")
+T = TypeVar("T")
 
 FAN_OUT_BATCH = 500
 CLAIM_EVERY = 1.0  # seconds between claims that find nothing, while fan-outs keep a run busy (_claim_wanted)
 MAX_ROUTING_KEY = 255  # an AMQP short string
+
+
+FAN_OUT_RACES = 5  # transactions rolled back in a row because another relay fanned out the same events
+
+
+def _racing(transaction: Callable[[], T]) -> T:
+    """Run `transaction` again when another relay fanned out the same events under it
+    (deliveries.FanOutRace, rolled back): its next read sees the other's COMMIT. Bounded: relays
+    that keep colliding raise, and the run ends with the error as on any database failure."""
+    for attempt in range(FAN_OUT_RACES):
+        try:
+            return transaction()
+        except deliveries.FanOutRace as race:
+            log.info("relay: %s; fanning out again (%d/%d)", race, attempt + 1, FAN_OUT_RACES)
+    return transaction()
 
 
 @dataclass
@@ -98,6 +114,7 @@ class Relay(Processor):
 
     def _run(self, budget: Budget) -> int:
         work = 0
+        self._claim_next = True  # a run's first transaction claims (the relay lives through a linger's polls)
         self._warn_unregistered()
         if self._broker is not None:
             self._broker.keep_alive()  # each poll of the linger: heartbeats, a connection found dead
@@ -125,9 +142,8 @@ class Relay(Processor):
 
     def fan_out(self) -> int:
         now = clock.utcnow()
-        events, _rows, _leased = in_transaction(
-            self.sessions, lambda s: deliveries.fan_out(s, self.registry, now, FAN_OUT_BATCH)
-        )
+        events, _rows, _leased = _racing(lambda: in_transaction(
+            self.sessions, lambda s: deliveries.fan_out(s, self.registry, now, FAN_OUT_BATCH)))
         self.stats.fanned += events
         return events
 
@@ -144,14 +160,13 @@ class Relay(Processor):
         margin = self.runtime.settings.lease_margin
         targets = [c for c in self.registry.all() if is_forward(c)]
 
-        def step(session, confirmed, claim, flights=True):
+        def step(session, confirmed, claim):
             now = clock.utcnow()
             acked = self._ack(session, confirmed, now) if confirmed else 0
             claimed, expired = deliveries.claim_due_or_expired(
                 session, self.registry, now=now, limit=limit, mode=mode, lease_margin=margin) if claim else ([], False)
             rest = 0 if expired else limit - len(claimed)
-            lease = (deliveries.Lease.new(targets, now, margin, rest, flights=flights)
-                     if targets and rest > 0 else None)
+            lease = deliveries.Lease.new(targets, now, margin, rest) if targets and rest > 0 else None
             events, rows, leased = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH, lease=lease)
             if confirmed:
                 crash_point("before-ack-commit")
@@ -160,13 +175,8 @@ class Relay(Processor):
         claim = self._claim_wanted()
         while True:
             confirmed = self._confirmed
-            try:
-                events, claimed, leased, waiting, acked = in_transaction(
-                    self.sessions, lambda s: step(s, confirmed, claim))
-            except deliveries.FanOutRace as race:  # rolled back; rows, unlike flights, are safe from a race
-                log.info("relay: %s; fanning out again without flights", race)
-                events, claimed, leased, waiting, acked = in_transaction(
-                    self.sessions, lambda s: step(s, confirmed, claim, flights=False))
+            events, claimed, leased, waiting, acked = _racing(lambda: in_transaction(
+                self.sessions, lambda s: step(s, confirmed, claim)))
             if confirmed:
                 crash_point("after-ack-commit")
                 self._confirmed = []
@@ -408,11 +418,11 @@ class Relay(Processor):
         """Give back what was claimed but not started: rows as Processor._release does (per claim
         token), a flight's deliveries written as pending rows, their attempt not counted."""
         self._claim_next = True  # claimable again
-        by_token: dict[str, list] = {}
+        by_lease: dict[tuple[str, bool], list] = {}  # a fan-out's keyed rows and its flight share a token
         for item in items:
-            by_token.setdefault(item.claim_token, []).append(item)
-        for token, members in by_token.items():
-            if not members[0].flight:
+            by_lease.setdefault((item.claim_token, item.flight), []).append(item)
+        for (token, flight), members in by_lease.items():
+            if not flight:
                 super()._release(members, best_effort=best_effort)
                 continue
             consumer = members[0].consumer

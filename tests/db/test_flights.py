@@ -182,27 +182,48 @@ def test_a_released_flight_becomes_pending_rows_its_attempt_not_counted(runtime,
     assert [(d.event_id, d.attempts) for d in claimed] == [(i, 1) for i in ids]
 
 
-def test_deliveries_in_flight_count_as_pending_and_their_events_are_never_pruned(runtime, registry):
-    outbox.forward("*", exchange="x", name="fwd", registry=registry)
+def test_deliveries_in_flight_count_as_pending_due_once_expired_and_their_events_are_never_pruned(runtime, registry):
+    outbox.forward("*", exchange="x", name="fwd", registry=registry, timeout=5)
     record(runtime, "thing.pending", 5)
     _lease, leased = fan_out_leased(runtime, T0)
     assert len(leased) == 5
     with runtime.sessions() as session:
-        status = store.status(session, T0)
-    assert (status["fwd"].pending, status["fwd"].due) == (5, 0)
-    with runtime.sessions.begin() as session:  # no unfinished row: only the flight holds them
-        assert store.prune(session, T0 + timedelta(days=30), 100) == 0
+        in_flight = store.status(session, T0)
+        expired = store.status(session, T0 + timedelta(seconds=6))
+    assert (in_flight["fwd"].pending, in_flight["fwd"].due, in_flight["fwd"].oldest_due_at) == (5, 0, None)
+    assert (expired["fwd"].pending, expired["fwd"].due, expired["fwd"].oldest_due_at) == (
+        5, 5, T0 + timedelta(seconds=5))  # waiting for a claim to ground it: health sees it
+    with clock.frozen(T0 + timedelta(seconds=1)), runtime.sessions.begin() as session:
+        assert store.prune(session, T0 + timedelta(days=30), 100) == 0  # no row yet: only the flight holds them
     assert len(flights(runtime)) == 1
     with runtime.sessions() as session:
         assert session.scalar(select(func.count()).select_from(OutboxEvent)) == 5
 
 
+def test_prune_grounds_an_expired_flight_of_a_target_no_process_registers_any_more(runtime, registry):
+    """A relay killed with a flight out, and the target then removed from the code: no claim grounds
+    it (claims ground their own targets' flights), so the daily prune does; its rows then wait as
+    any unregistered consumer's do, and keep their events."""
+    outbox.forward("*", exchange="x", name="gone", registry=registry, timeout=5)
+    ids = record(runtime, "thing.orphaned", 3)
+    lease, _leased = fan_out_leased(runtime, T0)
+    registry.consumers.remove("gone")
+    with clock.frozen(T0 + timedelta(seconds=6)), runtime.sessions.begin() as session:
+        assert store.prune(session, T0 + timedelta(days=30), 100) == 0
+    assert not flights(runtime)
+    orphaned = rows(runtime, "gone")
+    assert sorted(orphaned) == ids and all(d.claim_token == lease.token and d.attempts == 1 for d in orphaned.values())
+    with runtime.sessions() as session:
+        assert store.unregistered_due(session, runtime.consumers, T0 + timedelta(seconds=6)) == [("gone", 3)]
+
+
 @pytest.mark.backends("mysql-skip-locked", "mysql-token")
-def test_two_relays_fanning_out_the_same_events_never_both_fly_them(runtime, registry, settings):
+@pytest.mark.parametrize("second_leases", [True, False], ids=["second-with-flights", "second-rows-only"])
+def test_two_relays_fanning_out_the_same_events_never_both_publish_them(runtime, registry, settings, second_leases):
     """Two fan-outs read the same events not yet fanned out (plain reads). The second's UPDATE of
-    the events waits for the first's COMMIT and then matches none of them: with flights it raises
-    FanOutRace (rolled back: the first's flight alone publishes them), and the relay fans out again
-    without flights, as rows, which INSERT IGNORE keeps single."""
+    the events waits for the first's COMMIT and then matches none of them: it raises FanOutRace
+    (rolled back) whether it would fly them or insert rows, since rows of events the first put in a
+    flight would be published again; the first's flight alone publishes them."""
     outbox.forward("*", exchange="x", name="fwd", registry=registry)
     ids = record(runtime, "thing.raced", 4)
     other = Runtime(settings, registry=registry)
@@ -215,7 +236,7 @@ def test_two_relays_fanning_out_the_same_events_never_both_fly_them(runtime, reg
         try:
             with other.sessions.begin() as session:
                 session.connection()
-                lease = store.Lease.new(targets, T0, 0.0, 10)
+                lease = store.Lease.new(targets, T0, 0.0, 10) if second_leases else None
                 store.fan_out(session, other.consumers, T0, 500, lease=lease)
         except store.FanOutRace as race:
             outcome["race"] = str(race)
@@ -241,6 +262,67 @@ def test_two_relays_fanning_out_the_same_events_never_both_fly_them(runtime, reg
     assert "4 of 4 events fanned out by another relay meanwhile" in outcome["race"]
     [flight] = flights(runtime)
     assert flight.token == first.token
+    assert rows(runtime, "fwd") == {}  # the second's rows rolled back with it
+
+
+def test_a_relay_whose_fan_out_lost_a_race_fans_out_again(runtime, registry, rabbit, monkeypatch):
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+    outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
+    record(runtime, "thing.raced", 6)
+    original, raced = store.fan_out, []
+
+    def lose_once(session, *args, **kwargs):
+        if not raced:
+            raced.append(True)
+            original(session, *args, **kwargs)  # its writes are rolled back with the race
+            raise store.FanOutRace("6 of 6 events fanned out by another relay meanwhile")
+        return original(session, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fan_out", lose_once)
+    relay = relay_with(runtime, rabbit.url)
+    try:
+        relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    assert raced and relay.stats.done == 6
+    assert sorted(json.loads(m.body)["n"] for m in rabbit.take(queue)) == list(range(6))
+    assert len(flights(runtime)) == 0 and len(rows(runtime, "fwd")) == 6
+
+
+def test_grounding_leaves_a_flight_its_owner_extended_after_the_read(runtime, registry, monkeypatch):
+    """The claim reads the expired flights, then takes each: one whose owner extended its lease in
+    between (and publishes on) is not grounded, its deliveries not written as expired leases."""
+    outbox.forward("*", exchange="x", name="fwd", registry=registry, timeout=5)
+    record(runtime, "thing.extended", 2)
+    lease, leased = fan_out_leased(runtime, T0)
+    later = T0 + timedelta(seconds=6)
+    with runtime.sessions() as session:
+        stale = store.flights.expired(session, ["fwd"], later, 10)  # read while it was expired
+    assert [s[0] for s in stale] == [lease.token]
+    with runtime.sessions.begin() as session:  # its owner extends it
+        assert store.flights.extend(session, lease.token, "fwd", later + timedelta(seconds=30))
+    monkeypatch.setattr(store.flights, "expired", lambda *args: stale)
+    with runtime.sessions.begin() as session:
+        assert store.ground_expired_flights(session, ["fwd"], later) == 0
+    assert rows(runtime, "fwd") == {} and len(flights(runtime)) == 1
+
+
+def test_releasing_a_fan_out_s_keyed_rows_and_its_flight_together(runtime, registry):
+    """One fan-out leases keyed rows and a flight under one claim token; released together (a run
+    that stopped between targets), each is given back its own way: the rows unleased, the flight
+    written as pending rows, no attempt counted for either."""
+    outbox.forward("*", exchange="x", name="fwd", registry=registry)
+    keyed = record(runtime, "thing.keyed", 2, key="k")[:1] + record(runtime, "thing.other-key", 1, key="j")
+    keyless = record(runtime, "thing.keyless", 2)
+    lease, leased = fan_out_leased(runtime, T0)
+    assert sorted((d.event_id, d.flight) for d in leased) == sorted(
+        [(e, False) for e in keyed] + [(e, True) for e in keyless])
+    Relay(runtime)._release(leased)
+    released = rows(runtime, "fwd")
+    assert all((released[e].claim_token, released[e].attempts, released[e].status) == (None, 0, "pending")
+               for e in keyed + keyless)
+    assert not flights(runtime)
 
 
 def test_a_flight_s_short_lease_is_extended_once_and_a_lost_one_is_not_published(runtime, registry, rabbit,

@@ -284,19 +284,19 @@ def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(run
     """The leased rows' ids come from INSERT ... RETURNING where the server has it (MariaDB >= 10.5,
     SQLite >= 3.35), else from a read back by claim token (MySQL; forced here): either way a row
     another relay's fan-out inserted first (INSERT IGNORE skips ours) is not ours to publish.
-    (Keyless deliveries are leased as rows only without flights: the relay's fan-out after a race.)"""
+    (Keyed events: keyless ones are leased in a flight, not as rows.)"""
     if not returning:
         monkeypatch.setattr(store, "supports_insert_returning", lambda session: False)
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
     outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
-        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)])]
+        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)], key=lambda i: f"k{i}")]
         with runtime.sessions.begin() as session:  # the other relay's row for event 1, not yet fanned out here
             session.add(Delivery(event_id=ids[1], consumer="fwd", key=None, status="pending", attempts=1,
                                  next_attempt_at=T0, claim_token="theirs", lease_until=T0, created_at=T0))
         targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
         with runtime.sessions.begin() as session:
-            lease = store.Lease.new(targets, T0, 5.0, 10, flights=False)
+            lease = store.Lease.new(targets, T0, 5.0, 10)
             events, _rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
     assert events == 4 and not flight_rows(runtime)
     assert [(d.event_id, d.consumer, d.attempts, d.claim_token) for d in leased] == [
