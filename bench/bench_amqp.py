@@ -124,12 +124,17 @@ def bare_publisher(broker: Broker_, n: int) -> float:
     return n / took
 
 
-def forward_rate(t: Target, broker: Broker_, n: int) -> tuple[float, float]:
-    """Deliveries/s, and the share of the run spent in the broker client (publish + confirms)."""
+def record_forwarded(t: Target, n: int) -> None:
+    """n events of the forwarded type, 500 a transaction, before a timed relay run."""
     for start in range(0, n, 500):
         with t.runtime.sessions.begin() as s:
             for i in range(start, min(n, start + 500)):
                 outbox.record(s, "bench.fwd", {**PAYLOAD, "i": i})
+
+
+def forward_rate(t: Target, broker: Broker_, n: int) -> tuple[float, float]:
+    """Deliveries/s, and the share of the run spent in the broker client (publish + confirms)."""
+    record_forwarded(t, n)
     client = TimedBroker(broker.url)
     relay = Relay(t.runtime, batch_size=BATCH, broker=client)
     settle()
@@ -151,10 +156,7 @@ def driver_relay(t: Target, broker: Broker_, n: int) -> float:
     No SQLAlchemy, no cronbox: the floor of the statements and the driver on this machine."""
     from bench.bench_outbox import _commit, driver_connection
 
-    for start in range(0, n, 500):
-        with t.runtime.sessions.begin() as s:
-            for i in range(start, min(n, start + 500)):
-                outbox.record(s, "bench.fwd", {**PAYLOAD, "i": i})
+    record_forwarded(t, n)
     sqlite = t.url.startswith("sqlite")
     mark = "?" if sqlite else "%s"
     connection = driver_connection(t)

@@ -609,18 +609,35 @@ class Processor:
                 self._then(group, report)
                 return
             outcome = Outcome(PERMANENT, outcome.seconds, f"{outcome.error}; retry_until has passed")
-        if outcome.kind == PERMANENT or item.attempts >= handler.max_attempts:
+        next_at = self._retry_at(item, handler, outcome, now)
+        if next_at is None:
             self._give_up(item, handler, outcome, group)
             return
-        next_at = now + timedelta(seconds=handler.backoff.delay(item.attempts))
         held = self._write(group, lambda s: self.store.reschedule(s, item, next_at, outcome.error, False))
 
         def report():
             if self._lease_held(held, item, handler, outcome):
-                self.stats.retried += 1
-                self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
+                self._retried(item, handler, outcome, next_at, now)
 
         self._then(group, report)
+
+    @staticmethod
+    def _retry_at(item, handler, outcome: Outcome, now: datetime) -> datetime | None:
+        """When a failed item is tried again: after the handler's backoff; None to give up (a
+        permanent failure, or the last of its attempts)."""
+        if outcome.kind == PERMANENT or item.attempts >= handler.max_attempts:
+            return None
+        return now + timedelta(seconds=handler.backoff.delay(item.attempts))
+
+    def _retried(self, item, handler, outcome: Outcome, next_at: datetime, now: datetime) -> None:
+        """Counters and log line of a committed retry."""
+        self.stats.retried += 1
+        self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
+
+    def _gave_up(self, item, handler, outcome: Outcome) -> None:
+        """Counters and log line of a committed give-up (dead / failed)."""
+        self.stats.gave_up += 1
+        self._log(item, handler, self.gave_up_word, outcome)
 
     def _give_up(self, item, handler, outcome: Outcome, group: Group | None = None) -> None:
         held = self._write(group, lambda s: self.store.give_up(s, item, outcome.error or "failed", outcome.traceback,
@@ -628,8 +645,7 @@ class Processor:
 
         def report():
             if self._lease_held(held, item, handler, outcome):
-                self.stats.gave_up += 1
-                self._log(item, handler, self.gave_up_word, outcome)
+                self._gave_up(item, handler, outcome)
 
         self._then(group, report)
 

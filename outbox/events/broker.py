@@ -366,7 +366,7 @@ _keys: dict[str, bytes] = {}  # header names as short strings (a handful, the sa
 def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
     """basic.publish (mandatory) of `message` on channel `channel_id`: method, content header and
     body frames, the body cut into frames of at most `chunk` bytes (the connection's frame_max - 8)."""
-    method = b"".join((b"\x00\x3c\x00\x28\x00\x00", _shortstr(message.exchange), _shortstr(message.routing_key),
+    method = b"".join((b"\x00\x3c\x00\x28\x00\x00", shortstr(message.exchange), shortstr(message.routing_key),
                        b"\x01"))  # class 60 basic, method 40 publish, ticket 0, ..., bits: mandatory
     body = message.body
     header = _pack(">HHQ", 60, 0, len(body)) + (message.header or _properties(message.properties))
@@ -408,7 +408,7 @@ def _table(table: dict) -> bytes:
     for key, value in table.items():
         encoded = _keys.get(key)
         if encoded is None:
-            encoded = _shortstr(key)
+            encoded = shortstr(key)
             if len(_keys) < 64:
                 _keys[key] = encoded
         append(encoded)
@@ -426,14 +426,13 @@ def _table(table: dict) -> bytes:
     return _pack(">I", len(data)) + data
 
 
-def _shortstr(text: str) -> bytes:
+def shortstr(text: str) -> bytes:
+    """An AMQP short string (also for outbox.events.forward.message_of's known property list)."""
     data = text.encode("utf-8", "surrogatepass")
     if len(data) > 255:
         raise ValueError(f"AMQP short string longer than 255 bytes: {text[:40]!r}...")
     return _OCTET[len(data)] + data
 
-
-shortstr = _shortstr  # for encoders of a known property list (outbox.events.forward.message_of)
 
 
 def property_flags(names: tuple[str, ...]) -> bytes:

@@ -29,9 +29,12 @@ from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery
 D = Delivery.__table__
 E = OutboxEvent.__table__
 ERROR_MAX = 1000
-# A batch's event ids (integers the database gave) written into the statement as literals: hundreds
-# of bound parameters, each escaped by the driver, cost more than the statement's own work.
-EVENT_IDS = bindparam("event_ids", expanding=True, literal_execute=True)
+
+
+def _event_ids(ids: list[int]):
+    """A batch's event ids (integers the database gave) for `IN`, written into the statement as
+    literals: hundreds of bound parameters, each escaped by the driver, cost more than its own work."""
+    return bindparam("event_ids", ids, expanding=True, literal_execute=True)
 
 
 class Claimed(NamedTuple):
@@ -99,8 +102,8 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     if not events:
         return 0, 0, []
     marked = session.execute(
-        update(E).where(E.c.id.in_(EVENT_IDS), E.c.fanned_out_at.is_(None)).values(fanned_out_at=now),
-        {"event_ids": [e.id for e in events]},
+        update(E).where(E.c.id.in_(_event_ids([e.id for e in events])), E.c.fanned_out_at.is_(None))
+        .values(fanned_out_at=now)
     ).rowcount
     if marked != len(events):
         raise FanOutRace(f"{len(events) - marked} of {len(events)} events fanned out by another relay meanwhile")
@@ -192,12 +195,11 @@ def insert_from_events(session: Session, consumer: str, event_ids: list[int], no
                     literal(attempts, D.c.attempts.type), E.c.available_at, literal(now, D.c.created_at.type),
                     literal(claim_token, D.c.claim_token.type), literal(lease_until, D.c.lease_until.type),
                     literal(finished_at, D.c.finished_at.type))
-    return insert_ignore(session, D, values.where(E.c.id.in_(bindparam("ids", event_ids, expanding=True,
-                                                                        literal_execute=True))).order_by(E.c.id),
-                         columns=LEASED_COLUMNS, returning=returning)
+    return insert_ignore(session, D, values.where(E.c.id.in_(_event_ids(event_ids))).order_by(E.c.id),
+                         columns=FROM_EVENT_COLUMNS, returning=returning)
 
 
-LEASED_COLUMNS = ["event_id", "consumer", "key", "status", "attempts", "next_attempt_at", "created_at",
+FROM_EVENT_COLUMNS = ["event_id", "consumer", "key", "status", "attempts", "next_attempt_at", "created_at",
                   "claim_token", "lease_until", "finished_at"]
 
 

@@ -103,6 +103,9 @@ def is_forward(consumer) -> bool:
 
 CONTENT_TYPE = "application/json"
 APP_ID = "cronbox"
+# The headers of a forwarded message, in the order they are written.
+TYPE_HEADER, ID_HEADER, TRACE_HEADER, CREATED_HEADER, KEY_HEADER = (
+    "x-event-type", "x-event-id", "x-trace-id", "x-created-at", "x-event-key")
 
 
 def message_id(event_id: int, trace_id: str) -> str:
@@ -135,13 +138,13 @@ def _encoded_properties(item) -> tuple[bytes, str]:
     created_text = created.isoformat(timespec="microseconds").encode()
     event_id = item.event_id
     # The headers table in message_properties' order: S = long string, I / L = signed 32 / 64 bits.
-    table = [b"\x0cx-event-type", b"S", _pack(">I", len(event_type)), event_type, b"\nx-event-id",
+    table = [_NAME[TYPE_HEADER], b"S", _pack(">I", len(event_type)), event_type, _NAME[ID_HEADER],
              _pack(">ci", b"I", event_id) if -2147483647 <= event_id <= 2147483647 else _pack(">cq", b"L", event_id),
-             b"\nx-trace-id", b"S", _pack(">I", len(trace)), trace,
-             b"\x0cx-created-at", b"S", _pack(">I", len(created_text)), created_text]
+             _NAME[TRACE_HEADER], b"S", _pack(">I", len(trace)), trace,
+             _NAME[CREATED_HEADER], b"S", _pack(">I", len(created_text)), created_text]
     if item.key is not None:
         key = item.key.encode("utf-8", "surrogatepass")
-        table += (b"\x0bx-event-key", b"S", _pack(">I", len(key)), key)
+        table += (_NAME[KEY_HEADER], b"S", _pack(">I", len(key)), key)
     headers = b"".join(table)
     mid = message_id(event_id, item.trace_id)
     return b"".join((_HEAD, _pack(">I", len(headers)), headers, b"\x02", shortstr(item.trace_id), shortstr(mid),
@@ -152,10 +155,10 @@ def message_properties(item) -> dict:
     """AMQP properties of a claimed delivery's message: persistent, JSON, and the event's identity,
     type, key, trace id and time. The same for every attempt of the event."""
     created = item.created_at if item.created_at.tzinfo else item.created_at.replace(tzinfo=timezone.utc)
-    headers = {"x-event-type": item.event_type, "x-event-id": item.event_id, "x-trace-id": item.trace_id,
-               "x-created-at": created.isoformat(timespec="microseconds")}
+    headers = {TYPE_HEADER: item.event_type, ID_HEADER: item.event_id, TRACE_HEADER: item.trace_id,
+               CREATED_HEADER: created.isoformat(timespec="microseconds")}
     if item.key is not None:
-        headers["x-event-key"] = item.key
+        headers[KEY_HEADER] = item.key
     return {
         "content_type": CONTENT_TYPE,
         "content_encoding": "utf-8",
@@ -172,3 +175,4 @@ def message_properties(item) -> dict:
 # message_of's constant parts: the flags word, then content_type and content_encoding; app_id.
 _HEAD = property_flags(_PRESENT) + shortstr(CONTENT_TYPE) + shortstr("utf-8")
 _APP_ID = shortstr(APP_ID)
+_NAME = {name: shortstr(name) for name in (TYPE_HEADER, ID_HEADER, TRACE_HEADER, CREATED_HEADER, KEY_HEADER)}

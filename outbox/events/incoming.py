@@ -10,7 +10,7 @@ from outbox.core import clock
 from outbox.engine.context import Event
 from outbox.engine.handler_call import clean_text
 from outbox.events import inbox, queues
-from outbox.events.forward import is_forward
+from outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER, is_forward
 
 MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
 
@@ -43,7 +43,7 @@ def parse(message, registry) -> Incoming:
         raise BadMessage("no message_id")
     if len(message_id) > inbox.MAX_MESSAGE_ID:
         raise BadMessage(f"message_id longer than {inbox.MAX_MESSAGE_ID} characters")
-    event_type = props.get("type") or headers.get("x-event-type")
+    event_type = props.get("type") or headers.get(TYPE_HEADER)
     if not isinstance(event_type, str) or not event_type:
         raise BadMessage("no type (neither the type property nor an x-event-type header)")
     consumers = [c for c in registry.for_type(event_type) if not is_forward(c)]
@@ -53,8 +53,8 @@ def parse(message, registry) -> Incoming:
         payload = json.loads(body.decode("utf-8"))
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise BadMessage("body is not JSON (UTF-8)") from None
-    key = headers.get("x-event-key")
-    event_id = headers.get("x-event-id")
+    key = headers.get(KEY_HEADER)
+    event_id = headers.get(ID_HEADER)
     event = Event(event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None, event_type,
                   key if isinstance(key, str) else None, payload, _created_at(headers, props))
     return Incoming(message_id, event_type, trace_id_of(props), event, queues.attempts_of(headers), consumers)
@@ -67,13 +67,13 @@ def headers_of(message) -> dict:
 
 def trace_id_of(props: dict) -> str:
     headers = props.get("application_headers") if isinstance(props.get("application_headers"), dict) else {}
-    trace = headers.get("x-trace-id") or props.get("correlation_id")
+    trace = headers.get(TRACE_HEADER) or props.get("correlation_id")
     return clean_text(trace, 64) if isinstance(trace, str) and trace else "-"
 
 
 def _created_at(headers: dict, props: dict) -> datetime:
     """Naive UTC, as the relay's events have it: x-created-at, else the timestamp property, else now."""
-    text = headers.get("x-created-at")
+    text = headers.get(CREATED_HEADER)
     if isinstance(text, str):
         try:
             when = datetime.fromisoformat(text)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from outbox.engine.backoff import Backoff
+from outbox.events.forward import KEY_HEADER, TYPE_HEADER
 
 ATTEMPTS = "x-cronbox-attempts"
 REASON = "x-cronbox-reason"
@@ -105,8 +106,8 @@ class Parked:
 def describe_parked(message) -> Parked:
     props = message.properties or {}
     headers = props.get("application_headers") or {}
-    return Parked(_text(props.get("message_id")), _text(props.get("type") or headers.get("x-event-type")),
-                  _text(headers.get("x-event-key")), _text(headers.get(REASON)) or "?", attempts_of(headers),
+    return Parked(_text(props.get("message_id")), _text(props.get("type") or headers.get(TYPE_HEADER)),
+                  _text(headers.get(KEY_HEADER)), _text(headers.get(REASON)) or "?", attempts_of(headers),
                   _text(headers.get(PARKED_AT)))
 
 

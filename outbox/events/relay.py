@@ -50,19 +50,21 @@ CLAIM_EVERY = 1.0  # seconds between claims that find nothing, while fan-outs ke
 MAX_ROUTING_KEY = 255  # an AMQP short string
 
 
-FAN_OUT_RACES = 5  # transactions rolled back in a row because another relay fanned out the same events
+FAN_OUT_RACES = 5  # fan-out transactions tried in a row while another relay keeps fanning out the same events
 
 
 def _racing(transaction: Callable[[], T]) -> T:
     """Run `transaction` again when another relay fanned out the same events under it
     (deliveries.FanOutRace, rolled back): its next read sees the other's COMMIT. Bounded: relays
     that keep colliding raise, and the run ends with the error as on any database failure."""
-    for attempt in range(FAN_OUT_RACES):
+    for attempt in range(1, FAN_OUT_RACES + 1):
         try:
             return transaction()
         except deliveries.FanOutRace as race:
-            log.info("relay: %s; fanning out again (%d/%d)", race, attempt + 1, FAN_OUT_RACES)
-    return transaction()
+            if attempt == FAN_OUT_RACES:
+                raise
+            log.info("relay: %s; fanning out again (%d/%d)", race, attempt, FAN_OUT_RACES - 1)
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -360,38 +362,31 @@ class Relay(Processor):
     def _land_failed(self, target: ForwardTarget, outcomes: list) -> None:
         """Land the flights of `outcomes` ((item, error or None, seconds) of every member of each):
         the confirmed ones done, the failed ones retrying with the target's backoff (attempt 1 was
-        theirs) or dead, in one transaction a flight; then their counters and log lines."""
+        theirs) or dead, as Processor._after_failure decides for rows, in one transaction a flight;
+        then their counters and log lines."""
         by_flight: dict[str, list] = {}
         for outcome in outcomes:
             by_flight.setdefault(outcome[0].claim_token, []).append(outcome)
         for token, members in by_flight.items():
             now = clock.utcnow()
-            done, failed, lines = [], [], []
+            done, failed = [], []
             for item, error, seconds in members:
                 if error is None:
-                    done.append(item.event_id)
-                    lines.append((item, "done", None, None))
+                    done.append(item)
                     continue
                 outcome = Outcome(ERROR, seconds, error)
-                if item.attempts >= target.max_attempts:
-                    failed.append((item.event_id, None, error))
-                    lines.append((item, self.gave_up_word, outcome, None))
-                else:
-                    next_at = now + timedelta(seconds=target.backoff.delay(item.attempts))
-                    failed.append((item.event_id, next_at, error))
-                    lines.append((item, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s"))
-            landing = deliveries.Landing(done, failed, [])
+                failed.append((item, outcome, self._retry_at(item, target, outcome, now)))
+            landing = deliveries.Landing([i.event_id for i in done],
+                                         [(i.event_id, next_at, o.error) for i, o, next_at in failed], [])
             if not in_transaction(self.sessions, lambda s: deliveries.land_flight(s, token, target.name, landing, now)):
                 self._flight_lost(target, [m[0] for m in members])
                 continue
-            for item, word, outcome, note in lines:
-                if word == "done":
-                    self.stats.done += 1
-                elif word == "retry":
-                    self.stats.retried += 1
+            self._acked(done, len(done))
+            for item, outcome, next_at in failed:
+                if next_at is None:
+                    self._gave_up(item, target, outcome)
                 else:
-                    self.stats.gave_up += 1
-                self._log(item, target, word, outcome, note)
+                    self._retried(item, target, outcome, next_at, now)
 
     def _flight_lost(self, target: ForwardTarget, items: list) -> None:
         self.stats.lease_lost += len(items)

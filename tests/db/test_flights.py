@@ -16,7 +16,8 @@ from outbox.core import clock
 from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
 from outbox.events import deliveries as store
-from outbox.events.models import Flight, OutboxEvent
+from outbox.events.forward import is_forward
+from outbox.events.models import Delivery, Flight, OutboxEvent
 from outbox.events.relay import Relay
 from tests.helpers import deliveries
 
@@ -34,7 +35,7 @@ def record(runtime, event_type: str, count: int, *, key=None) -> list[int]:
 
 
 def fan_out_leased(runtime, now: datetime, limit: int = 100, **lease):
-    targets = [c for c in runtime.consumers.all() if getattr(c, "target", None) is not None]
+    targets = [c for c in runtime.consumers.all() if is_forward(c)]
     with runtime.sessions.begin() as session:
         lease = store.Lease.new(targets, now, 0.0, limit, **lease)
         return lease, store.fan_out(session, runtime.consumers, now, 500, lease=lease)[2]
@@ -49,9 +50,21 @@ def rows(runtime, consumer: str) -> dict[int, object]:
     return {d.event_id: d for d in deliveries(runtime, consumer=consumer)}
 
 
-def relay_with(runtime, amqp_url: str) -> Relay:
-    runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url
-    return Relay(runtime, batch_size=500)
+def forward_run(runtime, amqp_url: str) -> tuple[Relay, list[str]]:
+    """One relay run forwarding to `amqp_url`: the relay (its stats) and the statements it sent."""
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url  # raw is this test's own dict
+    relay, statements = Relay(runtime, batch_size=500), []
+
+    def sent(connection, cursor, statement, *args):
+        statements.append(" ".join(statement.split()))
+
+    event.listen(runtime.engine, "before_cursor_execute", sent)
+    try:
+        relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        event.remove(runtime.engine, "before_cursor_execute", sent)
+        relay.close()
+    return relay, statements
 
 
 def test_a_confirmed_flight_writes_each_row_once_done_and_never_updates_a_delivery(runtime, registry, rabbit):
@@ -61,14 +74,7 @@ def test_a_confirmed_flight_writes_each_row_once_done_and_never_updates_a_delive
     queue = rabbit.queue(exchange, "#")
     outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
     ids = record(runtime, "thing.done", 30)
-    statements = []
-    event.listen(runtime.engine, "before_cursor_execute",
-                 lambda conn, cursor, statement, *args: statements.append(" ".join(statement.split())))
-    relay = relay_with(runtime, rabbit.url)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay, statements = forward_run(runtime, rabbit.url)
     assert relay.stats.done == 30 and relay.stats.lease_lost == 0
     assert [json.loads(m.body)["n"] for m in rabbit.take(queue)] == list(range(30))
     written = rows(runtime, "fwd")
@@ -110,12 +116,11 @@ def test_a_flight_whose_lease_ran_out_becomes_expired_leased_rows_and_its_late_l
     assert all(d.status == "pending" for d in after.values())  # not marked done by the lost flight
 
 
-def test_a_lost_flight_is_counted_as_lease_lost_by_the_relay(runtime, registry, rabbit):
+def test_a_lost_flight_is_counted_as_lease_lost_by_the_relay(runtime, registry, rabbit, monkeypatch):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "#")
     outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
     record(runtime, "thing.lost", 4)
-    relay = relay_with(runtime, rabbit.url)
     original = store.land_flight
 
     def grounded_meanwhile(session, token, consumer, landing, now):
@@ -123,12 +128,8 @@ def test_a_lost_flight_is_counted_as_lease_lost_by_the_relay(runtime, registry, 
             assert store.flights.take(session, token, consumer)  # as a claim grounding it would
         return original(session, token, consumer, landing, now)
 
-    store.land_flight = grounded_meanwhile
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        store.land_flight = original
-        relay.close()
+    monkeypatch.setattr(store, "land_flight", grounded_meanwhile)
+    relay, _statements = forward_run(runtime, rabbit.url)
     assert len(rabbit.take(queue)) == 4
     assert (relay.stats.done, relay.stats.lease_lost) == (0, 4)
     assert rows(runtime, "fwd") == {}
@@ -150,11 +151,7 @@ def test_a_flight_with_a_failed_delivery_lands_whole_done_retrying_and_dead(runt
     outbox.forward("*", exchange=exchange, name="once", registry=registry, routing_key=key_of, max_attempts=1)
     with clock.frozen(T0):
         ids = record(runtime, "thing.mixed", 3)
-        relay = relay_with(runtime, rabbit.url)
-        try:
-            relay.run(Budget(max_time=30, memory_mb=None))
-        finally:
-            relay.close()
+        relay, _statements = forward_run(runtime, rabbit.url)
     assert len(rabbit.take(queue)) == 4  # 2 events x 2 targets
     assert (relay.stats.done, relay.stats.retried, relay.stats.gave_up) == (4, 1, 1)
     retrying, once = rows(runtime, "retrying"), rows(runtime, "once")
@@ -280,11 +277,7 @@ def test_a_relay_whose_fan_out_lost_a_race_fans_out_again(runtime, registry, rab
         return original(session, *args, **kwargs)
 
     monkeypatch.setattr(store, "fan_out", lose_once)
-    relay = relay_with(runtime, rabbit.url)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay, _statements = forward_run(runtime, rabbit.url)
     assert raced and relay.stats.done == 6
     assert sorted(json.loads(m.body)["n"] for m in rabbit.take(queue)) == list(range(6))
     assert len(flights(runtime)) == 0 and len(rows(runtime, "fwd")) == 6
@@ -334,23 +327,44 @@ def test_a_flight_s_short_lease_is_extended_once_and_a_lost_one_is_not_published
     queue = rabbit.queue(exchange, "#")
     outbox.forward("*", exchange=exchange, name="fwd", registry=registry, timeout=5)
     record(runtime, "thing.extended", 20)
-    statements = []
-    event.listen(runtime.engine, "before_cursor_execute",
-                 lambda conn, cursor, statement, *args: statements.append(" ".join(statement.split())))
-    relay = relay_with(runtime, rabbit.url)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay, statements = forward_run(runtime, rabbit.url)
     assert relay.stats.done == 20 and len(rabbit.take(queue)) == 20
     assert len([s for s in statements if s.startswith("UPDATE cronbox_flights")]) == 1
 
     record(runtime, "thing.lost", 7)
     monkeypatch.setattr(store.flights, "extend", lambda session, token, consumer, lease_until: False)
-    relay = relay_with(runtime, rabbit.url)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay, _statements = forward_run(runtime, rabbit.url)
     assert rabbit.take(queue) == []
     assert (relay.stats.done, relay.stats.lease_lost) == (0, 7)
+
+
+def test_a_stream_of_fresh_events_skips_empty_claims_and_the_run_still_ends_on_one(runtime, registry, rabbit,
+                                                                                  monkeypatch):
+    """While fresh events keep the relay busy, a claim that found nothing is not repeated every
+    batch; work that became due meanwhile without a fan-out seeing it (here: a delivery made due
+    as an operator's retry would, during the second fan-out) is still claimed before the run ends."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "fwd.#")
+    outbox.forward("fwd.*", exchange=exchange, name="fwd", registry=registry)
+    ran = []
+    outbox.consumer("late.work", name="local", registry=registry)(lambda event, ctx: ran.append(event.id))
+    record(runtime, "fwd.streamed", 1500)
+    original, fan_outs, late = store.fan_out, [], []
+
+    def retried_meanwhile(session, *args, **kwargs):
+        fan_outs.append(1)
+        if len(fan_outs) == 2:
+            event_row = outbox.record(session, "late.work", {"n": "late"})
+            session.flush()
+            session.execute(OutboxEvent.__table__.update().where(OutboxEvent.id == event_row.id)
+                            .values(fanned_out_at=clock.utcnow()))
+            session.add(Delivery(event_id=event_row.id, consumer="local", key=None, status="pending", attempts=0,
+                                 next_attempt_at=clock.utcnow(), created_at=clock.utcnow()))
+            late.append(event_row.id)
+        return original(session, *args, **kwargs)
+
+    monkeypatch.setattr(store, "fan_out", retried_meanwhile)
+    relay, statements = forward_run(runtime, rabbit.url)
+    assert len(rabbit.take(queue)) == 1500 and ran == late
+    claims = [s for s in statements if s.startswith("SELECT cronbox_flights.token")]  # one a claim
+    assert len(fan_outs) >= 4 and len(claims) < len(fan_outs)
