@@ -10,7 +10,7 @@ Editable installs (`pip install -e`) point at the checkout itself and are setupt
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -24,44 +24,29 @@ NOT_BUILT = (".git", ".venv", "venv", "instance", ".env", "build", "dist", "*.eg
              ".pytest_cache", ".hypothesis", "test-artifacts")
 
 
-@contextlib.contextmanager
-def _in_a_copy():
-    """Run the block in a private copy of the checkout (0700, removed afterwards, whatever happens)."""
-    source = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="cronbox-build-") as folder:
-        copy = os.path.join(folder, "cronbox")
-        shutil.copytree(source, copy, symlinks=True, ignore=shutil.ignore_patterns(*NOT_BUILT))
-        os.chdir(copy)
-        try:
-            yield
-        finally:
-            os.chdir(source)
+def _in_a_copy(hook):
+    """setuptools' `hook`, run in a private copy of the checkout (0700, removed afterwards whatever
+    happens); its directory arguments made absolute first, as they may be relative to the checkout."""
+
+    @functools.wraps(hook)
+    def hook_in_a_copy(*args, **kwargs):
+        args = [os.path.abspath(a) if isinstance(a, str) else a for a in args]
+        kwargs = {k: os.path.abspath(v) if isinstance(v, str) else v for k, v in kwargs.items()}
+        source = os.getcwd()
+        with tempfile.TemporaryDirectory(prefix="cronbox-build-") as folder:
+            copy = os.path.join(folder, "cronbox")
+            shutil.copytree(source, copy, symlinks=True, ignore=shutil.ignore_patterns(*NOT_BUILT))
+            os.chdir(copy)
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                os.chdir(source)
+
+    return hook_in_a_copy
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    with _in_a_copy():
-        return build_meta.get_requires_for_build_wheel(config_settings)
-
-
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    metadata_directory = os.path.abspath(metadata_directory)
-    with _in_a_copy():
-        return build_meta.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    wheel_directory = os.path.abspath(wheel_directory)
-    metadata_directory = os.path.abspath(metadata_directory) if metadata_directory else None
-    with _in_a_copy():
-        return build_meta.build_wheel(wheel_directory, config_settings, metadata_directory)
-
-
-def get_requires_for_build_sdist(config_settings=None):
-    with _in_a_copy():
-        return build_meta.get_requires_for_build_sdist(config_settings)
-
-
-def build_sdist(sdist_directory, config_settings=None):
-    sdist_directory = os.path.abspath(sdist_directory)
-    with _in_a_copy():
-        return build_meta.build_sdist(sdist_directory, config_settings)
+get_requires_for_build_wheel = _in_a_copy(build_meta.get_requires_for_build_wheel)
+prepare_metadata_for_build_wheel = _in_a_copy(build_meta.prepare_metadata_for_build_wheel)
+build_wheel = _in_a_copy(build_meta.build_wheel)
+get_requires_for_build_sdist = _in_a_copy(build_meta.get_requires_for_build_sdist)
+build_sdist = _in_a_copy(build_meta.build_sdist)
