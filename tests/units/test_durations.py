@@ -3,6 +3,7 @@ number refused rather than read as seconds (CRONBOX_AUDIT_RETENTION=2192 erased 
 trail as 2,192 seconds), and the audit records' six-year floor (HIPAA 45 CFR 164.316(b)(2))."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime
 
@@ -14,6 +15,7 @@ from cronbox import Cronbox
 from outbox.core.durations import parse_duration
 from outbox.core.errors import SettingsError
 from outbox.core.settings import AUDIT_RETENTION_FLOOR_DAYS, MODULE_DURATIONS, load_settings
+from tests.conftest import APP_ROOT
 
 # Every setting that takes a duration with a unit, and a value each one accepts.
 DURATION_SETTINGS = {"CRONBOX_URL_MAX_TTL": "15m", "CRONBOX_AUDIT_RETENTION": "2192d", "CRONBOX_METRICS_WINDOW": "1h",
@@ -27,6 +29,13 @@ HUGE = ["99999999999d", "1" + "0" * 400 + "s", "36601d", "5300w"]
 
 
 def test_the_module_table_names_every_duration_setting_a_module_reads():
+    """load_settings parses MODULE_DURATIONS up front: a module's own Settings.duration() read missing
+    there would only fail when that module runs, not at every command and init_app."""
+    read = set()
+    for package in ("outbox", "storage", "cron", "cronbox"):
+        for path in (APP_ROOT / package).rglob("*.py"):
+            read |= set(re.findall(r'\.duration\(\s*"(CRONBOX_[A-Z_]+)"', path.read_text(encoding="utf-8")))
+    assert read and read == set(MODULE_DURATIONS)
     assert set(MODULE_DURATIONS) <= set(DURATION_SETTINGS)
 
 
