@@ -19,7 +19,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
 from cronbox.state import runtime
-from cronbox import hostauth
+from cronbox import formstream, hostauth
 from cronbox.client import client_ip
 
 from . import bp, cookie, csrf
@@ -29,8 +29,10 @@ log = logging.getLogger("cronbox")
 T = TypeVar("T")
 PUBLIC = {"ops.login", "ops.setup", "ops.static"}
 PASSWORD_PAGES = {"ops.login", "ops.setup", "ops.logout", "ops.logout_everywhere"}  # gone with the host's login
-# The upload's body is sealed while it streams: its token rides in the query string (cronbox.ops.upload).
-TOKEN_IN_QUERY = {"ops.files_upload"}
+# The upload's body is sealed while it streams: its token is a field before the file part, or a header
+# (cronbox.ops.upload); never the query string, which access logs keep.
+TOKEN_BEFORE_FILE = {"ops.files_upload"}
+TOKEN_HEADER = "X-CSRF-Token"
 OPERATOR = "cronbox_ops_operator"  # flask.g: the live operator session of this request, if any
 HOST_OPERATOR = hostauth.CONSOLE_OPERATOR  # flask.g: the host's identity for this request (console_operator)
 HEADERS = {
@@ -72,7 +74,7 @@ def check_request():
     if host_login():
         return check_host_request()
     if request.method not in ("GET", "HEAD", "OPTIONS"):  # raises CsrfRefused (400) without this visit's token
-        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
+        csrf.check(sent_token())
     if request.endpoint in PUBLIC:
         return None
     fingerprint = credentials.fingerprint(settings())
@@ -84,6 +86,18 @@ def check_request():
         return Response("Log in first.\n", status=401, mimetype="text/plain")
     setattr(g, OPERATOR, current)
     return None
+
+
+def sent_token() -> str | None:
+    """The console's CSRF token as this request sent it: the form's field; for the upload, its
+    X-CSRF-Token header or its field before the file part, read without reading the file
+    (cronbox.formstream; seal_upload resumes there)."""
+    if request.endpoint not in TOKEN_BEFORE_FILE:
+        return request.form.get(csrf.FIELD)
+    try:
+        return request.headers.get(TOKEN_HEADER) or formstream.field_before_file(request, csrf.FIELD)
+    except ValueError:  # a malformed form: no token in it
+        return None
 
 
 def check_host_request():
@@ -107,7 +121,7 @@ def check_host_request():
     if request.endpoint in PASSWORD_PAGES:
         return not_found(None)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
-        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
+        csrf.check(sent_token())
     return None
 
 
