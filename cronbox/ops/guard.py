@@ -11,6 +11,7 @@ from typing import Callable, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from flask import Response, abort, current_app, g, redirect, render_template, request, url_for
+from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -65,6 +66,32 @@ def host_login() -> bool:
 def operator_name() -> str:
     """Who acts, for the activity log and the file audit: the host's identity, else cronbox's one operator."""
     return g.get(HOST_OPERATOR) or actions.OPERATOR
+
+
+FORM_MAX = 64 * 1024  # a console form is a token and a few ids or words: anything bigger is not one of ours
+
+
+@bp.url_value_preprocessor
+def limit_form_bodies(endpoint, values) -> None:
+    """Every console POST but the upload is a small url-encoded form: less than FORM_MAX bytes, declared
+    (Content-Length) or streamed (chunked), refused with 413 before anything parses it. Werkzeug
+    would write a multipart body's file parts to temporary files while parsing it (an anonymous 20 MiB
+    "login"), so a multipart body is never parsed here at all: 413 when too large, else 415.
+    A url_value_preprocessor runs before every before_request (the host's too); the limit is this
+    request's own (Flask's per-request max_content_length), the host's MAX_CONTENT_LENGTH is untouched."""
+    if request.method in ("GET", "HEAD", "OPTIONS") or endpoint in TOKEN_BEFORE_FILE:
+        return
+    request.max_content_length = FORM_MAX
+    request.max_form_memory_size = FORM_MAX
+    declared = request.content_length
+    if declared is not None and declared > FORM_MAX:
+        raise RequestEntityTooLarge(f"A console form is at most {FORM_MAX // 1024} KiB.")
+    # Read now, at most FORM_MAX bytes (the stream's per-request maximum), kept for request.form: one byte
+    # more is RequestEntityTooLarge. Werkzeug's own url-encoded parsing would stop at the maximum silently.
+    request.get_data(cache=True, parse_form_data=False)
+    request.stream.read(1)
+    if request.mimetype.startswith("multipart/"):
+        raise UnsupportedMediaType("A console form is url-encoded.")
 
 
 @bp.before_request
@@ -189,6 +216,12 @@ def database_down(error):
 @bp.errorhandler(400)
 def bad_request(error):
     return _error_page(400, "Bad request", getattr(error, "description", None) or "The request was not understood.")
+
+
+@bp.errorhandler(413)
+@bp.errorhandler(415)
+def form_refused(error):
+    return _error_page(error.code, "Form refused", error.description)
 
 
 @bp.errorhandler(404)
