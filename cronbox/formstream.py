@@ -22,6 +22,7 @@ from typing import Iterator
 
 from flask import Request
 from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
 CHUNK = 64 * 1024
@@ -41,6 +42,8 @@ class FormReader:
     def __init__(self, stream, boundary: bytes, *, max_field: int = MAX_FIELD, max_parts: int = MAX_PARTS):
         self._stream = stream
         self._decoder = MultipartDecoder(boundary, max_form_memory_size=max_field, max_parts=max_parts)
+        self._hold = len(boundary) + 8  # the closing delimiter: CRLF "--" boundary "--" CRLF
+        self._held = b""
         self._max_field = max_field
         self.fields: MultiDict[str, str] = MultiDict()
         self.file: File | None = None  # the file part's headers, once reached
@@ -49,13 +52,27 @@ class FormReader:
         self._ended = False
 
     def _event(self):
-        """The next decoded event, reading more of the body when the decoder needs it."""
+        """The next decoded event, reading more of the body when the decoder needs it.
+
+        The last `_hold` bytes read are fed only with the next read (or at the end): Werkzeug's
+        decoder, given a buffer that ends inside the closing delimiter (`...\r\n--B-` then `-\r\n`),
+        keeps the `\r` as the last byte of the part's data. Its own parser does the same with a body
+        3 bytes past a multiple of 64 KiB; held back, a feed never ends within the closing delimiter.
+        """
         while True:
             event = self._decoder.next_event()
             if not isinstance(event, NeedData):
                 return event
             data = self._stream.read(CHUNK)
-            self._decoder.receive_data(data or None)  # None: the body ended (an error unless at the end)
+            if data:
+                data = self._held + data
+                self._held = data[-self._hold:]
+                self._decoder.receive_data(data[:-self._hold])
+            elif self._held:
+                self._decoder.receive_data(self._held)
+                self._held = b""
+            else:
+                self._decoder.receive_data(None)  # the body ended (an error unless at the end)
 
     def _field_value(self, part: Field) -> str:
         chunks, size = [], 0
@@ -65,7 +82,7 @@ class FormReader:
                 raise FormError("the form is malformed")
             size += len(event.data)
             if size > self._max_field:
-                raise FormError(f"a form field is larger than {self._max_field} bytes")
+                raise RequestEntityTooLarge(f"a form field is larger than {self._max_field} bytes")
             chunks.append(event.data)
             if not event.more_data:
                 return b"".join(chunks).decode("utf-8", "replace")
