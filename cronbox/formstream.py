@@ -55,8 +55,8 @@ class FormReader:
         """The next decoded event, reading more of the body when the decoder needs it.
 
         The last `_hold` bytes read are fed only with the next read (or at the end): Werkzeug's
-        decoder, given a buffer that ends inside the closing delimiter (`...\r\n--B-` then `-\r\n`),
-        keeps the `\r` as the last byte of the part's data. Its own parser does the same with a body
+        decoder, given a buffer that ends inside the closing delimiter (CRLF `--B-`, then `-` CRLF),
+        keeps its CR as the last byte of the part's data. Its own parser does the same with a body
         3 bytes past a multiple of 64 KiB; held back, a feed never ends within the closing delimiter.
         """
         while True:

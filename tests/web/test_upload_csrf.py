@@ -15,7 +15,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under
-from tests.web.test_host_uploads import BOUNDARY, FORM, form, part, rows
+from tests.web.test_host_uploads import FORM, form, part, rows
 from tests.write_watch import writes  # noqa: F401  (the fixture)
 from cronbox import Cronbox, seal_upload, sealed_upload_route
 
