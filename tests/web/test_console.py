@@ -197,6 +197,75 @@ def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
         application.extensions["cronbox"].runtime.dispose()
 
 
+def _fail_from_many_addresses(application, addresses: list[str], *, header: str = "HTTP_X_FORWARDED_FOR") -> None:
+    """Each address spends its whole budget on wrong passwords (and one more try, refused)."""
+    for address in addresses:
+        guesser = Operator(application, **{header: address})
+        codes = [guesser.log_in("guess").status_code for _ in range(throttle.PER_CLIENT[0] + 1)]
+        assert 401 in codes and codes[-1] == 429, (address, codes)
+
+
+def test_other_clients_failures_never_lock_out_a_client_within_its_budget(runtime, env):
+    """50 wrong passwords from 10 addresses (and more) used to lock the real operator out for the window."""
+    application = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        with clock.frozen(T0):
+            credentials.store_password(application.extensions["cronbox"].settings, PASSWORD, replace=False)
+            guessers = [f"203.0.113.{n}" for n in range(1, 13)] + [f"2001:db8:{n}::1" for n in range(1, 4)]
+            _fail_from_many_addresses(application, guessers)
+            for fresh in ["198.51.100.7", "2001:db8:aa::5", "::ffff:192.0.2.200", "198.51.100.7"]:  # IPv6, mapped, again
+                assert Operator(application, HTTP_X_FORWARDED_FOR=fresh).log_in(PASSWORD).status_code == 303
+            # A client that mistyped once is slowed down (the global counter is full), not locked out.
+            typist = Operator(application, HTTP_X_FORWARDED_FOR="192.0.2.77")
+            assert typist.log_in("typo").status_code == 401
+            paced = typist.log_in(PASSWORD)
+            assert paced.status_code == 429 and 0 < int(paced.headers["Retry-After"]) <= throttle.PACE
+            clock.advance(throttle.PACE)
+            assert typist.log_in(PASSWORD).status_code == 303
+            # A fresh guesser's wrong tries come once per PACE only, up to its own budget.
+            late = Operator(application, HTTP_X_FORWARDED_FOR="192.0.2.99")
+            assert late.log_in("guess").status_code == 401
+            assert late.log_in("guess").status_code == 429
+            # Over its own budget a client is locked until its window ends, then it is let in again.
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 429
+            clock.advance(throttle.PER_CLIENT[1])
+            _fail_from_many_addresses(application, guessers)  # the next window: same flood, same outcome
+            assert Operator(application, HTTP_X_FORWARDED_FOR="2001:db8:bb::1").log_in(PASSWORD).status_code == 303
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 429
+            clock.advance(throttle.PER_CLIENT[1])
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 303
+    finally:
+        application.extensions["cronbox"].runtime.dispose()
+
+
+def test_a_spoofed_forwarded_for_does_not_buy_a_fresh_budget(runtime, env):
+    """Without trusted proxies the header is ignored: one connection address is one client, whatever it
+    claims. With one trusted proxy only the address that proxy wrote counts, not what the client prepended."""
+    direct = make_app(env, runtime)
+    try:
+        with clock.frozen(T0):
+            credentials.store_password(direct.extensions["cronbox"].settings, PASSWORD, replace=False)
+            codes = [Operator(direct, REMOTE_ADDR="192.0.2.10", HTTP_X_FORWARDED_FOR=f"203.0.113.{n}")
+                     .log_in("guess").status_code for n in range(throttle.PER_CLIENT[0] + 1)]
+            assert codes == [401] * throttle.PER_CLIENT[0] + [429]
+            assert Operator(direct, REMOTE_ADDR="192.0.2.10", HTTP_X_FORWARDED_FOR="198.51.100.1").log_in(
+                PASSWORD).status_code == 429
+            assert Operator(direct, REMOTE_ADDR="192.0.2.11").log_in(PASSWORD).status_code == 303
+    finally:
+        direct.extensions["cronbox"].runtime.dispose()
+    proxied = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        with clock.frozen(T0 + timedelta(hours=1)):
+            codes = [Operator(proxied, HTTP_X_FORWARDED_FOR=f"10.9.9.{n}, 2001:db8:5::{n}").log_in("guess").status_code
+                     for n in range(1, throttle.PER_CLIENT[0] + 2)]  # rotating inside one /64, spoofing the left
+            assert codes == [401] * throttle.PER_CLIENT[0] + [429]
+            assert Operator(proxied, HTTP_X_FORWARDED_FOR="2001:db8:5::99").log_in(PASSWORD).status_code == 429
+            assert Operator(proxied, HTTP_X_FORWARDED_FOR="2001:db8:5::99, 2001:db8:6::1").log_in(
+                PASSWORD).status_code == 303
+    finally:
+        proxied.extensions["cronbox"].runtime.dispose()
+
+
 def test_logout_ends_the_session_on_the_server(operator, runtime):
     cookie = operator.client.get_cookie("cronbox_ops", path="/ops")
     assert cookie is not None
