@@ -96,7 +96,7 @@ class AuditEntry(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(UtcDateTime)
-    action: Mapped[str] = mapped_column(String(16))  # put, grant, revoke, issue, redeem, serve, verify
+    action: Mapped[str] = mapped_column(String(16))  # put, grant, revoke, issue, redeem, serve, verify, show-name
     outcome: Mapped[str] = mapped_column(String(32))  # ok / granted / a refusal reason
     status: Mapped[int | None] = mapped_column(Integer)  # HTTP status, for redemptions
     file_id: Mapped[str | None] = mapped_column(FileId)

@@ -538,6 +538,38 @@ def test_file_names_only_when_the_operator_may_see_them(runtime, env):
         application.extensions["cronbox"].runtime.dispose()
 
 
+@pytest.mark.parametrize("show", ["on", "off"])
+def test_each_file_name_shown_is_audited_and_none_is_unsealed_when_names_are_hidden(runtime, env, show):
+    """Names used to be unsealed for the page with no audit entry."""
+    application = make_app(env, runtime, CRONBOX_OPS_SHOW_FILE_NAMES=show, CRONBOX_TRUSTED_PROXIES="1")
+    store = application.extensions["cronbox"].storage
+    unsealed: list[str] = []
+    describe = store.describe
+    store.describe = lambda row: unsealed.append(row.id) or describe(row)  # counts unsealing, on this instance
+    try:
+        operator = logged_in(application, HTTP_X_FORWARDED_FOR="203.0.113.8", HTTP_USER_AGENT="Firefox/140")
+        with runtime.sessions.begin() as session:
+            ids = [store.put(session, io.BytesIO(b"x"), filename=f"scan-{n}.pdf", content_type="application/pdf",
+                             owner=f"patient:{n}") for n in range(4)]
+            for file_id in ids[:3]:
+                store.grant(session, file_id, "doctor:7")
+        with runtime.sessions() as session:
+            before = session.scalar(select(func.max(AuditEntry.id)))
+        page = operator.get("/ops/files").get_data(as_text=True)
+        with runtime.sessions() as session:
+            shown_rows = list(session.scalars(select(AuditEntry).where(AuditEntry.id > before)))
+    finally:
+        application.extensions["cronbox"].runtime.dispose()
+    if show == "off":
+        assert unsealed == [] and shown_rows == [] and "scan-0.pdf" not in page
+        return
+    assert sorted(unsealed) == sorted(ids)  # the files named by the page's audit entries and grants
+    assert sorted((r.action, r.outcome, r.file_id, r.subject) for r in shown_rows) == sorted(
+        ("show-name", "ok", file_id, f"patient:{n}") for n, file_id in enumerate(ids))
+    assert {(r.detail, r.client_ip, r.user_agent) for r in shown_rows} == {("by operator", "203.0.113.8", "Firefox/140")}
+    assert all(f"scan-{n}.pdf" in page for n in range(4))
+
+
 def test_long_lists_are_paged_by_key(operator, runtime):
     with runtime.sessions.begin() as session:
         for n in range(120):
