@@ -361,6 +361,49 @@ def test_outbox_retry_and_skip_one_or_all(operator, runtime, registry):
 
 # ---- queues ---------------------------------------------------------------------------------
 
+def test_retried_from_the_console_then_done_shows_no_error_on_its_pages(operator, runtime, registry):
+    from outbox.engine.budget import Budget
+    from outbox.queue.jobs import job
+    from outbox.queue.worker import Worker
+
+    tries: dict[str, int] = {}
+
+    def once_broken(what: str) -> None:
+        tries[what] = tries.get(what, 0) + 1
+        if tries[what] == 1:
+            raise RuntimeError(f"{what} gateway down")
+
+    @job("mail", name="console.flaky", tries=1, registry=registry)
+    def flaky(payload, ctx):
+        once_broken("job")
+
+    @consumer("order.paid", name="console.mailer", max_attempts=1, registry=registry)
+    def mailer(event, ctx):
+        once_broken("delivery")
+
+    with runtime.sessions.begin() as session:
+        job_id = flaky.dispatch(session, {})
+        outbox.record(session, "order.paid", {})
+    Worker(runtime, ["mail"]).run(Budget(max_time=30, memory_mb=None))
+    relay(runtime)
+    [dead] = [d.id for d in session_rows(runtime, Delivery) if d.status == "dead"]
+    assert "job gateway down" in operator.get("/ops/queues").get_data(as_text=True)
+    assert "1 jobs queued again" in flashed(operator.post("/ops/queues/retry", {"id": str(job_id)}), operator)
+    assert "1 deliveries pending again." in flashed(operator.post("/ops/outbox/retry", {"id": str(dead)}), operator)
+    Worker(runtime, ["mail"]).run(Budget(max_time=30, memory_mb=None))
+    relay(runtime)
+    with runtime.sessions() as session:
+        assert (session.get(Job, job_id).status, session.get(Job, job_id).last_error) == ("done", None)
+        assert (session.get(Delivery, dead).status, session.get(Delivery, dead).last_error) == ("done", None)
+    for page in ("/ops/queues", "/ops/outbox", "/ops/"):
+        assert "gateway down" not in operator.get(page).get_data(as_text=True), page
+
+
+def session_rows(runtime, model) -> list:
+    with runtime.sessions() as session:
+        return list(session.scalars(select(model).order_by(model.id)))
+
+
 def test_queue_retry_forget_and_flush(operator, runtime):
     a, b, c = failed_job(runtime), failed_job(runtime, queue="mail", error="mailbox full"), failed_job(runtime)
     page = operator.get("/ops/queues").get_data(as_text=True)
