@@ -11,6 +11,7 @@ import itertools
 import json
 import threading
 import time
+import tracemalloc
 from email.utils import format_datetime
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,6 +77,17 @@ def wait_for(condition, seconds: float = 5.0):
     while not (result := condition()) and time.monotonic() < deadline:
         time.sleep(0.02)
     return result
+
+
+def measured(run) -> tuple[int, float]:
+    """Run `run()`; the peak of Python memory it allocated (tracemalloc) and the seconds it took."""
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1], time.monotonic() - started
+    finally:
+        tracemalloc.stop()
 
 
 class QuietServer(ThreadingHTTPServer):
