@@ -56,18 +56,18 @@ class Cronbox:
             self.init_app(app, db=db, settings=settings)
 
     def init_app(self, app: Flask, *, db: Any = None, settings: Settings | None = None,
-                 console_operator: Callable[[Request], str | None] | None = None,
+                 console_operator: Callable[[Request], str | None | bool] | None = None,
                  console_login_url: str | Callable[[str], str] | None = None,
                  console_logout_url: str | None = None,
-                 upload_operator: Callable[[Request], str | None] | None = None) -> CronboxState:
+                 upload_operator: Callable[[Request], str | None | bool] | None = None) -> CronboxState:
         """Set cronbox up on `app`. `db`: the host's Flask-SQLAlchemy (initialised on `app` first);
         `settings`: ready-made Settings (the standalone app) instead of reading the configuration.
 
         The host's login instead of cronbox's own (cronbox.hostauth, README "Use your app's login for
         the console"): `console_operator(request)` returns who is using the console (a string for the
-        activity log) or None, asked on every console request; then cronbox's password, login, setup
-        and logout pages are gone. A refused browser gets a 403 page, or is sent to
-        `console_login_url` (a URL, `next` added; or a function of the console path returning the
+        activity log), None (nobody signed in) or False (signed in, may not: always the 403 page), asked
+        on every console request; then cronbox's password, login, setup and logout pages are gone. A
+        browser refused with None gets a 403 page, or is sent to `console_login_url` (a URL, `next` added; or a function of the console path returning the
         URL). `console_logout_url`: the host's logout page, linked from the console. `upload_operator`
         (the same function or another) lets the host's logged-in users POST /files, with the token
         of `cronbox.upload_csrf_token()`, besides the upload bearer token."""

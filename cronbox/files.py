@@ -2,7 +2,7 @@
 
 A download passes, in order: the token's signature, age and `exp`; the grant
 (exists, not revoked, not expired, uses left, or a repeat of the same token
-within the same-use window); the sealed file's wrapped key, header and last
+by the same client within the same-use window: storage.grants); the sealed file's wrapped key, header and last
 chunk (so the promised length is proven before a header is sent); the Range.
 Only then is a use counted (in a short transaction, closed before the first
 byte) and the body streamed chunk by chunk, each authenticated before it is
@@ -199,10 +199,10 @@ def download(token: str):
                    jti=claims.jti if claims else None, client=client, detail=method)
         return _page(EXPIRED, 410) if refused.expired else _page(NOT_FOUND, 404)
 
-    jti_hash = audit.jti_hash(claims.jti)
+    use_key = grants.use_key_for(claims.jti, client.ip, client.user_agent)  # one client's use of this token
     fields = {"grant_id": claims.grant_id, "jti": claims.jti, "client": client}
     try:
-        decision = in_transaction(sessions, lambda s: grants.check(s, claims.grant_id, jti_hash, clock.utcnow()))
+        decision = in_transaction(sessions, lambda s: grants.check(s, claims.grant_id, use_key, clock.utcnow()))
     except GrantInvalid as refused:
         _audit(sessions, "redeem", str(refused), status=404, detail=method, **fields)
         return _page(NOT_FOUND, 404)
@@ -241,7 +241,7 @@ def download(token: str):
             now = clock.utcnow()
 
             def count(session) -> str:
-                outcome = "granted" if grants.count_use(session, claims.grant_id, jti_hash, now) else "same-use"
+                outcome = "granted" if grants.count_use(session, claims.grant_id, use_key, now) else "same-use"
                 audit.record(session, "redeem", outcome, status=answer.status, byte_range=byte_range, detail=method,
                              **fields)
                 return outcome

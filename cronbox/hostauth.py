@@ -5,8 +5,12 @@
                      console_login_url="/login")
 
 A hook is the host's function of the request returning an operator identity
-(a string: it names the operator in the activity log and the file audit) or
-None (not allowed). cronbox calls it on every request to the part it guards,
+(a string: it names the operator in the activity log and the file audit), None
+(nobody is signed in: a console GET is sent to `console_login_url`) or False
+(someone is signed in who may not: 403, never the login page, whose usual
+"already signed in: go to next" would send the browser straight back, for
+ever; a browser refused with None again right after being sent to the login
+gets the 403 too: cronbox.ops.guard). cronbox calls it on every request to the part it guards,
 so logging out of the host closes the console at the next click; cronbox
 itself never reads or writes the host's session (the hook may: Flask-Login's
 `current_user` reads it). A hook that raises is a refusal, never a 500: one
@@ -35,31 +39,38 @@ CONSOLE_OPERATOR = "cronbox_console_operator"  # flask.g: the identity the conso
 IDENTITY_MAX = 64  # cronbox_ops_actions.operator
 
 
-class HookFailed(Exception):
+class NotAllowed(Exception):
+    """The host's hook said a signed-in user may not (False): the request is refused (403)."""
+
+
+class HookFailed(NotAllowed):
     """The host's hook raised: the request is refused (403), and was logged once."""
 
 
 def identity(kind: str) -> str | None:
     """The identity the host's `<kind>` hook ("console_operator", "upload_operator") gives this
-    request, or None; HookFailed when it raised or returned something else than a string or None."""
+    request, or None when nobody is signed in; NotAllowed when it refused a signed-in user (False),
+    HookFailed when it raised or returned something else than a string, None or False."""
     cache = g.setdefault("cronbox_host_identity", {})
     if kind not in cache:
         cache[kind] = _ask(kind)
     found = cache[kind]
-    if isinstance(found, HookFailed):
+    if isinstance(found, NotAllowed):
         raise found
     return found
 
 
-def _ask(kind: str) -> str | None | HookFailed:
+def _ask(kind: str) -> str | None | NotAllowed:
     hook = getattr(current_app.extensions["cronbox"], kind)
     try:
         found = hook(request)
-        if found is not None and not isinstance(found, str):
-            raise TypeError(f"the {kind} hook must return a string or None")
+        if found is not None and found is not False and not isinstance(found, str):
+            raise TypeError(f"the {kind} hook must return a string, None or False")
     except Exception as exc:  # the host's code: any failure is a refusal, not a 500
         log.warning("cronbox: %s hook raised %s; request refused", kind, type(exc).__name__)
         return HookFailed(type(exc).__name__)
+    if found is False:
+        return NotAllowed(kind)
     # One log line per action: no control characters from the host's data (a name with a newline).
     found = "".join("?" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in (found or "").strip())[:IDENTITY_MAX]
     return found or None
@@ -121,7 +132,7 @@ def upload_operator(req: Request, settings) -> str | None:
     user, once its token matches; UploadForbidden for a user without a good token or a failed hook."""
     try:
         who = identity("upload_operator")
-    except HookFailed:
+    except NotAllowed:
         raise UploadForbidden("not allowed") from None
     if who is None:
         return None

@@ -1,9 +1,14 @@
 """Grants (who may download which file, until when, how many times) and counting their uses.
 
-A use is counted per token id (jti), not per request and not per token text:
+A use is counted per token id (jti) and client, not per request and not per token text:
 a download manager's range requests, a resumed download or a malleable variant
-of the same token are one use as long as they come within SAME_USE_WINDOW of
-the first request of that use (`first_at`). The window is bounded from the
+of the same token are one use as long as they come from the same client within
+SAME_USE_WINDOW of the first request of that use (`first_at`). The client is
+its address (as CRONBOX_TRUSTED_PROXIES resolves it; IPv6 per /64, the block one
+subscriber gets) and its User-Agent, both folded into the use's key
+(`use_key_for`): the same link replayed from another address or browser inside the
+window is a use of its own, refused when none is left, so a `max_uses=1` link
+gives one client one download. The window is bounded from the
 first request, not slid from the previous one: otherwise a client repeating a
 request every 100 s would keep a `max_uses=1` link working for its whole life. Counting is two guarded statements in one
 short transaction, safe on every backend without SKIP LOCKED:
@@ -19,6 +24,7 @@ short transaction, safe on every backend without SKIP LOCKED:
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from outbox.core import paging
 from outbox.core.db import insert_ignore
+from outbox.queue.ratelimit import client_key
 
 from .errors import GrantInvalid
 from .models import Grant, GrantUse, SealedFile
@@ -39,6 +46,12 @@ GRANT_RETENTION = timedelta(days=30)  # grants (and their use rows) kept after t
 
 def new_id() -> str:
     return secrets.token_hex(16)
+
+
+def use_key_for(jti: str, client_ip: str | None, user_agent: str | None) -> str:
+    """The key of a use: the token id and the client it was redeemed by, hashed (GrantUse.jti_hash)."""
+    raw = "\0".join((jti, client_key(client_ip), user_agent or ""))
+    return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def refusal(grant: Grant | None, now: datetime) -> str | None:
@@ -60,16 +73,16 @@ class Decision:
     file: SealedFile
 
 
-def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Decision:
+def check(session: Session, grant_id: str, use_key: str, now: datetime) -> Decision:
     """The read-only check before a download; GrantInvalid with the reason when it cannot go ahead.
 
-    A used-up grant still serves a repeat of the token that took its last use (within the window):
-    the second half of an interrupted download is not a new use.
+    A used-up grant still serves a repeat of the token that took its last use, by the same client
+    (`use_key_for`) within the window: the second half of an interrupted download is not a new use.
     """
     grant = session.get(Grant, grant_id)
     reason = refusal(grant, now)
     if reason == "exhausted":
-        use = session.get(GrantUse, (grant_id, jti_hash))
+        use = session.get(GrantUse, (grant_id, use_key))
         if use is not None and use.first_at >= now - timedelta(seconds=SAME_USE_WINDOW):
             reason = None
     if reason is not None:
@@ -77,8 +90,8 @@ def check(session: Session, grant_id: str, jti_hash: str, now: datetime) -> Deci
     return Decision(grant, session.get(SealedFile, grant.file_id))
 
 
-def _insert_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
-    values = {"grant_id": grant_id, "jti_hash": jti_hash, "first_at": now, "last_at": now, "requests": 1}
+def _insert_use(session: Session, grant_id: str, use_key: str, now: datetime) -> bool:
+    values = {"grant_id": grant_id, "jti_hash": use_key, "first_at": now, "last_at": now, "requests": 1}
     return insert_ignore(session, GrantUse.__table__, values).rowcount == 1
 
 
@@ -92,34 +105,34 @@ def _take_use(session: Session, grant_id: str, now: datetime) -> bool:
     return result.rowcount == 1
 
 
-def _join_use(session: Session, grant_id: str, jti_hash: str, now: datetime, *, window_start: datetime) -> bool:
-    """Count a request into the current use of this jti if that use began at or after `window_start`."""
+def _join_use(session: Session, grant_id: str, use_key: str, now: datetime, *, window_start: datetime) -> bool:
+    """Count a request into the current use of this key if that use began at or after `window_start`."""
     result = session.execute(
         update(GrantUse)
-        .where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash, GrantUse.first_at >= window_start)
+        .where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == use_key, GrantUse.first_at >= window_start)
         .values(last_at=now, requests=GrantUse.requests + 1)
         .execution_options(synchronize_session=False))
     return result.rowcount == 1
 
 
-def _restart_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> None:
-    """The jti's previous use is over and a new one was taken: its window starts now."""
-    session.execute(update(GrantUse).where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == jti_hash)
+def _restart_use(session: Session, grant_id: str, use_key: str, now: datetime) -> None:
+    """The key's previous use is over and a new one was taken: its window starts now."""
+    session.execute(update(GrantUse).where(GrantUse.grant_id == grant_id, GrantUse.jti_hash == use_key)
                     .values(first_at=now, last_at=now, requests=GrantUse.requests + 1)
                     .execution_options(synchronize_session=False))
 
 
-def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> bool:
+def count_use(session: Session, grant_id: str, use_key: str, now: datetime) -> bool:
     """Record this request; True if it started a new use, False if it joined the current one.
 
     Raises GrantInvalid (the caller must roll back) when the grant cannot be used.
     """
-    if _insert_use(session, grant_id, jti_hash, now):
+    if _insert_use(session, grant_id, use_key, now):
         if not _take_use(session, grant_id, now):
             raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
         return True
     window_start = now - timedelta(seconds=SAME_USE_WINDOW)
-    if _join_use(session, grant_id, jti_hash, now, window_start=window_start):
+    if _join_use(session, grant_id, use_key, now, window_start=window_start):
         grant = session.get(Grant, grant_id, populate_existing=True)
         reason = refusal(grant, now)
         if reason is not None and reason != "exhausted":  # revoked or expired since the first request
@@ -127,7 +140,7 @@ def count_use(session: Session, grant_id: str, jti_hash: str, now: datetime) -> 
         return False
     if not _take_use(session, grant_id, now):
         raise GrantInvalid(refusal(session.get(Grant, grant_id, populate_existing=True), now) or "exhausted")
-    _restart_use(session, grant_id, jti_hash, now)
+    _restart_use(session, grant_id, use_key, now)
     return True
 
 

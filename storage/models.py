@@ -69,10 +69,10 @@ class GrantUse(Base):
     """One counted use of a grant, per signed-URL token id (jti), never per token text.
 
     Signatures are malleable (several strings verify as one token), so the
-    token's random jti is the unit: requests with the same jti within a short
-    window from the use's first request (`first_at`; resumed downloads, range
-    requests) are the same use. The jti is
-    stored only hashed.
+    token's random jti is the unit, per client: requests with the same jti from
+    the same client within a short window from the use's first request
+    (`first_at`; resumed downloads, range requests) are the same use. The jti and
+    client are stored only hashed together (`jti_hash`: storage.grants.use_key_for).
     """
 
     __tablename__ = "cronbox_grant_uses"
@@ -96,7 +96,7 @@ class AuditEntry(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(UtcDateTime)
-    action: Mapped[str] = mapped_column(String(16))  # put, grant, revoke, issue, redeem, serve, verify
+    action: Mapped[str] = mapped_column(String(16))  # put, grant, revoke, issue, redeem, serve, verify, show-name
     outcome: Mapped[str] = mapped_column(String(32))  # ok / granted / a refusal reason
     status: Mapped[int | None] = mapped_column(Integer)  # HTTP status, for redemptions
     file_id: Mapped[str | None] = mapped_column(FileId)

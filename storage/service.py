@@ -220,14 +220,19 @@ class Storage:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def names(self, session: Session, file_ids: set[str]) -> dict[str, str | None]:
-        """Original names of these files, unsealed; None for one whose metadata cannot be opened."""
+    def names(self, session: Session, file_ids: set[str], *, client: audit.Client, actor: str) -> dict[str, str | None]:
+        """Original names of these files, unsealed; None for one whose metadata cannot be opened.
+
+        A name can be PHI ("HIV test.pdf"): each one unsealed is audited ("show-name", by `actor`
+        from `client`) in the caller's session, so the entries commit with the read that showed them."""
         names: dict[str, str | None] = {}
         for row in session.scalars(select(SealedFile).where(SealedFile.id.in_(file_ids))) if file_ids else ():
             try:
                 names[row.id] = self.describe(row)[0]
             except (StorageError, ValueError):
                 names[row.id] = None
+            audit.record(session, "show-name", "ok" if names[row.id] is not None else "cannot-unseal",
+                         file_id=row.id, subject=row.owner, client=client, detail=f"by {actor}")
         return names
 
     def describe(self, row: SealedFile) -> tuple[str, str]:

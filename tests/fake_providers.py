@@ -2,6 +2,7 @@
 
 Numbers ending in: 0000 ok · 1111 invalid number · 4290 throttled (429) · 5000 server error ·
 4180 out of credit · 9999 slow (answers after `slow_seconds`, but the message IS sent).
+Any answer's body can be made huge, endless or slow (`shape`, `answer`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import itertools
 import json
 import threading
 import time
+import tracemalloc
 from email.utils import format_datetime
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +19,75 @@ from urllib.parse import parse_qs, urlsplit
 
 API_KEY = "KAVE-SECRET-KEY-123456"
 TWILIO_SID, TWILIO_TOKEN = "AC0123456789", "twilio-secret-token"
+
+
+BIG = 48 * 2**20  # the "huge" answer's promised length
+SHAPES = ("huge", "endless", "slow")  # answers a hostile or broken server may give (`shape` below)
+
+
+def answer(handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict | None = None,
+           shape: str | None = None) -> int:
+    """Send `status` with `data` as its body, or shaped: "huge" (data, then padding to 48 MiB, as a
+    Content-Length body), "endless" (data, then chunks of padding for ever, chunked), "slow" (data a
+    byte every 0.2 s). Returns the body bytes written before the client hung up or the shape ended."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
+    if shape == "endless":
+        handler.send_header("Transfer-Encoding", "chunked")
+    else:
+        handler.send_header("Content-Length", str(BIG if shape == "huge" else len(data)))
+    handler.end_headers()
+    written = 0
+    pad = b" " * 2**20
+    try:
+        if shape is None:
+            handler.wfile.write(data)
+            return len(data)
+        if shape == "slow":
+            for byte in data:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                written += 1
+                time.sleep(0.2)
+            return written
+        if shape == "huge":
+            handler.wfile.write(data)
+            written = len(data)
+            while written < BIG:
+                part = pad[:BIG - written]
+                handler.wfile.write(part)
+                written += len(part)
+            return written
+        started = time.monotonic()
+        for part in itertools.chain([data], itertools.repeat(pad)):
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            written += len(part)
+            if time.monotonic() - started > 60:  # a client that never stops reading: give up
+                break
+    except OSError:  # the client hung up: what it did not read was never sent
+        pass
+    return written
+
+
+def wait_for(condition, seconds: float = 5.0):
+    """`condition()` once it is true (the server's thread notices a hang-up a moment later), else falsy."""
+    deadline = time.monotonic() + seconds
+    while not (result := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return result
+
+
+def measured(run) -> tuple[int, float]:
+    """Run `run()`; the peak of Python memory it allocated (tracemalloc) and the seconds it took."""
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1], time.monotonic() - started
+    finally:
+        tracemalloc.stop()
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -54,6 +125,8 @@ class Providers(LoopbackServer):
         self.kavenegar_sent: dict[str, int] = {}  # localid -> messageid
         self.twilio_sent: list[dict] = []
         self.lookups_fail = False
+        self.shape: str | None = None  # every answer's body shaped so (fake_providers.answer)
+        self.written: list[int] = []  # body bytes written per answer
         self._ids = itertools.count(1000)
         super().__init__()
 
@@ -69,14 +142,7 @@ class Providers(LoopbackServer):
                 pass
 
             def _reply(self, status: int, body: dict, headers: dict | None = None):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for key, value in (headers or {}).items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(data)
+                providers.written.append(answer(self, status, json.dumps(body).encode(), headers, providers.shape))
 
             def do_GET(self):
                 parts = urlsplit(self.path)
@@ -156,6 +222,8 @@ class WebhookReceiver(LoopbackServer):
     def __init__(self, answers: list[int] | None = None):
         self.answers = list(answers or [])
         self.delays: list[float] = []
+        self.shape: str | None = None  # every answer's body shaped so (fake_providers.answer)
+        self.written: list[int] = []
         self.received: list[tuple[str, dict[str, str], bytes]] = []
         super().__init__()
 
@@ -172,11 +240,7 @@ class WebhookReceiver(LoopbackServer):
                 if receiver.delays:
                     time.sleep(receiver.delays.pop(0))
                 status = receiver.answers.pop(0) if receiver.answers else 200
-                data = json.dumps({"ok": status < 300}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                receiver.written.append(answer(self, status, json.dumps({"ok": status < 300}).encode(),
+                                               shape=receiver.shape))
 
         return Handler

@@ -57,7 +57,10 @@ def _grade(value: float, warn: float, fail: float) -> str:
     return FAIL if value > fail else WARN if value > warn else OK
 
 
-def run_checks(runtime) -> Report:
+def run_checks(runtime, *, backlog: bool = True) -> Report:
+    """Every check; with `backlog=False` the database's ping, the tick's and consumers' heartbeats and
+    the host's files only, leaving out the counts of deliveries and jobs (what makes a report cost
+    hundreds of milliseconds on a big backlog), for an answer given to anyone (cronbox.health)."""
     settings = runtime.settings
     interval = settings.cron_interval * 60
     checks: list[Check] = []
@@ -70,8 +73,11 @@ def run_checks(runtime) -> Report:
             latency = (time.perf_counter() - started) * 1000
             checks.append(Check("database", _grade(latency, 250, 2000), f"reachable in {latency:.0f} ms",
                                 round(latency, 1)))
-            work, queues = _work_checks(session, now, interval)
-            checks += work
+            checks.append(_tick_check(session, now, interval))
+            checks += _consumer_checks(session, now)
+            if backlog:
+                work, queues = _backlog_checks(session, now, interval)
+                checks += work
     except Exception as exc:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
@@ -79,26 +85,37 @@ def run_checks(runtime) -> Report:
     checks += _database_file_checks(settings.database_url)
     checks += _key_checks(settings)
     checks += _memory_checks(settings)
-    worst = max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
-    return Report(worst, now, checks, queues)
+    return Report(worst(checks), now, checks, queues)
 
 
-def _work_checks(session, now: datetime, interval: float) -> tuple[list[Check], dict]:
-    checks = []
+def backlog_status(runtime) -> str:
+    """The worst grade of the backlog checks alone (run_checks' counts), for a caller that keeps it
+    a while; an unreachable database is the ping's failure to report, not this one's."""
+    interval = runtime.settings.cron_interval * 60
+    with runtime.sessions() as session:
+        checks, _ = _backlog_checks(session, clock.utcnow(), interval)
+    return worst(checks)
+
+
+def worst(checks: list[Check]) -> str:
+    return max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
+
+
+def _tick_check(session, now: datetime, interval: float) -> Check:
     last = session.execute(select(Heartbeat.started_at, Heartbeat.outcome).where(Heartbeat.command == "tick")
                            .order_by(Heartbeat.started_at.desc()).limit(1)).first()
     if last is None:
-        checks.append(Check("tick", FAIL, "no tick has run yet: is the cron line installed?"))
-    else:
-        age = (now - last.started_at).total_seconds()
-        # One interval late is normal (the tick runs at the end of it); three is a missed run or more.
-        grade = _grade(age, interval + 90, 3 * interval + 90)
-        if grade == OK and last.outcome in ("error", "lock-lost", "lost-connection"):
-            grade = WARN
-        checks.append(Check("tick", grade, f"last tick {age:.0f}s ago ({last.outcome})", round(age)))
+        return Check("tick", FAIL, "no tick has run yet: is the cron line installed?")
+    age = (now - last.started_at).total_seconds()
+    # One interval late is normal (the tick runs at the end of it); three is a missed run or more.
+    grade = _grade(age, interval + 90, 3 * interval + 90)
+    if grade == OK and last.outcome in ("error", "lock-lost", "lost-connection"):
+        grade = WARN
+    return Check("tick", grade, f"last tick {age:.0f}s ago ({last.outcome})", round(age))
 
-    checks += _consumer_checks(session, now)
 
+def _backlog_checks(session, now: datetime, interval: float) -> tuple[list[Check], dict]:
+    checks = []
     per_consumer = deliveries.status(session, now)
     due = sum(s.due for s in per_consumer.values())
     dead = sum(s.dead for s in per_consumer.values())

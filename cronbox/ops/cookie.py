@@ -34,7 +34,7 @@ NAME = "cronbox_ops"
 SALT = "cronbox.ops.cookie"
 _KEYS = b"cronbox ops session v1"
 _G = "cronbox_ops_cookie"
-FIELDS = ("sid", "ops", "flash")
+FIELDS = ("sid", "ops", "flash", "login_sent")  # login_sent: cronbox.ops.guard.LOGIN_ROUND_TRIP
 
 
 def derived_keys(label: bytes) -> list[bytes]:

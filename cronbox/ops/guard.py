@@ -134,22 +134,39 @@ def check_host_request():
         return None
     try:
         who = hostauth.identity("console_operator")
-    except hostauth.HookFailed:
+    except hostauth.NotAllowed:  # a signed-in user who may not, or a failed hook: never the login page
         return not_allowed()
     if who is None:
         login_url = current_app.extensions["cronbox"].console_login_url
-        if login_url and request.method in ("GET", "HEAD"):
+        if login_url and request.method in ("GET", "HEAD") and not _back_from_login():
             try:
-                return redirect(hostauth.login_redirect_target(login_url, hostauth.requested_path()))
+                target = hostauth.login_redirect_target(login_url, hostauth.requested_path())
             except Exception as exc:  # the host's function: a refusal, not a 500
                 log.warning("cronbox: console_login_url raised %s; request refused", type(exc).__name__)
+            else:
+                cookie.current().set("login_sent", int(clock.unix()))
+                return redirect(target)
         return not_allowed()
     setattr(g, HOST_OPERATOR, who)
+    if cookie.current().get("login_sent") is not None:
+        cookie.current().set("login_sent", None)  # in: a later refusal may go to the login again
     if request.endpoint in PASSWORD_PAGES:
         return not_found(None)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         csrf.check(sent_token())
     return None
+
+
+LOGIN_ROUND_TRIP = 30  # seconds: refused again this soon after being sent to the login, a browser gets the 403
+
+
+def _back_from_login() -> bool:
+    """Whether this browser was sent to the host's login moments ago and is refused again: a user
+    signed in whom the hook answers None for, bounced back by the usual "signed in already: go to
+    next" login view. Then the 403 page, not the login again, which would loop for ever (a hook
+    that answers False for such a user gets the 403 at once)."""
+    sent = cookie.current().get("login_sent")
+    return isinstance(sent, int) and 0 <= clock.unix() - sent < LOGIN_ROUND_TRIP
 
 
 def not_allowed():

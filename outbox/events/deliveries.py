@@ -341,12 +341,13 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
 
 
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
-    """Mark leased deliveries done; returns how many were still ours."""
+    """Mark leased deliveries done, without the error of an earlier attempt (a done delivery shows
+    none); returns how many were still ours."""
     if not ids:
         return 0
     result = session.execute(
         update(D).where(D.c.id.in_(ids), D.c.claim_token == token, D.c.status == PENDING)
-        .values(status=DONE, claim_token=None, lease_until=None, finished_at=now)
+        .values(status=DONE, claim_token=None, lease_until=None, finished_at=now, last_error=None)
     )
     return result.rowcount
 

@@ -118,11 +118,14 @@ def _held(ids, token):
 
 
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
+    """Done. An earlier attempt's error (a retry, or an operator's `queue retry` of a failed job) goes:
+    a done job shows no error."""
     if not ids:
         return 0
     return session.execute(
         update(J).where(_held(ids, token))
-        .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now)
+        .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now,
+                last_error=None, error_class=None, traceback=None)
     ).rowcount
 
 

@@ -61,6 +61,11 @@ class RateLimit:
         return session.execute(update(R).where(R.c.bucket == self.bucket, R.c.window_start == window,
                                                R.c.used == self.limit).values(used=R.c.used + 1)).rowcount == 1
 
+    def used(self, session: Session, now: datetime) -> int:
+        """The slots taken in the window of `now` (0 when none)."""
+        return session.scalar(select(R.c.used).where(R.c.bucket == self.bucket,
+                                                     R.c.window_start == self.window_of(now))) or 0
+
     def window_of(self, now: datetime) -> int:
         return int(calendar.timegm(now.timetuple()) // self.per_seconds) * self.per_seconds
 

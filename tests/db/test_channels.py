@@ -20,7 +20,7 @@ from outbox.engine.registry import DEFAULT
 from outbox.queue.models import ChannelPause, Job
 from outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
-from tests.fake_providers import API_KEY, TWILIO_SID, TWILIO_TOKEN, Providers
+from tests.fake_providers import API_KEY, SHAPES, measured, wait_for, TWILIO_SID, TWILIO_TOKEN, Providers
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -120,6 +120,27 @@ def test_server_error_retries_with_backoff(sms_rt, providers):
     assert stats.retried == 1 and row.status == "ready" and row.attempts == 1
     assert "HTTP 500" in row.last_error and row.available_at > T0
     assert outcomes(sms_rt) == ["not-sent"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("number, status, outcome", [
+    ("+989120000000", "done", "sent"), ("+989125555000", "ready", "not-sent"), ("+989121111111", "failed", "rejected"),
+])
+def test_a_huge_endless_or_slow_answer_is_read_bounded_and_classified(sms_rt, providers, shape, number, status,
+                                                                     outcome):
+    """Answers used to be read whole (48 MiB in memory): at most http.MAX_BODY is read, within the timeout,
+    and the status code still decides; the JSON cut short is no crash and no long error."""
+    providers.shape = shape
+    with clock.frozen(T0):
+        job_id = dispatch_sms(sms_rt, number)
+        peak, seconds = measured(lambda: work(sms_rt))
+        row = job(sms_rt, job_id)
+    assert peak < 4 * 2**20, peak
+    assert seconds < 5  # the slow body is given up after CRONBOX_CHANNEL_TIMEOUT
+    assert row.status == status and outcomes(sms_rt) == [outcome]
+    assert row.last_error is None or len(row.last_error) < 200
+    if shape != "slow":  # the client hung up long before 48 MiB (or for ever)
+        assert wait_for(lambda: providers.written) and max(providers.written) < 16 * 2**20
 
 
 def test_out_of_credit_pauses_the_channel_and_alerts_once(sms_rt, providers):

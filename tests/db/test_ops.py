@@ -383,6 +383,88 @@ def test_health_endpoint_public_status_token_detail_and_503(client_for, runtime)
     assert client_for().get("/health", headers={"Authorization": "Bearer "}).json == {"status": "ok"}
 
 
+def _jobs(runtime, count: int, *, status: str = "ready") -> None:
+    from sqlalchemy import insert
+
+    now = clock.utcnow()
+    with runtime.sessions.begin() as session:
+        session.execute(insert(Job), [{"queue": "bulk", "handler": "bulk.job", "payload": "{}", "status": status,
+                                       "attempts": 0, "available_at": now, "trace_id": f"{n:032x}",
+                                       "created_at": now} for n in range(count)])
+
+
+def test_anonymous_health_is_cheap_whatever_the_backlog_and_still_fails_at_once(client_for, runtime):
+    """Anonymous GET /health used to count the whole backlog on every call (232 ms at 60k rows)."""
+    from sqlalchemy import delete
+
+    from outbox.engine.models import Heartbeat
+
+    client = client_for(CRONBOX_HEALTH_TOKEN="s3cret-health")
+    engine = client.application.extensions["cronbox"].runtime.engine
+    statements: list[str] = []
+
+    def sent(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    def calls(n: int) -> tuple[list[int], list[str]]:
+        statements.clear()
+        codes = [client.get("/health").status_code for _ in range(n)]
+        return codes, [s for s in statements if "cronbox_jobs" in s or "cronbox_deliveries" in s]
+
+    with clock.frozen(T0):
+        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+        event.listen(engine, "before_cursor_execute", sent)
+        try:
+            codes, counting = calls(1)
+            assert codes == [200] and counting  # the first call counts the backlog once
+            per_call = len(statements)
+            _jobs(runtime, 10)
+            codes, counting = calls(20)
+            few = len(statements)
+            assert codes == [200] * 20 and counting == [] and few < 20 * per_call
+            _jobs(runtime, 3000)
+            codes, counting = calls(20)
+            assert codes == [200] * 20 and counting == [] and len(statements) == few  # not with the rows
+            _jobs(runtime, 1, status="failed")
+            assert client.get("/health").json == {"status": "ok"}  # the counts' grade is kept a while
+            clock.advance(31)
+            assert calls(5)[1] and calls(5)[1] == []  # counted again once, then kept
+            assert client.get("/health").json == {"status": "warn"}  # the failed job, counted again
+            # The token holder's report still counts everything, every call.
+            statements.clear()
+            full = client.get("/health", headers={"Authorization": "Bearer s3cret-health"}).json
+            assert any(c["name"] == "queue.bulk.failed" for c in full["checks"])
+            assert any("cronbox_jobs" in s for s in statements)
+            # A tick gone is a failure at once, not when the kept grade runs out.
+            with runtime.sessions.begin() as session:
+                session.execute(delete(Heartbeat))
+            response = client.get("/health")
+            assert response.status_code == 503 and response.json == {"status": "fail"}
+        finally:
+            event.remove(engine, "before_cursor_execute", sent)
+
+
+def test_anonymous_health_fails_at_once_when_the_database_goes_down(client_for, runtime):
+    from sqlalchemy.exc import OperationalError
+
+    client = client_for()
+    engine = client.application.extensions["cronbox"].runtime.engine
+
+    def down(conn, cursor, statement, *args):
+        raise OperationalError(statement, None, Exception("(2003) Can't connect to MySQL server"))
+
+    with clock.frozen(T0):
+        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+        assert client.get("/health").json == {"status": "ok"}  # and the backlog's grade is kept
+        event.listen(engine, "before_cursor_execute", down)
+        try:
+            response = client.get("/health")
+            assert response.status_code == 503 and response.json == {"status": "fail"}
+        finally:
+            event.remove(engine, "before_cursor_execute", down)
+        assert client.get("/health").json == {"status": "ok"}
+
+
 def test_web_cron_token_rate_limit_and_no_overlap(client_for, runtime, registry):
     seen = []
     consumer("w", name="w", registry=registry)(lambda event, ctx: seen.append(event.id))

@@ -25,7 +25,7 @@ from outbox.engine.runtime import Runtime
 from outbox.queue.models import ChannelPause, Job
 from outbox.queue.worker import Worker
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE
-from tests.fake_providers import WebhookReceiver
+from tests.fake_providers import SHAPES, WebhookReceiver, measured, wait_for
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
@@ -136,6 +136,26 @@ def test_a_500_is_retried_with_the_same_id_and_then_delivered(hook_rt, receiver,
     assert [(a.outcome, a.http_status) for a in attempts(hook_rt)] == [
         ("sending", None), ("not-sent", 500), ("sending", None), ("sent", 200)]
     assert_no_secret(hook_rt, caplog)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("answer, outcome", [(200, "sent"), (500, "not-sent"), (400, "rejected")])
+def test_a_huge_endless_or_slow_answer_is_read_bounded_and_classified(hook_rt, receiver, shape, answer, outcome):
+    """The receiver's answer used to be read whole: at most http.MAX_BODY, within the timeout, the status decides."""
+    receiver.shape, receiver.answers = shape, [answer]
+    with clock.frozen(T0):
+        with hook_rt.sessions.begin() as session:
+            admin_alert(session, hook_rt.settings, key="disk:9", subject="disk full", body="1% free")
+        peak, seconds = measured(lambda: work(hook_rt))
+        with hook_rt.sessions() as session:
+            job = session.scalars(select(Job).where(Job.handler == "cronbox.webhook")).one()
+    assert peak < 4 * 2**20, peak
+    assert seconds < 6  # the slow body is given up after CRONBOX_CHANNEL_TIMEOUT
+    assert [a.outcome for a in attempts(hook_rt)] == ["sending", outcome]
+    assert job.status == {"sent": "done", "not-sent": "ready", "rejected": "failed"}[outcome]
+    assert job.last_error is None or len(job.last_error) < 200
+    if shape != "slow":  # the client hung up long before 48 MiB (or for ever)
+        assert wait_for(lambda: receiver.written) and receiver.written[0] < 16 * 2**20
 
 
 def test_no_answer_in_time_is_sent_again_with_the_same_id(hook_rt, receiver):

@@ -198,6 +198,75 @@ def test_wrong_passwords_are_refused_then_throttled_per_client(runtime, env):
         application.extensions["cronbox"].runtime.dispose()
 
 
+def _fail_from_many_addresses(application, addresses: list[str], *, header: str = "HTTP_X_FORWARDED_FOR") -> None:
+    """Each address spends its whole budget on wrong passwords (and one more try, refused)."""
+    for address in addresses:
+        guesser = Operator(application, **{header: address})
+        codes = [guesser.log_in("guess").status_code for _ in range(throttle.PER_CLIENT[0] + 1)]
+        assert 401 in codes and codes[-1] == 429, (address, codes)
+
+
+def test_other_clients_failures_never_lock_out_a_client_within_its_budget(runtime, env):
+    """50 wrong passwords from 10 addresses (and more) used to lock the real operator out for the window."""
+    application = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        with clock.frozen(T0):
+            credentials.store_password(application.extensions["cronbox"].settings, PASSWORD, replace=False)
+            guessers = [f"203.0.113.{n}" for n in range(1, 13)] + [f"2001:db8:{n}::1" for n in range(1, 4)]
+            _fail_from_many_addresses(application, guessers)
+            for fresh in ["198.51.100.7", "2001:db8:aa::5", "::ffff:192.0.2.200", "198.51.100.7"]:  # IPv6, mapped, again
+                assert Operator(application, HTTP_X_FORWARDED_FOR=fresh).log_in(PASSWORD).status_code == 303
+            # A client that mistyped once is slowed down (the global counter is full), not locked out.
+            typist = Operator(application, HTTP_X_FORWARDED_FOR="192.0.2.77")
+            assert typist.log_in("typo").status_code == 401
+            paced = typist.log_in(PASSWORD)
+            assert paced.status_code == 429 and 0 < int(paced.headers["Retry-After"]) <= throttle.PACE
+            clock.advance(throttle.PACE)
+            assert typist.log_in(PASSWORD).status_code == 303
+            # A fresh guesser's wrong tries come once per PACE only, up to its own budget.
+            late = Operator(application, HTTP_X_FORWARDED_FOR="192.0.2.99")
+            assert late.log_in("guess").status_code == 401
+            assert late.log_in("guess").status_code == 429
+            # Over its own budget a client is locked until its window ends, then it is let in again.
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 429
+            clock.advance(throttle.PER_CLIENT[1])
+            _fail_from_many_addresses(application, guessers)  # the next window: same flood, same outcome
+            assert Operator(application, HTTP_X_FORWARDED_FOR="2001:db8:bb::1").log_in(PASSWORD).status_code == 303
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 429
+            clock.advance(throttle.PER_CLIENT[1])
+            assert Operator(application, HTTP_X_FORWARDED_FOR="203.0.113.1").log_in(PASSWORD).status_code == 303
+    finally:
+        application.extensions["cronbox"].runtime.dispose()
+
+
+def test_a_spoofed_forwarded_for_does_not_buy_a_fresh_budget(runtime, env):
+    """Without trusted proxies the header is ignored: one connection address is one client, whatever it
+    claims. With one trusted proxy only the address that proxy wrote counts, not what the client prepended."""
+    direct = make_app(env, runtime)
+    try:
+        with clock.frozen(T0):
+            credentials.store_password(direct.extensions["cronbox"].settings, PASSWORD, replace=False)
+            codes = [Operator(direct, REMOTE_ADDR="192.0.2.10", HTTP_X_FORWARDED_FOR=f"203.0.113.{n}")
+                     .log_in("guess").status_code for n in range(throttle.PER_CLIENT[0] + 1)]
+            assert codes == [401] * throttle.PER_CLIENT[0] + [429]
+            assert Operator(direct, REMOTE_ADDR="192.0.2.10", HTTP_X_FORWARDED_FOR="198.51.100.1").log_in(
+                PASSWORD).status_code == 429
+            assert Operator(direct, REMOTE_ADDR="192.0.2.11").log_in(PASSWORD).status_code == 303
+    finally:
+        direct.extensions["cronbox"].runtime.dispose()
+    proxied = make_app(env, runtime, CRONBOX_TRUSTED_PROXIES="1")
+    try:
+        with clock.frozen(T0 + timedelta(hours=1)):
+            codes = [Operator(proxied, HTTP_X_FORWARDED_FOR=f"10.9.9.{n}, 2001:db8:5::{n}").log_in("guess").status_code
+                     for n in range(1, throttle.PER_CLIENT[0] + 2)]  # rotating inside one /64, spoofing the left
+            assert codes == [401] * throttle.PER_CLIENT[0] + [429]
+            assert Operator(proxied, HTTP_X_FORWARDED_FOR="2001:db8:5::99").log_in(PASSWORD).status_code == 429
+            assert Operator(proxied, HTTP_X_FORWARDED_FOR="2001:db8:5::99, 2001:db8:6::1").log_in(
+                PASSWORD).status_code == 303
+    finally:
+        proxied.extensions["cronbox"].runtime.dispose()
+
+
 def test_logout_ends_the_session_on_the_server(operator, runtime):
     cookie = operator.client.get_cookie("cronbox_ops", path="/ops")
     assert cookie is not None
@@ -292,6 +361,49 @@ def test_outbox_retry_and_skip_one_or_all(operator, runtime, registry):
 
 
 # ---- queues ---------------------------------------------------------------------------------
+
+def test_retried_from_the_console_then_done_shows_no_error_on_its_pages(operator, runtime, registry):
+    from outbox.engine.budget import Budget
+    from outbox.queue.jobs import job
+    from outbox.queue.worker import Worker
+
+    tries: dict[str, int] = {}
+
+    def once_broken(what: str) -> None:
+        tries[what] = tries.get(what, 0) + 1
+        if tries[what] == 1:
+            raise RuntimeError(f"{what} gateway down")
+
+    @job("mail", name="console.flaky", tries=1, registry=registry)
+    def flaky(payload, ctx):
+        once_broken("job")
+
+    @consumer("order.paid", name="console.mailer", max_attempts=1, registry=registry)
+    def mailer(event, ctx):
+        once_broken("delivery")
+
+    with runtime.sessions.begin() as session:
+        job_id = flaky.dispatch(session, {})
+        outbox.record(session, "order.paid", {})
+    Worker(runtime, ["mail"]).run(Budget(max_time=30, memory_mb=None))
+    relay(runtime)
+    [dead] = [d.id for d in session_rows(runtime, Delivery) if d.status == "dead"]
+    assert "job gateway down" in operator.get("/ops/queues").get_data(as_text=True)
+    assert "1 jobs queued again" in flashed(operator.post("/ops/queues/retry", {"id": str(job_id)}), operator)
+    assert "1 deliveries pending again." in flashed(operator.post("/ops/outbox/retry", {"id": str(dead)}), operator)
+    Worker(runtime, ["mail"]).run(Budget(max_time=30, memory_mb=None))
+    relay(runtime)
+    with runtime.sessions() as session:
+        assert (session.get(Job, job_id).status, session.get(Job, job_id).last_error) == ("done", None)
+        assert (session.get(Delivery, dead).status, session.get(Delivery, dead).last_error) == ("done", None)
+    for page in ("/ops/queues", "/ops/outbox", "/ops/"):
+        assert "gateway down" not in operator.get(page).get_data(as_text=True), page
+
+
+def session_rows(runtime, model) -> list:
+    with runtime.sessions() as session:
+        return list(session.scalars(select(model).order_by(model.id)))
+
 
 def test_queue_retry_forget_and_flush(operator, runtime):
     a, b, c = failed_job(runtime), failed_job(runtime, queue="mail", error="mailbox full"), failed_job(runtime)
@@ -468,6 +580,38 @@ def test_file_names_only_when_the_operator_may_see_them(runtime, env):
         assert "scan-0042.pdf" in operator.get("/ops/files").get_data(as_text=True)
     finally:
         application.extensions["cronbox"].runtime.dispose()
+
+
+@pytest.mark.parametrize("show", ["on", "off"])
+def test_each_file_name_shown_is_audited_and_none_is_unsealed_when_names_are_hidden(runtime, env, show):
+    """Names used to be unsealed for the page with no audit entry."""
+    application = make_app(env, runtime, CRONBOX_OPS_SHOW_FILE_NAMES=show, CRONBOX_TRUSTED_PROXIES="1")
+    store = application.extensions["cronbox"].storage
+    unsealed: list[str] = []
+    describe = store.describe
+    store.describe = lambda row: unsealed.append(row.id) or describe(row)  # counts unsealing, on this instance
+    try:
+        operator = logged_in(application, HTTP_X_FORWARDED_FOR="203.0.113.8", HTTP_USER_AGENT="Firefox/140")
+        with runtime.sessions.begin() as session:
+            ids = [store.put(session, io.BytesIO(b"x"), filename=f"scan-{n}.pdf", content_type="application/pdf",
+                             owner=f"patient:{n}") for n in range(4)]
+            for file_id in ids[:3]:
+                store.grant(session, file_id, "doctor:7")
+        with runtime.sessions() as session:
+            before = session.scalar(select(func.max(AuditEntry.id)))
+        page = operator.get("/ops/files").get_data(as_text=True)
+        with runtime.sessions() as session:
+            shown_rows = list(session.scalars(select(AuditEntry).where(AuditEntry.id > before)))
+    finally:
+        application.extensions["cronbox"].runtime.dispose()
+    if show == "off":
+        assert unsealed == [] and shown_rows == [] and "scan-0.pdf" not in page
+        return
+    assert sorted(unsealed) == sorted(ids)  # the files named by the page's audit entries and grants
+    assert sorted((r.action, r.outcome, r.file_id, r.subject) for r in shown_rows) == sorted(
+        ("show-name", "ok", file_id, f"patient:{n}") for n, file_id in enumerate(ids))
+    assert {(r.detail, r.client_ip, r.user_agent) for r in shown_rows} == {("by operator", "203.0.113.8", "Firefox/140")}
+    assert all(f"scan-{n}.pdf" in page for n in range(4))
 
 
 def test_long_lists_are_paged_by_key(operator, runtime):

@@ -12,13 +12,17 @@ from __future__ import annotations
 import io
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from flask import Flask, abort, jsonify, request, session
+from flask import Flask, abort, jsonify, redirect, request, session
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 from sqlalchemy import select
+
+from cronbox.ops import guard
+from outbox.core import clock
 
 import cronbox
 from cron.operator.models import OperatorAction, OperatorSession
@@ -42,9 +46,11 @@ class User(UserMixin):
 USERS = {"alice": User("alice", staff=True), "bob": User("bob", staff=False)}
 
 
-def staff_only(req) -> str | None:
-    """The host's hook, as the README shows it."""
-    return f"staff:{current_user.id}" if current_user.is_authenticated and current_user.staff else None
+def staff_only(req) -> str | None | bool:
+    """The host's hook, as the README shows it: None for nobody signed in, False for a user who may not."""
+    if not current_user.is_authenticated:
+        return None
+    return f"staff:{current_user.id}" if current_user.staff else False
 
 
 def clinic(root: Path) -> Flask:
@@ -64,7 +70,9 @@ def clinic(root: Path) -> Flask:
         return "signed out"
 
     @app.get("/login")
-    def login_page():
+    def login_page():  # the usual login view: whoever is signed in already goes on to `next`
+        if current_user.is_authenticated:
+            return redirect(request.args.get("next") or "/")
         return "the clinic's login page"
 
     @app.get("/session")
@@ -149,10 +157,56 @@ def test_a_refused_browser_goes_to_the_hosts_login_with_a_safe_next(make):
         assert next_path.startswith("/") and not next_path.startswith(("//", "/\\")), path
     # A POST is refused, never redirected (a form's body would be lost); non-staff get the same door.
     assert anonymous.post("/ops/once", data={"command": "migrate"}).status_code == 403
-    assert urlsplit(browser(app, "bob").get("/ops/").headers["Location"]).path == "/login"
+    assert browser(app, "bob").get("/ops/").status_code == 403  # signed in, not staff: never the login
     # A callable decides the whole URL, e.g. Flask-Login's login_url().
     app = make(console_operator=staff_only, console_login_url=lambda next_path: f"/login?back={next_path}")
     assert browser(app).get("/ops/files").headers["Location"] == "/login?back=/ops/files"
+
+
+@pytest.mark.parametrize("path", ["/ops/", "/ops/files?file=ab", "/ops/queues"])
+def test_a_signed_in_user_who_may_not_gets_the_403_page_not_a_loop_through_the_login(make, path, caplog):
+    """With console_login_url and the usual "signed in already: go to next" login view, a signed-in
+    non-staff user used to be sent to the login, back to the console, and so on for ever."""
+    app = make(console_operator=staff_only, console_login_url="/login", upload_operator=staff_only)
+    bob = browser(app, "bob")
+    refused = bob.get(path)
+    assert refused.status_code == 403 and "Location" not in refused.headers
+    assert "hook raised" not in caplog.text  # False is an answer, not a failing hook
+    assert "Not allowed" in refused.get_data(as_text=True)
+    followed = bob.get(path, follow_redirects=True)
+    assert followed.status_code == 403 and len(followed.history) == 0
+    assert bob.post("/ops/upload", data={}).status_code == 403  # the console's upload route too
+    sent = browser(app).get(path)
+    assert sent.status_code == 302 and urlsplit(sent.headers["Location"]).path == "/login"
+    assert browser(app).get(path, follow_redirects=True).get_data(as_text=True) == "the clinic's login page"
+    # Signing in as staff on the login page's way back gets in.
+    alice = browser(app, "alice")
+    landed = alice.get(path, follow_redirects=True)
+    assert landed.status_code in (200, 404) and "Not allowed" not in landed.get_data(as_text=True)
+
+
+
+@pytest.mark.parametrize("path", ["/ops/", "/ops/outbox"])
+def test_a_hook_answering_none_for_a_signed_in_user_ends_on_the_403_page_not_a_loop(make, path):
+    """The hook of before (None for everyone refused): the login view sends a signed-in user straight
+    back; refused again within moments, the browser gets the 403 page instead of the login again."""
+    app = make(console_operator=lambda req: staff_only(req) or None, console_login_url="/login")
+    bob = browser(app, "bob")
+    followed = bob.get(path, follow_redirects=True)
+    assert followed.status_code == 403 and len(followed.history) == 2  # console -> login -> console: 403
+    assert followed.history[0].status_code == 302 and followed.history[1].status_code == 302
+    assert browser(app).get(path, follow_redirects=True).get_data(as_text=True) == "the clinic's login page"
+    anonymous = browser(app)
+    assert anonymous.get(path).status_code == 302
+    assert anonymous.get(path).status_code == 403  # back at once, still nobody: no second round trip
+    assert anonymous.get("/sign-in/alice").status_code == 200
+    assert anonymous.get(path).status_code in (200, 404)  # signed in as staff after all: in
+    anonymous.get("/sign-out")
+    assert anonymous.get(path).status_code == 302  # in once: a later refusal may go to the login again
+    later = browser(app, "bob")
+    assert later.get(path).status_code == 302
+    with clock.frozen(clock.utcnow() + timedelta(seconds=guard.LOGIN_ROUND_TRIP + 1)):
+        assert later.get(path).status_code == 302  # long after: the login again
 
 
 def test_forms_need_the_consoles_own_token_bound_to_the_visit_and_the_staff_user(make, runtime, registry):
@@ -280,8 +334,8 @@ def test_uploads_through_the_hook_for_staff_only_with_the_token(make, runtime):
         assert upload(browser(app, "carol"), query).status_code == 403
     finally:
         del USERS["carol"]
-    for other in [browser(app, "bob"), browser(app)]:
-        assert upload(other, query).status_code == 401
+    assert upload(browser(app, "bob"), query).status_code == 403  # signed in, refused (False)
+    assert upload(browser(app), query).status_code == 401  # nobody signed in (None)
     with runtime.sessions() as s:
         assert len(list(s.scalars(select(SealedFile.id)))) == 2
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from outbox.core import clock
-from storage import maintenance, refusals
+from storage import grants, maintenance, refusals
 from storage.errors import StorageError
 from storage.format import CHUNK_SIZE
 from storage.models import AuditEntry, Grant, SealedFile
@@ -20,7 +20,7 @@ from tests.conftest import ONE_MYSQL_MODE
 from tests.helpers import invoke
 from tests.storage_helpers import files_under, flip_byte, grant, put, sealed_path
 from tests.web.test_storage_http import app, client, store  # noqa: F401  (fixtures)
-from tests.web.test_storage_http import AUTH, _flip, audit_rows, checked, uses
+from tests.web.test_storage_http import AUTH, _flip, audit_rows, checked, make_app, uses
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 WHOLE = os.urandom(4 * CHUNK_SIZE)  # whole chunks: flip_byte's arithmetic
@@ -120,6 +120,100 @@ def test_the_same_use_window_is_bounded_from_the_first_request(client, store, ma
             clock.advance(100)
     assert statuses == expected
     assert uses(store, g) == counted
+
+
+def _as(client, url: str, *, ip: str, agent: str = "Firefox/140", method: str = "GET", proxied: bool = True,
+        range_header: str | None = None):
+    """A request from one client: its address behind one trusted proxy (X-Forwarded-For), or the socket's."""
+    headers = {"User-Agent": agent, **({"Range": range_header} if range_header else {})}
+    environ = {"REMOTE_ADDR": "10.0.0.1"}
+    if proxied:
+        headers["X-Forwarded-For"] = ip
+    else:
+        environ["REMOTE_ADDR"] = ip
+    return checked(client.open(url, method=method, headers=headers, environ_base=environ)).status_code
+
+
+@pytest.fixture
+def proxied(runtime, env):
+    application = make_app(env, CRONBOX_TRUSTED_PROXIES="1")
+    yield application.test_client()
+    application.extensions["cronbox"].runtime.dispose()
+
+
+@pytest.mark.parametrize("first, replay", [
+    ({"ip": "203.0.113.5"}, {"ip": "198.51.100.9"}),
+    ({"ip": "203.0.113.5"}, {"ip": "203.0.113.5", "agent": "curl/8.5"}),
+    ({"ip": "2001:db8:1:2::5"}, {"ip": "2001:db8:1:3::5"}),
+    ({"ip": "203.0.113.5"}, {"ip": "203.0.113.5, 198.51.100.9"}),  # the proxy saw another client
+    ({"ip": "203.0.113.5", "proxied": False}, {"ip": "198.51.100.9", "proxied": False}),
+    ({"ip": "203.0.113.5"}, {"ip": "198.51.100.9", "method": "HEAD"}),
+    ({"ip": "203.0.113.5"}, {"ip": "198.51.100.9", "range_header": "bytes=0-99"}),
+])
+def test_a_used_up_link_replayed_by_another_client_in_the_window_is_refused(proxied, store, first, replay):
+    """A max_uses=1 link replayed from another address inside the same-use window used to be a second full
+    download: the window joins only the same client's requests."""
+    file_id = put(store, WHOLE)
+    with clock.frozen(T0):
+        g = grant(store, file_id, max_uses=1)
+        url = store.signed_url(g)
+        assert _as(proxied, url, **first) == 200
+        clock.advance(5)
+        assert _as(proxied, url, **replay) == 404
+        assert _as(proxied, url, **first, range_header="bytes=100-199") == 206  # the first client resumes
+        assert _as(proxied, url, **{**first, "method": "HEAD"}) == 200
+    assert uses(store, g) == 1
+    outcomes = [(r.outcome, r.status, r.client_ip) for r in audit_rows(store, "redeem")]
+    replayed_ip = replay["ip"].split(",")[-1].strip()
+    assert outcomes[0][:2] == ("granted", 200) and ("exhausted", 404, replayed_ip) in outcomes
+    assert [r.outcome for r in audit_rows(store, "serve")] == ["complete", "complete"]  # no second body
+
+
+@pytest.mark.parametrize("first, again", [
+    ({"ip": "2001:db8:1:2::5"}, {"ip": "2001:db8:1:2::77"}),  # one /64: one subscriber
+    ({"ip": "::ffff:203.0.113.5"}, {"ip": "203.0.113.5"}),
+    ({"ip": "203.0.113.5"}, {"ip": "192.0.2.66, 203.0.113.5"}),  # what the client wrote left of the proxy's hop
+    ({"ip": "203.0.113.5", "proxied": False}, {"ip": "203.0.113.5", "proxied": False}),
+])
+def test_the_same_client_continues_its_use_in_the_window(proxied, store, first, again):
+    file_id = put(store, WHOLE)
+    with clock.frozen(T0):
+        g = grant(store, file_id, max_uses=1)
+        url = store.signed_url(g)
+        assert _as(proxied, url, **first) == 200
+        clock.advance(grants.SAME_USE_WINDOW - 1)
+        assert _as(proxied, url, **again, range_header=f"bytes={CHUNK_SIZE}-") == 206
+        assert _as(proxied, url, **again, method="HEAD") == 200
+        clock.advance(2)  # the window is over: a new use, and none is left
+        assert _as(proxied, url, **again, range_header=f"bytes={CHUNK_SIZE}-") == 404
+    assert uses(store, g) == 1
+
+
+def test_without_trusted_proxies_a_forwarded_for_header_makes_no_other_client(client, store):
+    file_id = put(store, WHOLE)
+    with clock.frozen(T0):
+        g = grant(store, file_id, max_uses=1)
+        url = store.signed_url(g)
+        headers = {"User-Agent": "Firefox/140"}
+        assert checked(client.get(url, headers={**headers, "X-Forwarded-For": "198.51.100.1"},
+                                  environ_base={"REMOTE_ADDR": "203.0.113.5"})).status_code == 200
+        assert checked(client.get(url, headers={**headers, "X-Forwarded-For": "198.51.100.2", "Range": "bytes=0-9"},
+                                  environ_base={"REMOTE_ADDR": "203.0.113.5"})).status_code == 206
+        assert checked(client.get(url, headers=headers, environ_base={"REMOTE_ADDR": "203.0.113.6"})).status_code == 404
+
+
+def test_two_uses_go_to_two_clients_and_a_third_is_refused(proxied, store):
+    file_id = put(store, WHOLE)
+    with clock.frozen(T0):
+        g = grant(store, file_id, max_uses=2)
+        url = store.signed_url(g)
+        assert _as(proxied, url, ip="203.0.113.5") == 200
+        assert _as(proxied, url, ip="2001:db8:9::1") == 200
+        assert _as(proxied, url, ip="198.51.100.9") == 404
+        assert _as(proxied, url, ip="198.51.100.9", method="HEAD") == 404
+        assert _as(proxied, url, ip="203.0.113.5", range_header="bytes=0-9") == 206
+        assert _as(proxied, url, ip="2001:db8:9::2", range_header="bytes=0-9") == 206
+    assert uses(store, g) == 2
 
 
 # --- upload lengths -----------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 Never file contents, never a signed link or token. File names are sealed
 (they can be PHI themselves: "HIV test.pdf"), so they stay hidden unless
 CRONBOX_OPS_SHOW_FILE_NAMES=on says this operator may see them; then the
-names of the files on the page are unsealed, nothing else, and shown as a
-download would save them (cronbox.disposition: no control or bidi characters).
+names of the files on the page are unsealed, nothing else, each one audited
+("show-name": who, from where, which file), and shown as a download would save them (cronbox.disposition: no control or bidi characters).
 Subjects and details are shown without those characters too (storage.display).
 """
 from __future__ import annotations
@@ -39,10 +39,12 @@ def show_names() -> bool:
 
 
 def _names(session, file_ids: set[str]) -> dict[str, str]:
-    """What a download would save each file as (no control or bidi characters), when names are shown."""
+    """What a download would save each file as (no control or bidi characters), when names are shown;
+    each name unsealed is audited in the page's read transaction (storage's `names`)."""
     if not show_names():
         return {}
-    names = current_app.extensions["cronbox"].storage.names(session, file_ids)
+    who = audit.Client(client(), request.headers.get("User-Agent"))
+    names = current_app.extensions["cronbox"].storage.names(session, file_ids, client=who, actor=operator_name())
     return {i: clean_name(n) if n is not None else "(cannot unseal)" for i, n in names.items()}
 
 
