@@ -307,10 +307,14 @@ class Broker:
             close_connection(connection, graceful=graceful)
 
 
-def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0) -> "amqp.Connection":
+def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0,
+                    frame_handler=None) -> "amqp.Connection":
     """A connected py-amqp connection to `address` (TLS verified as parse_url says), named `name` in
     the broker's connection list (operators and tests find cronbox's connections by it). The one
-    place a connection is made: the relay's publisher and the consumer both open theirs here."""
+    place a connection is made: the relay's publisher and the consumer both open theirs here.
+    `frame_handler`: py-amqp's constructor argument of that name (the consumer's reads deliveries
+    py-amqp cannot decode: outbox.events.unreadable)."""
+    extra = {"frame_handler": frame_handler} if frame_handler is not None else {}
     tls = False
     if address.tls:
         tls = {"server_hostname": address.host, "cert_reqs": ssl.CERT_REQUIRED}
@@ -319,7 +323,7 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     connection = _amqp().Connection(host=f"{address.host}:{address.port}", userid=address.user,
                                     password=address.password, virtual_host=address.vhost, ssl=tls,
                                     connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout,
-                                    heartbeat=heartbeat, client_properties={"connection_name": name})
+                                    heartbeat=heartbeat, client_properties={"connection_name": name}, **extra)
     try:
         connection.connect()
     except BaseException:

@@ -58,6 +58,7 @@ from outbox.events import inbox, queues, redeliveries
 from outbox.events.broker import BrokerAddress
 from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
 from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
+from outbox.events.unreadable import RAW_PROPERTIES, Unreadable
 
 log = logging.getLogger("cronbox")
 
@@ -213,6 +214,9 @@ class QueueConsumer:
         started = clock.monotonic()
         tag = message.delivery_tag
         try:
+            if isinstance(message, Unreadable):
+                self._park_unreadable(message, started)
+                return
             if not self.ordered:
                 if (message.delivery_info or {}).get("redelivered"):
                     self._requeue_redelivered(message, started)
@@ -245,6 +249,18 @@ class QueueConsumer:
             raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
         finally:
             budget.record(clock.monotonic() - started)
+
+    def _park_unreadable(self, message: Unreadable, started: float) -> None:
+        """A delivery py-amqp could not decode (outbox.events.unreadable): parked in Q.dead as it came,
+        its body and its property bytes (in a header) kept for the operator, then acked."""
+        reason = clean_text(f"bad message: its properties cannot be read ({message.error})", queues.REASON_MAX)
+        self.link.publish(queues.dead_queue(self.queue), message.body, {"delivery_mode": 2, "application_headers": {
+            queues.REASON: reason, queues.PARKED_AT: queues.now_text(), queues.ATTEMPTS: 0,
+            RAW_PROPERTIES: message.raw_properties}})
+        self.link.ack(message.delivery_tag)
+        self.stats.bad += 1
+        log.warning("amqp queue=%s message=- type=- outcome=bad ms=%.1f error=%r", self.queue,
+                    (clock.monotonic() - started) * 1000, log_text(reason))
 
     def _requeue_redelivered(self, message, started: float) -> None:
         """The broker gave this message back unacked (a consumer process died, or its connection did,
