@@ -221,7 +221,7 @@ class QueueConsumer:
                 if (message.delivery_info or {}).get("redelivered"):
                     self._requeue_redelivered(message, started)
                     return
-                if headers_of(message).get(queues.REDELIVERIES):
+                if queues.attempts_of(headers_of(message), queues.REDELIVERIES, below=self.max_redeliveries):
                     # a suspect: run it as the oldest unacked message, so that if it kills the
                     # process it is the first the broker redelivers (see _requeue_redelivered)
                     self.link.flush_acks()
@@ -274,7 +274,7 @@ class QueueConsumer:
         handled with their batched ack lost) get the header at 1, a suspect, without counting: a
         message is parked only for deaths while it was in hand, not for its neighbours'."""
         headers = headers_of(message)
-        before = queues.attempts_of(headers, queues.REDELIVERIES)
+        before = queues.attempts_of(headers, queues.REDELIVERIES, below=self.max_redeliveries)
         first, self.link.redelivery_seen = not self.link.redelivery_seen, True
         times = before + 1 if first else max(before, 1)
         if first and times >= self.max_redeliveries:

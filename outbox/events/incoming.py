@@ -57,7 +57,8 @@ def parse(message, registry) -> Incoming:
     event_id = headers.get(ID_HEADER)
     event = Event(event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None, event_type,
                   key if isinstance(key, str) else None, payload, _created_at(headers, props))
-    return Incoming(message_id, event_type, trace_id_of(props), event, queues.attempts_of(headers), consumers)
+    attempts = queues.attempts_of(headers, below=max(c.max_attempts for c in consumers))
+    return Incoming(message_id, event_type, trace_id_of(props), event, attempts, consumers)
 
 
 def headers_of(message) -> dict:
@@ -78,7 +79,7 @@ def _created_at(headers: dict, props: dict) -> datetime:
         try:
             when = datetime.fromisoformat(text)
             return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
-        except ValueError:
+        except (ValueError, OverflowError):  # "0001-01-01T00:00+05:00" has no UTC time
             pass
     stamp = props.get("timestamp")
     if isinstance(stamp, datetime):
