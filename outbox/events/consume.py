@@ -146,7 +146,7 @@ class QueueConsumer:
                     continue
                 pause = RECONNECT_FIRST
                 self.stats.connects += 1
-                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, self.queue,
+                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, _shown(self.queue),
                          self.link.prefetch, ", ordered" if self.ordered else "")
             try:
                 if self.link.inbound:
@@ -259,7 +259,7 @@ class QueueConsumer:
             RAW_PROPERTIES: message.raw_properties}})
         self.link.ack(message.delivery_tag)
         self.stats.bad += 1
-        log.warning("amqp queue=%s message=- type=- outcome=bad ms=%.1f error=%r", self.queue,
+        log.warning("amqp queue=%s message=- type=- outcome=bad ms=%.1f error=%r", _shown(self.queue),
                     (clock.monotonic() - started) * 1000, log_text(reason))
 
     def _requeue_redelivered(self, message, started: float) -> None:
@@ -300,7 +300,7 @@ class QueueConsumer:
                                lambda s: redeliveries.count(s, self.queue, incoming.message_id, clock.utcnow()))
         if times < self.max_redeliveries:
             log.warning("amqp consume: message=%s redelivered unacked (%d of %d before it is parked); handled in place "
-                        "trace=%s", incoming.message_id, times, self.max_redeliveries, incoming.trace_id)
+                        "trace=%s", _shown(incoming.message_id), times, self.max_redeliveries, incoming.trace_id)
             return False
         reason = f"killed the consumer {times} times (redelivered unacked; the limit is {self.max_redeliveries})"
         self._park(message, reason, incoming.attempts, None, redeliveries=times)
@@ -363,8 +363,8 @@ class QueueConsumer:
             self._release_db()
             if not self._hold(delay, budget):
                 self.link.give_back(message.delivery_tag)
-                log.info("amqp consume: message=%s given back to %s while waiting (stopping)", incoming.message_id,
-                         self.queue)
+                log.info("amqp consume: message=%s given back to %s while waiting (stopping)",
+                         _shown(incoming.message_id), _shown(self.queue))
                 return False
             if used:
                 attempt += 1
@@ -514,7 +514,14 @@ class QueueConsumer:
             line += f" error={log_text(error)!r}"
         if note:
             line += f" ({note})"
-        (log.info if outcome in ("done", "duplicate") else log.warning)(line)
+        # every field came from the message or the command line: one line, nothing a terminal acts on
+        (log.info if outcome in ("done", "duplicate") else log.warning)(clean_text(line, len(line) * 6 + 1))
+
+
+def _shown(value, limit: int = 300) -> str:
+    """A message's or the command line's value for a log line (clean_text: no line breaks, controls
+    or bidi marks)."""
+    return clean_text(str(value), limit)
 
 
 def _idempotency_key(consumer: str, message_id: str) -> str:

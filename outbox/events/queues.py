@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from outbox.engine.backoff import Backoff
+from outbox.engine.handler_call import clean_text
 from outbox.events.forward import KEY_HEADER, TYPE_HEADER
 
 ATTEMPTS = "x-cronbox-attempts"
@@ -120,8 +121,11 @@ def describe_parked(message) -> Parked:
 
 
 def _text(value) -> str | None:
+    """A header or property as the operator sees it: whatever its type, one clean line (a publisher
+    wrote it: clean_text escapes line breaks, controls and bidi marks)."""
     if value is None:
         return None
     if isinstance(value, bytes):
         value = value.decode("utf-8", "backslashreplace")
-    return str(value)
+    text = str(value)
+    return clean_text(text, len(text) * 6 + 1)

@@ -36,7 +36,7 @@ from outbox.core.faults import crash_point
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
-from outbox.engine.handler_call import ERROR, Outcome, describe
+from outbox.engine.handler_call import ERROR, Outcome, clean_text, describe
 from outbox.engine.processor import Processor
 from outbox.events import deliveries
 from outbox.events.broker import Broker, InFlight, Outgoing
@@ -443,7 +443,7 @@ class Relay(Processor):
     def _describe(self, item) -> str:
         # A flight's delivery has no row id when it is logged (its row is written as it lands).
         return (f"delivery={item.id if item.id is not None else '-'} consumer={item.consumer} "
-                f"event={item.event_id} type={item.event_type}")
+                f"event={item.event_id} type={clean_text(item.event_type, 191)}")
 
     def _warn_unregistered(self) -> None:
         rows = in_transaction(self.sessions, lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))
