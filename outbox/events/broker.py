@@ -133,11 +133,11 @@ class Batch:
 class InFlight:
     """A batch written to the broker whose confirms are still to be collected (Broker.publish)."""
 
-    def __init__(self, messages: list[Outgoing], timeout: float, *, reused: bool):
+    def __init__(self, messages: list[Outgoing], timeout: float, *, second: bool = False):
         self.messages = messages
+        self.second = second  # the part of a batch a lost connection left unconfirmed, sent again
         self.ids: list[str | None] = []
         self.timeout = timeout
-        self.reused = reused  # published on a connection kept from an earlier batch
         self.end = clock.monotonic() + timeout  # no confirm counts after this
         self.batch: Batch | None = None
         self.results: list[str | None] | None = None  # known: every confirm is in, or the batch failed
@@ -185,7 +185,7 @@ class Broker:
         waiting; their confirms count until `timeout` seconds from now (`collect`)."""
         if self._batch is not None:
             raise RuntimeError("a batch is already in flight: collect it before publishing another")
-        flight = InFlight(messages, timeout, reused=self._connection is not None)
+        flight = InFlight(messages, timeout)
         if not messages:
             flight.results = []
         elif self.address is None:
@@ -209,12 +209,18 @@ class Broker:
             else:
                 self._batch = None
                 flight.results = flight.batch.finish(flight.ids, flight.unconfirmed)
-        if flight.reused and flight.lost and all(r is not None for r in flight.results):
-            # The kept connection had died while idle (broker restart, closed by an operator, NAT
-            # timeout) and nothing got through: once more on a fresh one, not a retry with backoff.
-            again = InFlight(flight.messages, flight.timeout, reused=False)
-            self._publish(again)
-            return self.collect(again)
+        if flight.lost and not flight.second:
+            # The connection died under the batch (closed by an operator, a broker restart, a network
+            # cut, or a kept one found dead): not the messages' fault, so what it left unconfirmed is
+            # sent once more at once on a fresh connection, in the same attempt (a copy the broker
+            # did take is a duplicate with the same message_id: delivery is at least once). Only if
+            # that fails too is it a failed attempt, retried with backoff.
+            left = [i for i, result in enumerate(flight.results) if result == flight.unconfirmed]
+            if left:
+                again = InFlight([flight.messages[i] for i in left], flight.timeout, second=True)
+                self._publish(again)
+                for i, result in zip(left, self.collect(again)):
+                    flight.results[i] = result
         return flight.results
 
     def keep_alive(self) -> None:
