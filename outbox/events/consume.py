@@ -54,7 +54,7 @@ from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
 from outbox.engine.run_loop import RunResult, StopSignals
-from outbox.events import inbox, queues, redeliveries
+from outbox.events import inbox, placement, queues, redeliveries
 from outbox.events.broker import BrokerAddress
 from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
 from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
@@ -91,6 +91,7 @@ class QueueConsumer:
     def __init__(self, runtime, address: BrokerAddress, queue: str, *, prefetch: int = 10, ordered: bool = False,
                  binds: list[tuple[str, str]] | None = None, heartbeat_seconds: int = HEARTBEAT,
                  max_redeliveries: int = queues.MAX_REDELIVERIES):
+        placement.check(runtime.consumers)  # an event must not reach a consumer from here and the tick both
         self.runtime = runtime
         self.max_redeliveries = max_redeliveries
         self.queue = queue

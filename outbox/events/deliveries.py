@@ -24,6 +24,7 @@ from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
 from outbox.events import flights
 from outbox.events.forward import is_forward
+from outbox.events.placement import runs_in_tick
 from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
@@ -113,7 +114,7 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     for event in events:
         consumers = consumers_of.get(event.type)
         if consumers is None:
-            consumers = consumers_of[event.type] = registry.for_type(event.type)
+            consumers = consumers_of[event.type] = [c for c in registry.for_type(event.type) if runs_in_tick(c)]
         for consumer in consumers:
             if lease is not None and consumer.name in lease.consumers:
                 held_key = (consumer.name, event.key)

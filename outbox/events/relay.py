@@ -38,7 +38,7 @@ from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
 from outbox.engine.handler_call import ERROR, Outcome, clean_text, describe
 from outbox.engine.processor import Processor
-from outbox.events import deliveries
+from outbox.events import deliveries, placement
 from outbox.events.broker import Broker, InFlight, Outgoing
 from outbox.events.forward import ForwardTarget, is_forward, message_of
 
@@ -87,6 +87,7 @@ class Relay(Processor):
     def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None,
                  broker: Broker | None = None):
         super().__init__(runtime)
+        placement.check(runtime.consumers)  # an event must not reach a consumer from here and the broker both
         self.registry = runtime.consumers
         self.batch_size = batch_size
         self.before_batch = before_batch
