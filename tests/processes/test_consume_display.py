@@ -61,3 +61,13 @@ def test_a_reason_header_a_publisher_set_is_shown_clean_by_amqp_dead(setup, rabb
     assert listed.returncode == 0, listed.stderr
     assert not SHOWN_BADLY.search(listed.stdout)
     assert len(listed.stdout.strip().splitlines()) == 1 + len(NASTY)
+
+
+@pytest.mark.parametrize("name", ["q\x1b[2J", "q\nerror: forged", "q\u202eeman", "q\x7f", "q\u2028x"])
+def test_a_queue_name_with_control_characters_is_a_usage_error_shown_clean(setup, name):
+    env, _queue, _calls = setup
+    for args in (["consume"], ["dead"], ["retry-dead", "--all"]):
+        proc = run_cli(env, "amqp", *args, "--queue", name)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "is not a queue name" in lines[0], proc.stderr
+        assert not SHOWN_BADLY.search(proc.stderr)
