@@ -18,6 +18,7 @@ from outbox.events.broker import Outgoing, parse_url, publish_frames
 from outbox.events.parked import DeadQueue
 from outbox.events.unreadable import RAW_PROPERTIES
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
+from tests.rabbit import HOST, PORT
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
@@ -69,17 +70,26 @@ def property_bytes(props: dict) -> bytes:
     return struct.pack(">H", flags) + b"".join(out)
 
 
-def publish_raw(rabbit, queue: str, body: bytes, props: dict) -> None:
-    """basic.publish of a message with these exact property bytes (frames written by the test)."""
-    channel = rabbit.connection.channel()
+def publish_raw(rabbit, queue: str, body: bytes, props: dict) -> bool:
+    """basic.publish of a message with these exact property bytes (frames written by the test), on a
+    connection of its own; False if the broker refused it (it closed the connection: such a message
+    never reaches a consumer)."""
+    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=rabbit.vhost, connect_timeout=5)
+    connection.connect()
     try:
-        frames = publish_frames(channel.channel_id, rabbit.connection.frame_max - 8,
+        channel = connection.channel()
+        frames = publish_frames(channel.channel_id, connection.frame_max - 8,
                                 Outgoing("", queue, body, {}, property_bytes(props)))
-        rabbit.connection.transport.write(frames)
-        channel.basic_qos(0, 0, False)  # a round trip: the broker took the publish (or closed the channel)
+        connection.transport.write(frames)
+        channel.basic_qos(0, 0, False)  # a round trip: the broker took the publish (or closed on it)
+        return True
+    except (amqp.exceptions.AMQPError, OSError):
+        return False
     finally:
-        if channel.is_open:
-            channel.close()
+        try:
+            connection.close()
+        except Exception:
+            connection.collect()
 
 
 scalar = st.one_of(
@@ -124,16 +134,16 @@ def parked(rabbit, queue) -> list[amqp.Message]:
 @given(batch=st.lists(st.tuples(messages, bodies), min_size=1, max_size=12))
 def test_any_message_a_publisher_sends_is_parked_with_a_reason_and_the_queue_goes_on(runtime, rabbit, queue,
                                                                                      behaviour, batch):
-    good = []
+    sent = 0
     for n, (props, body) in enumerate(batch):
-        publish_raw(rabbit, queue, body, bad_batch(props))
-        good.append(publish(rabbit, queue, 1000 + n))
+        sent += publish_raw(rabbit, queue, body, bad_batch(props))
+        publish(rabbit, queue, 1000 + n)
     before = len(rows(runtime))
-    consumer, result = consume(runtime, rabbit, queue, messages=2 * len(batch))
+    consumer, result = consume(runtime, rabbit, queue, messages=sent + len(batch))
     assert result.exit_code == 0, result.error
     assert len(rows(runtime)) - before == 2 * len(batch)  # each good message: consumers a and b
     dead = parked(rabbit, queue)
-    assert len(dead) == len(batch) and consumer.stats.bad == len(batch)
+    assert len(dead) == sent and consumer.stats.bad == sent
     assert all(m.properties["application_headers"][queues.REASON].startswith("bad message: ") for m in dead)
     assert rabbit.take(queue) == []
 
@@ -142,7 +152,7 @@ def test_any_message_a_publisher_sends_is_parked_with_a_reason_and_the_queue_goe
 def test_a_property_that_is_not_utf8_is_parked_as_it_came_and_a_good_message_behind_it_runs(
         runtime, rabbit, queue, behaviour, prop):
     props = {"message_id": b"m-1", "type": b"amqp.write", prop: b"bad\xff\xfe id"}
-    publish_raw(rabbit, queue, b'{"n": 1}', props)
+    assert publish_raw(rabbit, queue, b'{"n": 1}', props)
     publish(rabbit, queue, 2)
     consumer, result = consume(runtime, rabbit, queue, messages=2)
     assert result.exit_code == 0 and consumer.stats.bad == 1
@@ -156,9 +166,9 @@ def test_a_property_that_is_not_utf8_is_parked_as_it_came_and_a_good_message_beh
 
 
 def test_a_header_timestamp_past_any_calendar_and_an_unknown_field_type_are_parked(runtime, rabbit, queue, behaviour):
-    publish_raw(rabbit, queue, b'{"n": 1}', {"message_id": b"m-t", "type": b"amqp.write",
+    assert publish_raw(rabbit, queue, b'{"n": 1}', {"message_id": b"m-t", "type": b"amqp.write",
                                              "application_headers": [(b"when", ("T", 2**64 - 1))]})
-    publish_raw(rabbit, queue, b"", {"message_id": b"\xc3", "type": b"\xff"})  # no body at all
+    assert publish_raw(rabbit, queue, b"", {"message_id": b"\xc3", "type": b"\xff"})  # no body at all
     publish(rabbit, queue, 3)
     consumer, result = consume(runtime, rabbit, queue, messages=3)
     assert result.exit_code == 0 and consumer.stats.bad == 2
@@ -168,7 +178,7 @@ def test_a_header_timestamp_past_any_calendar_and_an_unknown_field_type_are_park
 
 def test_a_big_unreadable_message_over_many_frames_is_parked_whole(runtime, rabbit, queue, behaviour):
     body = secrets.token_bytes(400_000)  # several body frames after the header py-amqp refuses
-    publish_raw(rabbit, queue, body, {"message_id": b"\xff" * 255, "type": b"amqp.write"})
+    assert publish_raw(rabbit, queue, body, {"message_id": b"\xff" * 255, "type": b"amqp.write"})
     publish(rabbit, queue, 4)
     consumer, result = consume(runtime, rabbit, queue, messages=2, prefetch=5)
     assert result.exit_code == 0 and consumer.stats.bad == 1
@@ -181,7 +191,7 @@ def test_an_unreadable_message_in_ordered_mode_is_parked_too(runtime, rabbit, be
     name = rabbit.name("ord")
     rabbit.channel.queue_declare(name, durable=True, auto_delete=False, arguments={"x-single-active-consumer": True})
     rabbit.queues.append(name)
-    publish_raw(rabbit, name, b"{}", {"message_id": b"\x80", "type": b"amqp.write"})
+    assert publish_raw(rabbit, name, b"{}", {"message_id": b"\x80", "type": b"amqp.write"})
     publish(rabbit, name, 5, key="k")
     consumer, result = consume(runtime, rabbit, name, messages=2, ordered=True)
     assert result.exit_code == 0 and consumer.stats.bad == 1
