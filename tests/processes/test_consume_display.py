@@ -71,3 +71,19 @@ def test_a_queue_name_with_control_characters_is_a_usage_error_shown_clean(setup
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and "is not a queue name" in lines[0], proc.stderr
         assert not SHOWN_BADLY.search(proc.stderr)
+
+
+def test_a_message_py_amqp_cannot_read_put_straight_into_the_dead_queue_is_one_error_line(setup, rabbit):
+    from tests.db.test_consume_bad_messages import publish_raw
+
+    env, queue, _calls = setup
+    dead = f"{queue}.dead"
+    rabbit.channel.queue_declare(dead, durable=True, auto_delete=False)
+    assert publish_raw(rabbit, dead, b"{}", {"message_id": b"\xff\x1b[2J", "type": b"amqp.write"})
+    for args in (["dead"], ["retry-dead", "--all"]):
+        proc = run_cli(env, "amqp", *args, "--queue", queue)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and "cannot be read by py-amqp" in lines[0], proc.stderr
+        assert not SHOWN_BADLY.search(proc.stderr)
+    name, messages, _ = rabbit.channel.queue_declare(dead, passive=True)
+    assert messages == 1  # still there
