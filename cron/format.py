@@ -7,6 +7,7 @@ import click
 
 from outbox.core import paging
 from outbox.core.durations import parse_duration
+from outbox.engine.handler_call import clean_text
 
 
 def age(since: datetime | None, now: datetime) -> str:
@@ -23,12 +24,20 @@ def age(since: datetime | None, now: datetime) -> str:
 
 
 def table(headers: list[str], rows: list[list]) -> str:
-    cells = [[str(c) for c in headers]] + [[("-" if c is None else str(c)) for c in row] for row in rows]
+    """Rows as aligned columns. Every cell passes clean_text: what a table shows (event keys and types,
+    message ids, errors, names) often came from outside, and a newline or an escape sequence in it
+    must neither forge a row nor reach the operator's terminal as it is."""
+    cells = [[str(c) for c in headers]] + [[("-" if c is None else _cell(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    text = str(value)
+    return clean_text(text, len(text) * 6 + 1)  # never cut: an escape is at most six characters
 
 
 class Duration(click.ParamType):

@@ -1,12 +1,16 @@
 """`amqp ...`: consume a RabbitMQ queue with the registered consumers; its dead queue."""
 from __future__ import annotations
 
+import re
+
 import click
 
 from cron.commands.base import CommandFailed, Group, runtime
 from cron.format import table
 from outbox.core import clock
 from outbox.core.errors import UnknownIds
+from outbox.core.text import UNSHOWABLE
+from outbox.engine.handler_call import clean_text
 from outbox.engine.budget import Budget
 from outbox.events import queues
 from outbox.events.broker import NO_URL, parse_url
@@ -19,9 +23,10 @@ class QueueName(click.ParamType):
 
     def convert(self, value, param, ctx):
         text = str(value)
-        if not text.strip() or len(text.encode("utf-8")) > queues.MAX_QUEUE or text.startswith("amq."):
-            self.fail(f"{text!r} is not a queue name (1 to {queues.MAX_QUEUE} bytes, not starting with 'amq.')",
-                      param, ctx)
+        if (not text.strip() or len(text.encode("utf-8", "surrogatepass")) > queues.MAX_QUEUE
+                or text.startswith("amq.") or _UNSHOWABLE.search(text)):
+            self.fail(f"{clean_text(text, 300)!r} is not a queue name (1 to {queues.MAX_QUEUE} bytes, not starting "
+                      "with 'amq.', no control characters)", param, ctx)
         return text
 
 
@@ -38,6 +43,7 @@ class Binding(click.ParamType):
         return exchange, pattern or "#"
 
 
+_UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")
 QUEUE = click.option("--queue", "queue", type=QueueName(), required=True, help="The queue to consume.")
 
 

@@ -14,7 +14,14 @@ from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
 def tick(ctx, max_time, no_linger, memory):
     """Run everything due (outbox relay, then queued jobs), then keep polling until --max-time. Install this in cron."""
     # The schema is checked under the tick lock, where a `migrate` request file can still fix it.
-    report = run_tick(runtime(migrate=False), run_command=command_runner(), max_time=max_time,
+    rt = runtime(migrate=False)
+    report = run_tick(rt, run_command=command_runner(), max_time=max_time,
                       linger=not no_linger, memory_mb=memory)
     click.echo(report.summary())
+    if not report.skipped:
+        from cron.scheduling.health import forward_warning  # only after the tick's own work
+
+        warning = forward_warning(rt)
+        if warning:
+            click.echo(warning, err=True)  # cron mails it, even with stdout sent to /dev/null
     ctx.exit(report.exit_code)

@@ -15,15 +15,19 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from cron.scheduling.models import AlertState
 from outbox.core import clock, sqlite_files
 from outbox.core.db import insert_ignore
+from outbox.core.errors import SettingsError
 from outbox.core.logs import log_text
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
 from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
+from outbox.engine.handler_call import clean_text
 from outbox.events import deliveries
+from outbox.events.forward import is_forward
 from outbox.queue import jobstore, pauses
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -78,6 +82,7 @@ def run_checks(runtime, *, backlog: bool = True) -> Report:
             if backlog:
                 work, queues = _backlog_checks(session, now, interval)
                 checks += work
+                checks += _forward_checks(session, runtime, now)
     except Exception as exc:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
@@ -93,7 +98,9 @@ def backlog_status(runtime) -> str:
     a while; an unreachable database is the ping's failure to report, not this one's."""
     interval = runtime.settings.cron_interval * 60
     with runtime.sessions() as session:
-        checks, _ = _backlog_checks(session, clock.utcnow(), interval)
+        now = clock.utcnow()
+        checks, _ = _backlog_checks(session, now, interval)
+        checks += _forward_checks(session, runtime, now)
     return worst(checks)
 
 
@@ -172,6 +179,65 @@ def _consumer_checks(session, now: datetime) -> list[Check]:
         else:
             checks.append(Check(name, OK, f"amqp consume on {queue} ended {age:.0f}s ago ({run.outcome})", round(age)))
     return checks
+
+
+FORWARD_WARN, FORWARD_FAIL = 600.0, 3600.0  # seconds (CRONBOX_FORWARD_WARN_AFTER, _FAIL_AFTER)
+
+
+def forward_thresholds(settings) -> tuple[float, float]:
+    """How long a forward target may fail before health warns, then fails (SettingsError naming the
+    setting if one is not a duration from 1 s to 30 days)."""
+    return tuple(settings.duration(name, default, bounds=(1, 30 * 86400), why="1s and 30d")
+                 for name, default in (("CRONBOX_FORWARD_WARN_AFTER", FORWARD_WARN),
+                                       ("CRONBOX_FORWARD_FAIL_AFTER", FORWARD_FAIL)))
+
+
+def failing_forwards(session, runtime, now: datetime) -> list[tuple[str, deliveries.Failing, float]]:
+    """(grade, failing, seconds) per forward target of this process whose deliveries have been failing
+    (the broker unreachable, the exchange missing, ...) for longer than the warning threshold."""
+    warn, fail = forward_thresholds(runtime.settings)
+    names = [c.name for c in runtime.consumers.all() if is_forward(c)]
+    out = []
+    for failing in deliveries.failing(session, names):
+        seconds = max((now - failing.since).total_seconds(), 0)
+        if seconds > warn:
+            out.append((FAIL if seconds > fail else WARN, failing, seconds))
+    return out
+
+
+def describe_failing(failing: deliveries.Failing, seconds: float) -> str:
+    """One line, no secrets: the broker's address is stored without its password (BrokerAddress)."""
+    error = clean_text(log_text(failing.last_error or "?", 200), 200)
+    return (f"forward target {clean_text(failing.consumer, 191)!r} failing for {seconds / 60:.0f} min "
+            f"({failing.count} deliveries waiting): {error}")
+
+
+def forward_warning(runtime) -> str | None:
+    """The tick's one stderr line when forwarding has been failing past the warning threshold (the
+    tick itself exits 0: its other work went on), naming the longest-failing target; None if all is well."""
+    try:
+        with runtime.sessions() as session:
+            found = failing_forwards(session, runtime, clock.utcnow())
+    except SettingsError as exc:
+        return f"warning: {exc}; forwarding not checked"
+    except SQLAlchemyError:
+        return None  # the tick reported its database trouble already
+    if not found:
+        return None
+    _grade_, failing, seconds = max(found, key=lambda f: f[2])
+    more = f" (and {len(found) - 1} more targets)" if len(found) > 1 else ""
+    return f"warning: {describe_failing(failing, seconds)}{more}; see `python -m cron health`"
+
+
+def _forward_checks(session, runtime, now: datetime) -> list[Check]:
+    """Per forward target: its deliveries failing for longer than CRONBOX_FORWARD_WARN_AFTER (10 min)
+    warns, longer than CRONBOX_FORWARD_FAIL_AFTER (1 h) fails. Targets that deliver: no check."""
+    try:
+        found = failing_forwards(session, runtime, now)
+    except SettingsError as exc:
+        return [Check("forward", WARN, f"{exc}; forwarding not checked")]
+    return [Check(f"forward.{f.consumer}", grade, describe_failing(f, seconds), round(seconds))
+            for grade, f, seconds in found]
 
 
 def _disk_check(folder) -> Check:

@@ -133,11 +133,11 @@ class Batch:
 class InFlight:
     """A batch written to the broker whose confirms are still to be collected (Broker.publish)."""
 
-    def __init__(self, messages: list[Outgoing], timeout: float, *, reused: bool):
+    def __init__(self, messages: list[Outgoing], timeout: float, *, second: bool = False):
         self.messages = messages
+        self.second = second  # the part of a batch a lost connection left unconfirmed, sent again
         self.ids: list[str | None] = []
         self.timeout = timeout
-        self.reused = reused  # published on a connection kept from an earlier batch
         self.end = clock.monotonic() + timeout  # no confirm counts after this
         self.batch: Batch | None = None
         self.results: list[str | None] | None = None  # known: every confirm is in, or the batch failed
@@ -185,7 +185,7 @@ class Broker:
         waiting; their confirms count until `timeout` seconds from now (`collect`)."""
         if self._batch is not None:
             raise RuntimeError("a batch is already in flight: collect it before publishing another")
-        flight = InFlight(messages, timeout, reused=self._connection is not None)
+        flight = InFlight(messages, timeout)
         if not messages:
             flight.results = []
         elif self.address is None:
@@ -209,12 +209,18 @@ class Broker:
             else:
                 self._batch = None
                 flight.results = flight.batch.finish(flight.ids, flight.unconfirmed)
-        if flight.reused and flight.lost and all(r is not None for r in flight.results):
-            # The kept connection had died while idle (broker restart, closed by an operator, NAT
-            # timeout) and nothing got through: once more on a fresh one, not a retry with backoff.
-            again = InFlight(flight.messages, flight.timeout, reused=False)
-            self._publish(again)
-            return self.collect(again)
+        if flight.lost and not flight.second:
+            # The connection died under the batch (closed by an operator, a broker restart, a network
+            # cut, or a kept one found dead): not the messages' fault, so what it left unconfirmed is
+            # sent once more at once on a fresh connection, in the same attempt (a copy the broker
+            # did take is a duplicate with the same message_id: delivery is at least once). Only if
+            # that fails too is it a failed attempt, retried with backoff.
+            left = [i for i, result in enumerate(flight.results) if result == flight.unconfirmed]
+            if left:
+                again = InFlight([flight.messages[i] for i in left], flight.timeout, second=True)
+                self._publish(again)
+                for i, result in zip(left, self.collect(again)):
+                    flight.results[i] = result
         return flight.results
 
     def keep_alive(self) -> None:
@@ -307,10 +313,14 @@ class Broker:
             close_connection(connection, graceful=graceful)
 
 
-def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0) -> "amqp.Connection":
+def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0,
+                    frame_handler=None) -> "amqp.Connection":
     """A connected py-amqp connection to `address` (TLS verified as parse_url says), named `name` in
     the broker's connection list (operators and tests find cronbox's connections by it). The one
-    place a connection is made: the relay's publisher and the consumer both open theirs here."""
+    place a connection is made: the relay's publisher and the consumer both open theirs here.
+    `frame_handler`: py-amqp's constructor argument of that name (the consumer's reads deliveries
+    py-amqp cannot decode: outbox.events.unreadable)."""
+    extra = {"frame_handler": frame_handler} if frame_handler is not None else {}
     tls = False
     if address.tls:
         tls = {"server_hostname": address.host, "cert_reqs": ssl.CERT_REQUIRED}
@@ -319,7 +329,7 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     connection = _amqp().Connection(host=f"{address.host}:{address.port}", userid=address.user,
                                     password=address.password, virtual_host=address.vhost, ssl=tls,
                                     connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout,
-                                    heartbeat=heartbeat, client_properties={"connection_name": name})
+                                    heartbeat=heartbeat, client_properties={"connection_name": name}, **extra)
     try:
         connection.connect()
     except BaseException:

@@ -54,10 +54,11 @@ from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
 from outbox.engine.run_loop import RunResult, StopSignals
-from outbox.events import inbox, queues, redeliveries
+from outbox.events import inbox, placement, queues, redeliveries
 from outbox.events.broker import BrokerAddress
 from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
 from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
+from outbox.events.unreadable import RAW_PROPERTIES, Unreadable
 
 log = logging.getLogger("cronbox")
 
@@ -90,6 +91,7 @@ class QueueConsumer:
     def __init__(self, runtime, address: BrokerAddress, queue: str, *, prefetch: int = 10, ordered: bool = False,
                  binds: list[tuple[str, str]] | None = None, heartbeat_seconds: int = HEARTBEAT,
                  max_redeliveries: int = queues.MAX_REDELIVERIES):
+        placement.check(runtime.consumers)  # an event must not reach a consumer from here and the tick both
         self.runtime = runtime
         self.max_redeliveries = max_redeliveries
         self.queue = queue
@@ -145,7 +147,7 @@ class QueueConsumer:
                     continue
                 pause = RECONNECT_FIRST
                 self.stats.connects += 1
-                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, self.queue,
+                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, _shown(self.queue),
                          self.link.prefetch, ", ordered" if self.ordered else "")
             try:
                 if self.link.inbound:
@@ -213,11 +215,14 @@ class QueueConsumer:
         started = clock.monotonic()
         tag = message.delivery_tag
         try:
+            if isinstance(message, Unreadable):
+                self._park_unreadable(message, started)
+                return
             if not self.ordered:
                 if (message.delivery_info or {}).get("redelivered"):
                     self._requeue_redelivered(message, started)
                     return
-                if headers_of(message).get(queues.REDELIVERIES):
+                if queues.attempts_of(headers_of(message), queues.REDELIVERIES, below=self.max_redeliveries):
                     # a suspect: run it as the oldest unacked message, so that if it kills the
                     # process it is the first the broker redelivers (see _requeue_redelivered)
                     self.link.flush_acks()
@@ -246,6 +251,18 @@ class QueueConsumer:
         finally:
             budget.record(clock.monotonic() - started)
 
+    def _park_unreadable(self, message: Unreadable, started: float) -> None:
+        """A delivery py-amqp could not decode (outbox.events.unreadable): parked in Q.dead as it came,
+        its body and its property bytes (in a header) kept for the operator, then acked."""
+        reason = clean_text(f"bad message: its properties cannot be read ({message.error})", queues.REASON_MAX)
+        self.link.publish(queues.dead_queue(self.queue), message.body, {"delivery_mode": 2, "application_headers": {
+            queues.REASON: reason, queues.PARKED_AT: queues.now_text(), queues.ATTEMPTS: 0,
+            RAW_PROPERTIES: message.raw_properties}})
+        self.link.ack(message.delivery_tag)
+        self.stats.bad += 1
+        log.warning("amqp queue=%s message=- type=- outcome=bad ms=%.1f error=%r", _shown(self.queue),
+                    (clock.monotonic() - started) * 1000, log_text(reason))
+
     def _requeue_redelivered(self, message, started: float) -> None:
         """The broker gave this message back unacked (a consumer process died, or its connection did,
         with the message in hand): before any consumer runs it again, republish it to the back of Q
@@ -258,7 +275,7 @@ class QueueConsumer:
         handled with their batched ack lost) get the header at 1, a suspect, without counting: a
         message is parked only for deaths while it was in hand, not for its neighbours'."""
         headers = headers_of(message)
-        before = queues.attempts_of(headers, queues.REDELIVERIES)
+        before = queues.attempts_of(headers, queues.REDELIVERIES, below=self.max_redeliveries)
         first, self.link.redelivery_seen = not self.link.redelivery_seen, True
         times = before + 1 if first else max(before, 1)
         if first and times >= self.max_redeliveries:
@@ -284,7 +301,7 @@ class QueueConsumer:
                                lambda s: redeliveries.count(s, self.queue, incoming.message_id, clock.utcnow()))
         if times < self.max_redeliveries:
             log.warning("amqp consume: message=%s redelivered unacked (%d of %d before it is parked); handled in place "
-                        "trace=%s", incoming.message_id, times, self.max_redeliveries, incoming.trace_id)
+                        "trace=%s", _shown(incoming.message_id), times, self.max_redeliveries, incoming.trace_id)
             return False
         reason = f"killed the consumer {times} times (redelivered unacked; the limit is {self.max_redeliveries})"
         self._park(message, reason, incoming.attempts, None, redeliveries=times)
@@ -347,8 +364,8 @@ class QueueConsumer:
             self._release_db()
             if not self._hold(delay, budget):
                 self.link.give_back(message.delivery_tag)
-                log.info("amqp consume: message=%s given back to %s while waiting (stopping)", incoming.message_id,
-                         self.queue)
+                log.info("amqp consume: message=%s given back to %s while waiting (stopping)",
+                         _shown(incoming.message_id), _shown(self.queue))
                 return False
             if used:
                 attempt += 1
@@ -498,7 +515,14 @@ class QueueConsumer:
             line += f" error={log_text(error)!r}"
         if note:
             line += f" ({note})"
-        (log.info if outcome in ("done", "duplicate") else log.warning)(line)
+        # every field came from the message or the command line: one line, nothing a terminal acts on
+        (log.info if outcome in ("done", "duplicate") else log.warning)(clean_text(line, len(line) * 6 + 1))
+
+
+def _shown(value, limit: int = 300) -> str:
+    """A message's or the command line's value for a log line (clean_text: no line breaks, controls
+    or bidi marks)."""
+    return clean_text(str(value), limit)
 
 
 def _idempotency_key(consumer: str, message_id: str) -> str:

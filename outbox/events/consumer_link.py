@@ -15,6 +15,7 @@ from outbox.core.faults import crash_point
 from outbox.engine.handler_call import describe
 from outbox.events import queues
 from outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
+from outbox.events.unreadable import UnreadableFrames
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
@@ -33,7 +34,8 @@ class SetupError(CronboxError):
 class Link:
     """The consumer's connection and channel: consuming Q with a prefetch, acking, and republishing
     (to a retry queue or Q.dead) with publisher confirms. Deliveries are queued in `inbound` by the
-    channel's callback and handled by the loop, never inside the callback: a confirm wait reads
+    channel's callback (or, for one py-amqp cannot decode, by the connection's frame handler as an
+    outbox.events.unreadable.Unreadable) and handled by the loop, never inside the callback: a confirm wait reads
     frames too, and must not start handling the next message from within the current one."""
 
     def __init__(self, address: BrokerAddress, queue: str, *, prefetch: int, ordered: bool,
@@ -58,7 +60,8 @@ class Link:
 
     def open(self) -> None:
         connection = open_connection(self.address, name=NAME, timeout=CONNECT_TIMEOUT,
-                                     heartbeat=self.heartbeat_seconds)
+                                     heartbeat=self.heartbeat_seconds,
+                                     frame_handler=UnreadableFrames.factory(self.inbound.append))
         try:
             channel = connection.channel()
             self._declare(channel)
@@ -160,10 +163,11 @@ class Link:
 
     def readable(self) -> bool:
         """Something already came from the broker and waits to be read (no waiting)."""
-        transport = self.connection.transport
-        sock = transport.sock
-        if transport._read_buffer or (hasattr(sock, "pending") and sock.pending()):  # TLS: decrypted, unread
+        sock = self.connection.transport.sock
+        if hasattr(sock, "pending") and sock.pending():  # TLS: decrypted, unread
             return True
+        # Bytes py-amqp already read into its own buffer are not seen here (only a private name of
+        # its transport holds them): the acks then go out a little early, which costs nothing else.
         return bool(select.select([sock], [], [], 0)[0])
 
     def poll(self, timeout: float) -> bool:

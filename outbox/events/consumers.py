@@ -26,15 +26,19 @@ class Consumer:
     backoff: Backoff
     timeout: float
     grouped: bool = False  # group commit: see consumer()
+    runs: str | None = None  # "tick", "broker", "both"; None: unsaid (outbox.events.placement)
 
     def matches(self, event_type: str) -> bool:
         return event_type == self.event_type
 
 
 def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
-             timeout: float = 30, grouped: bool = False, registry: Registry | None = None):
+             timeout: float = 30, grouped: bool = False, runs: str | None = None, registry: Registry | None = None):
     """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
     each gets its own delivery rows, retries and dead state.
+
+    runs: where it runs when its events are also forwarded to a broker: "tick" (the relay calls it),
+    "broker" (`amqp consume` does), or "both"; unsaid is refused then (outbox.events.placement).
 
     grouped=True (group commit, for consumers that make no network calls and only write through
     ctx.session): up to CRONBOX_GROUP_MAX (50) consecutive grouped deliveries commit in one
@@ -51,6 +55,8 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         raise RegistrationError(f"timeout must be a positive number of seconds, not {timeout!r}")
     if not isinstance(grouped, bool):
         raise RegistrationError(f"grouped must be True or False, not {grouped!r}")
+    if runs not in (None, "tick", "broker", "both"):
+        raise RegistrationError(f'runs must be "tick", "broker" or "both", not {runs!r}')
     policy = Backoff.of(backoff)
 
     def register(fn: Callable) -> Callable:
@@ -58,7 +64,7 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         if len(consumer_name) > MAX_NAME:
             raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {MAX_NAME} characters")
         (registry or DEFAULT).consumers.add(
-            Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped)
+            Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped, runs)
         )
         fn.consumer_name = consumer_name
         return fn

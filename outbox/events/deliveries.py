@@ -24,6 +24,7 @@ from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
 from outbox.events import flights
 from outbox.events.forward import is_forward
+from outbox.events.placement import runs_in_tick
 from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
@@ -113,7 +114,7 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
     for event in events:
         consumers = consumers_of.get(event.type)
         if consumers is None:
-            consumers = consumers_of[event.type] = registry.for_type(event.type)
+            consumers = consumers_of[event.type] = [c for c in registry.for_type(event.type) if runs_in_tick(c)]
         for consumer in consumers:
             if lease is not None and consumer.name in lease.consumers:
                 held_key = (consumer.name, event.key)
@@ -459,6 +460,33 @@ def dead_page(session: Session, cursor: tuple | None = None, *, size: int = pagi
                    D.c.finished_at, E.c.id.label("event_id"), E.c.type, E.c.trace_id)
             .join(E, E.c.id == D.c.event_id).where(D.c.status == DEAD))
     return paging.page(session, rows, DEAD_ORDER, cursor, size=size, index=DEAD_INDEX)
+
+
+@dataclass(frozen=True)
+class Failing:
+    """A consumer's pending deliveries that have failed at least once (health's `forward.*` checks)."""
+    consumer: str
+    count: int
+    since: datetime  # the oldest one's row was made then: nothing of the consumer went through since
+    last_error: str | None  # the newest one's
+
+
+def failing(session: Session, consumers: list[str]) -> list[Failing]:
+    """Per consumer of `consumers` with pending deliveries that failed (a last_error): how many, since
+    when (the oldest's created_at), and the newest error. Two statements, only for failing consumers."""
+    if not consumers:
+        return []
+    rows = session.execute(
+        select(D.c.consumer, func.count(), func.min(D.c.created_at))
+        .where(D.c.status == PENDING, D.c.consumer.in_(consumers), D.c.last_error.is_not(None))
+        .group_by(D.c.consumer)).all()
+    out = []
+    for name, count, since in rows:
+        error = session.scalar(select(D.c.last_error).where(D.c.status == PENDING, D.c.consumer == name,
+                                                            D.c.last_error.is_not(None))
+                               .order_by(D.c.id.desc()).limit(1))
+        out.append(Failing(name, int(count), since, error))
+    return out
 
 
 @dataclass

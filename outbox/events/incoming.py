@@ -10,7 +10,8 @@ from outbox.core import clock
 from outbox.engine.context import Event
 from outbox.engine.handler_call import clean_text
 from outbox.events import inbox, queues
-from outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER, is_forward
+from outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
+from outbox.events.placement import runs_off_broker
 
 MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
 
@@ -46,7 +47,7 @@ def parse(message, registry) -> Incoming:
     event_type = props.get("type") or headers.get(TYPE_HEADER)
     if not isinstance(event_type, str) or not event_type:
         raise BadMessage("no type (neither the type property nor an x-event-type header)")
-    consumers = [c for c in registry.for_type(event_type) if not is_forward(c)]
+    consumers = [c for c in registry.for_type(event_type) if runs_off_broker(c)]
     if not consumers:
         raise BadMessage(f"no consumer registered here for type {clean_text(event_type, 191)!r}")
     try:
@@ -57,7 +58,8 @@ def parse(message, registry) -> Incoming:
     event_id = headers.get(ID_HEADER)
     event = Event(event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None, event_type,
                   key if isinstance(key, str) else None, payload, _created_at(headers, props))
-    return Incoming(message_id, event_type, trace_id_of(props), event, queues.attempts_of(headers), consumers)
+    attempts = queues.attempts_of(headers, below=max(c.max_attempts for c in consumers))
+    return Incoming(message_id, event_type, trace_id_of(props), event, attempts, consumers)
 
 
 def headers_of(message) -> dict:
@@ -78,7 +80,7 @@ def _created_at(headers: dict, props: dict) -> datetime:
         try:
             when = datetime.fromisoformat(text)
             return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
-        except ValueError:
+        except (ValueError, OverflowError):  # "0001-01-01T00:00+05:00" has no UTC time
             pass
     stamp = props.get("timestamp")
     if isinstance(stamp, datetime):

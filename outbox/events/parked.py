@@ -13,12 +13,15 @@ import socket
 import amqp
 
 from outbox.core.errors import CronboxError
-from outbox.engine.handler_call import describe
+from outbox.engine.handler_call import clean_text, describe
 from outbox.events import queues
 from outbox.events.broker import BrokerAddress, open_connection
 from outbox.events.queues import Parked, describe_parked
 
 TIMEOUT = 10.0
+# What py-amqp's frame handler raises on a message whose properties it cannot decode (a non-UTF-8
+# short string, a header timestamp past any calendar, an unknown field type): outbox.events.unreadable.
+UNREADABLE = (UnicodeDecodeError, amqp.exceptions.FrameSyntaxError, ValueError, OverflowError)
 NAME = "cronbox consumer (dead queue)"
 
 
@@ -60,7 +63,12 @@ class DeadQueue:
         """Parked messages in queue order, unacked (given back at close unless acked)."""
         taken = 0
         while limit is None or taken < limit:
-            message = self.channel.basic_get(self.dead, no_ack=False)
+            try:
+                message = self.channel.basic_get(self.dead, no_ack=False)
+            except UNREADABLE as exc:  # put there by someone else than amqp consume (which parks them readable)
+                raise CronboxError(f"message {taken + 1} of {self.dead!r} cannot be read by py-amqp "
+                                   f"({clean_text(describe(exc, 200), 200)}); it stays there, and so does "
+                                   "everything after it") from None
             if message is None:
                 return
             taken += 1

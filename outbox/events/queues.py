@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from outbox.engine.backoff import Backoff
+from outbox.engine.handler_call import clean_text
 from outbox.events.forward import KEY_HEADER, TYPE_HEADER
 
 ATTEMPTS = "x-cronbox-attempts"
@@ -34,6 +35,7 @@ FAILED = "x-cronbox-failed"  # the consumers that failed, comma-separated
 REDELIVERIES = "x-cronbox-redeliveries"  # times the message came back unacked (a killed consumer)
 CRONBOX_HEADERS = (ATTEMPTS, REASON, PARKED_AT, FAILED, REDELIVERIES)
 MAX_REDELIVERIES = 5
+MAX_COUNT = 10_000  # no count header above this is trusted, whatever the consumers' limits
 MAX_QUEUE = 200  # AMQP names are at most 255 bytes; room for ".retry.<ms>ms"
 REASON_MAX = 1000
 
@@ -83,9 +85,16 @@ def stamped(headers: dict | None, **values) -> dict:
     return out
 
 
-def attempts_of(headers: dict | None, name: str = ATTEMPTS) -> int:
+def attempts_of(headers: dict | None, name: str = ATTEMPTS, *, below: int = MAX_COUNT) -> int:
+    """A count cronbox keeps in a message's header (ATTEMPTS, REDELIVERIES), as far as it can be
+    trusted: anyone who can publish to Q can set these headers. Only an integer in [0, below) is one a
+    cronbox consumer could have written (it parks a message before its count reaches the limit that
+    `below` is), so anything else, a float, a string, bytes, a table, a negative number or 10**12,
+    counts as 0: a forged header never parks a message early or makes ctx.attempt huge."""
     value = (headers or {}).get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < below:
+        return value
+    return 0
 
 
 def now_text() -> str:
@@ -112,8 +121,11 @@ def describe_parked(message) -> Parked:
 
 
 def _text(value) -> str | None:
+    """A header or property as the operator sees it: whatever its type, one clean line (a publisher
+    wrote it: clean_text escapes line breaks, controls and bidi marks)."""
     if value is None:
         return None
     if isinstance(value, bytes):
         value = value.decode("utf-8", "backslashreplace")
-    return str(value)
+    text = str(value)
+    return clean_text(text, len(text) * 6 + 1)

@@ -36,9 +36,9 @@ from outbox.core.faults import crash_point
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
-from outbox.engine.handler_call import ERROR, Outcome, describe
+from outbox.engine.handler_call import ERROR, Outcome, clean_text, describe
 from outbox.engine.processor import Processor
-from outbox.events import deliveries
+from outbox.events import deliveries, placement
 from outbox.events.broker import Broker, InFlight, Outgoing
 from outbox.events.forward import ForwardTarget, is_forward, message_of
 
@@ -87,6 +87,7 @@ class Relay(Processor):
     def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None,
                  broker: Broker | None = None):
         super().__init__(runtime)
+        placement.check(runtime.consumers)  # an event must not reach a consumer from here and the broker both
         self.registry = runtime.consumers
         self.batch_size = batch_size
         self.before_batch = before_batch
@@ -443,7 +444,7 @@ class Relay(Processor):
     def _describe(self, item) -> str:
         # A flight's delivery has no row id when it is logged (its row is written as it lands).
         return (f"delivery={item.id if item.id is not None else '-'} consumer={item.consumer} "
-                f"event={item.event_id} type={item.event_type}")
+                f"event={item.event_id} type={clean_text(item.event_type, 191)}")
 
     def _warn_unregistered(self) -> None:
         rows = in_transaction(self.sessions, lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))

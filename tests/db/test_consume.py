@@ -49,7 +49,8 @@ def behaviour(runtime, registry):
         b.calls.append((name, event.payload.get("n"), ctx.attempt, time.monotonic()))
         ctx.session.execute(consumed.insert().values(consumer=name, n=event.payload.get("n"), attempt=ctx.attempt))
 
-    @outbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, registry=registry)
+    @outbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+                     registry=registry)
     def a(event, ctx):
         write("a", event, ctx)
         if b.permanent:
@@ -59,7 +60,8 @@ def behaviour(runtime, registry):
         if time.time() < b.later_until:
             raise outbox.RetryLater(0.2, "not yet")
 
-    @outbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, registry=registry)
+    @outbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+                     registry=registry)
     def b_(event, ctx):
         write("b", event, ctx)
 

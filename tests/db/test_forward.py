@@ -200,7 +200,7 @@ def test_without_a_url_forwarding_waits_visibly(runtime, registry):
 def test_in_process_consumers_and_forwards_share_a_batch(runtime, registry, rabbit):
     seen = []
 
-    @outbox.consumer("e", name="local", registry=registry)
+    @outbox.consumer("e", name="local", runs="tick", registry=registry)
     def local(event, ctx):
         seen.append(event.payload["i"])
 
@@ -241,7 +241,7 @@ def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_
     consumer. Keyed ones are inserted leased; keyless ones have no row, only their flight's. A
     claim does not take the leased ones, and takes the rest in order."""
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
-    outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
+    outbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
         [(held, _)] = record(runtime, "t.a", [{"n": "held"}], key="k-held")
         with runtime.sessions.begin() as session:
@@ -288,7 +288,7 @@ def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(run
     if not returning:
         monkeypatch.setattr(store, "supports_insert_returning", lambda session: False)
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
-    outbox.consumer("t.a", name="local", registry=registry)(lambda event, ctx: None)
+    outbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
         ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)], key=lambda i: f"k{i}")]
         with runtime.sessions.begin() as session:  # the other relay's row for event 1, not yet fanned out here
