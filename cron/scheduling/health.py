@@ -187,9 +187,9 @@ FORWARD_WARN, FORWARD_FAIL = 600.0, 3600.0  # seconds (CRONBOX_FORWARD_WARN_AFTE
 def forward_thresholds(settings) -> tuple[float, float]:
     """How long a forward target may fail before health warns, then fails (SettingsError naming the
     setting if one is not a duration from 1 s to 30 days)."""
-    return tuple(settings.duration(name, default, bounds=(1, 30 * 86400), why="1s and 30d")
-                 for name, default in (("CRONBOX_FORWARD_WARN_AFTER", FORWARD_WARN),
-                                       ("CRONBOX_FORWARD_FAIL_AFTER", FORWARD_FAIL)))
+    bounds, why = (1, 30 * 86400), "1s and 30d"
+    return (settings.duration("CRONBOX_FORWARD_WARN_AFTER", FORWARD_WARN, bounds=bounds, why=why),
+            settings.duration("CRONBOX_FORWARD_FAIL_AFTER", FORWARD_FAIL, bounds=bounds, why=why))
 
 
 def failing_forwards(session, runtime, now: datetime) -> list[tuple[str, deliveries.Failing, float]]:

@@ -39,7 +39,8 @@ AUDIT_RETENTION_FLOOR_DAYS = 2192
 AUDIT_FLOOR_WHY = "HIPAA (45 CFR 164.316(b)(2)) asks six years for audit records"
 # Duration settings a module parses itself, with its own bounds (Settings.duration); load_settings
 # parses each one too, so a bare number or a typo stops every command and init_app at once.
-MODULE_DURATIONS = ("CRONBOX_METRICS_WINDOW", "CRONBOX_PROFILE_TTL", "CRONBOX_ADMISSION_TIME_HEADROOM")
+MODULE_DURATIONS = ("CRONBOX_METRICS_WINDOW", "CRONBOX_PROFILE_TTL", "CRONBOX_ADMISSION_TIME_HEADROOM",
+                    "CRONBOX_FORWARD_WARN_AFTER", "CRONBOX_FORWARD_FAIL_AFTER")
 
 
 @dataclass(frozen=True)
