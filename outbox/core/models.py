@@ -52,6 +52,10 @@ class ExactString(TypeDecorator):
     def __init__(self, length: int):
         super().__init__(length)
 
+    @property
+    def python_type(self):
+        return str
+
     def load_dialect_impl(self, dialect):
         if dialect.name in MYSQL_DIALECTS:
             return dialect.type_descriptor(mysql.VARBINARY(4 * self.impl.length))
