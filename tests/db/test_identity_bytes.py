@@ -274,3 +274,25 @@ def test_downgrading_keeps_rows_and_upgrading_again_is_the_same_schema(runtime):
         assert _snapshot(connection) == before
         config.attributes["connection"] = connection
         command.check(config)  # the models and the upgraded schema agree
+
+
+@pytest.mark.backends("mysql-skip-locked")
+def test_upgrading_ids_a_latin1_database_stored_keeps_them_as_text(runtime):
+    """A host database whose default character set is latin1 gave 0001-0009's columns latin1: the
+    upgrade converts that text to UTF-8 before keeping its bytes, so 'é' still reads as 'é'."""
+    inbox_table = metadata.tables["cronbox_inbox"]
+    with runtime.engine.begin() as connection:
+        command.downgrade(alembic_config(runtime.settings, connection), "0009_flights")
+    with runtime.engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE cronbox_inbox MODIFY message_id VARCHAR(191) CHARACTER SET latin1 "
+                                   "NOT NULL, MODIFY consumer VARCHAR(191) CHARACTER SET latin1 NOT NULL")
+        connection.exec_driver_sql(  # text, as 0009's code sent it (the server converts it to latin1)
+            "INSERT INTO cronbox_inbox (consumer, message_id, event_type, received_at) VALUES (%s, %s, 't', NOW())",
+            ("caf\u00e9", "M\u00e9-1"))
+    with runtime.engine.begin() as connection:
+        command.upgrade(alembic_config(runtime.settings, connection), "head")
+    with runtime.engine.connect() as connection:
+        assert connection.execute(select(inbox_table.c.consumer, inbox_table.c.message_id)).all() == [
+            ("caf\u00e9", "M\u00e9-1")]
+    with runtime.sessions() as session:
+        assert inbox.has(session, "caf\u00e9", "M\u00e9-1") and not inbox.has(session, "cafe", "M\u00e9-1")

@@ -69,7 +69,22 @@ def _foreign_keys_present(bind) -> set[str]:
     return {fk["name"] for _, table, *_ in FOREIGN_KEYS for fk in inspector.get_foreign_keys(table)}
 
 
-def _modify(bind, column_type) -> None:
+def _to_utf8mb4(bind, table: str, columns: dict, nullable: dict) -> None:
+    """Columns a database with another default character set (latin1, ...) gave its own: made
+    utf8mb4 first, so that VARBINARY keeps the UTF-8 bytes cronbox reads back (MODIFY keeps the
+    bytes of whatever character set the text was in). utf8/utf8mb3 text is UTF-8 already."""
+    quote = bind.dialect.identifier_preparer.quote
+    other = [name for name, charset in bind.execute(sa.text(
+        "SELECT COLUMN_NAME, CHARACTER_SET_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :table"), {"table": table})
+        if name in columns and charset and not charset.lower().startswith("utf8")]
+    if other:
+        op.execute(f"ALTER TABLE {quote(table)} " + ", ".join(
+            f"MODIFY {quote(name)} VARCHAR({columns[name]}) CHARACTER SET utf8mb4 "
+            f"{'NULL' if nullable[name] else 'NOT NULL'}" for name in other))
+
+
+def _modify(bind, column_type, upgrading: bool) -> None:
     """One ALTER TABLE per table: every identity column to `column_type(length)`."""
     inspector = sa.inspect(bind)
     quote = bind.dialect.identifier_preparer.quote
@@ -79,6 +94,8 @@ def _modify(bind, column_type) -> None:
             op.drop_constraint(name, table, type_="foreignkey")
     for table, columns in IDENTITIES.items():
         nullable = {column["name"]: column["nullable"] for column in inspector.get_columns(table)}
+        if upgrading:
+            _to_utf8mb4(bind, table, columns, nullable)
         clauses = [f"MODIFY {quote(column)} {column_type(length)} {'NULL' if nullable[column] else 'NOT NULL'}"
                    for column, length in columns.items()]
         op.execute(f"ALTER TABLE {quote(table)} {', '.join(clauses)}")
@@ -89,11 +106,11 @@ def _modify(bind, column_type) -> None:
 def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("mysql", "mariadb"):
-        _modify(bind, lambda length: f"VARBINARY({4 * length})")
+        _modify(bind, lambda length: f"VARBINARY({4 * length})", upgrading=True)
 
 
 def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("mysql", "mariadb"):
         # Back to the table's default character set and collation, as 0001-0009 created them.
-        _modify(bind, lambda length: f"VARCHAR({length})")
+        _modify(bind, lambda length: f"VARCHAR({length})", upgrading=False)
