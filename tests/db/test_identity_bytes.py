@@ -14,10 +14,13 @@ from sqlalchemy.exc import IntegrityError
 import outbox
 from cron.schema import metadata
 from outbox.core import clock
+from outbox.core.db import starts_with
 from outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
 from outbox.events import inbox, redeliveries
 from outbox.events.consumers import consumer
 from outbox.queue.jobs import job
+from outbox.queue.models import RateWindow
+from outbox.queue.ratelimit import RateLimit
 from tests.conftest import ONE_MYSQL_MODE
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401 (fixtures)
 from tests.db.test_queue import all_jobs, work
@@ -296,3 +299,46 @@ def test_upgrading_ids_a_latin1_database_stored_keeps_them_as_text(runtime):
             ("caf\u00e9", "M\u00e9-1")]
     with runtime.sessions() as session:
         assert inbox.has(session, "caf\u00e9", "M\u00e9-1") and not inbox.has(session, "cafe", "M\u00e9-1")
+
+
+def _windows(runtime) -> list[tuple[str, int]]:
+    with runtime.sessions() as session:
+        return sorted(tuple(row) for row in session.execute(select(RateWindow.bucket, RateWindow.used)))
+
+
+@pytest.mark.parametrize("prefix,matching,others", [
+    ("ops-login:", ["ops-login:a", "ops-login:\u00e9", "ops-login:"],
+     ["OPS-LOGIN:a", "Ops-login:b", "ops-login", "ops-login;", "ops-loginX", "ops-login :a", "queue:ops-login:a"]),
+    ("a_b%:", ["a_b%:1"], ["axb%:1", "a_bz:1", "A_B%:1", "a_b%"]),  # LIKE's wildcards are plain characters here
+    ("caf\u00e9:", ["caf\u00e9:1"], ["cafe:1", "CAF\u00c9:1", unicodedata.normalize("NFD", "caf\u00e9:1")]),
+])
+def test_starts_with_is_a_byte_exact_prefix(runtime, prefix, matching, others):
+    with runtime.sessions.begin() as session:
+        for bucket in matching + others:
+            session.execute(insert(RateWindow).values(bucket=bucket, window_start=0, used=1))
+    with runtime.sessions() as session:
+        assert sorted(session.scalars(select(RateWindow.bucket).where(starts_with(RateWindow.bucket, prefix)))) == \
+            sorted(matching)
+
+
+def test_ops_unlock_and_the_refusal_sweep_leave_buckets_differing_only_by_case_alone(runtime):
+    """A host's own RateLimit('OPS-LOGIN:partner') or 'Files-Refused:...' is not the console's login
+    throttle nor the download refusals' counter (SQLite's LIKE took them for those)."""
+    from cron.operator import throttle
+    from storage import refusals
+
+    now = clock.utcnow()
+    theirs = [RateLimit("OPS-LOGIN:partner", 5, 60), RateLimit("Files-Refused:partner", 5, 60)]
+    with runtime.sessions.begin() as session:
+        throttle.take(session, "203.0.113.9", now)
+        for limit in theirs:
+            limit.acquire(session, now)
+        session.execute(insert(RateWindow).values(bucket="Files-Refused:x", window_start=60, used=refusals.RECORDED + 3))
+        session.execute(insert(RateWindow).values(bucket="files-refused:x", window_start=60,
+                                                  used=refusals.RECORDED + 3))
+    with runtime.sessions.begin() as session:
+        assert throttle.unlock(session) == 2  # the client's window and the overall one
+        assert refusals.flush(session, now, batch=10) == 1
+    assert _windows(runtime) == [
+        ("Files-Refused:partner", 1), ("Files-Refused:x", refusals.RECORDED + 3), ("OPS-LOGIN:partner", 1),
+        ("files-refused:x", refusals.RECORDED)]
