@@ -41,9 +41,11 @@ class ExactString(TypeDecorator):
     (`utf8mb4_0900_bin`), not on MySQL 5.7 or early 8.0, which we support; VARBINARY compares bytes
     without padding on all of them, so that is the column there (migration 0010), and the text is
     stored as its UTF-8 bytes. `length` stays the length in characters the column had: the
-    VARBINARY holds 4 bytes a character, so whatever fitted before still fits, and every key
-    (2 x 764 bytes at most) stays under InnoDB's 3072-byte limit. SQLite compares TEXT bytewise
-    already (BINARY collation), so the column stays VARCHAR there. Python sees `str` either way.
+    VARBINARY holds 4 bytes a character, so whatever fitted before still fits (the callers' own
+    length checks count characters, as before), and the widest index, the deliveries' (consumer,
+    key, status, event_id), is 1,600 bytes, under InnoDB's 3072-byte limit. SQLite compares TEXT
+    bytewise already (BINARY collation), so the column stays VARCHAR there. Python sees `str`
+    either way; plain SQL on MySQL reads bytes.
     """
 
     impl = String
