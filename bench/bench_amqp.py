@@ -147,6 +147,11 @@ def forward_rate(t: Target, broker: Broker_, n: int) -> tuple[float, float]:
     return n / took, client.seconds / took
 
 
+def _text(value):
+    """A column the driver returned as bytes (VARBINARY, LONGBLOB), as the str the ORM would give."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def driver_relay(t: Target, broker: Broker_, n: int) -> float:
     """Deliveries/s of the relay's statements alone: what cronbox's relay sends per batch for fresh
     keyless events (the previous batch's flight landed: its row deleted, its done rows inserted by
@@ -203,7 +208,8 @@ def driver_relay(t: Target, broker: Broker_, n: int) -> float:
             if landing is None:
                 break
             continue
-        items = [Claimed(None, "drv", 1, token, now, r[0], r[1], r[2], r[4] if isinstance(r[4], str) else r[4].decode(),
+        # type and key are VARBINARY on MySQL (outbox.core.models.ExactString): bytes to the driver.
+        items = [Claimed(None, "drv", 1, token, now, r[0], _text(r[1]), _text(r[2]), _text(r[4]),
                          r[5], r[6] if isinstance(r[6], datetime) else datetime.fromisoformat(r[6]), True)
                  for r in rows]
         in_flight = (token, ids, client.publish([message_of(broker.exchange, item.event_type, item) for item in items],

@@ -19,20 +19,20 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, UtcDateTime
 
-FileId = String(32)
+FileId = ExactString(32)  # random hex, but compared as an identity all the same
 
 
 class SealedFile(Base):
     __tablename__ = "cronbox_files"
 
     id: Mapped[str] = mapped_column(FileId, primary_key=True)
-    owner: Mapped[str] = mapped_column(String(191))
+    owner: Mapped[str] = mapped_column(ExactString(191))
     # Payload algorithm (also in the sealed header): "aes-256-gcm" or "xchacha20-poly1305".
     algorithm: Mapped[str] = mapped_column(String(24))
     # The master key that wraps this file's data key; rewrap changes both columns in one UPDATE.
-    key_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str] = mapped_column(ExactString(32))
     wrapped_key: Mapped[bytes] = mapped_column(LargeBinary)
     # Sealed {"name", "type"} of the original upload (docs/sealed-format.md, "Sealed metadata").
     meta: Mapped[bytes] = mapped_column(LargeBinary)
@@ -53,7 +53,7 @@ class Grant(Base):
 
     id: Mapped[str] = mapped_column(FileId, primary_key=True)
     file_id: Mapped[str] = mapped_column(FileId, ForeignKey("cronbox_files.id"))
-    subject: Mapped[str] = mapped_column(String(191))
+    subject: Mapped[str] = mapped_column(ExactString(191))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
     max_uses: Mapped[int | None] = mapped_column(Integer)
@@ -78,7 +78,7 @@ class GrantUse(Base):
     __tablename__ = "cronbox_grant_uses"
 
     grant_id: Mapped[str] = mapped_column(FileId, ForeignKey("cronbox_grants.id"), primary_key=True)
-    jti_hash: Mapped[str] = mapped_column(String(32), primary_key=True)
+    jti_hash: Mapped[str] = mapped_column(ExactString(32), primary_key=True)
     first_at: Mapped[datetime] = mapped_column(UtcDateTime)
     last_at: Mapped[datetime] = mapped_column(UtcDateTime)
     requests: Mapped[int] = mapped_column(Integer, default=1)
@@ -101,8 +101,8 @@ class AuditEntry(Base):
     status: Mapped[int | None] = mapped_column(Integer)  # HTTP status, for redemptions
     file_id: Mapped[str | None] = mapped_column(FileId)
     grant_id: Mapped[str | None] = mapped_column(FileId)
-    subject: Mapped[str | None] = mapped_column(String(191))
-    jti_hash: Mapped[str | None] = mapped_column(String(32))
+    subject: Mapped[str | None] = mapped_column(ExactString(191))
+    jti_hash: Mapped[str | None] = mapped_column(ExactString(32))
     range_start: Mapped[int | None] = mapped_column(BigInteger)
     range_end: Mapped[int | None] = mapped_column(BigInteger)  # inclusive, as in Content-Range
     bytes_sent: Mapped[int | None] = mapped_column(BigInteger)

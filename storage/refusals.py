@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from outbox.core.db import starts_with
 from outbox.queue.models import RateWindow
 from outbox.queue.ratelimit import RateLimit, client_key
 
@@ -60,7 +61,7 @@ def flush(session: Session, now: datetime, batch: int) -> int:
     sweeps never write the same window twice."""
     ended = calendar.timegm(now.timetuple()) - WINDOW
     rows = session.execute(select(R.c.bucket, R.c.window_start, R.c.used).where(
-        R.c.bucket.like(f"{PREFIX}%"), R.c.window_start > 0, R.c.window_start <= ended, R.c.used > RECORDED)
+        starts_with(R.c.bucket, PREFIX), R.c.window_start > 0, R.c.window_start <= ended, R.c.used > RECORDED)
         .order_by(R.c.bucket, R.c.window_start).limit(batch)).all()
     written = 0
     for row in rows:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, UtcDateTime
 
 
 OPS_SESSION_IDLE = timedelta(hours=2)  # a console session ends after this long without a request...
@@ -20,7 +20,7 @@ class OperatorSession(Base):
 
     __tablename__ = "cronbox_ops_sessions"
 
-    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id_hash: Mapped[str] = mapped_column(ExactString(64), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     seen_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)  # absolute end, whatever the activity

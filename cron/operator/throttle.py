@@ -23,6 +23,7 @@ from datetime import datetime
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
+from outbox.core.db import starts_with
 from outbox.queue.models import RateWindow
 from outbox.queue.ratelimit import RateLimit, at_most_every, client_key
 
@@ -74,4 +75,4 @@ def give_back(session: Session, ticket: Ticket) -> None:
 def unlock(session: Session) -> int:
     """Forget every login counter (`ops unlock`)."""
     R = RateWindow.__table__
-    return session.execute(delete(R).where(R.c.bucket.like(f"{PREFIX}%"))).rowcount
+    return session.execute(delete(R).where(starts_with(R.c.bucket, PREFIX))).rowcount

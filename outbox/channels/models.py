@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, UtcDateTime
 
 
 class Notification(Base):
@@ -15,13 +15,13 @@ class Notification(Base):
     __tablename__ = "cronbox_notifications"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    recipient: Mapped[str] = mapped_column(String(191))
+    recipient: Mapped[str] = mapped_column(ExactString(191))
     kind: Mapped[str] = mapped_column(String(64))
     title: Mapped[str] = mapped_column(String(255))
     body: Mapped[str] = mapped_column(Text)
     data: Mapped[str | None] = mapped_column(Text)
     # The job's idempotency key: a re-run of the same job cannot notify twice.
-    dedupe_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    dedupe_key: Mapped[str | None] = mapped_column(ExactString(191), unique=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     read_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
@@ -34,8 +34,8 @@ class SendAttempt(Base):
     __tablename__ = "cronbox_send_attempts"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    channel: Mapped[str] = mapped_column(String(32))
-    idempotency_key: Mapped[str] = mapped_column(String(191))
+    channel: Mapped[str] = mapped_column(ExactString(32))
+    idempotency_key: Mapped[str] = mapped_column(ExactString(191))
     recipient_masked: Mapped[str] = mapped_column(String(64))
     outcome: Mapped[str] = mapped_column(String(32))  # sent, rejected, retry, paused, unknown, found
     http_status: Mapped[int | None] = mapped_column(Integer)

@@ -436,3 +436,15 @@ def database_name(engine: Engine) -> str:
     if is_mysql(engine):
         return engine.url.database or ""
     return engine.url.database or "memory"
+
+
+def starts_with(column, prefix: str):
+    """`column` begins with `prefix`, byte for byte on every backend, as a key range the index serves.
+
+    Not LIKE: SQLite's LIKE folds ASCII case ('OPS-LOGIN:x' LIKE 'ops-login:%'), and `_`/`%` in a
+    prefix are wildcards. Both backends order these columns by bytes (SQLite's BINARY collation,
+    VARBINARY on MySQL: `outbox.core.models.ExactString`), so [prefix, prefix with its last character
+    raised) holds exactly the strings that begin with it."""
+    if not prefix:
+        raise ValueError("an empty prefix")
+    return (column >= prefix) & (column < prefix[:-1] + chr(ord(prefix[-1]) + 1))

@@ -7,9 +7,10 @@ tests/db/test_migrations.py checks that the models and the migrations agree.
 """
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, DateTime, Integer, MetaData, Text
+from sqlalchemy import BigInteger, DateTime, Integer, MetaData, String, Text
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.types import TypeDecorator
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -25,6 +26,52 @@ UtcDateTime = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 # BIGINT ids on MySQL; SQLite only auto-increments a column declared INTEGER PRIMARY KEY.
 Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+MYSQL_DIALECTS = ("mysql", "mariadb")
+
+
+class ExactString(TypeDecorator):
+    """A name or id cronbox compares as an identity (message ids, consumers, keys, claim tokens, job
+    and queue names, file and grant ids, subjects): equal only when the bytes are, on every backend.
+
+    MySQL/MariaDB compare VARCHAR by the column's collation: the default ones fold case and accents
+    (`utf8mb4_general_ci`: 'msg-a' = 'MSG-A' = 'msg-á'), and even the `_bin` ones pad ('a' = 'a ').
+    A NO PAD binary collation exists on MariaDB 10.2+ (`utf8mb4_nopad_bin`) and MySQL 8.0.17+
+    (`utf8mb4_0900_bin`), not on MySQL 5.7 or early 8.0, which we support; VARBINARY compares bytes
+    without padding on all of them, so that is the column there (migration 0010), and the text is
+    stored as its UTF-8 bytes. `length` stays the length in characters the column had: the
+    VARBINARY holds 4 bytes a character, so whatever fitted before still fits (the callers' own
+    length checks count characters, as before), and the widest index, the deliveries' (consumer,
+    key, status, event_id), is 1,600 bytes, under InnoDB's 3072-byte limit. SQLite compares TEXT
+    bytewise already (BINARY collation), so the column stays VARCHAR there. Python sees `str`
+    either way; plain SQL on MySQL reads bytes.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int):
+        super().__init__(length)
+
+    @property
+    def python_type(self):
+        return str
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name in MYSQL_DIALECTS:
+            return dialect.type_descriptor(mysql.VARBINARY(4 * self.impl.length))
+        return dialect.type_descriptor(String(self.impl.length))
+
+    def process_bind_param(self, value, dialect):
+        if isinstance(value, str) and dialect.name in MYSQL_DIALECTS:
+            return value.encode("utf-8")
+        return value
+
+    def process_result_value(self, value, dialect):
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("utf-8")
+        return value
 
 
 class Base(DeclarativeBase):

@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, LongText, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 
 class Heartbeat(Base):
@@ -15,8 +15,8 @@ class Heartbeat(Base):
     __tablename__ = "cronbox_heartbeats"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    command: Mapped[str] = mapped_column(String(32))
-    host: Mapped[str] = mapped_column(String(255))
+    command: Mapped[str] = mapped_column(ExactString(32))
+    host: Mapped[str] = mapped_column(ExactString(255))
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
@@ -32,7 +32,7 @@ class Heartbeat(Base):
     # Long-running runs (amqp consume) beat every few seconds: a "running" row whose beat is old
     # is a process that died without finishing its row (health says so). NULL: a cron run.
     beat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    detail: Mapped[str | None] = mapped_column(String(191))  # what the run serves, e.g. the queue
+    detail: Mapped[str | None] = mapped_column(ExactString(191))  # what the run serves, e.g. the queue
 
     __table_args__ = (Index(None, "started_at"),)
 
@@ -43,8 +43,8 @@ class HandlerProfile(Base):
 
     __tablename__ = "cronbox_handler_profiles"
 
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
-    handler: Mapped[str] = mapped_column(String(191), primary_key=True)
+    kind: Mapped[str] = mapped_column(ExactString(16), primary_key=True)
+    handler: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
     runs: Mapped[int] = mapped_column(Integer)
     duration_ms: Mapped[int] = mapped_column(Integer)
     rss_growth_kb: Mapped[int] = mapped_column(Integer)

@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, LongText, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 # Statuses of a delivery. `pending` covers new, retrying and leased (claim_token set).
 PENDING, DONE, DEAD, SKIPPED = "pending", "done", "dead", "skipped"
@@ -18,8 +18,8 @@ class OutboxEvent(Base):
     __tablename__ = "cronbox_events"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    type: Mapped[str] = mapped_column(String(191))
-    key: Mapped[str | None] = mapped_column(String(191))
+    type: Mapped[str] = mapped_column(ExactString(191))
+    key: Mapped[str | None] = mapped_column(ExactString(191))
     payload: Mapped[str] = mapped_column(LongText)
     trace_id: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -38,13 +38,13 @@ class Delivery(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     event_id: Mapped[int] = mapped_column(Id, ForeignKey("cronbox_events.id"))
-    consumer: Mapped[str] = mapped_column(String(191))
+    consumer: Mapped[str] = mapped_column(ExactString(191))
     # Copied from the event so the ordering check needs no join.
-    key: Mapped[str | None] = mapped_column(String(191))
+    key: Mapped[str | None] = mapped_column(ExactString(191))
     status: Mapped[str] = mapped_column(String(16), default=PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime)
-    claim_token: Mapped[str | None] = mapped_column(String(32))
+    claim_token: Mapped[str | None] = mapped_column(ExactString(32))
     lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
     last_error: Mapped[str | None] = mapped_column(String(1000))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -71,8 +71,8 @@ class Flight(Base):
 
     __tablename__ = "cronbox_flights"
 
-    token: Mapped[str] = mapped_column(String(32), primary_key=True)
-    consumer: Mapped[str] = mapped_column(String(191), primary_key=True)
+    token: Mapped[str] = mapped_column(ExactString(32), primary_key=True)
+    consumer: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
     event_ids: Mapped[str] = mapped_column(LongText)  # comma-separated, ascending
     size: Mapped[int] = mapped_column(Integer)
     first_event_id: Mapped[int] = mapped_column(Id)
@@ -89,8 +89,8 @@ class InboxEntry(Base):
 
     __tablename__ = "cronbox_inbox"
 
-    consumer: Mapped[str] = mapped_column(String(191), primary_key=True)
-    message_id: Mapped[str] = mapped_column(String(191), primary_key=True)
+    consumer: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
+    message_id: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
     event_type: Mapped[str] = mapped_column(String(191))
     trace_id: Mapped[str | None] = mapped_column(String(64))
     received_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -104,8 +104,8 @@ class Redelivery(Base):
 
     __tablename__ = "cronbox_redeliveries"
 
-    queue: Mapped[str] = mapped_column(String(191), primary_key=True)
-    message_id: Mapped[str] = mapped_column(String(191), primary_key=True)
+    queue: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
+    message_id: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
     times: Mapped[int] = mapped_column(Integer)
     seen_at: Mapped[datetime] = mapped_column(UtcDateTime)
 

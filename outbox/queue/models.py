@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, Id, LongText, UtcDateTime
+from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 # Job statuses. `available_at` is when a job may be claimed: its due time while
 # ready, its lease expiry while reserved, NULL once finished. Claims read one
@@ -18,16 +18,16 @@ class Job(Base):
     __tablename__ = "cronbox_jobs"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    queue: Mapped[str] = mapped_column(String(64))
-    handler: Mapped[str] = mapped_column(String(191))
+    queue: Mapped[str] = mapped_column(ExactString(64))
+    handler: Mapped[str] = mapped_column(ExactString(191))
     payload: Mapped[str] = mapped_column(LongText)
     status: Mapped[str] = mapped_column(String(16), default=READY)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     available_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    claim_token: Mapped[str | None] = mapped_column(String(32))
+    claim_token: Mapped[str | None] = mapped_column(ExactString(32))
     # Set while the job is waiting or running; cleared when it finishes or fails for
     # good, which frees the key for the next dispatch (NULLs never collide).
-    unique_key: Mapped[str | None] = mapped_column(String(191), unique=True)
+    unique_key: Mapped[str | None] = mapped_column(ExactString(191), unique=True)
     retry_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
     trace_id: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -37,7 +37,7 @@ class Job(Base):
     error_class: Mapped[str | None] = mapped_column(String(191))
     traceback: Mapped[str | None] = mapped_column(Text)
     # A dispatch's own concurrency group and cost; NULL: the handler's (see outbox.queue.groups).
-    concurrency_group: Mapped[str | None] = mapped_column(String(64))
+    concurrency_group: Mapped[str | None] = mapped_column(ExactString(64))
     cost: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
@@ -51,7 +51,7 @@ class RateWindow(Base):
 
     __tablename__ = "cronbox_rate_windows"
 
-    bucket: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bucket: Mapped[str] = mapped_column(ExactString(64), primary_key=True)
     window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix seconds
     used: Mapped[int] = mapped_column(BigInteger, default=0)  # count; or, for at_most_every, a time in ms
 
@@ -61,7 +61,7 @@ class ChannelPause(Base):
 
     __tablename__ = "cronbox_channel_pauses"
 
-    channel: Mapped[str] = mapped_column(String(32), primary_key=True)
+    channel: Mapped[str] = mapped_column(ExactString(32), primary_key=True)
     paused_until: Mapped[datetime] = mapped_column(UtcDateTime)
     reason: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -74,9 +74,9 @@ class GroupSlot(Base):
 
     __tablename__ = "cronbox_group_slots"
 
-    group_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group_name: Mapped[str] = mapped_column(ExactString(64), primary_key=True)
     slot: Mapped[int] = mapped_column(Integer, primary_key=True)
-    holder: Mapped[str | None] = mapped_column(String(64))
+    holder: Mapped[str | None] = mapped_column(ExactString(64))
     lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
     taken_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     host: Mapped[str | None] = mapped_column(String(255))

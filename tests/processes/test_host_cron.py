@@ -99,12 +99,15 @@ class Host:
     # --- the database, read by the test ---------------------------------------------------------
 
     def rows(self, sql: str, **params) -> list[tuple]:
+        """The rows of plain SQL, as the host would send it. cronbox's identity columns are VARBINARY
+        on MySQL (outbox.core.models.ExactString): read raw, they are bytes, decoded here."""
         engine = create_engine(self.url, poolclass=NullPool,
                                connect_args={"ssl_disabled": True} if self.is_mysql else {})
         try:
             with engine.begin() as connection:
                 result = connection.execute(text(sql), params)
-                return [tuple(row) for row in result] if result.returns_rows else []
+                return ([tuple(v.decode() if isinstance(v, bytes) else v for v in row) for row in result]
+                        if result.returns_rows else [])
         finally:
             engine.dispose()
 
