@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
@@ -27,7 +29,7 @@ from outbox.events.relay import Relay
 from outbox.queue.models import Job
 from outbox.queue.worker import Worker
 from storage.models import SealedFile
-from tests.conftest import APP_ROOT
+from tests.conftest import APP_ROOT, child_env
 from cronbox import Cronbox
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
@@ -41,9 +43,19 @@ def all_snippets() -> list[str]:
     return SNIPPET.findall((APP_ROOT / "README.md").read_text(encoding="utf-8"))
 
 
+# Snippets run by a test of their own (below), each named by a line only it has.
+OWN_TESTS = ("from clinic import cronbox, db",)
+
+
 def readme_snippets() -> list[str]:
-    """The snippets run here: all but the excerpts of the example app (whose own tests run them)."""
-    return [s for s in all_snippets() if not EXCERPT.match(s)]
+    """The snippets run in order by test_the_readme_snippets_run_as_written: all but the excerpts of
+    the example app (whose own tests run them) and those with a test of their own."""
+    return [s for s in all_snippets() if not EXCERPT.match(s) and not any(mark in s for mark in OWN_TESTS)]
+
+
+def snippet_with(mark: str) -> str:
+    [snippet] = [s for s in all_snippets() if mark in s]
+    return snippet
 
 
 def test_the_readme_excerpts_of_the_example_app_are_its_code():
@@ -170,3 +182,31 @@ def post_scans(runtime, snippet: str):
     form = {"visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}
     return (client.post("/patients/5/scans", data=form, content_type="multipart/form-data"),
             client.post("/patients/5/scans", data={"visit": "12"}, content_type="multipart/form-data"))
+
+
+HOSTED = """
+import io
+from clinic import create_app
+
+app = create_app()
+scan = io.BytesIO(b"%PDF-1.7 a scan")
+exec(compile(SNIPPET, "README.md", "exec"))
+answer = app.test_client().get(link.removeprefix("https://clinic.example"))
+print(link.split("/files/")[0], answer.status_code, answer.get_data(as_text=True))
+"""
+
+
+def test_the_host_app_storage_snippet_runs_in_the_example_app(runtime, env, tmp_path):
+    """The README's `cronbox.storage` snippet, with examples/clinic's own names (`from clinic import
+    cronbox, db`), in that app built by its factory: the link it makes downloads, and the keys are in
+    the app's instance folder (`<instance>/cronbox/keys` by default; CRONBOX_INSTANCE here)."""
+    snippet = snippet_with("from clinic import cronbox, db")
+    instance = tmp_path / "clinic-instance"
+    proc = subprocess.run(
+        [sys.executable, "-c", f"SNIPPET = {snippet!r}\n" + HOSTED],
+        env=child_env(env, CRONBOX_INSTANCE=str(instance), CRONBOX_BASE_URL="https://clinic.example",
+                      CRONBOX_APP_ROOT=str(APP_ROOT / "examples" / "clinic")),
+        cwd=APP_ROOT / "examples" / "clinic", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "https://clinic.example 200 %PDF-1.7 a scan"
+    assert sorted(path.name[:4] for path in (instance / "keys").glob("*.key")) == ["enc-", "sig-"]
