@@ -12,7 +12,8 @@ Settings come from `app.config["CRONBOX_*"]` first, then the environment, then t
 `.env` (as everywhere in cronbox, the environment wins over `.env`). The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
 otherwise, so `outbox.record(db.session, ...)` and the cron tick always meet in one database.
 The instance folder is `<app.instance_path>/cronbox` unless CRONBOX_INSTANCE is set: cronbox
-writes only there.
+writes only there. `cronbox.storage` is the current app's sealed storage (keys in that folder), as
+`db.session` is its session; the module-level `storage.*` calls use the same one in its context.
 
 cronbox keeps an engine of its own (a small pool on the web side, one connection in a cron
 process) rather than borrowing the host's: its connections are set to READ COMMITTED and UTC
