@@ -92,7 +92,8 @@ class Cronbox:
         settings = settings or self._settings or settings_for(app, db)
         state = CronboxState(app=app, settings=settings, db=db, parts=_parts(settings),
                              console_operator=console_operator, console_login_url=console_login_url,
-                             console_logout_url=console_logout_url, upload_operator=upload_operator)
+                             console_logout_url=console_logout_url, upload_operator=upload_operator,
+                             extension=self)
         app.extensions["cronbox"] = state
         sealed_storage.mark_hosted()  # module-level storage.* outside an app context now refuses (whose keys?)
         _register_parts(app, state)
@@ -108,7 +109,7 @@ class Cronbox:
         `grant`, `revoke`, `signed_url`, `open_file`, under the keys of that app's instance folder.
         RuntimeError outside an app context or on an app this extension is not set up on."""
         state = current_app.extensions.get("cronbox") if has_app_context() else None
-        if state is None:
+        if state is None or state.extension is not self:
             raise RuntimeError("cronbox.storage needs an app context of an app this Cronbox is set up on "
                                "(a request, or `with app.app_context():`)")
         return state.storage

@@ -33,6 +33,7 @@ class CronboxState:
     console_login_url: Any = None  # where the console sends a refused browser: a URL, or next_path -> URL
     console_logout_url: str | None = None  # the console's "Log out" link: the host's logout page
     upload_operator: Any = None  # request -> uploader identity or None, for POST /files from a browser
+    extension: Any = None  # the Cronbox object whose init_app made this state (Cronbox.storage checks it)
     _runtime: Runtime | None = None
     _storage: Any = None
     _schema_checked: bool = False

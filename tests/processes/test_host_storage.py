@@ -3,7 +3,8 @@
 `<app.instance_path>/cronbox/keys`, and none is built from the environment or the working directory.
 
 Real processes on tests/hostapp's clinic (the `host` fixture of test_host_cron.py): the job that
-seals is `clinic.handlers.seal_scan`, the routes that read and link are `clinic.routes`.
+seals is `clinic.handlers.seal_scan`, the routes that read and link are `clinic.routes`. The last
+test is the standalone app's side: a command's store keeps the settings it started with.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from tests.processes.test_host_cron import Host, host  # noqa: F401  (the fixture)
 
@@ -121,3 +123,40 @@ def test_outside_an_app_context_a_host_process_refuses_in_one_line(host, tmp_pat
     proc = host.python(code, **extra)
     assert proc.stdout.splitlines() == [REFUSAL]
     assert key_folders(tmp_path) == [] and stray_databases(tmp_path) == []
+
+
+STANDALONE_JOB = '''
+import io
+import os
+
+import outbox
+import storage
+
+
+@outbox.job("scans", name="standalone.seal")
+def seal(payload, ctx):
+    os.chdir(payload["away"])
+    os.environ.update(CRONBOX_INSTANCE=payload["away"], CRONBOX_APP_ROOT=payload["away"])
+    storage.put(ctx.session, io.BytesIO(b"scan"), filename="s.txt", content_type="text/plain", owner="patient:1")
+'''
+
+
+def test_a_standalone_jobs_storage_put_keeps_the_settings_the_command_started_with(env, runtime, registry, tmp_path):
+    """Without a host app the store comes from the settings the command resolved at start: a handler that
+    moves cwd, CRONBOX_INSTANCE and CRONBOX_APP_ROOT before its first storage.put() does not move it."""
+    import outbox
+    from tests.conftest import APP_ROOT, run_cli
+
+    away = tmp_path / "away"
+    away.mkdir()
+    (tmp_path / "standalone_jobs.py").write_text(STANDALONE_JOB)
+    seal = outbox.job("scans", name="standalone.seal", registry=registry)(lambda payload, ctx: None)
+    with runtime.sessions.begin() as session:
+        seal.dispatch(session, {"away": str(away)})
+    ran = run_cli(env, "queue", "work", "--stop-when-empty", CRONBOX_HANDLERS="standalone_jobs",
+                  PYTHONPATH=f"{APP_ROOT}:{tmp_path}")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert key_folders(tmp_path) == [runtime.settings.key_folder]
+    assert list(away.iterdir()) == []
+    with runtime.sessions() as session:
+        assert session.scalar(text("SELECT status FROM cronbox_jobs")) == "done"

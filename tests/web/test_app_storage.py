@@ -108,6 +108,9 @@ def test_cronbox_storage_needs_an_app_it_is_set_up_on(runtime, tmp_path):
         cronbox.storage
     with app.app_context():
         assert isinstance(cronbox.storage, Storage)
+    other, _other_cronbox = host_app(runtime, tmp_path / "other", "other")
+    with other.app_context(), pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
+        cronbox.storage  # another Cronbox object's app: not this one's to hand out
 
 
 @pytest.mark.parametrize("name", ["put", "grant", "revoke", "signed_url", "open_file"])
