@@ -32,17 +32,26 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 class Duration(click.ParamType):
-    """A click parameter taking 90s / 5m / 48h / 7d; value in seconds."""
+    """A click parameter taking 90s / 5m / 48h / 7d (a bare number is refused: see outbox.core.durations);
+    value in seconds, at least `floor` when one is given (`why` says the floor and its reason)."""
 
     name = "duration"
 
+    def __init__(self, floor: float = 0, why: str = ""):
+        self.floor, self.why = floor, why
+
     def convert(self, value, param, ctx):
         if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(value)
+            except ValueError as exc:
+                shown = value if str(value).isprintable() else repr(value)
+                self.fail(f"{shown}: {exc}", param, ctx)
+        if seconds < self.floor:
+            self.fail(f"must be at least {self.why}", param, ctx)
+        return seconds
 
 
 DURATION = Duration()

@@ -1,6 +1,6 @@
 """cronbox inside a Flask app: the extension and what a host's own routes use.
 
-    from cronbox import Cronbox, seal_upload, UploadRefused, upload_csrf_token
+    from cronbox import Cronbox, seal_upload, sealed_upload_route, UploadRefused, upload_csrf_token
 
 `Cronbox().init_app(app, db=db)` mounts the parts (sealed downloads and uploads under /files,
 /health, the web-cron endpoint, the operator console under /ops), each a blueprint that can be
@@ -12,6 +12,7 @@ from __future__ import annotations
 from .extension import Cronbox
 from .hostauth import upload_csrf_token
 from .state import CronboxState, state
-from .uploads import UploadRefused, seal_upload
+from .uploads import BodyAlreadyRead, UploadRefused, seal_upload, sealed_upload_route
 
-__all__ = ["Cronbox", "CronboxState", "UploadRefused", "seal_upload", "state", "upload_csrf_token"]
+__all__ = ["BodyAlreadyRead", "Cronbox", "CronboxState", "UploadRefused", "seal_upload", "sealed_upload_route", "state",
+           "upload_csrf_token"]

@@ -27,6 +27,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from flask import Request, current_app, g, request
 
+from . import formstream
 from .client import referrer_refusal
 
 log = logging.getLogger("cronbox")
@@ -84,7 +85,7 @@ def requested_path() -> str:
 
 # --- uploads from the host's logged-in users (POST /files) ----------------------------------------
 
-UPLOAD_TOKEN_FIELD = "csrf_token"  # in the query string of the form's action (the body streams into the sealer)
+UPLOAD_TOKEN_FIELD = "csrf_token"  # a form field sent before the file part (read up to it: cronbox.formstream)
 UPLOAD_TOKEN_HEADER = "X-CSRF-Token"  # or this header, for a script of the host's pages
 UPLOAD_TOKEN_AGE = 8 * 3600  # a working day's page left open
 _UPLOAD_KEYS = b"cronbox upload csrf v1"
@@ -104,7 +105,7 @@ def _upload_mac(key: bytes, issued: int, who: str) -> str:
 
 
 def upload_csrf_token() -> str:
-    """The CSRF token for the host's upload form (POST /files?csrf_token=...), for the user the
+    """The CSRF token for the host's upload form (a `csrf_token` field before the file), for the user the
     `upload_operator` hook names in this request. Bound to that identity, signed with a key derived
     from the URL-signing keys, good for UPLOAD_TOKEN_AGE seconds: cronbox's cookie does not reach
     /files and the host's session is the host's, so the token carries its own proof."""
@@ -124,7 +125,13 @@ def upload_operator(req: Request, settings) -> str | None:
         raise UploadForbidden("not allowed") from None
     if who is None:
         return None
-    sent = req.headers.get(UPLOAD_TOKEN_HEADER) or req.args.get(UPLOAD_TOKEN_FIELD) or ""
+    if UPLOAD_TOKEN_FIELD in req.args:  # access logs keep URLs: a token there is refused, never needed
+        raise UploadForbidden(f"send the CSRF token in the {UPLOAD_TOKEN_FIELD} field before the file or in the "
+                              f"{UPLOAD_TOKEN_HEADER} header, never in the URL")
+    try:
+        sent = req.headers.get(UPLOAD_TOKEN_HEADER) or formstream.field_before_file(req, UPLOAD_TOKEN_FIELD) or ""
+    except ValueError:  # a malformed form: no token in it
+        sent = ""
     issued, _, mac = sent.partition(".")
     if not issued.isdigit() or not mac:
         raise UploadForbidden("the CSRF token is missing")

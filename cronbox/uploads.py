@@ -1,10 +1,14 @@
 """Receiving an upload sealed while it streams: `POST /files` and the host's own routes (`seal_upload`).
 
 A raw body is read from the WSGI input stream straight into the sealer; a
-multipart form's file part is written into a SealingWriter acting as
-Werkzeug's stream factory. Never touch `request.files` or `request.form` for
-an upload: Werkzeug would spill a part over 500 KiB to a plaintext temporary
-file before any route sees it.
+multipart form is read part by part (cronbox.formstream) and its file part
+written into a SealingWriter as it arrives. Never touch `request.files` or
+`request.form` for an upload: Werkzeug would spill the file part to a
+plaintext temporary file. A body something else already read is refused,
+before anything is written, with BodyAlreadyRead (a 500: the route's bug).
+A host route under Flask-WTF's CSRFProtect (which reads the form before any
+view) takes `@sealed_upload_route(csrf=csrf)`: exempt from CSRFProtect, it
+checks the host's token itself, from a header or a field before the file part.
 
 Every refusal (malformed body or Content-Length, no owner, two files, over
 CRONBOX_UPLOAD_MAX, an interrupted body, a full disk) is an `UploadRefused`
@@ -14,31 +18,44 @@ refused upload leaves no sealed file and no row.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import re
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 from urllib.parse import unquote
 
 from flask import Request, request as current_request
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
-from werkzeug.formparser import FormDataParser
+from werkzeug.wsgi import LimitedStream
 
 from storage import audit
 from storage.errors import StorageError, TooLarge
 from storage.service import Sealed, Storage, owner_text
 
+from . import formstream, hostcsrf
 from .client import client_ip
 from .state import state
 
 log = logging.getLogger("cronbox")
+View = TypeVar("View", bound=Callable)
 
 _DIGITS = re.compile(r"[0-9]{1,30}")
-# Werkzeug applies this both to each text field and to its parse buffer (fed 64 KiB at a time).
-MAX_FORM_FIELDS = 256 * 1024
-MAX_FORM_PARTS = 32
 # Bodies that are forms but cannot carry a file: sealing one as "the file" would store a form.
 _NOT_A_FILE = ("application/x-www-form-urlencoded",)
+
+
+class BodyAlreadyRead(RuntimeError):
+    """The host's code read this request's body before seal_upload: a bug of the route, never the client's.
+
+    `request.form`/`request.files` (Flask-WTF's CSRFProtect reads them before the
+    view), `request.data`, `get_data()`, `get_json()` or a read of `request.stream`
+    have already consumed the body, and a multipart file part went to a plaintext
+    temporary file on the way. A 500 with this message, logged: use
+    `@sealed_upload_route(csrf=csrf)` on the route and read nothing of the body
+    before seal_upload.
+    """
 
 
 class UploadRefused(HTTPException):
@@ -96,6 +113,7 @@ def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field:
     or the X-Cronbox-Owner header (raw body); it is checked before the first
     byte is sealed whenever it is known by then.
     """
+    _refuse_a_read_body(req)
     limit = st.settings.upload_max
     length = _declared_length(req)
     if length is not None and length > limit:
@@ -124,6 +142,35 @@ def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field:
             raise
         log.error("files: upload refused: no space left for sealed files (%s)", exc.strerror)
         raise UploadRefused("no space left on the server to store the file; try again later", 507) from None
+
+
+def sealed_upload_route(view: View | None = None, *, csrf=None):
+    """Decorate a host route that calls seal_upload (under the route decorator: `@app.post(...)` above):
+    `@sealed_upload_route(csrf=csrf)` with the host's Flask-WTF CSRFProtect, bare without one.
+
+    CSRFProtect would read the whole form, file and all, into a plaintext
+    temporary file before the view; so the route is exempted from it
+    (`csrf.exempt`) and gets the same check here, before the view runs: the
+    host's token from its X-CSRFToken / X-CSRF-Token header, or from its
+    `csrf_token` field sent *before* the file part (a token after the file is
+    not seen: refused as missing). A refusal is Flask-WTF's CSRFError (400),
+    nothing read of the file, nothing stored. A body already read when the route
+    is reached (CSRFProtect on the app but not given here) is BodyAlreadyRead, a
+    500. Without CSRFProtect nothing is checked. The host's other routes keep
+    CSRFProtect.
+    """
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def receiving(*args, **kwargs):
+            _refuse_a_read_body(current_request)
+            hostcsrf.check_host_token(current_request)
+            return view(*args, **kwargs)
+
+        if csrf is not None:
+            csrf.exempt(receiving)
+        return receiving
+
+    return decorate(view) if view is not None else decorate
 
 
 def seal_upload(request: Request | None = None, *, session: Session, owner: str | None = None,
@@ -158,6 +205,26 @@ def record(st: Storage, session: Session, received: Received, *, client: audit.C
         raise
 
 
+def _refuse_a_read_body(req: Request) -> None:
+    """BodyAlreadyRead, before anything is written, when something else read this request's body first.
+
+    The sign is the position of Werkzeug's LimitedStream (every body with a
+    Content-Length, and chunked ones under a MAX_CONTENT_LENGTH). Our own form
+    reader, started by a check before the view, is no such sign: it is resumed.
+    """
+    if formstream.started_reader(req) is not None:
+        return
+    stream = req.stream
+    if isinstance(stream, LimitedStream) and stream.tell() > 0:
+        log.error("files: seal_upload in %s: the request body was already read (request.form, files, data or "
+                  "get_data before it); refused", req.endpoint)
+        raise BodyAlreadyRead(
+            f"seal_upload: the body of this request to {req.endpoint} was already read before it (request.form, "
+            "request.files, request.data, get_data(), get_json() or the stream, e.g. by Flask-WTF's CSRFProtect), "
+            "so a file part may have gone to a plaintext temporary file. Decorate the route with "
+            "@cronbox.sealed_upload_route(csrf=<your CSRFProtect>) and read nothing of the body before seal_upload.")
+
+
 def _declared_length(req: Request) -> int | None:
     """The body length the client declared (None when absent); UploadRefused when it is not a number.
 
@@ -190,28 +257,28 @@ def _receive_body(st: Storage, req: Request, limit: int, owner: str | None) -> R
 
 
 def _receive_form(st: Storage, req: Request, limit: int, owner: str | None, owner_field: str) -> Received:
-    """multipart/form-data with one file part (sealed as it streams) and text fields (the owner's among them)."""
-    writers = []
+    """multipart/form-data with one file part (sealed as it streams) and text fields (the owner's among them).
 
-    def stream_factory(total_content_length, content_type, filename, content_length=None):
-        if writers:
-            raise StorageError("send exactly one file per upload")
-        writer = st.writer(filename=filename or "upload", content_type=content_type or "application/octet-stream",
-                           limit=limit)
-        writers.append(writer)
-        return writer
-
-    parser = FormDataParser(stream_factory=stream_factory, max_form_memory_size=MAX_FORM_FIELDS,
-                            max_form_parts=MAX_FORM_PARTS, silent=False)
+    Read with cronbox.formstream, resuming where a check before the view (a CSRF
+    token in a field before the file) stopped: an owner field before the file is
+    checked before the first byte is sealed, one after it once the body ended.
+    """
+    reader = formstream.reader_for(req)
+    fields = reader.fields_before_file()
+    if reader.file is None:
+        raise StorageError("no complete file part in the form")
+    if owner is None and owner_field in fields:
+        owner = _owner(fields.get(owner_field), owner_field)
+    part = reader.file
+    writer = st.writer(filename=part.filename or "upload",
+                       content_type=part.headers.get("content-type") or "application/octet-stream", limit=limit)
     try:
-        _stream, form, files = parser.parse(req.stream, req.mimetype, req.content_length, req.mimetype_params)
-        if not writers or not files:
-            raise StorageError("no complete file part in the form")
-        owner = owner or _owner(form.get(owner_field), owner_field)
-        writer = writers[0]
+        for data in reader.file_data():
+            writer.write(data)
+        fields = reader.rest()
+        owner = owner or _owner(fields.get(owner_field), owner_field)
         sealed = writer.finish()
     except BaseException:
-        for writer in writers:
-            writer.discard()
+        writer.discard()
         raise
-    return Received(sealed, owner, {name: form.get(name) for name in form}, writer.filename, writer.content_type)
+    return Received(sealed, owner, {name: fields.get(name) for name in fields}, writer.filename, writer.content_type)

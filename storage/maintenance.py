@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import func, select, update
@@ -185,6 +184,7 @@ def sweep(storage: Storage | Sweepable, *, grace: float) -> SweepResult:
     It also writes the aggregate audit entries of unsigned-token refusals that
     were only counted (storage.refusals), for windows that have ended.
     """
+    audit_cutoff = storage.settings.audit_cutoff(clock.utcnow())  # refused below its floor: before any delete
     result = SweepResult()
     cutoff = time.time() - grace
     candidates: list = []
@@ -218,7 +218,6 @@ def sweep(storage: Storage | Sweepable, *, grace: float) -> SweepResult:
         result.refusals += count
     while count := in_transaction(storage.sessions, lambda s: grants.prune(s, now, BATCH)):
         result.grants += count
-    audit_cutoff = now - timedelta(days=storage.settings.audit_retention_days)
     while count := in_transaction(storage.sessions, lambda s: audit.prune(s, audit_cutoff, 1000)):
         result.audit += count
     return result

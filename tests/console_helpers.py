@@ -38,6 +38,17 @@ def csrf_token(html: str) -> str:
     return match.group(1)
 
 
+UPLOAD_FORM = re.compile(r'<form method="post" action="([^"?]+/upload)" enctype="multipart/form-data"[^>]*>\s*'
+                         r'<input type="hidden" name="csrf_token" value="([^"]+)">')
+
+
+def upload_form(html: str) -> tuple[str, str]:
+    """The Files page's upload form: its action (no token in it) and the token, its first field (before the file)."""
+    match = UPLOAD_FORM.search(html)
+    assert match, "no upload form with the CSRF token as its first field in the page"
+    return match.group(1), match.group(2)
+
+
 class Operator:
     """A browser-like client: keeps cookies, fetches a CSRF token from a page before each POST.
     `base`: where the console is mounted (CRONBOX_OPS_PREFIX + /ops); `environ`: WSGI environ for every

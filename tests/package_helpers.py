@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 PACKAGES = ("outbox", "storage", "cron", "cronbox")
-BUILD_INPUTS = ("pyproject.toml", "README.md", "artisan_via_cron.sh", "requirements.txt")
+BUILD_INPUTS = ("pyproject.toml", "build_backend.py", "MANIFEST.in", "README.md", "artisan_via_cron.sh", "requirements.txt")
 # A checkout's working files that are never part of it (.gitignore's, plus git's own).
 NOT_SOURCES = (".git", ".venv", "venv", "instance", "test-artifacts", "build", "dist", "__pycache__", "*.pyc",
                "*.egg-info", ".pytest_cache", ".hypothesis", ".env")

@@ -1,13 +1,15 @@
 import click
 
 from cron.commands.base import runtime
+from outbox.core import sqlite_files
 from outbox.core.migrate import upgrade
 
 
 @click.command()
 @click.pass_context
 def migrate(ctx):
-    """Create or upgrade cronbox's tables (Alembic, under the migrate lock)."""
+    """Create or upgrade cronbox's tables (Alembic, under the migrate lock); on SQLite, make the
+    database file private (0600) when it is yours and others may read it."""
     rt = runtime(migrate=False)
     lock = rt.lock("migrate")
     if not lock.acquire():
@@ -21,3 +23,21 @@ def migrate(ctx):
         click.echo(f"migrate: already at {after}")
     else:
         click.echo(f"migrate: {before or 'empty'} -> {after}")
+    _narrow_database(rt.settings.database_url)
+
+
+def _narrow_database(url: str) -> None:
+    """A host app's SQLite file is made 0644 by Flask-SQLAlchemy: cronbox's tables in it hold job
+    payloads. Narrowed when this user owns it; another owner's file is left to them, with a warning."""
+    database = sqlite_files.database_path(url)
+    if database is None:
+        return
+    narrowed, left = sqlite_files.narrow(database)
+    for path, mode in narrowed:
+        click.echo(f"migrate: {path} was mode {mode:#o}, open to other users: narrowed to 0600")
+    for path, mode in left:
+        click.echo(f"warning: {path} is mode {mode:#o}, open to other users, and not yours: its owner should "
+                   f"chmod 600 it", err=True)
+    folder = database.parent
+    if folder.stat().st_mode & sqlite_files.PRIVATE:
+        click.echo(f"warning: {folder} (the database's folder) is open to other users: chmod 700 it", err=True)

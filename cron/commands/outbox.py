@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, PageCursor, age, never_fits_lines, table
-from cron.scheduling.retention import prune_outbox
+from cron.format import Duration, PageCursor, age, never_fits_lines, table
+from cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
@@ -113,8 +113,8 @@ def skip(ids, all_):
 
 
 @outbox.command()
-@click.option("--older-than", type=DURATION, default="7d", show_default=True,
-              help="Delete delivered events older than this (e.g. 7d, 48h).")
+@click.option("--older-than", type=Duration(PRUNE_FLOOR.total_seconds(), "1h"), default="7d", show_default=True,
+              help="Delete delivered events older than this (e.g. 7d, 48h; at least 1h).")
 def prune(older_than):
     """Delete delivered events, their deliveries and old heartbeats, in bounded batches."""
     rt = runtime()

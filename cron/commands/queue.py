@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from cron.commands.base import Group, runtime
-from cron.format import DURATION, PageCursor, age, never_fits_lines, table
-from cron.scheduling.retention import flush_failed, prune_queue
+from cron.format import DURATION, Duration, PageCursor, age, never_fits_lines, table
+from cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
@@ -269,8 +269,8 @@ def flush(older_than):
 
 
 @queue.command()
-@click.option("--older-than", type=DURATION, default="48h", show_default=True,
-              help="Delete finished (done) jobs older than this.")
+@click.option("--older-than", type=Duration(PRUNE_FLOOR.total_seconds(), "1h"), default="48h", show_default=True,
+              help="Delete finished (done) jobs older than this (at least 1h).")
 def prune(older_than):
     """Delete done jobs older than --older-than, send attempts after 30 days, read notifications after
     90 days and old rate-limit windows, in bounded batches (cron/scheduling/retention.py lists every rule)."""

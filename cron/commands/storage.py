@@ -9,7 +9,7 @@ import click
 from sqlalchemy import func, select
 
 from cron.commands.base import CommandFailed, Group, runtime
-from cron.format import DURATION, table
+from cron.format import DURATION, Duration, table
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
 import storage as sealed_storage
@@ -157,15 +157,13 @@ def audit_(file_id, limit):
 
 
 @storage.command()
-@click.option("--grace", type=DURATION, default="24h", show_default=True,
+@click.option("--grace", type=Duration(maintenance.MIN_GRACE, f"{maintenance.MIN_GRACE // 3600}h: a younger file may "
+                                       "belong to an upload whose transaction has not committed yet"),
+              default="24h", show_default=True,
               help="Leave sealed and temporary files younger than this alone (at least 1h: an upload's row "
                    "commits after its file is written, within the web server's request timeout).")
 def sweep(grace):
     """Remove orphaned sealed files, stale temporary files, ended grants and audit entries past retention."""
-    if grace < maintenance.MIN_GRACE:
-        raise click.BadParameter(
-            f"must be at least {maintenance.MIN_GRACE // 3600}h: a younger file may belong to an upload whose "
-            "transaction has not committed yet", param_hint="--grace")
     st = _storage()
     result = maintenance.sweep(st, grace=grace)
     click.echo(f"sweep: {result.orphans} orphaned and {result.temporary} temporary files removed, "

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, text
 
 from cron.scheduling.models import AlertState
-from outbox.core import clock
+from outbox.core import clock, sqlite_files
 from outbox.core.db import insert_ignore
 from outbox.core.logs import log_text
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
@@ -76,6 +76,7 @@ def run_checks(runtime) -> Report:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
     checks.append(_instance_check(settings.instance))
+    checks += _database_file_checks(settings.database_url)
     checks += _key_checks(settings)
     checks += _memory_checks(settings)
     worst = max((c.status for c in checks), key=ORDER.__getitem__, default=OK)
@@ -176,6 +177,22 @@ def _instance_check(folder) -> Check:
         return Check("instance", FAIL, f"instance folder is accessible to other users (mode {oct(mode & 0o777)}): "
                                        "chmod 700 it")
     return Check("instance", OK, f"mode {oct(mode & 0o777)}")
+
+
+def _database_file_checks(url: str) -> list[Check]:
+    """A SQLite database (cronbox's own or the host app's it shares) holds job payloads in clear: its
+    file, -wal/-shm/-journal and folder must be closed to the group and others. Names and modes only."""
+    database = sqlite_files.database_path(url)
+    if database is None:
+        return []
+    open_ = sqlite_files.open_to_others(database)
+    if not open_:
+        return [Check("database_file", OK, "private")]
+    files = [str(path) for path, _ in open_ if path != database.parent]
+    fixes = ([f"chmod 600 {' '.join(files)} (or run migrate)"] if files else []) + (
+        [f"chmod 700 {database.parent}"] if any(path == database.parent for path, _ in open_) else [])
+    modes = ", ".join(f"{path} {mode:#o}" for path, mode in open_)
+    return [Check("database_file", FAIL, f"open to other users: {modes}; fix: {'; '.join(fixes)}")]
 
 
 MEMORY_WARN, MEMORY_FAIL = 80.0, 95.0  # per cent of the limit in use (CRONBOX_MEMORY_WARN, _FAIL)

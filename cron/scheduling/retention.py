@@ -16,7 +16,7 @@
 | one-off run requests | 30 days | daily task |
 | sealed files whose row never committed | 24 hours | hourly `storage sweep` task |
 | grants ended over 30 days ago, with their use rows | 30 days | hourly `storage sweep` task |
-| file access audit | 6 years (`CRONBOX_AUDIT_RETENTION`) | hourly `storage sweep` task |
+| file access audit | 6 years (`CRONBOX_AUDIT_RETENTION`, never less: HIPAA) | hourly `storage sweep` task |
 | console sessions | until logout, 2 h idle or 12 h | daily task |
 | console action log | as the file access audit (`CRONBOX_AUDIT_RETENTION`) | daily task |
 """
@@ -42,6 +42,10 @@ SEND_ATTEMPTS_KEPT = timedelta(days=30)
 READ_NOTIFICATIONS_KEPT = timedelta(days=90)
 RATE_WINDOWS_KEPT = timedelta(days=1)
 OPS_KEPT = timedelta(days=30)
+# The least `outbox prune` and `queue prune` take as --older-than: younger rows are what `outbox status`,
+# `queue status`, health and the console show of the last runs, and `--older-than 1s` (or a lost unit)
+# would empty them. Audit records have their own floor (AUDIT_RETENTION_FLOOR_DAYS in settings).
+PRUNE_FLOOR = timedelta(hours=1)
 
 
 def _batches(rt, work) -> int:
@@ -96,7 +100,7 @@ def prune_ops(rt) -> dict[str, int]:
 
     now = clock.utcnow()
     before = now - OPS_KEPT
-    actions_before = now - timedelta(days=rt.settings.audit_retention_days)
+    actions_before = rt.settings.audit_cutoff(now)
     return {"schedule runs": _batches(rt, lambda s: schedule.prune(s, before, BATCH)),
             "one-off requests": _batches(rt, lambda s: once.prune(s, before, BATCH)),
             "console sessions": in_transaction(rt.sessions, lambda s: prune_console_sessions(s, now)),
@@ -118,6 +122,7 @@ def prune_console_actions(session, before) -> int:
 
 
 def prune_all(rt) -> dict[str, int]:
+    rt.settings.audit_cutoff(clock.utcnow())  # a retention below its floor stops the whole prune, before any delete
     events, beats = prune_outbox(rt, OUTBOX_KEPT.total_seconds())
     return {"events": events, "heartbeats": beats, "inbox rows": prune_inbox(rt),
             "redelivery counts": prune_redeliveries(rt),

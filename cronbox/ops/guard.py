@@ -11,6 +11,7 @@ from typing import Callable, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from flask import Response, abort, current_app, g, redirect, render_template, request, url_for
+from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -19,7 +20,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
 from cronbox.state import runtime
-from cronbox import hostauth
+from cronbox import formstream, hostauth
 from cronbox.client import client_ip
 
 from . import bp, cookie, csrf
@@ -29,8 +30,10 @@ log = logging.getLogger("cronbox")
 T = TypeVar("T")
 PUBLIC = {"ops.login", "ops.setup", "ops.static"}
 PASSWORD_PAGES = {"ops.login", "ops.setup", "ops.logout", "ops.logout_everywhere"}  # gone with the host's login
-# The upload's body is sealed while it streams: its token rides in the query string (cronbox.ops.upload).
-TOKEN_IN_QUERY = {"ops.files_upload"}
+# The upload's body is sealed while it streams: its token is a field before the file part, or a header
+# (cronbox.ops.upload); never the query string, which access logs keep.
+TOKEN_BEFORE_FILE = {"ops.files_upload"}
+TOKEN_HEADER = "X-CSRF-Token"
 OPERATOR = "cronbox_ops_operator"  # flask.g: the live operator session of this request, if any
 HOST_OPERATOR = hostauth.CONSOLE_OPERATOR  # flask.g: the host's identity for this request (console_operator)
 HEADERS = {
@@ -65,6 +68,32 @@ def operator_name() -> str:
     return g.get(HOST_OPERATOR) or actions.OPERATOR
 
 
+FORM_MAX = 64 * 1024  # a console form is a token and a few ids or words: anything bigger is not one of ours
+
+
+@bp.url_value_preprocessor
+def limit_form_bodies(endpoint, values) -> None:
+    """Every console POST but the upload is a small url-encoded form: less than FORM_MAX bytes, declared
+    (Content-Length) or streamed (chunked), refused with 413 before anything parses it. Werkzeug
+    would write a multipart body's file parts to temporary files while parsing it (an anonymous 20 MiB
+    "login"), so a multipart body is never parsed here at all: 413 when too large, else 415.
+    A url_value_preprocessor runs before every before_request (the host's too); the limit is this
+    request's own (Flask's per-request max_content_length), the host's MAX_CONTENT_LENGTH is untouched."""
+    if request.method in ("GET", "HEAD", "OPTIONS") or endpoint in TOKEN_BEFORE_FILE:
+        return
+    request.max_content_length = FORM_MAX
+    request.max_form_memory_size = FORM_MAX
+    declared = request.content_length
+    if declared is not None and declared > FORM_MAX:
+        raise RequestEntityTooLarge(f"A console form is at most {FORM_MAX // 1024} KiB.")
+    # Read now, at most FORM_MAX bytes (the stream's per-request maximum), kept for request.form: one byte
+    # more is RequestEntityTooLarge. Werkzeug's own url-encoded parsing would stop at the maximum silently.
+    request.get_data(cache=True, parse_form_data=False)
+    request.stream.read(1)
+    if request.mimetype.startswith("multipart/"):
+        raise UnsupportedMediaType("A console form is url-encoded.")
+
+
 @bp.before_request
 def check_request():
     setattr(g, OPERATOR, None)
@@ -72,7 +101,7 @@ def check_request():
     if host_login():
         return check_host_request()
     if request.method not in ("GET", "HEAD", "OPTIONS"):  # raises CsrfRefused (400) without this visit's token
-        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
+        csrf.check(sent_token())
     if request.endpoint in PUBLIC:
         return None
     fingerprint = credentials.fingerprint(settings())
@@ -84,6 +113,18 @@ def check_request():
         return Response("Log in first.\n", status=401, mimetype="text/plain")
     setattr(g, OPERATOR, current)
     return None
+
+
+def sent_token() -> str | None:
+    """The console's CSRF token as this request sent it: the form's field; for the upload, its
+    X-CSRF-Token header or its field before the file part, read without reading the file
+    (cronbox.formstream; seal_upload resumes there)."""
+    if request.endpoint not in TOKEN_BEFORE_FILE:
+        return request.form.get(csrf.FIELD)
+    try:
+        return request.headers.get(TOKEN_HEADER) or formstream.field_before_file(request, csrf.FIELD)
+    except ValueError:  # a malformed form: no token in it
+        return None
 
 
 def check_host_request():
@@ -107,7 +148,7 @@ def check_host_request():
     if request.endpoint in PASSWORD_PAGES:
         return not_found(None)
     if request.method not in ("GET", "HEAD", "OPTIONS"):
-        csrf.check((request.args if request.endpoint in TOKEN_IN_QUERY else request.form).get(csrf.FIELD))
+        csrf.check(sent_token())
     return None
 
 
@@ -175,6 +216,12 @@ def database_down(error):
 @bp.errorhandler(400)
 def bad_request(error):
     return _error_page(400, "Bad request", getattr(error, "description", None) or "The request was not understood.")
+
+
+@bp.errorhandler(413)
+@bp.errorhandler(415)
+def form_refused(error):
+    return _error_page(error.code, "Form refused", error.description)
 
 
 @bp.errorhandler(404)

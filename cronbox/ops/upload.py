@@ -5,10 +5,10 @@ the same code as POST /files); this module only says where the browser goes
 afterwards. It is a route of the console rather than POST /files because the
 console's cookie is scoped to the console's path: a browser does not send it
 to /files. The blueprint's before_request has already checked the operator's
-session and the CSRF token, which rides in the query string of the form's
-action: the body is sealed while it streams, so the check cannot wait for a
-form field that may arrive after the file. (The token is bound to the console
-cookie, useless without it, so its place in an access log gives nothing away.)
+session and the CSRF token: a field the form sends before its file part
+(read by cronbox.formstream up to the file, which is then sealed as it
+streams) or an X-CSRF-Token header; never the query string, which access logs
+keep. A token after the file is not seen: the upload is refused, nothing kept.
 """
 from __future__ import annotations
 

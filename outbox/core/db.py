@@ -14,21 +14,20 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Callable, TypeVar
 
-from sqlalchemy import create_engine, delete, event, make_url, select, text
+from sqlalchemy import create_engine, delete, event, select, text
 from sqlalchemy.dialects import mysql as mysql_dialect  # loaded by the models' column types in any case
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from outbox.core import sqlite_files
 from outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
@@ -258,33 +257,15 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
 
 
 def _private_database_file(settings: Settings, url: str) -> None:
-    """Create the SQLite database file 0600 before SQLite does (it would make it 0644 under the usual
-    umask). SQLite gives its -wal and -shm files the database file's mode, so they are private too:
-    they hold the same job payloads (phone numbers) and audit subjects. A database of cronbox's own,
-    in the instance folder, made wider by an older version is narrowed; a database elsewhere (the
-    host app's) keeps the mode its owner chose. The umask is not touched: it is process-wide, and a
-    web process has other threads creating files."""
-    path = make_url(url).database
-    if not path or path == ":memory:" or path.startswith("file:"):
+    """Create the SQLite database file 0600 before SQLite does (outbox.core.sqlite_files says why and
+    how). A database of cronbox's own, in the instance folder, made wider by an older version is
+    narrowed here; a database elsewhere (the host app's) is narrowed by `migrate`, which says so."""
+    database = sqlite_files.database_path(url)
+    if database is None:
         return
-    # Only a file that does not exist yet is created here (O_EXCL), and an existing one is narrowed by
-    # path (chmod), never opened: closing any descriptor of a file drops every POSIX lock this process
-    # holds on it, including those of SQLite connections already open on the database (the web app's
-    # pool), which then lets another process read around their locks.
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass
-    except OSError:
-        return  # SQLite reports what is wrong with the path when it connects
-    database = Path(path).resolve()
-    if database.parent == settings.instance.resolve():
-        for file in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
-            try:
-                if file.stat().st_mode & 0o077:
-                    file.chmod(0o600)
-            except FileNotFoundError:
-                continue
+    sqlite_files.create_private(database)
+    if database.resolve().parent == settings.instance.resolve():
+        sqlite_files.narrow(database)
 
 
 def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sysconfig
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit
@@ -31,6 +32,14 @@ ROOT_MARKERS = ("artisan_via_cron.sh", ".env")
 CLAIM_MODES = ("auto", "skip-locked", "token")
 TLS_MODES = ("off", "on")
 SEAL_ALGORITHMS = ("auto", "aes-256-gcm", "xchacha20-poly1305")
+
+# Audit records (the sealed files' access audit and the console's action log) are kept at least six
+# years: HIPAA 45 CFR 164.316(b)(2). Six years hold up to two leap days, hence 2192 days, the default too.
+AUDIT_RETENTION_FLOOR_DAYS = 2192
+AUDIT_FLOOR_WHY = "HIPAA (45 CFR 164.316(b)(2)) asks six years for audit records"
+# Duration settings a module parses itself, with its own bounds (Settings.duration); load_settings
+# parses each one too, so a bare number or a typo stops every command and init_app at once.
+MODULE_DURATIONS = ("CRONBOX_METRICS_WINDOW", "CRONBOX_PROFILE_TTL", "CRONBOX_ADMISSION_TIME_HEADROOM")
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,14 @@ class Settings:
         """A duration setting a module reads itself (CRONBOX_METRICS_WINDOW...), in seconds within
         `bounds`; SettingsError naming it otherwise, `why` saying the range in words."""
         return _duration(self.get, name, default, bounds=bounds, why=why)
+
+    def audit_cutoff(self, now: datetime) -> datetime:
+        """Audit records older than this may be deleted (storage sweep, the daily prune of the console's
+        action log). A Settings made in code below the floor is refused here too, before any delete."""
+        if self.audit_retention_days < AUDIT_RETENTION_FLOOR_DAYS:
+            raise SettingsError(f"CRONBOX_AUDIT_RETENTION={self.audit_retention_days}d is below its floor of "
+                                f"{AUDIT_RETENTION_FLOOR_DAYS}d: {AUDIT_FLOOR_WHY}")
+        return now - timedelta(days=self.audit_retention_days)
 
     def number(self, name: str, default, kind=int, *, minimum=0):
         """A numeric setting a module reads itself (CRONBOX_MAX_CONNECTIONS...): `default` when unset,
@@ -196,6 +213,8 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
     seal_algorithm = (get("CRONBOX_SEAL_ALGORITHM") or "auto").lower()
     if seal_algorithm not in SEAL_ALGORITHMS:
         raise SettingsError(f"CRONBOX_SEAL_ALGORITHM={seal_algorithm!r} is not one of {', '.join(SEAL_ALGORITHMS)}")
+    for name in MODULE_DURATIONS:
+        _duration(get, name, 0)
     return Settings(
         app_root=root,
         instance=instance,
@@ -219,7 +238,9 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         upload_max=_size(get, "CRONBOX_UPLOAD_MAX", 256 * 1024 * 1024),
         url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
         seal_algorithm=seal_algorithm,
-        audit_retention_days=int(_duration(get, "CRONBOX_AUDIT_RETENTION", 2192 * 86400) // 86400),
+        audit_retention_days=int(_duration(
+            get, "CRONBOX_AUDIT_RETENTION", AUDIT_RETENTION_FLOOR_DAYS * 86400,
+            floor=(AUDIT_RETENTION_FLOOR_DAYS * 86400, f"{AUDIT_RETENTION_FLOOR_DAYS}d: {AUDIT_FLOOR_WHY}")) // 86400),
         inbox_retention_days=_number(get, "CRONBOX_INBOX_RETENTION_DAYS", 14, int, minimum=1),
         ops_show_file_names=_switch(get, "CRONBOX_OPS_SHOW_FILE_NAMES"),
         log_stderr=_switch(get, "CRONBOX_LOG_STDERR"),
@@ -273,20 +294,24 @@ def _size(get, name: str, default: int) -> int:
 
 
 def _duration(get, name: str, default: float, *, bounds: tuple[float, float] | None = None,
-              why: str = "") -> float:
-    """A duration setting ("90", "15m", "2h", "7d") in seconds: at least 1 s, or within `bounds`
-    (said as `why` in the error)."""
+              why: str = "", floor: tuple[float, str] | None = None) -> float:
+    """A duration setting ("90s", "15m", "2h", "7d"; a bare number is refused) in seconds: at least
+    1 s, or within `bounds` (said as `why` in the error), or at least `floor` (seconds, and the floor
+    and its reason in words)."""
     raw = get(name)
     if raw is None:
         return default
+    raw = raw if raw.isprintable() else repr(raw)  # the error stays one line
     try:
         value = parse_duration(raw)
     except ValueError as exc:
-        raise SettingsError(f"{name}: {exc}") from None
+        raise SettingsError(f"{name}={raw}: {exc}") from None
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
-        raise SettingsError(f"{name}={raw!r} must be between {why}")
+        raise SettingsError(f"{name}={raw} must be between {why}")
+    if floor is not None and value < floor[0]:
+        raise SettingsError(f"{name}={raw} is below its floor of {floor[1]}")
     if value < 1:
-        raise SettingsError(f"{name}={raw!r} must be at least 1 second")
+        raise SettingsError(f"{name}={raw} must be at least 1 second")
     return value
 
 

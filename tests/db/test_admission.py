@@ -237,7 +237,8 @@ def test_an_lve_limit_counts_where_the_list_is_readable(make_runtime, tmp_path):
     ("CRONBOX_ADMISSION", "maybe", "must be on or off"),
     ("CRONBOX_PROFILE_WINDOW", "0", "must be at least 1"),
     ("CRONBOX_PROFILE_WINDOW", "5000", "at most 1000"),
-    ("CRONBOX_PROFILE_TTL", "10", "between 1 minute and 90 days"),
+    ("CRONBOX_PROFILE_TTL", "10s", "between 1 minute and 90 days"),
+    ("CRONBOX_PROFILE_TTL", "10", "a duration needs a unit (s, m, h, d), e.g. 10d"),
     ("CRONBOX_ADMISSION_TIME_HEADROOM", "2h", "between 1 second and 1 hour"),
     ("CRONBOX_ADMISSION_MEMORY_HEADROOM", "lots", "is not a number"),
 ])

@@ -3,7 +3,8 @@
 Each ```python block of README.md runs in order in one namespace holding what the README leaves to
 the reader's app: `Session` (a sessionmaker), `payment` and `Notification` (the app's models), and
 `request.stream` (an upload); the upload-route snippet gets `app`, a host Flask app with cronbox's
-blueprints registered, and its route is then called with a real multipart form. Consumers and jobs register in this test's registry. Then the tick's
+blueprints registered, and its route is then called with a real multipart form, with and without
+Flask-WTF's token. Consumers and jobs register in this test's registry. Then the tick's
 relay and worker run, and the effects the README promises are checked.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 from flask import Flask
+from flask_wtf.csrf import generate_csrf
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import registry as mapper_registry
 
@@ -183,12 +185,20 @@ SCAN = b"%PDF-1.7 an uploaded scan " * 40000  # 1 MiB: over Werkzeug's 500 KiB s
 def post_scans(runtime, snippet: str):
     """The upload snippet's route in a host Flask app with cronbox registered, then two uploads to it."""
     app = Flask("clinic")
+    app.secret_key = "the host's"
     Cronbox().init_app(app, settings=runtime.settings).use_runtime(runtime)
-    exec(compile(snippet, "README.md", "exec"), {"app": app, "Session": runtime.sessions})
+    exec(compile(snippet, "README.md", "exec"),
+         {"app": app, "Session": runtime.sessions, "__name__": "clinic.views"})  # a module, as CSRFProtect.exempt needs
+    app.add_url_rule("/token", "token", generate_csrf)  # the host's page with the form
     client = app.test_client()
-    form = {"visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}
+    token = client.get("/token").get_data(as_text=True)
+    without_token = {"visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}
+    assert client.post("/patients/5/scans", data=without_token, content_type="multipart/form-data"
+                       ).status_code == 400  # CSRFProtect's check, made by the decorator
+    form = {"csrf_token": token, "visit": "12", "scan": (io.BytesIO(SCAN), "knee.pdf", "application/pdf")}
     return (client.post("/patients/5/scans", data=form, content_type="multipart/form-data"),
-            client.post("/patients/5/scans", data={"visit": "12"}, content_type="multipart/form-data"))
+            client.post("/patients/5/scans", data={"csrf_token": token, "visit": "12"},
+                        content_type="multipart/form-data"))
 
 
 HOSTED = """

@@ -94,7 +94,7 @@ def test_a_job_whose_profile_does_not_fit_the_rest_of_max_time_is_not_started(ru
     late = dispatch(runtime, admission_jobs.slow, n=3, seconds=3)
     # --max-time 4 keeps 0.4 s (a tenth; the setting's 1 s is more): after the first job less than
     # 2.6 s is left, and the slow one needs 3. A fresh 4 s run fits it (3.6 s): not "never".
-    proc, out = work({**admission_env, "CRONBOX_ADMISSION_TIME_HEADROOM": "1"}, "--max-time", "4")
+    proc, out = work({**admission_env, "CRONBOX_ADMISSION_TIME_HEADROOM": "1s"}, "--max-time", "4")
     assert proc.returncode == 0 and "stopped: max-time" in out, out
     assert job(runtime, before).status == "done"
     kept = job(runtime, late)

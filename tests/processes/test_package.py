@@ -363,3 +363,38 @@ def test_the_standalone_checkout_keeps_its_embedded_sqlite_default(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tick: delivered 6" in done.stdout
     assert (checkout / "instance" / "cronbox.db").is_file()
+
+
+def _tree(root: Path, *, skip=()) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")
+            if not any(part in skip or any(Path(part).match(x) for x in skip) for part in p.relative_to(root).parts)}
+
+
+def test_building_the_wheel_and_installing_leave_the_checkout_as_it_was(build):
+    """installed_build() ran `pip wheel` and `pip install` on its copy of this checkout: setuptools,
+    run by pip in the source folder, wrote build/ and cronbox.egg-info/ there (build_backend.py runs it
+    in a temporary copy instead). The copy holds exactly what was copied."""
+    copied = {p.name for p in build.checkout.iterdir()}
+    assert not {"build", "dist"} & copied and not [n for n in copied if n.endswith(".egg-info")], sorted(copied)
+    assert copied == {p.name for p in CHECKOUT.iterdir() if not any(p.match(x) for x in NOT_SOURCES)}
+    for package in PACKAGES:
+        assert _tree(build.checkout / package) == _tree(CHECKOUT / package, skip=("__pycache__", "*.pyc"))
+
+
+def test_pip_install_of_a_git_checkout_leaves_git_status_clean(tmp_path):
+    """The issue's case as a user meets it: `pip install ./cronbox` from a clone, then `git status`."""
+    from tests.package_helpers import pip_env
+
+    checkout = tmp_path / "cronbox"
+    shutil.copytree(CHECKOUT, checkout, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "clone"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    before = _tree(checkout, skip=(".git",))
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    done = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "--no-deps", "./cronbox"],
+                          cwd=str(tmp_path), env=pip_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = subprocess.run([*git, "status", "--porcelain", "--ignored"], capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+    assert _tree(checkout, skip=(".git",)) == before

@@ -33,6 +33,7 @@ AS_WRITTEN = {
     "instance/cronbox": "the default instance with CRONBOX_APP (artisan_via_cron.sh's log)",
     "instance/cronbox/": "the definition of <instance> for a host app",
     "instance/cronbox/keys/": "a host app's keys, beside <instance>/keys/",
+    "instance/app.db": "the host app's own database file, in Flask's instance folder (not cronbox's)",
 }
 CHECKED = {"cronbox.db", "keys", "keys/", "logs/", "logs/cron-YYYY-MM-DD.log", "logs/cronbox-YYYY-MM-DD.log",
            "ops-password", "ops-setup-token", "run-once/archive/", "run-once/migrate.cmd"}

@@ -133,10 +133,10 @@ def test_tokens_carry_only_opaque_claims_and_check_exp_and_max_age():
 
 def test_storage_settings():
     settings = load_settings(environ={"CRONBOX_UPLOAD_MAX": "1.5G", "CRONBOX_URL_MAX_TTL": "15m",
-                                      "CRONBOX_SEAL_ALGORITHM": "XChaCha20-Poly1305", "CRONBOX_AUDIT_RETENTION": "30d",
+                                      "CRONBOX_SEAL_ALGORITHM": "XChaCha20-Poly1305", "CRONBOX_AUDIT_RETENTION": "2555d",
                                       "CRONBOX_KEYS": "secrets/keys", "CRONBOX_WEB_ROOT": "/srv/www, public"})
     assert settings.upload_max == int(1.5 * 1024 ** 3) and settings.url_max_ttl == 900
-    assert settings.seal_algorithm == "xchacha20-poly1305" and settings.audit_retention_days == 30
+    assert settings.seal_algorithm == "xchacha20-poly1305" and settings.audit_retention_days == 2555
     assert settings.key_folder == settings.app_root / "secrets" / "keys"
     assert settings.web_roots[0].as_posix() == "/srv/www" and settings.web_roots[1] == settings.app_root / "public"
     defaults = load_settings(environ={"HOME": "/home/clinic"})

@@ -67,7 +67,7 @@ def test_bad_backoff_is_refused_at_registration(spec):
         Backoff.of(spec)
 
 
-@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("5m", 300), ("48h", 172800), ("7d", 604800),
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("5m", 300), ("48h", 172800), ("7d", 604800),
                                            ("2w", 1209600), ("1.5h", 5400), (" 10 m ", 600)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds

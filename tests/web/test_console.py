@@ -29,7 +29,8 @@ from outbox.queue import pauses
 from outbox.queue.models import ChannelPause, Job
 from storage import audit
 from storage.models import AuditEntry, Grant, SealedFile
-from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app
+from tests.web.test_host_uploads import FORM, form, part
+from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app, upload_form
 from tests.helpers import relay
 from cron.operator import credentials
 from cron.operator import throttle
@@ -622,9 +623,12 @@ def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
 def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, runtime):
     """Under the console's own path, where its cookie goes (POST /files never sees that cookie)."""
     page = operator.get("/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
-    def form():
-        return {"owner": "patient:77", "file": (io.BytesIO(b"%PDF x-ray"), "x-ray of Jane.pdf")}
+    action, token = upload_form(page)
+    assert action == "/ops/upload"
+
+    def form(sent: str | None = token):
+        return {**({"csrf_token": sent} if sent else {}), "owner": "patient:77",
+                "file": (io.BytesIO(b"%PDF x-ray"), "x-ray of Jane.pdf")}
 
     response = operator.client.post(action, data=form(), content_type="multipart/form-data")
     assert response.status_code == 303 and response.headers["Location"].startswith("/ops/files?file=")
@@ -639,15 +643,17 @@ def test_upload_from_the_files_page_needs_the_session_and_its_token(operator, ru
         assert put.detail.endswith("by operator")
     assert ("files.upload", file_id, "ok") in actions_logged(runtime)
 
-    refused = operator.client.post(action, data={"file": (io.BytesIO(b"x"), "a.pdf")},
+    refused = operator.client.post(action, data={"csrf_token": token, "file": (io.BytesIO(b"x"), "a.pdf")},
                                    content_type="multipart/form-data")  # no owner
     assert refused.status_code == 303 and "Upload refused" in flashed(refused, operator)
-    for bad in ["/ops/upload", "/ops/upload?csrf_token=forged"]:  # a session alone, a forged token: no
-        assert operator.client.post(bad, data=form(), content_type="multipart/form-data").status_code == 400
+    for bad in [None, "forged"]:  # a session alone, a forged token: no
+        assert operator.client.post(action, data=form(bad), content_type="multipart/form-data").status_code == 400
+    # The token in the URL (where access logs keep it) is not looked at: refused as missing.
+    assert operator.client.post(f"{action}?csrf_token={token}", data=form(None),
+                                content_type="multipart/form-data").status_code == 400
     stranger = Operator(operator.app)  # a token without the session: no
     assert stranger.client.post(action, data=form(), content_type="multipart/form-data").status_code == 400
-    token = action.split("csrf_token=", 1)[1]
-    elsewhere = operator.client.post(f"/files?csrf_token={token}", data=form(), content_type="multipart/form-data")
+    elsewhere = operator.client.post("/files", data=form(), content_type="multipart/form-data")
     assert elsewhere.status_code == 404  # POST /files knows no operator (and no upload token is set here)
     with runtime.sessions() as session:
         assert session.scalar(select(func.count()).select_from(SealedFile)) == 1
@@ -666,3 +672,26 @@ def test_queues_shows_handler_profiles_and_the_last_pools(operator, runtime):
     assert "Handler profiles" in page and "report.&lt;b&gt;big&lt;/b&gt;" in page and "<b>big" not in page
     assert "60.0" in page and "1500" in page and "more than --memory 64 MB" in page
     assert "Worker pools" in page and "restarts 1" in page
+
+
+URL_ATTRIBUTE = re.compile(r'(?:href|action|src)="([^"]*)"')
+
+
+def test_no_page_puts_a_token_in_a_url_and_a_token_after_the_file_is_not_seen(operator, runtime):
+    """Issue 24: access logs keep URLs, so no CSRF token rides in one; the upload's is its first field."""
+    token = operator.token("/ops/files")
+    for page in [*GET_PAGES, "/ops/login"]:
+        html = operator.get(page).get_data(as_text=True)
+        urls = URL_ATTRIBUTE.findall(html)
+        assert urls and [u for u in urls if "csrf" in u.lower() or token in u] == [], page
+    late = operator.client.post("/ops/upload", content_type=FORM, data=form(
+        part("owner", b"patient:1"), part("file", b"%PDF", filename="a.pdf"), part("csrf_token", token.encode())))
+    assert late.status_code == 400
+    first = operator.client.post("/ops/upload", content_type=FORM, data=form(
+        part("csrf_token", token.encode()), part("owner", b"patient:1"), part("file", b"%PDF", filename="a.pdf")))
+    assert first.status_code == 303
+    header = operator.client.post("/ops/upload", content_type="multipart/form-data", headers={"X-CSRF-Token": token},
+                                  data={"owner": "patient:1", "file": (io.BytesIO(b"%PDF"), "a.pdf")})
+    assert header.status_code == 303  # a script's header instead of the field
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(SealedFile)) == 2

@@ -26,7 +26,7 @@ from cronbox import Cronbox
 from outbox.core.settings import load_settings
 from storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
-from tests.console_helpers import CSRF, GET_PAGES, csrf_token
+from tests.console_helpers import CSRF, GET_PAGES, csrf_token, upload_form
 from tests.web.test_console import dead_deliveries, delivery_status
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
@@ -245,29 +245,36 @@ def test_uploads_through_the_hook_for_staff_only_with_the_token(make, runtime):
     def upload_form():  # the host's own page with its upload form
         if not staff_only(request):
             abort(403)
-        return f'<form method="post" action="/files?csrf_token={cronbox.upload_csrf_token()}"></form>'
+        return ('<form method="post" action="/files" enctype="multipart/form-data">'
+                f'<input type="hidden" name="csrf_token" value="{cronbox.upload_csrf_token()}">'
+                '<input name="owner"><input type="file" name="file"></form>')
 
-    def upload(client, query: str = "", **headers):
+    def upload(client, token: str | None = None, query: str = "", **headers):
         return client.post(f"/files{query}", headers=headers, content_type="multipart/form-data",
-                           data={"owner": "patient:5", "file": (io.BytesIO(b"%PDF scan"), "scan.pdf")})
+                           data={**({"csrf_token": token} if token is not None else {}), "owner": "patient:5",
+                                 "file": (io.BytesIO(b"%PDF scan"), "scan.pdf")})
 
     staff = browser(app, "alice")
-    action = re.search(r'action="([^"]+)"', staff.get("/scans/new").get_data(as_text=True)).group(1)
-    query = "?" + urlsplit(action).query
-    done = upload(staff, query)
+    page = staff.get("/scans/new").get_data(as_text=True)
+    assert re.search(r'action="([^"]+)"', page).group(1) == "/files"
+    sent_token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    done = upload(staff, sent_token)
     assert done.status_code == 201, done.get_data(as_text=True)
     with runtime.sessions() as s:
         assert s.get(SealedFile, done.json["id"]) is not None
         detail = s.scalar(select(AuditEntry.detail).where(AuditEntry.file_id == done.json["id"],
                                                           AuditEntry.action == "put"))
     assert detail.endswith("by staff:alice")
-    sent_token = parse_qs(urlsplit(action).query)["csrf_token"][0]
     assert upload(staff, **{"X-CSRF-Token": sent_token}).status_code == 201  # a script's header
 
     # Without the token, with a forged one, or with alice's token in another user's browser: refused.
-    for query_string in ["", "?csrf_token=forged", f"?csrf_token={sent_token[:-2]}xx", "?csrf_token=1.abc"]:
-        refused = upload(staff, query_string)
-        assert refused.status_code == 403 and "CSRF" in refused.json["error"], query_string
+    for token in [None, "", "forged", f"{sent_token[:-2]}xx", "1.abc"]:
+        refused = upload(staff, token)
+        assert refused.status_code == 403 and "CSRF" in refused.json["error"], token
+    # The old place, the URL's query string (kept by access logs): refused, even with a good token.
+    in_url = upload(staff, sent_token, query=f"?csrf_token={sent_token}")
+    assert in_url.status_code == 403 and "never in the URL" in in_url.json["error"]
+    query = sent_token
     USERS["carol"] = User("carol", staff=True)
     try:
         assert upload(browser(app, "carol"), query).status_code == 403
@@ -302,11 +309,10 @@ def test_the_consoles_own_upload_form_works_behind_the_hosts_login(make, runtime
     app = make(console_operator=staff_only)
     staff = browser(app, "alice")
     page = staff.get("/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
-    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
-    assert staff.post("/ops/upload?csrf_token=forged", data=dict(form), content_type="multipart/form-data"
-                      ).status_code == 400
-    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    action, token = upload_form(page)
+    form = {"csrf_token": "forged", "owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    assert staff.post(action, data=form, content_type="multipart/form-data").status_code == 400
+    form = {"csrf_token": token, "owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
     done = staff.post(action, data=form, content_type="multipart/form-data")
     assert done.status_code == 303 and done.headers["Location"].startswith("/ops/files?file=")
     assert ("staff:alice", "files.upload") in [(who, what) for who, what, _, _ in logged_actions(runtime)]
@@ -314,7 +320,7 @@ def test_the_consoles_own_upload_form_works_behind_the_hosts_login(make, runtime
         assert s.scalar(select(AuditEntry.detail).where(AuditEntry.action == "put")).endswith("by staff:alice")
     # Logged out of the host: the same form, the same token, refused before a byte is sealed.
     staff.get("/sign-out")
-    form = {"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
+    form = {"csrf_token": token, "owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")}
     assert staff.post(action, data=form, content_type="multipart/form-data").status_code == 403
     with runtime.sessions() as s:
         assert len(list(s.scalars(select(SealedFile.id)))) == 1

@@ -27,7 +27,7 @@ from cron.scheduling.models import OnceRequest
 from storage import keys
 from outbox.core.settings import load_settings
 from tests.conftest import ONE_MYSQL_MODE
-from tests.console_helpers import PASSWORD, Operator, csrf_token
+from tests.console_helpers import PASSWORD, Operator, csrf_token, upload_form
 from cronbox import Cronbox
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
@@ -201,8 +201,10 @@ def test_the_console_upload_stays_under_the_console(make, runtime):
     operator = Operator(app, base="/admin/ops")
     assert operator.set_up().status_code == 303
     page = operator.get("/admin/ops/files").get_data(as_text=True)
-    action = re.search(r'action="(/admin/ops/upload\?csrf_token=[^"]+)"', page).group(1).replace("&amp;", "&")
-    response = operator.client.post(action, data={"owner": "patient:3", "file": (io.BytesIO(b"%PDF"), "scan.pdf")},
+    action, token = upload_form(page)
+    assert action == "/admin/ops/upload"
+    response = operator.client.post(action, data={"csrf_token": token, "owner": "patient:3",
+                                                  "file": (io.BytesIO(b"%PDF"), "scan.pdf")},
                                     content_type="multipart/form-data")
     assert response.status_code == 303 and response.headers["Location"].startswith("/admin/ops/files?file=")
     assert "Sealed as file" in operator.get(response.headers["Location"]).get_data(as_text=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 import storage
 from storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
+from tests.write_watch import writes  # noqa: F401  (the fixture)
 from tests.storage_helpers import files_under
 from cronbox import Cronbox
 from cronbox.uploads import UploadRefused, seal_upload
@@ -25,37 +25,6 @@ pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
 MiB = 1024 * 1024
 BOUNDARY = "----cronbox-test-boundary"
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-# --- who writes what: one audit hook for the whole process (hooks cannot be removed) --------------
-
-_opened_for_writing: list[str] | None = None  # None: the hook records nothing
-
-
-def _record_writes(event: str, args: tuple) -> None:
-    if event != "open" or _opened_for_writing is None:
-        return
-    path, mode, flags = args
-    if isinstance(path, int):  # os.fdopen of a descriptor whose os.open was already seen
-        return
-    writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & WRITE_FLAGS)
-    if writing:
-        _opened_for_writing.append(os.fsdecode(path))
-
-
-sys.addaudithook(_record_writes)
-
-
-@pytest.fixture
-def writes():
-    """Paths opened for writing (by Python: open(), os.open(), tempfile) while the test runs."""
-    global _opened_for_writing
-    _opened_for_writing = []
-    try:
-        yield _opened_for_writing
-    finally:
-        _opened_for_writing = None
 
 
 # --- a host app --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select
 
 import outbox
-from cronbox import UploadRefused, seal_upload
+from cronbox import UploadRefused, seal_upload, sealed_upload_route
 from cronbox.client import client_ip
 from storage import audit
 from storage.models import SealedFile
@@ -61,6 +61,7 @@ def pay(appointment_id: int):
 
 
 @bp.post("/patients/<int:patient_id>/scans")
+@sealed_upload_route  # with Flask-WTF: @sealed_upload_route(csrf=csrf), the token a field before the file
 def upload_scan(patient_id: int):
     """A multipart form with one file part, sealed while it streams: never touch request.files here."""
     db.get_or_404(Patient, patient_id)

@@ -1,0 +1,163 @@
+"""A multipart/form-data body read part by part, in order, straight off the request's input stream.
+
+Werkzeug's `request.form`/`request.files` parse the whole body at once and spill
+a file part to a plaintext temporary file; its FormDataParser can stream a file
+part into a writer, but hands over the text fields only at the end. An upload
+needs more than that: the CSRF token or the owner sent in a field *before* the
+file part must be checked before the first byte of the file is kept. So the
+body is decoded here with Werkzeug's public sans-IO `MultipartDecoder`, fed 64
+KiB at a time: `fields_before_file()` reads up to the file part's headers,
+`file_data()` yields that part's bytes as they arrive, `rest()` reads what
+follows. Nothing is ever written to disk here, and memory stays bounded by the
+decoder's buffer limit and the number of parts.
+
+A check that runs before the view (the console's guard, `sealed_upload_route`,
+the `upload_operator` authorizer) starts the reading; the view's `seal_upload`
+resumes it from the same place: the reader is kept in the request's WSGI
+environ (`reader_for`), per request, under a key of cronbox's own.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from flask import Request
+from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
+
+CHUNK = 64 * 1024
+# Werkzeug applies this both to each text field and to its parse buffer (fed CHUNK at a time).
+MAX_FIELD = 256 * 1024
+MAX_PARTS = 32
+ENVIRON_KEY = "cronbox.form_reader"
+
+
+class FormError(ValueError):
+    """The body is not the form it claims to be (malformed, cut short, a second file)."""
+
+
+class FormReader:
+    """One multipart body, read forward once: fields, then at most one file part, then the rest."""
+
+    def __init__(self, stream, boundary: bytes, *, max_field: int = MAX_FIELD, max_parts: int = MAX_PARTS):
+        self._stream = stream
+        self._decoder = MultipartDecoder(boundary, max_form_memory_size=max_field, max_parts=max_parts)
+        self._hold = len(boundary) + 8  # the closing delimiter: CRLF "--" boundary "--" CRLF
+        self._held = b""
+        self._max_field = max_field
+        self.fields: MultiDict[str, str] = MultiDict()
+        self.file: File | None = None  # the file part's headers, once reached
+        self._reached = False  # fields_before_file() has run
+        self._file_read = False
+        self._ended = False
+
+    def _event(self):
+        """The next decoded event, reading more of the body when the decoder needs it.
+
+        The last `_hold` bytes read are fed only with the next read (or at the end): Werkzeug's
+        decoder, given a buffer that ends inside the closing delimiter (CRLF `--B-`, then `-` CRLF),
+        keeps its CR as the last byte of the part's data. Its own parser does the same with a body
+        3 bytes past a multiple of 64 KiB; held back, a feed never ends within the closing delimiter.
+        """
+        while True:
+            event = self._decoder.next_event()
+            if not isinstance(event, NeedData):
+                return event
+            data = self._stream.read(CHUNK)
+            if data:
+                data = self._held + data
+                self._held = data[-self._hold:]
+                self._decoder.receive_data(data[:-self._hold])
+            elif self._held:
+                self._decoder.receive_data(self._held)
+                self._held = b""
+            else:
+                self._decoder.receive_data(None)  # the body ended (an error unless at the end)
+
+    def _field_value(self, part: Field) -> str:
+        chunks, size = [], 0
+        while True:
+            event = self._event()
+            if not isinstance(event, Data):
+                raise FormError("the form is malformed")
+            size += len(event.data)
+            if size > self._max_field:
+                raise RequestEntityTooLarge(f"a form field is larger than {self._max_field} bytes")
+            chunks.append(event.data)
+            if not event.more_data:
+                return b"".join(chunks).decode("utf-8", "replace")
+
+    def _read_fields(self) -> File | None:
+        """Text fields into `fields` up to the next file part (its headers returned) or the end (None)."""
+        while True:
+            event = self._event()
+            if isinstance(event, Field):
+                self.fields.add(event.name, self._field_value(event))
+            elif isinstance(event, File):
+                return event
+            elif isinstance(event, Epilogue):
+                self._ended = True
+                return None
+            # else the preamble: nothing to keep
+
+    def fields_before_file(self) -> MultiDict[str, str]:
+        """The text fields sent before the first file part (all of them when there is none)."""
+        if not self._reached:
+            self._reached = True
+            self.file = self._read_fields()
+        return self.fields
+
+    def file_data(self) -> Iterator[bytes]:
+        """The file part's bytes as they arrive (nothing when the form has no file part)."""
+        self.fields_before_file()
+        if self.file is None or self._file_read:
+            return
+        self._file_read = True
+        while True:
+            event = self._event()
+            if not isinstance(event, Data):
+                raise FormError("the form is malformed")
+            if event.data:
+                yield event.data
+            if not event.more_data:
+                return
+
+    def rest(self) -> MultiDict[str, str]:
+        """Read the fields after the file part to the end of the body: all fields; FormError for a second file."""
+        for _ in self.file_data():
+            raise FormError("read the file part before the rest of the form")
+        if not self._ended and self._read_fields() is not None:
+            raise FormError("send exactly one file per upload")
+        return self.fields
+
+
+def boundary_of(req: Request) -> bytes:
+    boundary = req.mimetype_params.get("boundary", "")
+    if not boundary:
+        raise FormError("the multipart form has no boundary")
+    try:
+        return boundary.encode("ascii")
+    except UnicodeEncodeError:
+        raise FormError("the multipart boundary must be ASCII") from None
+
+
+def started_reader(req: Request) -> FormReader | None:
+    """The reader a check before the view already started for this request, if any."""
+    return req.environ.get(ENVIRON_KEY)
+
+
+def reader_for(req: Request, *, max_field: int = MAX_FIELD, max_parts: int = MAX_PARTS) -> FormReader:
+    """This request's form reader: the one already started, else a new one on `req.stream` (kept for later)."""
+    reader = started_reader(req)
+    if reader is None:
+        reader = FormReader(req.stream, boundary_of(req), max_field=max_field, max_parts=max_parts)
+        req.environ[ENVIRON_KEY] = reader
+    return reader
+
+
+def field_before_file(req: Request, name: str) -> str | None:
+    """The value of text field `name` when it comes before the file part of this request's multipart
+    form (None when it does not, or the body is no multipart form); FormError for a malformed form."""
+    if req.mimetype != "multipart/form-data":
+        return None
+    return reader_for(req).fields_before_file().get(name)
