@@ -12,7 +12,8 @@ Settings come from `app.config["CRONBOX_*"]` first, then the environment, then t
 `.env` (as everywhere in cronbox, the environment wins over `.env`). The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
 otherwise, so `outbox.record(db.session, ...)` and the cron tick always meet in one database.
 The instance folder is `<app.instance_path>/cronbox` unless CRONBOX_INSTANCE is set: cronbox
-writes only there.
+writes only there. `cronbox.storage` is the current app's sealed storage (keys in that folder), as
+`db.session` is its session; the module-level `storage.*` calls use the same one in its context.
 
 cronbox keeps an engine of its own (a small pool on the web side, one connection in a cron
 process) rather than borrowing the host's: its connections are set to READ COMMITTED and UTC
@@ -29,15 +30,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dotenv import dotenv_values
-from flask import Flask, Request
+from flask import Flask, Request, current_app, has_app_context
 
 from outbox.core.errors import SettingsError
 from outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
+import storage as sealed_storage
 
 from .state import PARTS, CronboxState
+
+if TYPE_CHECKING:
+    from storage.service import Storage  # loaded on first use (libsodium), as cronbox.state does
 
 HOOKS = ("console_operator", "console_login_url", "console_logout_url", "upload_operator")  # cronbox.hostauth
 
@@ -87,14 +92,27 @@ class Cronbox:
         settings = settings or self._settings or settings_for(app, db)
         state = CronboxState(app=app, settings=settings, db=db, parts=_parts(settings),
                              console_operator=console_operator, console_login_url=console_login_url,
-                             console_logout_url=console_logout_url, upload_operator=upload_operator)
+                             console_logout_url=console_logout_url, upload_operator=upload_operator,
+                             extension=self)
         app.extensions["cronbox"] = state
+        sealed_storage.mark_hosted()  # module-level storage.* outside an app context now refuses (whose keys?)
         _register_parts(app, state)
         from cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
 
         if "cron" not in app.cli.commands:
             app.cli.add_command(cron_cli, "cron")
         return state
+
+    @property
+    def storage(self) -> Storage:
+        """The current app's sealed storage (as `db.session` is the current app's session): `put`,
+        `grant`, `revoke`, `signed_url`, `open_file`, under the keys of that app's instance folder.
+        RuntimeError outside an app context or on an app this extension is not set up on."""
+        state = current_app.extensions.get("cronbox") if has_app_context() else None
+        if state is None or state.extension is not self:
+            raise RuntimeError("cronbox.storage needs an app context of an app this Cronbox is set up on "
+                               "(a request, or `with app.app_context():`)")
+        return state.storage
 
 
 def settings_for(app: Flask, db: Any = None) -> Settings:

@@ -34,6 +34,7 @@ class CronboxState:
     console_logout_url: str | None = None  # the console's "Log out" link: the host's logout page
     upload_operator: Any = None  # request -> uploader identity or None, for POST /files from a browser
     health_backlog: tuple | None = None  # (when, grade) of the backlog counts anonymous /health reuses
+    extension: Any = None  # the Cronbox object whose init_app made this state (Cronbox.storage checks it)
     _runtime: Runtime | None = None
     _storage: Any = None
     _schema_checked: bool = False
@@ -64,14 +65,15 @@ class CronboxState:
 
     @property
     def storage(self):
-        """The sealed storage on this app's runtime (also the module-level `storage.*` default)."""
+        """This app's sealed storage, on its runtime and the settings init_app resolved (its instance
+        folder's keys): what `cronbox.storage` and, in this app's context, the module-level `storage.*` use."""
         if self._storage is None:
-            import storage as sealed_storage  # here: libsodium and cryptography load only when files are used
+            from storage.service import Storage  # here: libsodium and cryptography load only when files are used
 
             runtime = self.runtime
             with self._lock:
                 if self._storage is None:
-                    self._storage = sealed_storage.configure(self.settings, runtime.sessions)
+                    self._storage = Storage(self.settings, runtime.sessions)
         return self._storage
 
     def derived_keys(self, label: bytes) -> list[bytes]:

@@ -9,13 +9,16 @@
     url = storage.signed_url(grant_id, ttl=300)               # "/files/<token>", audited
     link = storage.signed_url(grant_id, absolute=True)        # CRONBOX_BASE_URL + "/files/<token>"
 
-The module-level functions use the process's configured Storage: create_app()
-and every `python -m cron storage ...` command configure it; elsewhere call
-`storage.configure(settings, sessions)` once (or it is built from the .env
-settings on first use). docs/sealed-format.md specifies the file format.
+Inside a host app (a request, a handler, a cron command under CRONBOX_APP) the
+module-level functions use that app's store: its instance folder, its keys,
+whatever the environment or working directory say later. Outside an app context
+in a process with a host app they refuse (NoAppContext); the standalone app's
+store is built from the .env settings once (`current()` says the order).
+docs/sealed-format.md specifies the file format.
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,15 +28,16 @@ from outbox.core.settings import Settings, load_settings
 from outbox.core.db import make_engine, session_factory
 
 # Every error the functions below raise (README, "Sealed files", says which and the HTTP answer for each).
-from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NotFound, StorageError, TooLarge,
-                     UnknownKey)
-from .models import SealedFile
-from .vault import valid_id
+from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NoAppContext, NotFound,
+                     StorageError, TooLarge, UnknownKey)
 
 if TYPE_CHECKING:
     from .service import OpenedFile, Sealed, Storage
 
-_default: Storage | None = None
+# Which Storage a module-level call uses, outside an app context: per process, never an app's.
+_default: Storage | None = None  # configure()'s, or the standalone one built on first use
+_pending: tuple[Settings, sessionmaker[Session] | None] | None = None  # use()'s settings, not built yet
+_hosted = False  # a Cronbox extension was set up in this process (mark_hosted)
 _LAZY = ("OpenedFile", "Sealed", "Storage")
 
 
@@ -47,19 +51,64 @@ def __getattr__(name: str):
 
 
 def configure(settings: Settings | None = None, sessions: sessionmaker[Session] | None = None) -> Storage:
-    """Make the Storage the module-level functions use; returns it."""
-    global _default
+    """Make the Storage the module-level functions use outside an app context; returns it."""
+    global _default, _pending
     from .service import Storage
 
     settings = settings or load_settings()
     if sessions is None:
         sessions = session_factory(make_engine(settings, role="cron"))
-    _default = Storage(settings, sessions)
+    _default, _pending = Storage(settings, sessions), None
     return _default
 
 
+def use(settings: Settings, sessions: sessionmaker[Session] | None) -> None:
+    """configure() with these settings on first use (a standalone command's runtime): the settings are
+    the ones resolved at start, so a handler that later changes os.environ or the working directory
+    does not move the keys; a command that never seals never loads the ciphers."""
+    global _default, _pending
+    _default, _pending = None, (settings, sessions)
+
+
+def mark_hosted() -> None:
+    """A host app is set up in this process (Cronbox.init_app): from now on a module-level call outside
+    an app context is refused (NoAppContext) rather than served from the environment's guess."""
+    global _hosted
+    _hosted = True
+
+
 def current() -> Storage:
-    return _default if _default is not None else configure()
+    """The Storage a module-level call uses.
+
+    Inside an app context whose app set cronbox up (a request, a handler, a cron command under
+    CRONBOX_APP or `flask --app`): that app's, from the settings its init_app resolved. Elsewhere the
+    one configure() or use() gave. Elsewhere, in a process with a host app (a Cronbox extension set up,
+    or CRONBOX_APP in the environment or .env), none: NoAppContext. Else the standalone app's, from the
+    .env settings, resolved once and kept.
+    """
+    app_storage = _app_storage()
+    if app_storage is not None:
+        return app_storage
+    if _default is not None:
+        return _default
+    if _pending is not None:
+        return configure(*_pending)
+    if _hosted:
+        raise NoAppContext()
+    settings = load_settings()
+    if settings.get("CRONBOX_APP"):
+        raise NoAppContext()
+    return configure(settings)
+
+
+def _app_storage() -> Storage | None:
+    """The current Flask app's sealed storage, when there is an app context and cronbox is set up on its
+    app. Only a process that imported Flask can be in an app context: storage never imports it."""
+    flask = sys.modules.get("flask")
+    if flask is None or not flask.has_app_context():
+        return None
+    state = flask.current_app.extensions.get("cronbox")
+    return None if state is None else state.storage
 
 
 def put(session: Session, stream, *, filename: str, content_type: str, owner: str) -> str:
@@ -84,10 +133,7 @@ def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None,
 
 def open_file(session: Session, file_id: str) -> OpenedFile:
     """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
-    row = session.get(SealedFile, file_id) if valid_id(file_id) else None
-    if row is None:
-        raise NotFound(f"no file {file_id}")
-    return current().open(row)
+    return current().open_file(session, file_id)
 
 
 __all__ = [
@@ -95,6 +141,7 @@ __all__ = [
     "GrantInvalid",
     "IntegrityError",
     "KeyFolderError",
+    "NoAppContext",
     "NotFound",
     "OpenedFile",
     "Sealed",
@@ -105,8 +152,10 @@ __all__ = [
     "configure",
     "current",
     "grant",
+    "mark_hosted",
     "open_file",
     "put",
     "revoke",
     "signed_url",
+    "use",
 ]

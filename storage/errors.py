@@ -54,3 +54,17 @@ class TooLarge(StorageError):
     def __init__(self, limit: int):
         self.limit = limit
         super().__init__(f"the file is larger than the limit of {limit} bytes (CRONBOX_UPLOAD_MAX)")
+
+
+class NoAppContext(StorageError):
+    """A module-level call (`storage.put()`, ...) outside an app context, in a process with a host app.
+
+    Which keys to seal under is the app's setting (`<instance>/cronbox/keys`): a store guessed from the
+    environment and the working directory would write a master key nobody backs up, beside a database
+    nobody reads.
+    """
+
+    def __init__(self):
+        super().__init__("sealed storage used outside an app context in a process with a host app: call it inside "
+                         "`with app.app_context():` (a request, a cronbox handler and every cron command already are), "
+                         "or use `cronbox.storage` there")

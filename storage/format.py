@@ -214,7 +214,14 @@ def open_meta(data_key: bytes, file_id: bytes, blob: bytes) -> tuple[str, str]:
         raise IntegrityError("sealed metadata is too short")
     plain = open_once(XCHACHA20_POLY1305, metadata_key(data_key, file_id), blob[:META_NONCE_SIZE],
                       blob[META_NONCE_SIZE:], _META_AD + file_id)
-    meta = json.loads(plain.decode("utf-8"))
+    try:
+        meta = json.loads(plain.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        raise IntegrityError("sealed metadata is not UTF-8 JSON") from None
+    # Exactly the object a writer makes: a reader must not guess at other shapes (docs/sealed-format.md).
+    if not (isinstance(meta, dict) and meta.keys() == {"name", "type"}
+            and isinstance(meta["name"], str) and isinstance(meta["type"], str)):
+        raise IntegrityError('sealed metadata is not {"name": <text>, "type": <text>}')
     return meta["name"], meta["type"]
 
 

@@ -37,8 +37,8 @@ import filelock
 
 from outbox.core.settings import Settings
 
-from .errors import KeyFolderError, UnknownKey
-from .format import KEY_ID, MAX_SEQUENCE
+from .errors import IntegrityError, KeyFolderError, UnknownKey
+from .format import KEY_ID, MAX_SEQUENCE, is_master_key_id
 from .vault import check_outside_web_roots
 
 log = logging.getLogger("cronbox")
@@ -70,6 +70,10 @@ class KeyRing:
         return max(self.encryption.values(), key=lambda k: (k.sequence, k.id))
 
     def master_key(self, key_id: str) -> bytes:
+        """The master key a row names. An id no key file could carry (a `sig-` id, `../x`, upper case) is
+        an altered row, not a key to restore: IntegrityError, and never a path (the ring was read whole)."""
+        if not is_master_key_id(key_id):
+            raise IntegrityError("the row's key id is not a master key id (enc-<4 to 9 digits>-<8 hex digits>)")
         try:
             return self.encryption[key_id].material
         except KeyError:
@@ -112,7 +116,13 @@ def _read(folder: Path) -> KeyRing:
             raise KeyFolderError(f"key file {path} is not named <enc|sig>-<4 to 9 digits>-<8 hex digits>.key; "
                                  "a key's file name is its id: restore it under its original name")
         _check_private(path, "key file")
-        material = _decode(path.read_bytes())
+        if not path.is_file():  # a folder or a FIFO under a key's name: reading it would fail or block
+            raise KeyFolderError(f"key file {path} is not a regular file")
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise KeyFolderError(f"key file {path} cannot be read: {exc.strerror}") from None
+        material = _decode(text)
         if material is None:
             raise KeyFolderError(f"key file {path} does not hold a key: expected 43 base64url characters "
                                  "(A-Z a-z 0-9 - _, no padding) and a newline")

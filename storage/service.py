@@ -235,6 +235,13 @@ class Storage:
                          file_id=row.id, subject=row.owner, client=client, detail=f"by {actor}")
         return names
 
+    def open_file(self, session: Session, file_id: str) -> OpenedFile:
+        """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
+        row = session.get(SealedFile, file_id) if valid_id(file_id) else None
+        if row is None:
+            raise NotFound(f"no file {file_id}")
+        return self.open(row)
+
     def describe(self, row: SealedFile) -> tuple[str, str]:
         """(original file name, content type), unsealed."""
         return open_meta(self.data_key(row), bytes.fromhex(row.id), row.meta)

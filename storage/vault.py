@@ -26,13 +26,14 @@ from outbox.core.settings import Settings
 
 from .errors import IntegrityError, KeyFolderError, NotFound
 
-_ID = re.compile(r"^[0-9a-f]{32}$")
+_ID = re.compile(r"[0-9a-f]{32}")
 _SEALED = re.compile(r"^([0-9a-f]{32})\.sealed$")
 _TEMPORARY = re.compile(r"^([0-9a-f]{32})\.[0-9a-f]{8}\.tmp$")
 
 
 def valid_id(file_id: str) -> bool:
-    return isinstance(file_id, str) and bool(_ID.match(file_id))
+    """32 lowercase hex digits and nothing else (fullmatch: `$` would let a trailing newline through)."""
+    return isinstance(file_id, str) and _ID.fullmatch(file_id) is not None
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -23,6 +23,7 @@ from outbox.core.db import is_unreachable
 from outbox.core.errors import CronboxError
 from outbox.engine.handler_call import describe
 from outbox.engine.runtime import Runtime, open_runtime
+import storage as sealed_storage
 
 log = logging.getLogger("cronbox")
 PROG = "python -m cron"
@@ -97,6 +98,8 @@ class State:
                 self._runtime = self._host.open_runtime(migrate=migrate)
             else:
                 self._runtime = open_runtime(role="cron", migrate=migrate)
+                # storage.* in handlers: these settings, resolved now, whatever a handler does to os.environ
+                sealed_storage.use(self._runtime.settings, self._runtime.sessions)
         return self._runtime
 
     def close(self):

@@ -24,8 +24,10 @@ storage = Group("storage", help="Sealed files (PHI): seal, grant, sign links, ve
 
 
 def _storage() -> Storage:
-    rt = runtime()
-    return sealed_storage.configure(rt.settings, rt.sessions)
+    """The command's store: the host app's under CRONBOX_APP or `flask --app` (its context is pushed
+    for the command), else the standalone one on the command's runtime."""
+    runtime()
+    return sealed_storage.current()
 
 
 @storage.command()
@@ -117,7 +119,7 @@ def verify(file_id, all_):
 def rewrap(batch_size):
     """Re-wrap every data key under the active master key (resumable; no file is rewritten)."""
     rt = runtime()
-    st = sealed_storage.configure(rt.settings, rt.sessions)
+    st = _storage()
     lock = rt.lock("rewrap")
     if not lock.acquire():
         click.echo("skipped: storage rewrap already running")

@@ -1,6 +1,6 @@
 """Periodic tasks run by the tick, each at most once per slot.
 
-    from cron import schedule
+    from cron.scheduling import schedule
 
     @schedule.every(minutes=5)
     def refresh_rates(ctx): ...

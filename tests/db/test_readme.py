@@ -10,8 +10,12 @@ relay and worker run, and the effects the README promises are checked.
 from __future__ import annotations
 
 import io
+import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from types import SimpleNamespace
 
@@ -23,13 +27,18 @@ from sqlalchemy.orm import registry as mapper_registry
 
 import outbox
 import storage
+from cron.scheduling import schedule
+from cron.scheduling.models import ScheduleRun
+from cron.scheduling.schedule import Scheduler
+from outbox.core import clock
 from outbox.engine.budget import Budget
+from outbox.events.models import OutboxEvent as Event
 from outbox.events.models import Delivery
 from outbox.events.relay import Relay
 from outbox.queue.models import Job
 from outbox.queue.worker import Worker
 from storage.models import SealedFile
-from tests.conftest import APP_ROOT
+from tests.conftest import APP_ROOT, child_env, run_cli
 from cronbox import Cronbox
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
@@ -43,9 +52,19 @@ def all_snippets() -> list[str]:
     return SNIPPET.findall((APP_ROOT / "README.md").read_text(encoding="utf-8"))
 
 
+# Snippets run by a test of their own (below), each named by a line only it has.
+OWN_TESTS = ("from clinic import cronbox, db", "from cron.scheduling import schedule")
+
+
 def readme_snippets() -> list[str]:
-    """The snippets run here: all but the excerpts of the example app (whose own tests run them)."""
-    return [s for s in all_snippets() if not EXCERPT.match(s)]
+    """The snippets run in order by test_the_readme_snippets_run_as_written: all but the excerpts of
+    the example app (whose own tests run them) and those with a test of their own."""
+    return [s for s in all_snippets() if not EXCERPT.match(s) and not any(mark in s for mark in OWN_TESTS)]
+
+
+def snippet_with(mark: str) -> str:
+    [snippet] = [s for s in all_snippets() if mark in s]
+    return snippet
 
 
 def test_the_readme_excerpts_of_the_example_app_are_its_code():
@@ -180,3 +199,83 @@ def post_scans(runtime, snippet: str):
     return (client.post("/patients/5/scans", data=form, content_type="multipart/form-data"),
             client.post("/patients/5/scans", data={"csrf_token": token, "visit": "12"},
                         content_type="multipart/form-data"))
+
+
+HOSTED = """
+import io
+from clinic import create_app
+
+app = create_app()
+scan = io.BytesIO(b"%PDF-1.7 a scan")
+exec(compile(SNIPPET, "README.md", "exec"))
+answer = app.test_client().get(link.removeprefix("https://clinic.example"))
+print(link.split("/files/")[0], answer.status_code, answer.get_data(as_text=True))
+"""
+
+
+def test_the_host_app_storage_snippet_runs_in_the_example_app(runtime, env, tmp_path):
+    """The README's `cronbox.storage` snippet, with examples/clinic's own names (`from clinic import
+    cronbox, db`), in that app built by its factory: the link it makes downloads, and the keys are in
+    the app's instance folder (`<instance>/cronbox/keys` by default; CRONBOX_INSTANCE here)."""
+    snippet = snippet_with("from clinic import cronbox, db")
+    instance = tmp_path / "clinic-instance"
+    proc = subprocess.run(
+        [sys.executable, "-c", f"SNIPPET = {snippet!r}\n" + HOSTED],
+        env=child_env(env, CRONBOX_INSTANCE=str(instance), CRONBOX_BASE_URL="https://clinic.example",
+                      CRONBOX_APP_ROOT=str(APP_ROOT / "examples" / "clinic")),
+        cwd=APP_ROOT / "examples" / "clinic", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "https://clinic.example 200 %PDF-1.7 a scan"
+    assert sorted(path.name[:4] for path in (instance / "keys").glob("*.key")) == ["enc-", "sig-"]
+
+
+def run_ticks(runtime, *instants: str) -> list[int]:
+    """The scheduler stage of one tick per instant (each a fresh process's, as cron starts them), with
+    the clock frozen there; how many task runs each started."""
+    ran = []
+    for instant in instants:
+        with clock.frozen(datetime.fromisoformat(instant)):
+            ran.append(Scheduler(runtime).run(Budget(max_time=30, memory_mb=None)))
+    return ran
+
+
+def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, monkeypatch):
+    """Each slot once (overlapping ticks skip it), the latest slot only after missed ones, `every` on UTC
+    multiples and `cron` in its time zone."""
+    monkeypatch.setattr(schedule, "every", partial(schedule.every, registry=registry))
+    monkeypatch.setattr(schedule, "cron", partial(schedule.cron, registry=registry))
+    exec(compile(snippet_with("from cron.scheduling import schedule"), "README.md", "exec"), {})
+    assert {t.name: t.describe() for t in registry.tasks.all()} == {
+        "clinic.reminders": "every 15m", "clinic.settle_escrow": "cron 0 3 * * * (Asia/Tehran)"}
+
+    # First tick: both tasks' latest slots; a second tick in the same slots runs nothing.
+    assert run_ticks(runtime, "2026-12-02 10:07", "2026-12-02 10:14") == [2, 0]
+    # Slots 10:15 to 11:30 missed (no tick): one run, for the latest slot only; 03:00 Tehran next.
+    assert run_ticks(runtime, "2026-12-02 11:50", "2026-12-02 23:29", "2026-12-02 23:31") == [1, 1, 2]
+    with runtime.sessions() as session:
+        runs = session.execute(select(ScheduleRun.task, ScheduleRun.slot, ScheduleRun.status)
+                               .order_by(ScheduleRun.task, ScheduleRun.slot)).all()
+        reminders = session.scalars(select(Event.payload).where(Event.type == "reminders.due").order_by(Event.id))
+        assert [json.loads(p)["slot"] for p in reminders] == ["2026-12-02T10:00:00", "2026-12-02T11:45:00",
+                                                 "2026-12-02T23:15:00", "2026-12-02T23:30:00"]
+    assert [(task, f"{slot:%d %H:%M}", status) for task, slot, status in runs] == [
+        ("clinic.reminders", "02 10:00", "ok"), ("clinic.reminders", "02 11:45", "ok"),
+        ("clinic.reminders", "02 23:15", "ok"), ("clinic.reminders", "02 23:30", "ok"),
+        ("clinic.settle_escrow", "01 23:30", "ok"), ("clinic.settle_escrow", "02 23:30", "ok")]  # 03:00 +03:30
+
+
+def test_schedule_list_and_run_show_and_run_the_readmes_tasks(env, runtime, tmp_path):
+    """The snippet as a CRONBOX_HANDLERS module: `schedule list` shows its tasks, `schedule run NAME`
+    runs one now."""
+    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cron.scheduling import schedule"))
+    extra = {"CRONBOX_HANDLERS": "readme_tasks", "PYTHONPATH": f"{APP_ROOT}:{tmp_path}"}
+    listed = run_cli(env, "schedule", "list", **extra)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"clinic\.reminders +every 15m +never", listed.stdout), listed.stdout
+    assert re.search(r"clinic\.settle_escrow +cron 0 3 \* \* \* \(Asia/Tehran\) +never", listed.stdout)
+    ran = run_cli(env, "schedule", "run", "clinic.reminders", **extra)
+    assert (ran.returncode, ran.stdout.strip()) == (0, "schedule run clinic.reminders: ok"), ran.stderr
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Event).where(Event.type == "reminders.due")) == 1
+    unknown = run_cli(env, "schedule", "run", "clinic.nothing", **extra)
+    assert unknown.returncode == 2 and "no task named 'clinic.nothing'" in unknown.stderr

@@ -123,6 +123,9 @@ def build() -> dict:
                 "sealed_length": len(sealed),
                 "sealed_sha256": hashlib.sha256(sealed).hexdigest(),
                 "sealed_b64": base64.b64encode(sealed).decode(),
+                # A reader's first check of its chunk code: chunk 0 whole (ciphertext and tag), sealed with last = 0.
+                **({"chunk_0_hex": _chunk_0(sealed).hex(), "chunk_0_sha256": hashlib.sha256(_chunk_0(sealed)).hexdigest()}
+                   if len(plaintext) > CHUNK_SIZE else {}),
                 "must_fail": _variants(name, algorithm),
             })
     return {
@@ -138,6 +141,11 @@ def build() -> dict:
         },
         "vectors": vectors,
     }
+
+
+def _chunk_0(sealed: bytes) -> bytes:
+    header = header_size(sealed[8])
+    return sealed[header:header + SEALED_CHUNK]
 
 
 def plaintext_of(vector: dict) -> bytes:
@@ -204,6 +212,8 @@ def markdown(fixture: dict) -> str:
         else:
             header = len(bytes.fromhex(vector["header"]))
             lines.append(f"chunk 0 tag   {sealed[header + SEALED_CHUNK - 16: header + SEALED_CHUNK].hex()}")
+            lines.append(f"chunk 0 first {sealed[header: header + 32].hex()}")
+            lines.append(f"chunk 0 sha256 {vector['chunk_0_sha256']}  (all 65,552 bytes: chunk_0_hex in the JSON)")
             lines.append(f"last chunk    {sealed[header + SEALED_CHUNK:].hex()}")
         lines += ["```", ""]
     lines += ["Each vector lists *must-fail* variants, operations on its sealed bytes with the row left as "

@@ -129,7 +129,7 @@ def test_a_5_mib_form_is_sealed_while_it_streams_and_nothing_else_is_written(hos
     outside = [path for path in writes if not Path(path).resolve().is_relative_to(sealed_dir.resolve())]
     assert outside == []
     assert {Path(p).name.split(".")[0] for p in writes} == {answer["id"]}
-    with runtime.sessions() as session:
+    with runtime.sessions() as session, host.app_context():  # the host app's store, as in its own code
         opened = storage.open_file(session, answer["id"])
         try:
             assert b"".join(bytes(chunk) for chunk in opened.iter_range(0, opened.size)) == data

@@ -13,11 +13,12 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select
 
 import outbox
-from cronbox import UploadRefused, seal_upload, sealed_upload_route, state
+from cronbox import UploadRefused, seal_upload, sealed_upload_route
 from cronbox.client import client_ip
 from storage import audit
 from storage.models import SealedFile
 
+from . import cronbox
 from .models import Appointment, Patient, Payment, db
 
 bp = Blueprint("clinic", __name__)
@@ -79,7 +80,7 @@ def scan_link(patient_id: int, file_id: str):
     row = db.session.get(SealedFile, file_id)
     if row is None or row.owner != f"patient:{patient_id}":
         abort(404)
-    files = state().storage  # this app's sealed storage
+    files = cronbox.storage  # this app's sealed storage, as db.session is its session
     grant = files.grant(db.session, file_id, f"patient:{patient_id}", expires_in=86400, max_uses=3)
     who = audit.Client(client_ip(request, files.settings.trusted_proxies), request.headers.get("User-Agent"))
     url = files.signed_url(grant, ttl=300, session=db.session, client=who, absolute=True)  # audited as issued

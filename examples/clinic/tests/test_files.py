@@ -79,10 +79,10 @@ def upload(app, patient: int, body: bytes, content_type: str = FORM, *, chunked:
 @pytest.fixture
 def files(app):
     """The clinic's sealed storage, its keys made before a test watches the writes."""
-    from cronbox import state
+    from clinic import cronbox
 
     with app.app_context():
-        store = state().storage
+        store = cronbox.storage
         store.keyring()
     return store
 

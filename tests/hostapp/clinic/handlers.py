@@ -5,9 +5,12 @@ What the tests steer, through the environment of the cron process:
 CLINIC_FAIL=1             the consumer and the task raise after writing through both sessions
 CLINIC_INSIDE_FILE / CLINIC_RELEASE_FILE  the consumer writes the first (with the number of connections
                           the process's database sees, on MySQL) and waits for the second
+CLINIC_WANDER=<folder>    the scan job first moves the working directory, CRONBOX_INSTANCE and
+                          CRONBOX_APP_ROOT there, as a careless handler might
 """
 from __future__ import annotations
 
+import io
 import os
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ from sqlalchemy import text
 
 import clinic
 import outbox
+import storage
 import web
 from clinic import db  # the factory has returned by now: cronbox imports handlers after it
 from clinic.models import Appointment, Note
@@ -66,3 +70,15 @@ def summary(ctx):
     db.session.flush()
     if os.environ.get("CLINIC_FAIL"):
         raise RuntimeError("summary failed on purpose")
+
+
+@outbox.job("scans", name="clinic.seal_scan")
+def seal_scan(payload, ctx):
+    """Seals a scan in a background job, through the module-level `storage.put()`: under the app's keys."""
+    wander = os.environ.get("CLINIC_WANDER")
+    if wander:
+        os.chdir(wander)
+        os.environ.update(CRONBOX_INSTANCE=wander, CRONBOX_APP_ROOT=wander)
+    file_id = storage.put(ctx.session, io.BytesIO(payload["text"].encode()), filename="scan.txt",
+                          content_type="text/plain", owner=payload["owner"])
+    ctx.session.add(Note(appointment_id=None, source="scan", text=file_id))

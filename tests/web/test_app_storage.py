@@ -1,0 +1,124 @@
+"""Which sealed store a call in a host app uses (issue 24): the current app's, from the settings its
+`init_app` resolved, through the module-level `storage.*` and through `Cronbox.storage` alike.
+
+Two Flask apps in one process, each with its own instance folder, seal under their own keys; a
+request that moves the working directory and CRONBOX_* variables before sealing still seals under
+its app's keys, and the link it makes downloads.
+"""
+from __future__ import annotations
+
+import inspect
+import io
+import os
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+import storage
+from cronbox import Cronbox
+from storage.service import Storage
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+
+
+def host_app(runtime, root: Path, name: str) -> tuple[Flask, Cronbox]:
+    """A host app with its own root and instance folder, on the test's database."""
+    app = Flask(name, root_path=str(root), instance_path=str(root / "instance"))
+    app.config.update(CRONBOX_DATABASE_URL=runtime.settings.database_url, CRONBOX_APP_ROOT=str(root))
+    cronbox = Cronbox()
+    cronbox.init_app(app).use_runtime(runtime)
+    return app, cronbox
+
+
+def key_folders(under: Path) -> list[Path]:
+    return sorted({path.parent for path in under.rglob("*.key")})
+
+
+def read(opened) -> bytes:
+    try:
+        return b"".join(bytes(part) for part in opened.iter_range(0, opened.size))
+    finally:
+        opened.close()
+
+
+def test_two_apps_in_one_process_seal_under_their_own_keys(runtime, tmp_path):
+    first, first_cronbox = host_app(runtime, tmp_path / "first", "first")
+    second, second_cronbox = host_app(runtime, tmp_path / "second", "second")
+    with runtime.sessions.begin() as session:
+        with first.app_context():
+            one = storage.put(session, io.BytesIO(b"first's scan"), filename="a.txt", content_type="text/plain",
+                              owner="patient:1")
+        with second.app_context():
+            two = second_cronbox.storage.put(session, io.BytesIO(b"second's scan"), filename="b.txt",
+                                             content_type="text/plain", owner="patient:2")
+    assert key_folders(tmp_path) == [tmp_path / "first" / "instance" / "cronbox" / "keys",
+                                     tmp_path / "second" / "instance" / "cronbox" / "keys"]
+    with runtime.sessions() as session:
+        with first.app_context():
+            assert read(storage.open_file(session, one)) == b"first's scan"
+            assert first_cronbox.storage is storage.current() is first.extensions["cronbox"].storage
+            with pytest.raises(storage.UnknownKey):
+                storage.open_file(session, two)  # sealed under the other app's key
+        with second.app_context():
+            assert read(second_cronbox.storage.open_file(session, two)) == b"second's scan"
+            assert second_cronbox.storage is storage.current() is not first.extensions["cronbox"].storage
+
+
+MOVES = {
+    "cwd": lambda away, mp: mp.chdir(away),
+    "instance": lambda away, mp: mp.setenv("CRONBOX_INSTANCE", str(away)),
+    "app-root": lambda away, mp: mp.setenv("CRONBOX_APP_ROOT", str(away)),
+    "keys": lambda away, mp: mp.setenv("CRONBOX_KEYS", str(away / "keys")),
+    "all": lambda away, mp: [move(away, mp) for name, move in MOVES.items() if name != "all"],
+}
+
+
+@pytest.mark.parametrize("moved", sorted(MOVES))
+def test_a_request_that_moves_cwd_or_environ_still_seals_under_its_apps_keys(runtime, tmp_path, monkeypatch, moved):
+    """The store is built on first use, here after the move: from the settings init_app resolved."""
+    away = tmp_path / "away"
+    away.mkdir()
+    app, _cronbox = host_app(runtime, tmp_path / "clinic", "clinic")
+
+    @app.post("/scan")
+    def scan():
+        MOVES[moved](away, monkeypatch)
+        with runtime.sessions.begin() as session:
+            file_id = storage.put(session, io.BytesIO(b"scan"), filename="s.txt", content_type="text/plain",
+                                  owner="patient:3")
+            grant_id = storage.grant(session, file_id, "patient:3")
+        return storage.signed_url(grant_id, ttl=60)
+
+    client = app.test_client()
+    link = client.post("/scan")
+    assert link.status_code == 200, link.data
+    monkeypatch.undo()
+    downloaded = client.get(link.get_data(as_text=True))
+    assert downloaded.status_code == 200 and downloaded.data == b"scan"
+    assert key_folders(tmp_path) == [tmp_path / "clinic" / "instance" / "cronbox" / "keys"]
+    assert list(away.iterdir()) == []
+
+
+def test_cronbox_storage_needs_an_app_it_is_set_up_on(runtime, tmp_path):
+    app, cronbox = host_app(runtime, tmp_path / "clinic", "clinic")
+    with pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
+        cronbox.storage
+    with Flask("other").app_context(), pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
+        cronbox.storage
+    with app.app_context():
+        assert isinstance(cronbox.storage, Storage)
+    other, _other_cronbox = host_app(runtime, tmp_path / "other", "other")
+    with other.app_context(), pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
+        cronbox.storage  # another Cronbox object's app: not this one's to hand out
+
+
+@pytest.mark.parametrize("name", ["put", "grant", "revoke", "signed_url", "open_file"])
+def test_cronbox_storage_takes_the_module_level_calls_arguments(name):
+    """`cronbox.storage.grant(...)` and `storage.grant(...)` are the same call: a snippet written for one
+    runs on the other."""
+    module_level = inspect.signature(getattr(storage, name)).parameters
+    method = inspect.signature(getattr(Storage, name)).parameters
+    for parameter in module_level.values():
+        assert parameter.name in method and method[parameter.name].kind == parameter.kind, parameter
+        assert method[parameter.name].default == parameter.default, parameter
