@@ -1,0 +1,72 @@
+"""What a handler does to the process it runs in stays its own (outbox.engine.handler_process):
+a forked child that leaves the handler ends there, signal dispositions are put back after every call,
+non-daemon threads a handler leaves do not keep a cron process alive past its run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import outbox
+from outbox.engine.registry import Registry
+from outbox.queue.jobs import job
+from tests.conftest import child_env, run_cli
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")  # the claim mode changes nothing here
+
+# How the child leaves the handler -> the exit code it must end with (tests/handlers/forking.py).
+CHILD_CASES = {
+    "return": 0, "raise": 1, "system-exit-3": 3, "system-exit-none": 0, "sys-exit-text": 1,
+    "keyboard-interrupt": 1, "double-fork": 0, "multiprocessing": 0,
+}
+
+
+def dispatch(session, queue: str, name: str, payload: dict) -> None:
+    """A job row for tests.handlers.forking's job `name` (importing that module here would register its
+    handlers in every test's default registry)."""
+    job(queue, name=name, registry=Registry())(lambda payload, ctx: None).dispatch(session, payload)
+
+
+def effect_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("case", list(CHILD_CASES))
+def test_a_forked_child_leaving_the_handler_ends_there_and_the_run_goes_on_once(runtime, env, tmp_path, case):
+    effects = tmp_path / "effects.txt"
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "plain", {"n": 1})
+        outbox.record(session, "fork", {"case": case, "n": 2})
+        outbox.record(session, "plain", {"n": 3})
+        outbox.record(session, "fork-grouped", {"case": case, "n": 4})
+        outbox.record(session, "plain", {"n": 5})
+        dispatch(session, "fork", "forking.job", {"case": case, "n": 6})
+        dispatch(session, "plain", "forking.plain_job", {"n": 7})
+    proc = run_cli(env, "tick", "--no-linger", "--max-time", "60", CRONBOX_HANDLERS="tests.handlers.forking",
+                   TEST_EFFECTS_FILE=str(effects), TEST_FORK_TASK=case)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("tick:") == 1, proc.stdout  # one summary: no child ran the tick's loop
+    assert "delivered 5, retried 0" in proc.stdout and "jobs done 2," in proc.stdout
+    assert "(stopped: empty)" in proc.stdout  # the tick lock was still the parent's at every check
+    lines = effect_lines(effects)
+    ran = Counter(line for line in lines if line.startswith("ran "))
+    assert ran == Counter({"ran forking.plain 1": 1, "ran forking.consumer 2": 1, "ran forking.plain 3": 1,
+                           "ran forking.grouped 4": 1, "ran forking.plain 5": 1, "ran forking.job 6": 1,
+                           "ran forking.plain_job 7": 1, "ran forking.task 0": 1}), lines
+    children = [line for line in lines if line.startswith("child ")]
+    assert children == [f"child {case} {CHILD_CASES[case]}"] * 4, lines
+    if case == "double-fork":
+        assert [line for line in lines if line.startswith("grandchild ")] == ["grandchild 0"] * 4
+    if case == "multiprocessing":
+        assert sorted(line for line in lines if line.startswith("mp-target ")) == \
+            ["mp-target 0", "mp-target 2", "mp-target 4", "mp-target 6"]
+    # The parent's connections were left alone: a second tick runs on the same database as usual.
+    again = run_cli(env, "tick", "--no-linger", CRONBOX_HANDLERS="tests.handlers.forking",
+                    TEST_EFFECTS_FILE=str(effects))
+    assert again.returncode == 0 and again.stdout.count("tick:") == 1, again.stdout + again.stderr
