@@ -70,3 +70,49 @@ def test_a_forked_child_leaving_the_handler_ends_there_and_the_run_goes_on_once(
     again = run_cli(env, "tick", "--no-linger", CRONBOX_HANDLERS="tests.handlers.forking",
                     TEST_EFFECTS_FILE=str(effects))
     assert again.returncode == 0 and again.stdout.count("tick:") == 1, again.stdout + again.stderr
+
+
+# (where the handler runs, the signal it changes, to what): every place once, every change once.
+MEDDLING = [("consumer", "SIGTERM", "ignore"), ("grouped", "SIGTERM", "ignore"), ("job", "SIGTERM", "ignore"),
+            ("task", "SIGTERM", "ignore"), ("consumer", "SIGTERM", "default"), ("job", "SIGTERM", "own"),
+            ("task", "SIGINT", "ignore"), ("grouped", "SIGINT", "default"), ("consumer", "SIGINT", "own")]
+
+
+@pytest.mark.parametrize("where,sig,disposition", MEDDLING)
+def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(runtime, env, tmp_path, where, sig,
+                                                                               disposition):
+    case = f"{sig}:{disposition}"
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    with runtime.sessions.begin() as session:
+        if where == "consumer":
+            outbox.record(session, "meddle", {"case": case})
+        if where == "grouped":
+            outbox.record(session, "meddle-grouped", {"case": case})
+        if where == "job":
+            dispatch(session, "sig", "signals.job", {"case": case})
+        dispatch(session, "sig", "signals.block", {})
+    extra = {"TEST_SIGNAL_TASK": case} if where == "task" else {}
+    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], cwd="/", text=True,
+                            env=child_env(env, CRONBOX_HANDLERS="tests.handlers.signals", TEST_INSIDE_FILE=str(inside),
+                                          TEST_RELEASE_FILE=str(release), **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not inside.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the blocking job never started"
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(getattr(signal, sig))  # the meddler has run: the blocking job comes after it
+        time.sleep(0.3)
+        release.write_text("go")
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert "(stopped: signal)" in out, out  # the stop after the current handler, not the run's end at 20 s
+    assert time.monotonic() - started < 10
+    assert not Path(str(inside) + ".own").exists()  # the handler's own function was not called for our signal
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert f"changed the {sig} handler; cronbox's is back in place" in log
