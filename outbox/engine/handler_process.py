@@ -31,6 +31,8 @@ import signal
 import sys
 import threading
 
+from outbox.core.logs import log_text
+
 log = logging.getLogger("cronbox")
 
 # The signals whose dispositions a run relies on (StopSignals in run_loop, the pool's children).
@@ -96,22 +98,25 @@ class SignalDispositions:
                             signal.Signals(sig).name)
 
 
-def leftover_threads() -> list[threading.Thread]:
-    """Non-daemon threads still running besides the main thread: Python would wait for them at exit."""
+def leftover_threads(before: set[threading.Thread] | None = None) -> list[threading.Thread]:
+    """Non-daemon threads still running besides the main thread (and besides those in `before`, the
+    threads the command found when it started): Python would wait for them at exit."""
     main = threading.main_thread()
-    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    return [t for t in threading.enumerate()
+            if t is not main and not t.daemon and t.is_alive() and (before is None or t not in before)]
 
 
-def end_command_process(code: int) -> int:
+def end_command_process(code: int, before: set[threading.Thread] | None = None) -> int:
     """End a cron command's process with `code`: at once, not after the non-daemon threads a handler
     left running (a host counts every live process against its entry-process limit). Returns `code`
-    when there are none (the normal exit then runs as usual)."""
-    threads = leftover_threads()
+    when there are none (the normal exit then runs as usual). Never called inside a web request."""
+    threads = leftover_threads(before)
     if not threads:
         return code
-    names = ", ".join(sorted(t.name for t in threads))[:500]
-    log.warning("ending the process with %d non-daemon thread(s) still running (%s): a handler started "
-                "them; they stop with the process", len(threads), names)
-    logging.shutdown()  # flush and close cronbox's log files (and any other handler's)
+    names = log_text(", ".join(sorted(str(t.name) for t in threads)), 500)
+    log.warning("ending the process with %d non-daemon thread(s) a handler left running (%s); they end with it",
+                len(threads), names)
+    logging.shutdown()  # flush and close the log files
     flush_std_streams()
     os._exit(code)
+

@@ -4,6 +4,7 @@ non-daemon threads a handler leaves do not keep a cron process alive past its ru
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import outbox
 from outbox.engine.registry import Registry
 from outbox.queue.jobs import job
 from tests.conftest import child_env, run_cli
+from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")  # the claim mode changes nothing here
 
@@ -116,3 +118,38 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
     assert not Path(str(inside) + ".own").exists()  # the handler's own function was not called for our signal
     log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
     assert f"changed the {sig} handler; cronbox's is back in place" in log
+
+
+@pytest.mark.parametrize("linger", [True, False])
+def test_non_daemon_threads_a_handler_left_do_not_keep_the_process_past_its_run(runtime, env, linger):
+    with runtime.sessions.begin() as session:
+        dispatch(session, "threads", "threads.linger", {"n": 1})
+    args = ["tick", "--max-time", "6"] + ([] if linger else ["--no-linger"])
+    started = time.monotonic()
+    proc = run_cli(env, *args, timeout=90, CRONBOX_HANDLERS="tests.handlers.threads", TEST_THREAD_TASK="1")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert took < (6 + 5 if linger else 5), took  # not the threads' 60 s
+    assert proc.stdout.count("tick:") == 1 and "jobs done 1," in proc.stdout, proc.stdout
+    assert f"(stopped: {'max-time' if linger else 'empty'})" in proc.stdout
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    # (a linger across a minute's start runs the task twice)
+    assert re.search(r"ending the process with [23] non-daemon thread\(s\) a handler left running "
+                     r"\(handler-sleeper-1, handler-sleeper-task(, handler-sleeper-task)?\)", log), log
+
+
+def test_a_cron_command_with_no_thread_left_exits_as_usual(env, runtime):
+    proc = run_cli(env, "tick", "--no-linger")
+    assert proc.returncode == 0 and proc.stdout.count("tick:") == 1
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert "non-daemon" not in log
+
+
+def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
+    """`flask --app clinic cron tick`: the host's flask process is the command's, the same rule applies."""
+    started = time.monotonic()
+    proc = host.flask("cron", "tick", "--max-time", "6", TEST_THREAD_TASK="1",
+                      CLINIC_CRONBOX_HANDLERS="clinic.handlers,tests.handlers.threads")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 6 + 8
+    assert proc.stdout.count("tick:") == 1 and "(stopped: max-time)" in proc.stdout, proc.stdout
