@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,11 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sqlalchemy import make_url, select, text
 
 import outbox
 from outbox.engine.registry import Registry
 from outbox.queue.jobs import job
+from outbox.queue.models import Job
 from tests.conftest import child_env, run_cli
+from tests.handlers.effects import metadata as effects_metadata
 from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")  # the claim mode changes nothing here
@@ -153,3 +157,91 @@ def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert time.monotonic() - started < 6 + 8
     assert proc.stdout.count("tick:") == 1 and "(stopped: max-time)" in proc.stdout, proc.stdout
+
+
+class RowLock:
+    """Another transaction holding a lock the tick's ack needs: on MariaDB the job's row (FOR UPDATE),
+    on SQLite the database's write lock (BEGIN IMMEDIATE), as a handler's own connection would."""
+
+    def __init__(self, runtime, job_id: int):
+        self.runtime, self.job_id = runtime, job_id
+        self.connection = None
+
+    def take(self) -> None:
+        if self.runtime.is_mysql:
+            self.connection = self.runtime.engine.connect()
+            self.connection.execute(text("SELECT id FROM cronbox_jobs WHERE id = :id FOR UPDATE"), {"id": self.job_id})
+        else:
+            self.connection = sqlite3.connect(make_url(self.runtime.settings.database_url).database,
+                                              isolation_level=None)
+            self.connection.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        if self.connection is not None:
+            self.connection.rollback()
+            self.connection.close()
+            self.connection = None
+
+
+def job_row(runtime, job_id: int):
+    with runtime.sessions() as session:
+        return session.get(Job, job_id)
+
+
+def start_blocked_tick(runtime, env, tmp_path, name: str, max_time: str = "20"):
+    effects_metadata.create_all(runtime.engine)
+    with runtime.sessions.begin() as session:
+        dispatch(session, "lockwait", name, {"n": 1})
+    with runtime.sessions() as session:
+        job_id = session.scalar(select(Job.id))
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", max_time], cwd="/", text=True,
+                            env=child_env(env, CRONBOX_HANDLERS="tests.handlers.lockwait", TEST_INSIDE_FILE=str(inside),
+                                          TEST_RELEASE_FILE=str(release)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not inside.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+        time.sleep(0.05)
+    lock = RowLock(runtime, job_id)
+    lock.take()
+    started = time.monotonic()
+    release.write_text("go")
+    return proc, lock, job_id, started
+
+
+@pytest.mark.parametrize("name", ["lockwait.quiet", "lockwait.session"])
+def test_an_ack_blocked_by_another_transaction_fails_the_attempt_naming_the_lock_wait(runtime, env, tmp_path, name):
+    proc, lock, job_id, started = start_blocked_tick(runtime, env, tmp_path, name)
+    try:
+        time.sleep(13)  # past one bounded wait (10 s), well before the run's end
+    finally:
+        lock.release()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert time.monotonic() - started < 20 + 5, out
+    row = job_row(runtime, job_id)
+    assert row.status == "ready" and row.attempts == 1, (row.status, row.attempts, row.last_error)
+    if name == "lockwait.session" and not runtime.is_mysql:
+        # SQLite: the handler's own write waits for the database lock first, and fails naming it
+        assert "database is locked" in row.last_error
+        return
+    assert row.last_error.startswith("lock wait: the ack waited 10s for a lock held by another transaction "
+                                     "(did the handler write cronbox tables on its own connection?)"), row.last_error
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert "lock wait: the ack waited 10s" in log  # said when it happened, not only in the row
+
+
+def test_a_lock_held_past_the_run_ends_the_run_by_its_time_and_the_next_tick_runs(runtime, env, tmp_path):
+    proc, lock, job_id, started = start_blocked_tick(runtime, env, tmp_path, "lockwait.quiet")
+    try:
+        out, err = proc.communicate(timeout=150)  # the lock is held until the tick has ended
+        took = time.monotonic() - started
+    finally:
+        lock.release()
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert proc.returncode == 0, out + err + log
+    assert took < 20 + 5, (took, out, err)
+    assert out.count("tick:") == 1 and "(stopped: lock-wait)" in out, out
+    again = run_cli(env, "tick", "--no-linger", CRONBOX_HANDLERS="tests.handlers.lockwait")
+    assert again.returncode == 0 and "skipped" not in again.stdout, again.stdout + again.stderr

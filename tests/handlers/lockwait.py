@@ -1,0 +1,35 @@
+"""Jobs whose ack another transaction blocks (CRONBOX_HANDLERS=tests.handlers.lockwait).
+
+Both write TEST_INSIDE_FILE, then wait for TEST_RELEASE_FILE (the test takes a lock on the job's row,
+or on the SQLite database, meanwhile); "lockwait.session" then writes a row through ctx.session, so
+that its ack joins its own transaction; "lockwait.quiet" writes nothing (its ack is batched).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from sqlalchemy import insert
+
+import outbox
+from tests.handlers.effects import effects
+
+
+def _wait_for_release() -> None:
+    Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    release = Path(os.environ["TEST_RELEASE_FILE"])
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@outbox.job("lockwait", name="lockwait.quiet", timeout=30, tries=3, backoff=600)
+def quiet(payload, ctx):
+    _wait_for_release()
+
+
+@outbox.job("lockwait", name="lockwait.session", timeout=30, tries=3, backoff=600)
+def with_session(payload, ctx):
+    _wait_for_release()
+    ctx.session.execute(insert(effects).values(consumer="lockwait.session", event_id=payload["n"]))
