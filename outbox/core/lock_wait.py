@@ -32,7 +32,7 @@ _BOUND = "cronbox_lock_wait"  # the bound set on a DB-API connection, in its poo
 def bound_lock_wait(connection: Connection, remaining: float) -> int:
     """Let a statement on `connection` wait at most LOCK_WAIT_SLICE seconds for a lock, and no longer
     than `remaining` (at least 1 s: both servers count whole seconds here). Returns the bound."""
-    seconds = max(1, min(LOCK_WAIT_SLICE, math.ceil(remaining)))
+    seconds = LOCK_WAIT_SLICE if remaining >= LOCK_WAIT_SLICE else max(1, math.ceil(remaining))  # inf: no --max-time
     info = connection.info
     if info.get(_BOUND) != seconds:
         _set(connection.connection, connection.dialect.name, seconds)
