@@ -6,30 +6,18 @@ that its ack joins its own transaction; "lockwait.quiet" writes nothing (its ack
 """
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
-
 from sqlalchemy import insert
 
 import outbox
-from tests.handlers.effects import effects
-
-
-def _wait_for_release() -> None:
-    Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
-    deadline = time.monotonic() + 60
-    release = Path(os.environ["TEST_RELEASE_FILE"])
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+from tests.handlers.effects import effects, wait_for_release
 
 
 @outbox.job("lockwait", name="lockwait.quiet", timeout=30, tries=3, backoff=600)
 def quiet(payload, ctx):
-    _wait_for_release()
+    wait_for_release()
 
 
 @outbox.job("lockwait", name="lockwait.session", timeout=30, tries=3, backoff=600)
 def with_session(payload, ctx):
-    _wait_for_release()
+    wait_for_release()
     ctx.session.execute(insert(effects).values(consumer="lockwait.session", event_id=payload["n"]))

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from pathlib import Path
 
 import outbox
 from cron.scheduling import schedule
+from tests.handlers.effects import wait_for_release
 
 
 def _own_handler(signum, frame):
@@ -43,11 +42,7 @@ def meddling_job(payload, ctx):
 
 @outbox.job("sig", name="signals.block", timeout=120, tries=1)
 def block(payload, ctx):
-    Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
-    deadline = time.monotonic() + 60
-    release = Path(os.environ["TEST_RELEASE_FILE"])
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for_release()
 
 
 if os.environ.get("TEST_SIGNAL_TASK"):
