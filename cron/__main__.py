@@ -14,11 +14,11 @@ import sys
 
 gc.disable()
 try:
-    from cron.cli import import_command, main
+    from cron.cli import import_command, script
 
     import_command(sys.argv[1:])  # the command's own module (a tick: the stages, the store modules)
 finally:
     gc.freeze()
     gc.enable()
 
-sys.exit(main())
+sys.exit(script())

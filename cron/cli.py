@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
+from functools import partial
 
 import click
 
 from cron.commands.base import Group, State, run
+from outbox.engine.handler_process import end_command_process
 from outbox.engine.runtime import Runtime
 
 # Every command of the root: its name, and the click command or group of its module in cron/commands/.
@@ -39,7 +42,21 @@ COMMANDS = {
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""
     state = ctx.ensure_object(State)
+    if ctx.parent is not None:  # `flask --app app cron ...`: the host's flask process is this command's
+        ctx.call_on_close(partial(_end_flask_command, set(threading.enumerate())))  # runs after state.close
     ctx.call_on_close(state.close)
+
+
+def _end_flask_command(before: set[threading.Thread]) -> None:
+    """Under `flask --app app cron`, the same end as `python -m cron`'s (script()): non-daemon threads a
+    handler left must not keep the process alive past the run. Called as the command's context closes,
+    where the command's click.Exit (or nothing, after a plain return) is the exception being handled."""
+    raised = sys.exc_info()[1]
+    if raised is None:
+        end_command_process(0, before)
+    elif isinstance(raised, click.exceptions.Exit):
+        end_command_process(raised.exit_code, before)
+    # any other error: flask reports it as usual
 
 
 def import_command(argv: list[str]) -> None:
@@ -58,6 +75,12 @@ def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> in
     `runtime`: run inside an existing process (one-off runs from the tick) instead of opening one."""
     _never_fail_on_encoding()
     return run(cli, argv, runtime=runtime)
+
+
+def script() -> int:
+    """The `cronbox` script and `python -m cron`: main(), then the process ends with its exit code even
+    if a handler left non-daemon threads running (outbox.engine.handler_process.end_command_process)."""
+    return end_command_process(main())
 
 
 def _never_fail_on_encoding() -> None:

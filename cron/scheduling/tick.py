@@ -110,7 +110,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         def counts() -> dict:
             now = clock.utcnow()
             total = select(deliveries.backlog_count(now) + jobstore.backlog_count(now))  # one statement, not three
-            backlog = in_transaction(runtime.sessions, lambda s: s.scalar(total) or 0)
+            backlog = in_transaction(runtime.sessions, lambda s: s.scalar(total) or 0, retry_waits=False)
             return {"delivered": relay.stats.done, "retried": relay.stats.retried, "dead": relay.stats.gave_up,
                     "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}

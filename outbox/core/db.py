@@ -28,13 +28,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from outbox.core import sqlite_files
+from outbox.core.lock_wait import SQLITE_BUSY_MS, restore_on_return
 from outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
 
 # MySQL error codes.
-LOCK_CONFLICTS = {1213, 1205}  # deadlock found; lock wait timeout exceeded
+DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
+LOCK_CONFLICTS = {DEADLOCK, LOCK_WAIT_TIMEOUT}
 CONNECTION_LOST = {2006, 2013, 2003, 2002, 1226, 1927, 1053, 4031}  # gone away, lost, can't connect, too many user connections, killed, shutdown, idle disconnect
 SQLITE_BUSY = ("database is locked", "database table is locked")
 CRON_WAIT_TIMEOUT = 3600  # seconds; see _session_setup
@@ -242,6 +244,8 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
         _track_cleanliness(engine)
         _ping_when_idle(engine)
         _plain_savepoints(engine)
+    if role == "web":
+        event.listen(engine, "reset", restore_on_return)
 
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
@@ -276,6 +280,8 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
     if role != "lock":
         _track_cleanliness(engine)
         _plain_savepoints(engine)
+    if role == "web":
+        event.listen(engine, "reset", restore_on_return)
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection, _record):
@@ -286,7 +292,7 @@ def _sqlite_engine(settings: Settings, url: str, role: str) -> Engine:
         # NORMAL in WAL mode survives a killed process (the LVE threat); only an
         # OS crash or power cut can lose the last commits.
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -379,15 +385,23 @@ def is_unreachable(exc: BaseException) -> bool:
     return is_connection_lost(exc) or "can't connect" in text_ or "unable to open database" in text_
 
 
-def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T], *, retries: int = 5) -> T:
+def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T], *, retries: int = 5,
+                   deadline: float | None = None, before_attempt: Callable[[], None] | None = None,
+                   retry_waits: bool = True) -> T:
     """Run `work(session)` in one short transaction, retrying it on lock conflicts.
 
-    Bounded: after `retries` conflicts the error propagates. `work` must be
-    safe to run again, which holds for our claim/ack statements (they are
-    guarded by status and claim token).
+    Bounded: after `retries` conflicts the error propagates; with a `deadline` (time.monotonic), lock
+    conflicts are retried while it has not passed instead, each logged (a run's writes: their waits
+    are bounded by outbox.core.lock_wait, which `before_attempt` applies). `retry_waits=False`: a lock
+    wait that timed out (1205, SQLite busy) is not waited again, only deadlocks are retried. `work` must
+    be safe to run again, which holds for our claim/ack statements (guarded by status and claim token).
     """
     reconnected = False
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
+        if before_attempt is not None:
+            before_attempt()
+        started = time.monotonic()
         try:
             with sessions.begin() as session:
                 return work(session)
@@ -398,11 +412,24 @@ def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]
                 reconnected = True
                 log.warning("database connection lost (%s); retrying the transaction once", mysql_error_code(exc))
                 continue
-            if attempt >= retries or not isinstance(exc, OperationalError) or not is_lock_conflict(exc):
+            if not isinstance(exc, OperationalError) or not is_lock_conflict(exc):
                 raise
-            log.info("lock conflict (%s), retrying transaction (%d/%d)", mysql_error_code(exc) or "busy", attempt + 1, retries)
-            time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
-    raise AssertionError("unreachable")
+            if not retry_waits and mysql_error_code(exc) != DEADLOCK:
+                raise
+            attempt += 1
+            now = time.monotonic()
+            if deadline is None:
+                if attempt > retries:
+                    raise
+                log.info("lock conflict (%s), retrying transaction (%d/%d)", mysql_error_code(exc) or "busy",
+                         attempt, retries)
+            else:
+                if now >= deadline:
+                    raise
+                log.warning("lock conflict (%s) after waiting %.1fs for a lock another transaction holds; "
+                            "retrying for up to %.0fs more (the run's remaining time)",
+                            mysql_error_code(exc) or "busy", now - started, deadline - now)
+            time.sleep(random.uniform(0.005, 0.05) * min(attempt, 10))
 
 
 def server_version(engine: Engine) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import _signal
 import inspect
 import math
+import os
 import re
 import signal
 import threading
@@ -29,6 +30,7 @@ from typing import Callable, ContextManager
 
 from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater
 from outbox.core.text import UNSHOWABLE
+from outbox.engine.handler_process import SignalDispositions, flush_std_streams, leave_if_forked
 
 OK, RETRY_LATER, PERMANENT, ERROR, TIMEOUT = "ok", "retry-later", "permanent", "error", "timeout"
 ERROR_MAX = 1000  # the last_error columns
@@ -122,23 +124,28 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
         # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
         # like Python's own handler).
         signal.signal(signal.SIGINT, _raise_interrupt)
+    dispositions = SignalDispositions() if main_thread else None
     if use_timer:
         # Installed once and left in place (it only acts while our timer is armed): swapping
         # handlers around every call cost two syscalls per job.
         if _signal.getsignal(signal.SIGALRM) is not _raise_timeout:
             signal.signal(signal.SIGALRM, _raise_timeout)
         signal.setitimer(signal.ITIMER_REAL, timeout)
+    pid = os.getpid()
+    flush_std_streams()  # a child the handler forks must not write our buffered output again
     started = time.monotonic()
     try:
         try:
             if scope is None:
-                result = fn(*args)
+                result = _call_here(fn, args, pid)
             else:
                 with scope():
-                    result = fn(*args)
+                    result = _call_here(fn, args, pid)
         finally:
             if use_timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+            if dispositions is not None:
+                dispositions.restore(_name_of(fn))
     except SignalInterrupt:
         raise
     except HandlerTimeout as exc:
@@ -160,6 +167,22 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
     if problem is not None:
         return Outcome(ERROR, seconds, problem)
     return Outcome(OK, seconds)
+
+
+def _call_here(fn: Callable, args: tuple, pid: int):
+    """The handler's call; in a process the handler forked, whichever way the call ends there, the
+    process ends at once instead of returning into cronbox (outbox.engine.handler_process)."""
+    try:
+        result = fn(*args)
+    except BaseException as exc:
+        leave_if_forked(pid, exc)
+        raise
+    leave_if_forked(pid, None)
+    return result
+
+
+def _name_of(fn: Callable) -> str:
+    return clean_text(str(getattr(fn, "__qualname__", None) or type(fn).__name__), 200)
 
 
 def _retry_seconds(exc: RetryLater) -> float | None:

@@ -47,7 +47,9 @@ def finish(sessions, heartbeat_id: int, *, outcome: str, error: str | None = Non
     values = {"finished_at": clock.utcnow(), "outcome": outcome[:32], **counts}
     if error:
         values["error"] = error[:1000]
-    in_transaction(sessions, lambda s: s.execute(update(H).where(H.c.id == heartbeat_id).values(values)))
+    # A lock wait that timed out is not waited again: the run's end must not wait on another transaction.
+    in_transaction(sessions, lambda s: s.execute(update(H).where(H.c.id == heartbeat_id).values(values)),
+                   retry_waits=False)
 
 
 def prune(session, cutoff, batch: int) -> int:

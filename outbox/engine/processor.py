@@ -23,16 +23,19 @@ handler lookup and the handler's arguments.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
-from outbox.core.db import in_transaction, is_connection_lost, mysql_error_code, session_factory
+from outbox.core.db import DEADLOCK, in_transaction, is_connection_lost, is_lock_conflict, mysql_error_code, session_factory
+from outbox.core.lock_wait import bound_lock_wait, lock_wait_error
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
@@ -50,7 +53,6 @@ from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 
 log = logging.getLogger("cronbox")
-DEADLOCK = 1213
 
 
 class LeaseStore(Protocol):
@@ -158,6 +160,7 @@ class Processor:
         self._upcoming = None  # the item after the current one in its batch, if any (for _holds_until_ack)
         self._on_db_error = self._watch_group  # one bound method, to remove the listener again
         self.admission = Admission(self.kind, runtime.settings)  # profiles: checked before, recorded after
+        self._budget: Budget | None = None  # the budget of the batch being processed: bounds lock waits
 
     store: LeaseStore  # outbox.events.deliveries / outbox.queue.jobstore
 
@@ -212,10 +215,29 @@ class Processor:
             group.lost = "the database connection was lost"
 
     def process(self, claimed: list, budget: Budget) -> int:
+        """Run a claimed batch (see the module's docstring); how many items were handled."""
+        try:
+            return self._process(claimed, budget)
+        except OperationalError as exc:
+            if not is_lock_conflict(exc):
+                raise
+            # A write of the run waited for a lock until the run's time was up (outbox.core.lock_wait):
+            # what it could not record, and what it could not give back, is retried by a later run
+            # once its lease expires. The run stops; it never waits past its time.
+            log.error("%s: stopping the run: a write still waited for a lock another transaction holds when the "
+                      "run's time ran out (%s); items not recorded run again when their leases expire",
+                      self.kind, log_text(describe(exc, 200)))
+            budget.stop("lock-wait")
+            self._bound_lock_waits()  # 1 s, the run's time being up: its last writes wait no longer
+            return 0
+
+    def _process(self, claimed: list, budget: Budget) -> int:
         # The profiles are read (again once a minute) when there is work to admit, between the claim's
         # transaction and the first item's: a run that finds nothing due never reads them.
+        self._budget = budget
         if claimed:
             self._profiles(lambda: self.admission.start(self.sessions))
+            self._bound_lock_waits()
         quiet_acks = QuietAcks()
         handled = 0
         work = list(claimed)  # a lost group puts its members back here, to run alone
@@ -250,7 +272,8 @@ class Processor:
                 except Exception as exc:
                     # Recording what the handler did failed: unless the database went away, one
                     # item must not stop the run (or crash every later one on the same item).
-                    if not self._started or is_connection_lost(exc) or not self._record_unrecordable(item, exc):
+                    if (not self._started or is_connection_lost(exc) or is_lock_conflict(exc)
+                            or not self._record_unrecordable(item, exc)):
                         raise
                     ran = True
             except BaseException:
@@ -458,7 +481,7 @@ class Processor:
             acked = 0
             if ids:
                 crash_point("before-ack-commit")
-                acked = in_transaction(self.sessions, lambda s: self.store.ack(s, ids, group.token, now))
+                acked = self._transaction(lambda s: self.store.ack(s, ids, group.token, now))
                 crash_point("after-ack-commit")
             self.stats.lease_lost += len(ids) - acked
             if acked != len(ids):
@@ -514,7 +537,7 @@ class Processor:
         if not self._outlasts(handler, item.lease_until):
             return True
         lease_until = clock.utcnow() + timedelta(seconds=handler.timeout + self.runtime.settings.lease_margin)
-        if in_transaction(self.sessions, lambda s: self.store.extend(s, item, lease_until)):
+        if self._transaction(lambda s: self.store.extend(s, item, lease_until)):
             return True
         self.stats.lease_lost += 1
         log.warning("%s lease-lost before start (another run holds it)", self._describe(item))
@@ -527,6 +550,8 @@ class Processor:
             ctx.discard_session()
             return Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
                                                    f"catching a database error): {transaction.session.failed_with}")
+        self._bound_lock_waits()
+        waiting_since = time.monotonic()
         try:
             if self.store.ack(transaction.session, [item.id], item.claim_token, clock.utcnow()) != 1:
                 ctx.discard_session()
@@ -538,6 +563,11 @@ class Processor:
             crash_point("after-ack-commit")
         except Exception as exc:  # the handler's writes failed at commit (constraint, conflict): a failed attempt
             ctx.discard_session(invalidate=True)
+            if isinstance(exc, OperationalError) and is_lock_conflict(exc):
+                waited = time.monotonic() - waiting_since
+                error = lock_wait_error("the ack", waited)
+                log.warning("%s: %s", self._describe(item), error)
+                return Outcome(ERROR, outcome.seconds, error)
             return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
         self.stats.done += 1
         self._log(item, handler, "done", outcome)
@@ -548,15 +578,28 @@ class Processor:
             return
         items = quiet_acks.take()
         crash_point("before-ack-commit")
+        waiting_since = time.monotonic()
         try:
-            acked = in_transaction(self.sessions, lambda s: self._ack(s, items, clock.utcnow()))
-        except Exception:
+            acked = self._transaction(lambda s: self._ack(s, items, clock.utcnow()), ack=True)
+        except Exception as exc:
+            if isinstance(exc, OperationalError) and is_lock_conflict(exc) and not best_effort:
+                self._acks_blocked(items, time.monotonic() - waiting_since)
+                return
             if not best_effort:
                 raise
             log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(items))
             return
         crash_point("after-ack-commit")
         self._acked(items, acked)
+
+    def _acks_blocked(self, items: list, waited: float) -> None:
+        """The acks of finished items waited for a lock until the run's time ran out: each item's
+        attempt fails, naming the lock wait (recorded if its row can be written by then; if not,
+        LockStillHeld stops the run and its lease expires)."""
+        error = lock_wait_error("the ack", waited)
+        log.warning("%s: %d finished items not acked: %s", self.kind, len(items), error)
+        for item in items:
+            self._after_failure(item, self._handler(item), Outcome(ERROR, 0.0, error))
 
     def _ack(self, session, items: list, now: datetime) -> int:
         """The items done, one UPDATE per claim token (a relay batch can hold deliveries of its claim
@@ -578,7 +621,23 @@ class Processor:
 
     def _write(self, group: Group | None, work: Callable[[Session], bool]) -> bool:
         """A write of the processor's: in its own short transaction, or in the group's."""
-        return in_transaction(self.sessions, work) if group is None else work(group.session)
+        return self._transaction(work) if group is None else work(group.session)
+
+    def _transaction(self, work: Callable[[Session], object], *, ack: bool = False):
+        """A write of the run in its own short transaction: its lock waits end with the run, and lock
+        conflicts are retried while the run has time (outbox.core.lock_wait). An ack waits once: if
+        another transaction holds its rows that long, the attempt fails, naming the wait, and that
+        failure's record is what waits on (until the run's end)."""
+        budget = self._budget
+        deadline = None
+        if budget is not None and budget.max_time is not None:
+            deadline = time.monotonic() + max(budget.remaining(), 0.0)
+        return in_transaction(self.sessions, work, deadline=deadline, before_attempt=self._bound_lock_waits,
+                              retry_waits=not ack)
+
+    def _bound_lock_waits(self) -> None:
+        if self.connection is not None and self._budget is not None:
+            bound_lock_wait(self.connection, self._budget.remaining())
 
     @staticmethod
     def _then(group: Group | None, report: Callable[[], None]) -> None:
@@ -663,7 +722,7 @@ class Processor:
             return
         token = items[0].claim_token
         try:
-            released = in_transaction(self.sessions, lambda s: self.store.release(s, [i.id for i in items], token, clock.utcnow()))
+            released = self._transaction(lambda s: self.store.release(s, [i.id for i in items], token, clock.utcnow()))
         except Exception:
             if not best_effort:
                 raise

@@ -190,7 +190,7 @@ class Book:
         pending, verdicts = self.pending, self.verdicts
         for attempt in (1, 2):
             try:
-                in_transaction(sessions, lambda s: self._merge(s, pending, verdicts))
+                in_transaction(sessions, lambda s: self._merge(s, pending, verdicts), retry_waits=False)
                 break
             except IntegrityError:
                 if attempt == 2:

@@ -18,7 +18,7 @@ from typing import Callable
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core import clock
-from outbox.core.db import is_connection_lost
+from outbox.core.db import is_connection_lost, is_lock_conflict
 from outbox.core.errors import LockLost
 from outbox.core.locks import RunLock
 from outbox.engine import heartbeat
@@ -125,6 +125,10 @@ def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Ca
     try:
         heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
     except DBAPIError as exc:
+        if is_lock_conflict(exc) and result.stop_reason == "lock-wait":
+            # The run stopped because another transaction held a lock past its time; it still does.
+            log.warning("could not finish the heartbeat row: another transaction still holds a lock")
+            return result
         if not (is_connection_lost(exc) and result.stop_reason == "lost-connection"):
             raise
         # The run already ended on the database being away: its summary says so; the row stays

@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from outbox.engine import heartbeat
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.handler_call import describe
+from outbox.engine.handler_process import flush_std_streams
 from outbox.engine.run_loop import RunResult, StopSignals, record_run, run_loop
 from outbox.queue import jobstore
 from outbox.queue.worker import Worker
@@ -255,11 +255,7 @@ class Pool:
 
     def _fork(self, budget: Budget, *, restart: bool) -> None:
         self._release_connections()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()  # nothing buffered may be written twice
-            except (OSError, ValueError):
-                pass
+        flush_std_streams()  # nothing buffered may be written twice
         remaining = budget.remaining()
         # A SIGTERM in the child before it has its own handler would stop the parent's budget (the
         # child's copy of it): held back until the child's handler is in place.

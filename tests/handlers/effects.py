@@ -47,13 +47,18 @@ def poison(event, ctx):
     os._exit(9)  # e.g. the host's memory limit killing us on this event, every time
 
 
-@outbox.consumer("block", name="effects.block", timeout=120)
-def block(event, ctx):
+def wait_for_release() -> None:
+    """Write TEST_INSIDE_FILE (this pid), then wait (60 s at most) until the test writes TEST_RELEASE_FILE."""
     Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
     deadline = time.monotonic() + 60
     release = Path(os.environ["TEST_RELEASE_FILE"])
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+@outbox.consumer("block", name="effects.block", timeout=120)
+def block(event, ctx):
+    wait_for_release()
 
 
 @outbox.consumer("ping", name="effects.ping")

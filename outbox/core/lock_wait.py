@@ -1,0 +1,67 @@
+"""How long a run's statements wait for a lock another transaction holds: never past the run's end.
+
+A lock wait is invisible from inside: the statement just blocks, for MariaDB's
+innodb_lock_wait_timeout (50 s by default) or SQLite's busy_timeout (30 s here), and the retries
+of lock conflicts (outbox.core.db.in_transaction) multiply it. A handler that writes cronbox's
+tables on a connection of its own and keeps that transaction open blocks the ack of its item that
+way for as long as it lives; a host's long transaction does the same for a while. So before its
+writes a run bounds the wait on its own connection to LOCK_WAIT_SLICE, and to the run's remaining
+time when less is left (`bound_lock_wait`: `SET SESSION innodb_lock_wait_timeout`, allowed on
+shared hosts, or `PRAGMA busy_timeout`; sent only when the bound changes, so at most once per
+connection and about once a second in a run's last seconds). Each slice that ends in a conflict is
+logged and retried while the run has time; then the item's attempt fails with a reason that names
+the lock wait (`lock_wait_error`).
+
+The bound is set through the DB-API connection, outside SQLAlchemy's transaction handling: on
+SQLite a statement through SQLAlchemy would begin a transaction (BEGIN IMMEDIATE), which itself
+waits for the lock. A web process's pooled connections get their server default back when they
+return to the pool (`restore_on_return`); a cron process's one connection keeps the run's bound to
+its end (the run's last writes, the heartbeat, are bounded the same way).
+"""
+from __future__ import annotations
+
+import math
+
+from sqlalchemy.engine import Connection
+
+LOCK_WAIT_SLICE = 10  # seconds one statement of a run waits for a lock, at most
+SQLITE_BUSY_MS = 30000  # the engine's busy_timeout (outbox.core.db._sqlite_engine)
+_BOUND = "cronbox_lock_wait"  # the bound set on a DB-API connection, in its pool record's info
+
+
+def bound_lock_wait(connection: Connection, remaining: float) -> int:
+    """Let a statement on `connection` wait at most LOCK_WAIT_SLICE seconds for a lock, and no longer
+    than `remaining` (at least 1 s: both servers count whole seconds here). Returns the bound."""
+    seconds = LOCK_WAIT_SLICE if remaining >= LOCK_WAIT_SLICE else max(1, math.ceil(remaining))  # inf: no --max-time
+    info = connection.info
+    if info.get(_BOUND) != seconds:
+        _set(connection.connection, connection.dialect.name, seconds)
+        info[_BOUND] = seconds
+    return seconds
+
+
+def restore_on_return(dbapi_connection, record, reset_state) -> None:
+    """A pool "reset" listener (web engines): a connection a run bounded gets its default wait back."""
+    if record.info.pop(_BOUND, None) is not None and not reset_state.terminate_only:
+        _set(dbapi_connection, "sqlite" if _is_sqlite(dbapi_connection) else "mysql", None)
+
+
+def _set(dbapi_connection, dialect: str, seconds: int | None) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        if dialect == "sqlite":
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS if seconds is None else seconds * 1000}")
+        else:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {'DEFAULT' if seconds is None else int(seconds)}")
+    finally:
+        cursor.close()
+
+
+def _is_sqlite(dbapi_connection) -> bool:
+    return type(dbapi_connection).__module__.startswith("sqlite3")
+
+
+def lock_wait_error(what: str, waited: float) -> str:
+    """The error an item's attempt ends with when its write could not get a lock in time."""
+    return (f"lock wait: {what} waited {waited:.0f}s for a lock held by another transaction "
+            "(did the handler write cronbox tables on its own connection?)")

@@ -1,0 +1,247 @@
+"""What a handler does to the process it runs in stays its own (outbox.engine.handler_process):
+a forked child that leaves the handler ends there, signal dispositions are put back after every call,
+non-daemon threads a handler leaves do not keep a cron process alive past its run."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import make_url, select, text
+
+import outbox
+from outbox.engine.registry import Registry
+from outbox.queue.jobs import job
+from outbox.queue.models import Job
+from tests.conftest import child_env, run_cli
+from tests.handlers.effects import metadata as effects_metadata
+from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")  # the claim mode changes nothing here
+
+# How the child leaves the handler -> the exit code it must end with (tests/handlers/forking.py).
+CHILD_CASES = {
+    "return": 0, "raise": 1, "system-exit-3": 3, "system-exit-none": 0, "sys-exit-text": 1,
+    "keyboard-interrupt": 1, "double-fork": 0, "multiprocessing": 0,
+}
+
+
+def dispatch(session, queue: str, name: str, payload: dict) -> None:
+    """A job row for tests.handlers.forking's job `name` (importing that module here would register its
+    handlers in every test's default registry)."""
+    job(queue, name=name, registry=Registry())(lambda payload, ctx: None).dispatch(session, payload)
+
+
+def effect_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("case", list(CHILD_CASES))
+def test_a_forked_child_leaving_the_handler_ends_there_and_the_run_goes_on_once(runtime, env, tmp_path, case):
+    effects = tmp_path / "effects.txt"
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "plain", {"n": 1})
+        outbox.record(session, "fork", {"case": case, "n": 2})
+        outbox.record(session, "plain", {"n": 3})
+        outbox.record(session, "fork-grouped", {"case": case, "n": 4})
+        outbox.record(session, "plain", {"n": 5})
+        dispatch(session, "fork", "forking.job", {"case": case, "n": 6})
+        dispatch(session, "plain", "forking.plain_job", {"n": 7})
+    proc = run_cli(env, "tick", "--no-linger", "--max-time", "60", CRONBOX_HANDLERS="tests.handlers.forking",
+                   TEST_EFFECTS_FILE=str(effects), TEST_FORK_TASK=case)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("tick:") == 1, proc.stdout  # one summary: no child ran the tick's loop
+    assert "delivered 5, retried 0" in proc.stdout and "jobs done 2," in proc.stdout
+    assert "(stopped: empty)" in proc.stdout  # the tick lock was still the parent's at every check
+    lines = effect_lines(effects)
+    ran = Counter(line for line in lines if line.startswith("ran "))
+    assert ran == Counter({"ran forking.plain 1": 1, "ran forking.consumer 2": 1, "ran forking.plain 3": 1,
+                           "ran forking.grouped 4": 1, "ran forking.plain 5": 1, "ran forking.job 6": 1,
+                           "ran forking.plain_job 7": 1, "ran forking.task 0": 1}), lines
+    children = [line for line in lines if line.startswith("child ")]
+    assert children == [f"child {case} {CHILD_CASES[case]}"] * 4, lines
+    if case == "double-fork":
+        assert [line for line in lines if line.startswith("grandchild ")] == ["grandchild 0"] * 4
+    if case == "multiprocessing":
+        assert sorted(line for line in lines if line.startswith("mp-target ")) == \
+            ["mp-target 0", "mp-target 2", "mp-target 4", "mp-target 6"]
+    # The parent's connections were left alone: a second tick runs on the same database as usual.
+    again = run_cli(env, "tick", "--no-linger", CRONBOX_HANDLERS="tests.handlers.forking",
+                    TEST_EFFECTS_FILE=str(effects))
+    assert again.returncode == 0 and again.stdout.count("tick:") == 1, again.stdout + again.stderr
+
+
+# (where the handler runs, the signal it changes, to what): every place once, every change once.
+MEDDLING = [("consumer", "SIGTERM", "ignore"), ("grouped", "SIGTERM", "ignore"), ("job", "SIGTERM", "ignore"),
+            ("task", "SIGTERM", "ignore"), ("consumer", "SIGTERM", "default"), ("job", "SIGTERM", "own"),
+            ("task", "SIGINT", "ignore"), ("grouped", "SIGINT", "default"), ("consumer", "SIGINT", "own")]
+
+
+@pytest.mark.parametrize("where,sig,disposition", MEDDLING)
+def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(runtime, env, tmp_path, where, sig,
+                                                                               disposition):
+    case = f"{sig}:{disposition}"
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    with runtime.sessions.begin() as session:
+        if where == "consumer":
+            outbox.record(session, "meddle", {"case": case})
+        if where == "grouped":
+            outbox.record(session, "meddle-grouped", {"case": case})
+        if where == "job":
+            dispatch(session, "sig", "signals.job", {"case": case})
+        dispatch(session, "sig", "signals.block", {})
+    extra = {"TEST_SIGNAL_TASK": case} if where == "task" else {}
+    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], cwd="/", text=True,
+                            env=child_env(env, CRONBOX_HANDLERS="tests.handlers.signals", TEST_INSIDE_FILE=str(inside),
+                                          TEST_RELEASE_FILE=str(release), **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not inside.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the blocking job never started"
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(getattr(signal, sig))  # the meddler has run: the blocking job comes after it
+        time.sleep(0.3)
+        release.write_text("go")
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert "(stopped: signal)" in out, out  # the stop after the current handler, not the run's end at 20 s
+    assert time.monotonic() - started < 10
+    assert not Path(str(inside) + ".own").exists()  # the handler's own function was not called for our signal
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert f"changed the {sig} handler; cronbox's is back in place" in log
+
+
+@pytest.mark.parametrize("linger", [True, False])
+def test_non_daemon_threads_a_handler_left_do_not_keep_the_process_past_its_run(runtime, env, linger):
+    with runtime.sessions.begin() as session:
+        dispatch(session, "threads", "threads.linger", {"n": 1})
+    args = ["tick", "--max-time", "6"] + ([] if linger else ["--no-linger"])
+    started = time.monotonic()
+    proc = run_cli(env, *args, timeout=90, CRONBOX_HANDLERS="tests.handlers.threads", TEST_THREAD_TASK="1")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert took < (6 + 5 if linger else 5), took  # not the threads' 60 s
+    assert proc.stdout.count("tick:") == 1 and "jobs done 1," in proc.stdout, proc.stdout
+    assert f"(stopped: {'max-time' if linger else 'empty'})" in proc.stdout
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    # (a linger across a minute's start runs the task twice)
+    assert re.search(r"ending the process with [23] non-daemon thread\(s\) a handler left running "
+                     r"\(handler-sleeper-1, handler-sleeper-task(, handler-sleeper-task)?\)", log), log
+
+
+def test_a_cron_command_with_no_thread_left_exits_as_usual(env, runtime):
+    proc = run_cli(env, "tick", "--no-linger")
+    assert proc.returncode == 0 and proc.stdout.count("tick:") == 1
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert "non-daemon" not in log
+
+
+def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
+    """`flask --app clinic cron tick`: the host's flask process is the command's, the same rule applies."""
+    started = time.monotonic()
+    proc = host.flask("cron", "tick", "--max-time", "6", TEST_THREAD_TASK="1",
+                      CLINIC_CRONBOX_HANDLERS="clinic.handlers,tests.handlers.threads")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 6 + 8
+    assert proc.stdout.count("tick:") == 1 and "(stopped: max-time)" in proc.stdout, proc.stdout
+
+
+class RowLock:
+    """Another transaction holding a lock the tick's ack needs: on MariaDB the job's row (FOR UPDATE),
+    on SQLite the database's write lock (BEGIN IMMEDIATE), as a handler's own connection would."""
+
+    def __init__(self, runtime, job_id: int):
+        self.runtime, self.job_id = runtime, job_id
+        self.connection = None
+
+    def take(self) -> None:
+        if self.runtime.is_mysql:
+            self.connection = self.runtime.engine.connect()
+            self.connection.execute(text("SELECT id FROM cronbox_jobs WHERE id = :id FOR UPDATE"), {"id": self.job_id})
+        else:
+            self.connection = sqlite3.connect(make_url(self.runtime.settings.database_url).database,
+                                              isolation_level=None)
+            self.connection.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        if self.connection is not None:
+            self.connection.rollback()
+            self.connection.close()
+            self.connection = None
+
+
+def job_row(runtime, job_id: int):
+    with runtime.sessions() as session:
+        return session.get(Job, job_id)
+
+
+def start_blocked_tick(runtime, env, tmp_path, name: str, max_time: str = "20"):
+    effects_metadata.create_all(runtime.engine)
+    with runtime.sessions.begin() as session:
+        dispatch(session, "lockwait", name, {"n": 1})
+    with runtime.sessions() as session:
+        job_id = session.scalar(select(Job.id))
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", max_time], cwd="/", text=True,
+                            env=child_env(env, CRONBOX_HANDLERS="tests.handlers.lockwait", TEST_INSIDE_FILE=str(inside),
+                                          TEST_RELEASE_FILE=str(release)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not inside.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+        time.sleep(0.05)
+    lock = RowLock(runtime, job_id)
+    lock.take()
+    started = time.monotonic()
+    release.write_text("go")
+    return proc, lock, job_id, started
+
+
+@pytest.mark.parametrize("name", ["lockwait.quiet", "lockwait.session"])
+def test_an_ack_blocked_by_another_transaction_fails_the_attempt_naming_the_lock_wait(runtime, env, tmp_path, name):
+    proc, lock, job_id, started = start_blocked_tick(runtime, env, tmp_path, name)
+    try:
+        time.sleep(13)  # past one bounded wait (10 s), well before the run's end
+    finally:
+        lock.release()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert time.monotonic() - started < 20 + 5, out
+    row = job_row(runtime, job_id)
+    assert row.status == "ready" and row.attempts == 1, (row.status, row.attempts, row.last_error)
+    if name == "lockwait.session" and not runtime.is_mysql:
+        # SQLite: the handler's own write waits for the database lock first, and fails naming it
+        assert "database is locked" in row.last_error
+        return
+    assert row.last_error.startswith("lock wait: the ack waited 10s for a lock held by another transaction "
+                                     "(did the handler write cronbox tables on its own connection?)"), row.last_error
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert "lock wait: the ack waited 10s" in log  # said when it happened, not only in the row
+
+
+def test_a_lock_held_past_the_run_ends_the_run_by_its_time_and_the_next_tick_runs(runtime, env, tmp_path):
+    proc, lock, job_id, started = start_blocked_tick(runtime, env, tmp_path, "lockwait.quiet")
+    try:
+        out, err = proc.communicate(timeout=150)  # the lock is held until the tick has ended
+        took = time.monotonic() - started
+    finally:
+        lock.release()
+    log = "\n".join(p.read_text() for p in (Path(env["CRONBOX_INSTANCE"]) / "logs").iterdir())
+    assert proc.returncode == 0, out + err + log
+    assert took < 20 + 5, (took, out, err)
+    assert out.count("tick:") == 1 and "(stopped: lock-wait)" in out, out
+    again = run_cli(env, "tick", "--no-linger", CRONBOX_HANDLERS="tests.handlers.lockwait")
+    assert again.returncode == 0 and "skipped" not in again.stdout, again.stdout + again.stderr
