@@ -115,3 +115,26 @@ def test_an_empty_upload_is_refused_with_a_400(kind, chunked, limit, runtime, wr
         status, text = post(server, b"", "application/pdf" if kind == "raw" else FORM, chunked=chunked)
     assert status == 400 and "empty" in text, (status, text)
     nothing_kept(runtime, writes)
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+@pytest.mark.parametrize("kind", ["raw", "multipart"])
+def test_post_files_refuses_an_empty_upload_too(kind, chunked, runtime, env, writes):
+    from app import create_app
+    from outbox.core.settings import load_settings
+
+    app = create_app(load_settings(environ={**env, "CRONBOX_UPLOAD_TOKEN": "up-token"}))
+    app.extensions["cronbox"].use_runtime(runtime)
+    app.extensions["cronbox"].storage.keyring()
+    with Server(app) as server:
+        writes.clear()
+        connection = server.connection()
+        headers = {"Authorization": "Bearer up-token", "X-Cronbox-Owner": "patient:7",
+                   "Content-Type": "application/pdf" if kind == "raw" else FORM}
+        connection.request("POST", "/files", body=iter([]) if chunked else b"", headers=headers,
+                           encode_chunked=chunked)
+        response = connection.getresponse()
+        status, text = response.status, response.read().decode()
+        connection.close()
+    assert status == 400 and "empty" in text, (status, text)
+    nothing_kept(runtime, writes)
