@@ -254,7 +254,8 @@ def _receive_body(st: Storage, req: Request, limit: int, owner: str | None) -> R
     keeping, and it is what a body read before seal_upload looks like when it came chunked to an app
     without MAX_CONTENT_LENGTH. Werkzeug then hands over the server's own input stream, which keeps
     no position to tell a read body by (with a Content-Length or a MAX_CONTENT_LENGTH it is a
-    LimitedStream, and _refuse_a_read_body sees its position).
+    LimitedStream, and _refuse_a_read_body sees its position). A part read of such a body cannot be
+    seen at all: the rest would be sealed as the file.
     """
     owner = owner or _owner(req.headers.get("X-Cronbox-Owner"))
     name = unquote(req.headers.get("X-Cronbox-Filename", "upload"), errors="strict")
