@@ -50,6 +50,7 @@ class FormReader:
         self._reached = False  # fields_before_file() has run
         self._file_read = False
         self._ended = False
+        self._received = 0  # bytes of the body read so far
 
     def _event(self):
         """The next decoded event, reading more of the body when the decoder needs it.
@@ -64,6 +65,10 @@ class FormReader:
             if not isinstance(event, NeedData):
                 return event
             data = self._stream.read(CHUNK)
+            self._received += len(data)
+            if not self._received:  # a chunked body something read before us (no position to tell it by) looks so
+                raise FormError("the form is empty: no byte of the body arrived (if the route read the body "
+                                "before seal_upload, read nothing of it)")
             if data:
                 data = self._held + data
                 self._held = data[-self._hold:]

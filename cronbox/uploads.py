@@ -248,11 +248,27 @@ def _owner(value: str | None, field: str = "owner") -> str:
 
 
 def _receive_body(st: Storage, req: Request, limit: int, owner: str | None) -> Received:
-    """Raw body: the file's bytes; its name in X-Cronbox-Filename (percent-encoded UTF-8), type in Content-Type."""
+    """Raw body: the file's bytes; its name in X-Cronbox-Filename (percent-encoded UTF-8), type in Content-Type.
+
+    An empty body is refused (400) before a file is opened: an empty file holds nothing worth
+    keeping, and it is what a body read before seal_upload looks like when it came chunked to an app
+    without MAX_CONTENT_LENGTH. Werkzeug then hands over the server's own input stream, which keeps
+    no position to tell a read body by (with a Content-Length or a MAX_CONTENT_LENGTH it is a
+    LimitedStream, and _refuse_a_read_body sees its position). A part read of such a body cannot be
+    seen at all: the rest would be sealed as the file.
+    """
     owner = owner or _owner(req.headers.get("X-Cronbox-Owner"))
     name = unquote(req.headers.get("X-Cronbox-Filename", "upload"), errors="strict")
     kind = req.mimetype or "application/octet-stream"
-    sealed = st.seal(req.stream, filename=name, content_type=kind, limit=limit)
+    first = req.stream.read(formstream.CHUNK)
+    if not first:
+        log.warning("files: upload to %s refused: an empty body (or one read before seal_upload)", req.endpoint)
+        raise StorageError("the upload is empty: no byte of the file arrived (if the route read the body "
+                           "before seal_upload, read nothing of it)")
+    with st.writer(filename=name, content_type=kind, limit=limit) as writer:
+        writer.write(first)
+        writer.fill_from(req.stream)
+        sealed = writer.finish()
     return Received(sealed, owner, {}, name, kind)
 
 

@@ -7,9 +7,16 @@ worker is too precious to sleep in), refuses to start more often than every
 CRONBOX_WEB_TICK_INTERVAL seconds (30; shared through the database, so every web
 process agrees), never overlaps a running tick (same lock as the cron line), and
 answers with a JSON summary. With no token configured the endpoint does not exist.
+
+A set-up the tick refuses to run with (a bad setting, a handler module that does not import, a
+consumer whose place is unsaid next to a forward target) is the line the cron command prints, as
+`{"status": "error", "error": "<line>"}` with a 500 and one log line: the fault is the server's and
+lasts until someone fixes it (a 503 would read as "busy, retry"), and every monitor counts a 500
+as down. It is answered here, not by an error handler, so the host's handlers never see it.
 """
 from __future__ import annotations
 
+import logging
 import math
 
 from flask import Blueprint, abort, jsonify
@@ -18,11 +25,14 @@ from cron.cli import main as run_command
 from cron.scheduling.tick import run_tick
 from outbox.core import clock
 from outbox.core.db import in_transaction
+from outbox.core.errors import CronboxError
+from outbox.engine.handler_call import clean_text
 from outbox.queue.ratelimit import at_most_every
-from cronbox.state import runtime
+from cronbox.state import runtime, state
 from cronbox.auth import bearer_matches
 from cronbox.hostcsrf import exempt_from_host_csrf
 
+log = logging.getLogger("cronbox")
 bp = Blueprint("webcron", __name__)
 exempt_from_host_csrf(bp)  # a bearer token, never sent by a browser on its own
 
@@ -39,11 +49,20 @@ def _seconds(settings, name: str, default: float) -> float:
 
 @bp.post("/cron/tick")
 def tick():
-    rt = runtime()
-    if not rt.settings.cron_token:
+    token = state().settings.cron_token  # the settings, not the runtime: a caller without the token learns nothing
+    if not token:
         abort(404)
-    if not bearer_matches(rt.settings.cron_token):
+    if not bearer_matches(token):
         return _json({"error": "forbidden"}, 403)
+    try:
+        return _tick(runtime())
+    except CronboxError as exc:  # a set-up the tick refuses (CronboxError: ours, its message says the fix)
+        line = clean_text(str(exc))
+        log.error("web tick refused: %s", line)
+        return _json({"status": "error", "error": line}, 500)
+
+
+def _tick(rt):
     interval = _seconds(rt.settings, "CRONBOX_WEB_TICK_INTERVAL", 30)
     wait = in_transaction(rt.sessions, lambda s: at_most_every(s, "web-tick", interval, clock.utcnow()))
     if wait is not None:
