@@ -2,6 +2,7 @@ import click
 
 from cron.commands.base import command_runner, runtime
 from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
+from outbox.events.forward import is_forward
 
 
 @click.command()
@@ -18,8 +19,8 @@ def tick(ctx, max_time, no_linger, memory):
     report = run_tick(rt, run_command=command_runner(), max_time=max_time,
                       linger=not no_linger, memory_mb=memory)
     click.echo(report.summary())
-    if not report.skipped:
-        from cron.scheduling.health import forward_warning  # only after the tick's own work
+    if not report.skipped and any(is_forward(c) for c in rt.consumers.all()):
+        from cron.scheduling.health import forward_warning  # only after the tick's own work, only for forwarders
 
         warning = forward_warning(rt)
         if warning:

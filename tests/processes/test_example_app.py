@@ -26,7 +26,7 @@ from tests.conftest import APP_ROOT
 
 EXAMPLE = APP_ROOT / "examples" / "clinic"
 PACKAGES = ("outbox", "storage", "cron", "cronbox")
-BUILD_INPUTS = ("pyproject.toml", "README.md", "artisan_via_cron.sh", "requirements.txt")
+from tests.package_helpers import BUILD_INPUTS  # one list of what a build reads
 EXAMPLE_REQUIREMENTS = ("requirements.txt", "requirements-test.txt")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "instance", ".env", ".pytest_cache", "build", "*.egg-info")
 TIMEOUT = 900
