@@ -177,9 +177,15 @@ def reader_for(req: Request, *, max_field: int = MAX_FIELD, max_parts: int = MAX
     return reader
 
 
+def fields_before_file(req: Request) -> MultiDict[str, str]:
+    """The text fields before the file part of this request's multipart form (none when the body is no
+    multipart form); FormError for a malformed form."""
+    if req.mimetype != "multipart/form-data":
+        return MultiDict()
+    return reader_for(req).fields_before_file()
+
+
 def field_before_file(req: Request, name: str) -> str | None:
     """The value of text field `name` when it comes before the file part of this request's multipart
     form (None when it does not, or the body is no multipart form); FormError for a malformed form."""
-    if req.mimetype != "multipart/form-data":
-        return None
-    return reader_for(req).fields_before_file().get(name)
+    return fields_before_file(req).get(name)

@@ -21,12 +21,24 @@ answers. Flask-WTF is imported only when the host's app uses it.
 """
 from __future__ import annotations
 
-from flask import Blueprint, Request, current_app
+import logging
+
+from flask import Blueprint, Request, current_app, has_app_context
 
 from . import formstream
 from .client import referrer_refusal
 
+log = logging.getLogger("cronbox")
+
 _METHODS = ("POST", "PUT", "PATCH", "DELETE")  # Flask-WTF's default WTF_CSRF_METHODS
+CHECKED_KEY = "cronbox.host_csrf_checked"  # in the request's WSGI environ, once check_host_token ran
+
+
+class CsrfNotChecked(RuntimeError):
+    """seal_upload on an app with CSRFProtect in a request that `sealed_upload_route` never checked: a bug of
+    the route, never the client's. `@sealed_upload_route(csrf=csrf)` written *above* `@app.post(...)`
+    registers the bare view, which CSRFProtect still takes as exempt (by its name): no check at all would
+    run. A 500 with this message, logged, nothing written."""
 
 
 def host_protect():
@@ -47,7 +59,34 @@ def exempt_from_host_csrf(bp: Blueprint) -> None:
 
 def check_host_token(req: Request) -> None:
     """Flask-WTF's CSRF check of this request, made without reading the body past the file part's
-    headers; flask_wtf.csrf.CSRFError when it fails. Nothing to check without CSRFProtect on the app."""
+    headers; flask_wtf.csrf.CSRFError when it fails. Nothing to check without CSRFProtect on the app.
+    A request that passed is marked (CHECKED_KEY) for `refuse_unchecked`."""
+    _check(req)
+    req.environ[CHECKED_KEY] = True
+
+
+def refuse_unchecked(req: Request) -> None:
+    """CsrfNotChecked, logged, when the app has CSRFProtect and check_host_token did not pass this request."""
+    if req.environ.get(CHECKED_KEY) or not has_app_context() or host_protect() is None:
+        return
+    log.error("files: seal_upload in %s: the route has no CSRF check (sealed_upload_route missing, or above "
+              "the route decorator); refused", req.endpoint)
+    raise CsrfNotChecked(
+        f"seal_upload: the request to {req.endpoint} was not CSRF-checked although the app has CSRFProtect. "
+        "Put @cronbox.sealed_upload_route(csrf=<your CSRFProtect>) under the route decorator "
+        "(@app.post(...) above it), so that the route registered is the checked one.")
+
+
+def _token_field(req: Request, field: str) -> str | None:
+    """Flask-WTF's choice of token field, among the fields before the file part: `field` itself, else the
+    first non-empty one whose name ends with it (a FlaskForm(prefix="scan") sends "scan-csrf_token")."""
+    fields = formstream.fields_before_file(req)
+    if fields.get(field):
+        return fields[field]
+    return next((value for name, value in fields.items(multi=True) if name.endswith(field) and value), None)
+
+
+def _check(req: Request) -> None:
     if host_protect() is None:
         return
     config = current_app.config
@@ -61,7 +100,7 @@ def check_host_token(req: Request) -> None:
     token = next((req.headers[name] for name in headers if req.headers.get(name)), None)
     if token is None:
         try:
-            token = formstream.field_before_file(req, field)
+            token = _token_field(req, field)
         except ValueError as exc:  # the decoder's, or formstream.FormError
             raise CSRFError(f"The form is malformed: {exc}.") from None
     if not token:
