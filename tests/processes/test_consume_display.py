@@ -74,7 +74,8 @@ def test_a_queue_name_with_control_characters_is_a_usage_error_shown_clean(setup
 
 
 UNREADABLE_PROPERTIES = [{"message_id": b"\xff\x1b[2J", "type": b"amqp.write"},  # not UTF-8
-                         {"message_id": b"m-t", "application_headers": [(b"when", ("T", 2**64 - 1))]}]  # past any calendar
+                         {"message_id": b"m-t",  # a header timestamp past any calendar
+                          "application_headers": [(b"when", ("T", 2**64 - 1))]}]
 
 
 @pytest.mark.parametrize("props", UNREADABLE_PROPERTIES, ids=["not-utf8", "timestamp"])
