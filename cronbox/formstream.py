@@ -31,6 +31,7 @@ CHUNK = 64 * 1024
 MAX_FIELD = 256 * 1024
 MAX_PARTS = 32
 ENVIRON_KEY = "cronbox.form_reader"
+_DASH_OR_SPACE = b"- \t\n\r\f\v"  # the bytes of the unended delimiter pattern's [-\s]
 
 
 class FormError(ValueError):
@@ -83,7 +84,10 @@ class FormReader:
         for more: a line break followed by a prefix of "--" boundary, or by all of it and only "-" and
         whitespace since. So a fed piece never ends in a line break or within a delimiter line."""
         hold = len(data)
-        match = self._unended_delimiter.search(data)
+        # Such a line's "-"/whitespace end lies in the trailing run of those bytes: searching only from
+        # just before that run keeps the search linear whatever the body (a boundary of dashes too).
+        run = len(data.rstrip(_DASH_OR_SPACE))
+        match = self._unended_delimiter.search(data, max(0, run - len(self._delimiter) - 2))
         if match is not None:
             hold = match.start()
         for start in range(max(0, len(data) - len(self._delimiter) - 2), hold):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -155,3 +156,21 @@ def test_every_field_and_the_file_are_what_werkzeug_parses_from_the_same_body(bo
                   + field("scan", data).replace(b'name="scan"', b'name="scan"; filename="s.bin"')
                   + b"".join(field(f"a{i}", v) for i, v in enumerate(after)), padding, epilogue)
     assert read_all(body, boundary, step) == werkzeug_parse(body, boundary)
+
+
+@pytest.mark.parametrize("boundary,unit", [("-", b"\n---"), ("--", b"\r\n----\t"), ("a", b"\n--a ")])
+def test_looking_for_an_unended_delimiter_line_stays_linear_whatever_the_body(boundary, unit):
+    """A boundary of dashes and a file of line breaks and dashes: a search from every line break to the
+    end of each read took seconds per 64 KiB; the search starts at the trailing run of "-"/whitespace."""
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\n\r\n".encode()
+            + unit * 40_000 + b"x" + f"\r\n--{boundary}--\r\n".encode())
+    forms = FormReader(io.BytesIO(body), boundary.encode())
+    started = time.monotonic()
+    try:  # whatever the decoder makes of such a body, what matters here is how soon
+        forms.fields_before_file()
+        for _ in forms.file_data():
+            pass
+        forms.rest()
+    except (ValueError, RequestEntityTooLarge):
+        pass
+    assert time.monotonic() - started < 3
