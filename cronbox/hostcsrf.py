@@ -14,10 +14,13 @@ does not matter. The host's own routes stay protected exactly as before.
 A host route decorated with `cronbox.sealed_upload_route(csrf=csrf)` is exempted by the
 decorator itself (`csrf.exempt`: no hook on the host's app), and gets the check
 CSRFProtect would have made from `check_host_token`: the token from one of the host's
-WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field *before the file part*
-(cronbox.formstream reads the form only that far), validated by Flask-WTF's public
-`validate_csrf`; a refusal is Flask-WTF's own CSRFError, so the host's handler for it
-answers. Flask-WTF is imported only when the host's app uses it.
+WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field (or one whose name ends with it, as
+Flask-WTF takes a prefixed form's) *before the file part* (cronbox.formstream reads the form only
+that far), validated by Flask-WTF's public `validate_csrf`; a refusal is Flask-WTF's own
+CSRFError, so the host's handler for it answers. Flask-WTF is imported only when the host's app
+uses it. The check marks the request; seal_upload refuses a request with no mark on an app with
+CSRFProtect (`refuse_unchecked`): the decorator written above the route decorator exempts the
+bare view by its name and never runs.
 """
 from __future__ import annotations
 
