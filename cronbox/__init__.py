@@ -12,7 +12,8 @@ from __future__ import annotations
 from .extension import Cronbox
 from .hostauth import upload_csrf_token
 from .state import CronboxState, state
+from .hostcsrf import CsrfNotChecked
 from .uploads import BodyAlreadyRead, UploadRefused, seal_upload, sealed_upload_route
 
-__all__ = ["BodyAlreadyRead", "Cronbox", "CronboxState", "UploadRefused", "seal_upload", "sealed_upload_route", "state",
+__all__ = ["BodyAlreadyRead", "Cronbox", "CsrfNotChecked", "CronboxState", "UploadRefused", "seal_upload", "sealed_upload_route", "state",
            "upload_csrf_token"]

@@ -18,6 +18,7 @@ environ (`reader_for`), per request, under a key of cronbox's own.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from flask import Request
@@ -30,6 +31,7 @@ CHUNK = 64 * 1024
 MAX_FIELD = 256 * 1024
 MAX_PARTS = 32
 ENVIRON_KEY = "cronbox.form_reader"
+_DASH_OR_SPACE = b"- \t\n\r\f\v"  # the bytes of the unended delimiter pattern's [-\s]
 
 
 class FormError(ValueError):
@@ -42,7 +44,10 @@ class FormReader:
     def __init__(self, stream, boundary: bytes, *, max_field: int = MAX_FIELD, max_parts: int = MAX_PARTS):
         self._stream = stream
         self._decoder = MultipartDecoder(boundary, max_form_memory_size=max_field, max_parts=max_parts)
-        self._hold = len(boundary) + 8  # the closing delimiter: CRLF "--" boundary "--" CRLF
+        self._delimiter = b"--" + boundary
+        # A delimiter line whose "--" boundary has come but not yet its end: then only "-" and
+        # whitespace (the close's "--", padding, a line break still to come).
+        self._unended_delimiter = re.compile(rb"(?:\A|\r\n|\r|\n)--" + re.escape(boundary) + rb"[-\s]*\Z")
         self._held = b""
         self._max_field = max_field
         self.fields: MultiDict[str, str] = MultiDict()
@@ -55,10 +60,11 @@ class FormReader:
     def _event(self):
         """The next decoded event, reading more of the body when the decoder needs it.
 
-        The last `_hold` bytes read are fed only with the next read (or at the end): Werkzeug's
-        decoder, given a buffer that ends inside the closing delimiter (CRLF `--B-`, then `-` CRLF),
-        keeps its CR as the last byte of the part's data. Its own parser does the same with a body
-        3 bytes past a multiple of 64 KiB; held back, a feed never ends within the closing delimiter.
+        Werkzeug's decoder must never get a piece that ends inside a delimiter line: it looks for a
+        partial delimiter only in the last len(boundary)+4 bytes, so in a piece ending in CRLF `--B-`
+        (the close cut short, or followed by padding or an epilogue that puts a read's end there) it
+        keeps the CR as the part's last byte. Such an unended line is held back (`_feedable`) and fed
+        with the next read, or at the end of the body.
         """
         while True:
             event = self._decoder.next_event()
@@ -70,14 +76,34 @@ class FormReader:
                 raise FormError("the form is empty: no byte of the body arrived (if the route read the body "
                                 "before seal_upload, read nothing of it)")
             if data:
-                data = self._held + data
-                self._held = data[-self._hold:]
-                self._decoder.receive_data(data[:-self._hold])
+                piece, self._held = self._feedable(self._held + data)
+                self._decoder.receive_data(piece)
             elif self._held:
                 self._decoder.receive_data(self._held)
                 self._held = b""
             else:
                 self._decoder.receive_data(None)  # the body ended (an error unless at the end)
+
+    def _feedable(self, data: bytes) -> tuple[bytes, bytes]:
+        """`data` split into what the decoder may have now and the start of a delimiter line that waits
+        for more: a line break followed by a prefix of "--" boundary, or by all of it and only "-" and
+        whitespace since. So a fed piece never ends in a line break or within a delimiter line."""
+        hold = len(data)
+        # Such a line's "-"/whitespace end lies in the trailing run of those bytes: searching only from
+        # just before that run keeps the search linear whatever the body (a boundary of dashes too).
+        run = len(data.rstrip(_DASH_OR_SPACE))
+        match = self._unended_delimiter.search(data, max(0, run - len(self._delimiter) - 2))
+        if match is not None:
+            hold = match.start()
+        for start in range(max(0, len(data) - len(self._delimiter) - 2), hold):
+            if data[start] in b"\r\n":
+                after = data[start + 2:] if data[start:start + 2] == b"\r\n" else data[start + 1:]
+                if self._delimiter.startswith(after):
+                    hold = start
+                    break
+        if len(data) - hold > self._max_field:
+            raise FormError("the form is malformed")  # a delimiter line that never ends
+        return data[:hold], data[hold:]
 
     def _field_value(self, part: Field) -> str:
         chunks, size = [], 0
@@ -160,9 +186,15 @@ def reader_for(req: Request, *, max_field: int = MAX_FIELD, max_parts: int = MAX
     return reader
 
 
+def fields_before_file(req: Request) -> MultiDict[str, str]:
+    """The text fields before the file part of this request's multipart form (none when the body is no
+    multipart form); FormError for a malformed form."""
+    if req.mimetype != "multipart/form-data":
+        return MultiDict()
+    return reader_for(req).fields_before_file()
+
+
 def field_before_file(req: Request, name: str) -> str | None:
     """The value of text field `name` when it comes before the file part of this request's multipart
     form (None when it does not, or the body is no multipart form); FormError for a malformed form."""
-    if req.mimetype != "multipart/form-data":
-        return None
-    return reader_for(req).fields_before_file().get(name)
+    return fields_before_file(req).get(name)

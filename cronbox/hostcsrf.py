@@ -14,19 +14,34 @@ does not matter. The host's own routes stay protected exactly as before.
 A host route decorated with `cronbox.sealed_upload_route(csrf=csrf)` is exempted by the
 decorator itself (`csrf.exempt`: no hook on the host's app), and gets the check
 CSRFProtect would have made from `check_host_token`: the token from one of the host's
-WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field *before the file part*
-(cronbox.formstream reads the form only that far), validated by Flask-WTF's public
-`validate_csrf`; a refusal is Flask-WTF's own CSRFError, so the host's handler for it
-answers. Flask-WTF is imported only when the host's app uses it.
+WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field (or one whose name ends with it, as
+Flask-WTF takes a prefixed form's) *before the file part* (cronbox.formstream reads the form only
+that far), validated by Flask-WTF's public `validate_csrf`; a refusal is Flask-WTF's own
+CSRFError, so the host's handler for it answers. Flask-WTF is imported only when the host's app
+uses it. The check marks the request; seal_upload refuses a request with no mark on an app with
+CSRFProtect (`refuse_unchecked`): the decorator written above the route decorator exempts the
+bare view by its name and never runs.
 """
 from __future__ import annotations
 
-from flask import Blueprint, Request, current_app
+import logging
+
+from flask import Blueprint, Request, current_app, has_app_context
 
 from . import formstream
 from .client import referrer_refusal
 
+log = logging.getLogger("cronbox")
+
 _METHODS = ("POST", "PUT", "PATCH", "DELETE")  # Flask-WTF's default WTF_CSRF_METHODS
+CHECKED_KEY = "cronbox.host_csrf_checked"  # in the request's WSGI environ, once check_host_token ran
+
+
+class CsrfNotChecked(RuntimeError):
+    """seal_upload on an app with CSRFProtect in a request that `sealed_upload_route` never checked: a bug of
+    the route, never the client's. `@sealed_upload_route(csrf=csrf)` written *above* `@app.post(...)`
+    registers the bare view, which CSRFProtect still takes as exempt (by its name): no check at all would
+    run. A 500 with this message, logged, nothing written."""
 
 
 def host_protect():
@@ -47,7 +62,34 @@ def exempt_from_host_csrf(bp: Blueprint) -> None:
 
 def check_host_token(req: Request) -> None:
     """Flask-WTF's CSRF check of this request, made without reading the body past the file part's
-    headers; flask_wtf.csrf.CSRFError when it fails. Nothing to check without CSRFProtect on the app."""
+    headers; flask_wtf.csrf.CSRFError when it fails. Nothing to check without CSRFProtect on the app.
+    A request that passed is marked (CHECKED_KEY) for `refuse_unchecked`."""
+    _check(req)
+    req.environ[CHECKED_KEY] = True
+
+
+def refuse_unchecked(req: Request) -> None:
+    """CsrfNotChecked, logged, when the app has CSRFProtect and check_host_token did not pass this request."""
+    if req.environ.get(CHECKED_KEY) or not has_app_context() or host_protect() is None:
+        return
+    log.error("files: seal_upload in %s: the route has no CSRF check (sealed_upload_route missing, or above "
+              "the route decorator); refused", req.endpoint)
+    raise CsrfNotChecked(
+        f"seal_upload: the request to {req.endpoint} was not CSRF-checked although the app has CSRFProtect. "
+        "Put @cronbox.sealed_upload_route(csrf=<your CSRFProtect>) under the route decorator "
+        "(@app.post(...) above it), so that the route registered is the checked one.")
+
+
+def _token_field(req: Request, field: str) -> str | None:
+    """Flask-WTF's choice of token field, among the fields before the file part: `field` itself, else the
+    first non-empty one whose name ends with it (a FlaskForm(prefix="scan") sends "scan-csrf_token")."""
+    fields = formstream.fields_before_file(req)
+    if fields.get(field):
+        return fields[field]
+    return next((value for name, value in fields.items(multi=True) if name.endswith(field) and value), None)
+
+
+def _check(req: Request) -> None:
     if host_protect() is None:
         return
     config = current_app.config
@@ -61,7 +103,7 @@ def check_host_token(req: Request) -> None:
     token = next((req.headers[name] for name in headers if req.headers.get(name)), None)
     if token is None:
         try:
-            token = formstream.field_before_file(req, field)
+            token = _token_field(req, field)
         except ValueError as exc:  # the decoder's, or formstream.FormError
             raise CSRFError(f"The form is malformed: {exc}.") from None
     if not token:

@@ -157,7 +157,9 @@ def sealed_upload_route(view: View | None = None, *, csrf=None):
     nothing read of the file, nothing stored. A body already read when the route
     is reached (CSRFProtect on the app but not given here) is BodyAlreadyRead, a
     500. Without CSRFProtect nothing is checked. The host's other routes keep
-    CSRFProtect.
+    CSRFProtect. The decorator written above the route decorator registers the
+    bare view, which CSRFProtect still takes as exempt: seal_upload then finds the
+    request unchecked and refuses it (hostcsrf.CsrfNotChecked, a 500).
     """
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -185,6 +187,8 @@ def seal_upload(request: Request | None = None, *, session: Session, owner: str 
     committed after an hour (a rollback leaves just such an orphan).
     """
     req = request if request is not None else current_request._get_current_object()
+    _refuse_a_read_body(req)  # the likelier mistake first: its message says what read the body
+    hostcsrf.refuse_unchecked(req)
     st = storage if storage is not None else storage_for_app()
     received = receive(st, req, owner=owner, owner_field=owner_field)
     if client is None:

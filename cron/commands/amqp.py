@@ -118,6 +118,10 @@ def retry_dead(queue, message_ids, all_):
 
     with DeadQueue(_address(runtime(migrate=False)), queue) as dq:
         moved, unknown = dq.move_back(None if all_ else list(dict.fromkeys(message_ids)))
+        unreadable = len(dq.unreadable)
     click.echo(f"retry-dead: {moved} messages moved back to {queue}")
     if unknown:
         raise UnknownIds("parked message", unknown)
+    if unreadable and all_:  # never moved: nothing of it can be read to publish it again
+        raise CommandFailed(f"{unreadable} parked message(s) py-amqp cannot read stay in {queues.dead_queue(queue)} "
+                           "(amqp dead lists them)")

@@ -5,6 +5,11 @@ Listing takes the messages with basic.get, unacked, and gives them all back by c
 republishes a parked message to Q (publisher confirm, cronbox's attempt and reason headers
 removed, so its attempts start again) and only then acks it in Q.dead; a crash between the two
 leaves a copy in both, and the inbox keeps its effects to once.
+
+The messages are taken by a consumer on a connection whose frame handler is `UnreadableFrames`, as
+`amqp consume`'s: a message py-amqp cannot decode (put in Q.dead by another publisher) is listed as
+unreadable (its delivery tag, size and the reason) and never moved back, and the others after it
+are listed and moved as ever.
 """
 from __future__ import annotations
 
@@ -17,11 +22,10 @@ from outbox.engine.handler_call import clean_text, describe
 from outbox.events import queues
 from outbox.events.broker import BrokerAddress, open_connection
 from outbox.events.queues import Parked, describe_parked
+from outbox.events.unreadable import Unreadable, UnreadableFrames
 
 TIMEOUT = 10.0
-# What py-amqp's frame handler raises on a message whose properties it cannot decode (a non-UTF-8
-# short string, a header timestamp past any calendar, an unknown field type): outbox.events.unreadable.
-UNREADABLE = (UnicodeDecodeError, amqp.exceptions.FrameSyntaxError, ValueError, OverflowError)
+MAX_PREFETCH = 65535  # basic.qos's prefetch-count is a short
 NAME = "cronbox consumer (dead queue)"
 
 
@@ -30,8 +34,11 @@ class DeadQueue:
         self.address = address
         self.queue = queue
         self.dead = queues.dead_queue(queue)
+        self._arrived: list[amqp.Message | Unreadable] = []  # deliveries in the order they came
+        self.unreadable: list[Unreadable] = []  # those py-amqp could not decode, among the ones taken
         try:
-            self.connection = open_connection(address, name=NAME, timeout=TIMEOUT)
+            self.connection = open_connection(address, name=NAME, timeout=TIMEOUT,
+                                              frame_handler=UnreadableFrames.factory(self._arrived.append))
         except (OSError, amqp.exceptions.AMQPError) as exc:
             raise CronboxError(f"broker unreachable ({address!r}): {describe(exc, 300)}") from None
         self.channel = self.connection.channel()
@@ -59,25 +66,29 @@ class DeadQueue:
                                "(check the name)") from None
         return messages
 
-    def _each(self, limit: int | None):
-        """Parked messages in queue order, unacked (given back at close unless acked)."""
-        taken = 0
-        while limit is None or taken < limit:
-            try:
-                message = self.channel.basic_get(self.dead, no_ack=False)
-            except UNREADABLE as exc:  # put there by someone else than amqp consume (which parks them readable)
-                raise CronboxError(f"message {taken + 1} of {self.dead!r} cannot be read by py-amqp "
-                                   f"({clean_text(describe(exc, 200), 200)}); it stays there, and so does "
-                                   "everything after it") from None
-            if message is None:
-                return
-            taken += 1
-            yield message
+    def _each(self, wanted: int):
+        """Up to `wanted` parked messages in queue order, unacked (given back at close unless acked):
+        amqp.Message, or Unreadable for one py-amqp cannot decode (kept in `unreadable` too)."""
+        if wanted <= 0:
+            return
+        self.channel.basic_qos(0, min(wanted, MAX_PREFETCH), False)
+        self.channel.basic_consume(self.dead, callback=self._arrived.append, no_ack=False)
+        for _ in range(wanted):
+            while not self._arrived:
+                try:
+                    self.connection.drain_events(timeout=TIMEOUT)
+                except socket.timeout:  # fewer than counted: another consumer took some
+                    return
+            delivery = self._arrived.pop(0)
+            if isinstance(delivery, Unreadable):
+                self.unreadable.append(delivery)
+            yield delivery
 
     def list(self, limit: int) -> tuple[list[Parked], int]:
         """Up to `limit` parked messages, and how many there are in all."""
         total = self.count()
-        return [describe_parked(m) for m in self._each(limit)], total
+        return [describe_unreadable(m) if isinstance(m, Unreadable) else describe_parked(m)
+                for m in self._each(min(limit, total))], total
 
     def move_back(self, message_ids: list[str] | None) -> tuple[int, list[str]]:
         """Move the parked messages with these ids (None: all) back to Q: (how many, the ids not parked)."""
@@ -92,6 +103,8 @@ class DeadQueue:
         wanted = None if message_ids is None else set(message_ids)
         moved, found = 0, set()
         for message in self._each(total):
+            if isinstance(message, Unreadable):  # nothing to move back as it was sent: it stays parked
+                continue
             mid = (message.properties or {}).get("message_id")
             if wanted is not None and mid not in wanted:
                 continue
@@ -109,3 +122,9 @@ class DeadQueue:
             moved += 1
             found.add(mid)
         return moved, sorted(wanted - found) if wanted is not None else []
+
+
+def describe_unreadable(delivery: Unreadable) -> Parked:
+    """A parked message py-amqp cannot decode, as `amqp dead` shows it: no field of it can be read."""
+    return Parked(None, None, None, f"unreadable by py-amqp (delivery {delivery.delivery_tag}, "
+                  f"{len(delivery.body)} bytes): {clean_text(delivery.error, 200)}", 0, None)

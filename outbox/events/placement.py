@@ -1,9 +1,11 @@
 """Where a consumer runs: in the tick's process (the relay calls it), off the broker (`amqp consume`
-runs it for each message of its type), or both.
+runs it for each message of its type), or both. A consumer's type is matched exactly (no patterns:
+those are a forward target's). "both" next to a matching forward target means two runs per event, one
+in each place, each with its own idempotency key (the tick's delivery row, `amqp consume`'s inbox row).
 
     @outbox.consumer("appointment.paid", name="notify_patient", runs="tick")    # the relay calls it
     @outbox.consumer("appointment.paid", name="bill", runs="broker")            # amqp consume does
-    @outbox.consumer("audit.*", name="keep", runs="both")                       # each, for its own events
+    @outbox.consumer("appointment.paid", name="keep", runs="both")              # both: twice per event
 
 Unsaid (runs=None) is fine while no forward target in the process matches the consumer's type: there
 is nothing to choose between, and each command runs it for the events it sees (the tick the events

@@ -73,17 +73,49 @@ def test_a_queue_name_with_control_characters_is_a_usage_error_shown_clean(setup
         assert not SHOWN_BADLY.search(proc.stderr)
 
 
-def test_a_message_py_amqp_cannot_read_put_straight_into_the_dead_queue_is_one_error_line(setup, rabbit):
+UNREADABLE_PROPERTIES = [{"message_id": b"\xff\x1b[2J", "type": b"amqp.write"},  # not UTF-8
+                         {"message_id": b"m-t",  # a header timestamp past any calendar
+                          "application_headers": [(b"when", ("T", 2**64 - 1))]}]
+
+
+@pytest.mark.parametrize("props", UNREADABLE_PROPERTIES, ids=["not-utf8", "timestamp"])
+@pytest.mark.parametrize("where", [0, 1, 3], ids=["first", "second", "last"])
+def test_a_message_py_amqp_cannot_read_in_the_dead_queue_is_listed_and_stays_and_the_rest_move_on(
+        where, props, setup, rabbit):
+    """Put straight into Q.dead by another publisher (amqp consume parks such a message readable)."""
     from tests.db.test_consume_bad_messages import publish_raw
 
     env, queue, _calls = setup
     dead = f"{queue}.dead"
     rabbit.channel.queue_declare(dead, durable=True, auto_delete=False)
-    assert publish_raw(rabbit, dead, b"{}", {"message_id": b"\xff\x1b[2J", "type": b"amqp.write"})
-    for args in (["dead"], ["retry-dead", "--all"]):
-        proc = run_cli(env, "amqp", *args, "--queue", queue)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 1 and len(lines) == 1 and "cannot be read by py-amqp" in lines[0], proc.stderr
-        assert not SHOWN_BADLY.search(proc.stderr)
-    name, messages, _ = rabbit.channel.queue_declare(dead, passive=True)
-    assert messages == 1  # still there
+    for i in range(3):
+        if i == where:
+            assert publish_raw(rabbit, dead, b"{}", props)
+        publish(rabbit, dead, message_id=f"m{i}", reason="why")
+    if where == 3:
+        assert publish_raw(rabbit, dead, b"{}", props)
+    listed = run_cli(env, "amqp", "dead", "--queue", queue)
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.strip().splitlines()[1:]
+    assert len(rows) == 4 and not SHOWN_BADLY.search(listed.stdout)
+    assert "unreadable by py-amqp (delivery" in rows[where] and "2 bytes" in rows[where]
+    assert [r.split()[0] for i, r in enumerate(rows) if i != where] == ["m0", "m1", "m2"]
+    moved = run_cli(env, "amqp", "retry-dead", "--all", "--queue", queue)
+    lines = moved.stderr.strip().splitlines()
+    assert moved.returncode == 1 and len(lines) == 1 and "py-amqp cannot read stay in" in lines[0], moved.stderr
+    assert "retry-dead: 3 messages moved back" in moved.stdout and not SHOWN_BADLY.search(moved.stderr)
+    assert rabbit.channel.queue_declare(dead, passive=True)[1] == 1  # the unreadable one, still there
+    assert rabbit.channel.queue_declare(queue, passive=True)[1] == 3
+
+
+def test_retry_dead_by_id_moves_a_readable_message_behind_an_unreadable_one(setup, rabbit):
+    from tests.db.test_consume_bad_messages import publish_raw
+
+    env, queue, _calls = setup
+    dead = f"{queue}.dead"
+    rabbit.channel.queue_declare(dead, durable=True, auto_delete=False)
+    assert publish_raw(rabbit, dead, b"{}", UNREADABLE_PROPERTIES[0])
+    publish(rabbit, dead, message_id="m0", reason="why")
+    moved = run_cli(env, "amqp", "retry-dead", "--message-id", "m0", "--queue", queue)
+    assert moved.returncode == 0 and "retry-dead: 1 messages moved back" in moved.stdout, moved.stderr
+    assert rabbit.channel.queue_declare(dead, passive=True)[1] == 1
