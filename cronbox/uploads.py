@@ -21,6 +21,7 @@ import errno
 import functools
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 from urllib.parse import unquote
@@ -212,14 +213,30 @@ def record(st: Storage, session: Session, received: Received, *, client: audit.C
 def _refuse_a_read_body(req: Request) -> None:
     """BodyAlreadyRead, before anything is written, when something else read this request's body first.
 
-    The sign is the position of Werkzeug's LimitedStream (every body with a
-    Content-Length, and chunked ones under a MAX_CONTENT_LENGTH). Our own form
-    reader, started by a check before the view, is no such sign: it is resumed.
+    The sign is the position of Werkzeug's LimitedStream, which every body gets once the request has
+    a length limit. Where it has none and the server ends the input itself (`wsgi.input_terminated`:
+    a chunked body; every body under some servers), Werkzeug would hand out the server's own stream,
+    which keeps no position: a part read of it could not be seen, and the rest would be sealed as the
+    file. So such a request gets a limit of its own first (Flask's per-request `max_content_length`,
+    this request only), which makes its stream a LimitedStream; a stream that is not one by then was
+    opened before seal_upload, and is refused the same way. Our own form reader, started by a check
+    before the view, is no such sign: it is resumed.
     """
     if formstream.started_reader(req) is not None:
         return
+    terminated = "wsgi.input_terminated" in req.environ
+    if terminated and req.max_content_length is None:
+        req.max_content_length = sys.maxsize  # the upload's own limit is applied as it is sealed
     stream = req.stream
-    if isinstance(stream, LimitedStream) and stream.tell() > 0:
+    limited = isinstance(stream, LimitedStream)
+    if terminated and not limited:
+        log.error("files: seal_upload in %s: the request's stream was opened before it; refused", req.endpoint)
+        raise BodyAlreadyRead(
+            f"seal_upload: the stream of this request to {req.endpoint} was opened before it (request.form, "
+            "request.files, request.data, get_data(), get_json() or request.stream), and a body the server ends "
+            "itself (chunked) keeps no position to show whether it was read: read nothing of the request before "
+            "seal_upload, or set the app's MAX_CONTENT_LENGTH.")
+    if limited and stream.tell() > 0:
         log.error("files: seal_upload in %s: the request body was already read (request.form, files, data or "
                   "get_data before it); refused", req.endpoint)
         raise BodyAlreadyRead(
