@@ -6,7 +6,7 @@ of lock conflicts (outbox.core.db.in_transaction) multiply it. A handler that wr
 tables on a connection of its own and keeps that transaction open blocks the ack of its item that
 way for as long as it lives; a host's long transaction does the same for a while. So before its
 writes a run bounds the wait on its own connection to LOCK_WAIT_SLICE, and to the run's remaining
-time when less is left (`bound_lock_wait`: `SET SESSION innodb_lock_wait_timeout`, allowed on
+time when less is left (`bound_lock_wait`: `SET SESSION innodb_lock_wait_timeout, lock_wait_timeout`, allowed on
 shared hosts, or `PRAGMA busy_timeout`; sent only when the bound changes, so at most once per
 connection and about once a second in a run's last seconds). Each slice that ends in a conflict is
 logged and retried while the run has time; then the item's attempt fails with a reason that names
@@ -82,7 +82,10 @@ def _set(dbapi_connection, dialect: str, seconds: int | None) -> None:
         if dialect == "sqlite":
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS if seconds is None else seconds * 1000}")
         else:
-            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {'DEFAULT' if seconds is None else int(seconds)}")
+            # Row locks wait for innodb_lock_wait_timeout, table locks (another session's LOCK TABLES
+            # ... WRITE, a DDL) for lock_wait_timeout, a day by default: both, in one statement.
+            value = "DEFAULT" if seconds is None else int(seconds)
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {value}, lock_wait_timeout = {value}")
     finally:
         cursor.close()
 

@@ -169,8 +169,9 @@ def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Ca
     try:
         heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
     except DBAPIError as exc:
-        if is_lock_conflict(exc) and result.stop_reason == "lock-wait":
-            # The run stopped because another transaction held a lock past its time; it still does.
+        if is_lock_conflict(exc):
+            # Another transaction still holds a lock its counts or its row need, and the run's time is
+            # up (its waits are bounded by it): the run's own outcome stands; the row stays "running".
             log.warning("could not finish the heartbeat row: another transaction still holds a lock")
             return result
         if not (is_connection_lost(exc) and result.stop_reason == "lost-connection"):
