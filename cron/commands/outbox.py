@@ -9,6 +9,7 @@ from cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.core.lock_wait import run_lock_waits
 from outbox.engine import profiles
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
@@ -28,9 +29,10 @@ def publish(ctx, max_time):
     relay = Relay(rt)
     budget = Budget(max_time=max_time, memory_mb=None, time_headroom=time_headroom(rt.settings))
     try:
-        result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
-                            lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
-                                     "dead": relay.stats.gave_up})
+        with run_lock_waits(rt.engine, budget.remaining):
+            result = record_run(rt.sessions, "publish", lambda: run_loop([relay.run], budget, linger=False),
+                                lambda: {"delivered": relay.stats.done, "retried": relay.stats.retried,
+                                         "dead": relay.stats.gave_up})
     finally:
         relay.close()
     s = relay.stats

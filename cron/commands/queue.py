@@ -9,10 +9,11 @@ from cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.core.lock_wait import run_lock_waits
 from outbox.engine import heartbeat, profiles
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
-from outbox.engine.run_loop import record_run, run_loop
+from outbox.engine.run_loop import record_run, run_loop, start_within
 from outbox.queue import groups, jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
 from outbox.queue.pool import Pool, PoolRefused, check_budget
@@ -52,11 +53,12 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
     """Run jobs. Limits are checked between jobs; SIGTERM finishes the current job, then exits 0."""
     names = _queue_list(queues)
     smallest, largest = _pool_size(workers, min_workers, max_workers, once)
-    rt = runtime()
+    rt = runtime(migrate=False)  # the schema is checked below, its lock wait bounded by --max-time
     names = names or rt.default_queues()
     if not names:
         raise click.UsageError("no queues to work: register jobs (CRONBOX_HANDLERS) or pass --queue")
     if largest > 1:
+        rt.ensure_schema()
         _work_in_pool(ctx, rt, names, smallest, largest, stop_when_empty=stop_when_empty, max_time=max_time,
                       max_jobs=max_jobs, memory=memory, sleep=sleep)
         return
@@ -64,9 +66,13 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
     budget = Budget(max_time=max_time, memory_mb=memory, max_handled=1 if once else max_jobs,
                     time_headroom=time_headroom(rt.settings))
     started = clock.monotonic()
-    result = record_run(rt.sessions, "work",
-                        lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once), poll=sleep),
-                        lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
+    result = start_within(rt.engine, budget, rt.ensure_schema, "the schema check")
+    if result is None:
+        with run_lock_waits(rt.engine, budget.remaining):
+            result = record_run(rt.sessions, "work",
+                                lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once),
+                                                 poll=sleep),
+                                lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
     s = worker.stats
     ran = s.done + s.retried + s.gave_up + s.lease_lost
     click.echo(f"queue work: {ran} jobs ({s.done} done, {s.retried} retried, {s.gave_up} failed, {s.deferred} "

@@ -12,10 +12,11 @@ from cron.scheduling.schedule import Scheduler
 from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError, SettingsError
+from outbox.core.lock_wait import run_lock_waits
 from outbox.core.resources import peak_rss_kb
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
-from outbox.engine.run_loop import RunResult, record_run, run_loop
+from outbox.engine.run_loop import RunResult, record_run, run_loop, start_within
 from outbox.engine.runtime import Runtime
 from outbox.events import deliveries
 from outbox.events.relay import Relay
@@ -95,8 +96,8 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
     relay = None
     runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
-        _check_schema(runtime, run_command)
         budget = Budget(max_time=max_time, memory_mb=memory_mb, time_headroom=time_headroom(runtime.settings))
+        blocked = start_within(runtime.engine, budget, lambda: _check_schema(runtime, run_command), "the schema check")
         scheduler, once = Scheduler(runtime), OnceStage(runtime, run_command)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
@@ -115,8 +116,12 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
                     "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
 
-        result = record_run(runtime.sessions, "tick",
-                            lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
+        if blocked is not None:
+            result = blocked
+        else:
+            with run_lock_waits(runtime.engine, budget.remaining):
+                result = record_run(runtime.sessions, "tick",
+                                    lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
         report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
                             once=once, drain=drain, seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())

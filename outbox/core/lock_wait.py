@@ -6,11 +6,17 @@ of lock conflicts (outbox.core.db.in_transaction) multiply it. A handler that wr
 tables on a connection of its own and keeps that transaction open blocks the ack of its item that
 way for as long as it lives; a host's long transaction does the same for a while. So before its
 writes a run bounds the wait on its own connection to LOCK_WAIT_SLICE, and to the run's remaining
-time when less is left (`bound_lock_wait`: `SET SESSION innodb_lock_wait_timeout`, allowed on
+time when less is left (`bound_lock_wait`: `SET SESSION innodb_lock_wait_timeout, lock_wait_timeout`, allowed on
 shared hosts, or `PRAGMA busy_timeout`; sent only when the bound changes, so at most once per
 connection and about once a second in a run's last seconds). Each slice that ends in a conflict is
 logged and retried while the run has time; then the item's attempt fails with a reason that names
 the lock wait (`lock_wait_error`).
+
+Not only a batch's writes: while a run lasts (`run_lock_waits`, around a command's run), every
+connection it takes gets the bound before its first statement (the schema check, the heartbeat, the
+claims, fan-out, scheduler slots, one-off rows, prunes), and the relay's and worker's claims retry
+only while the run has time. A conflict that still escapes a stage stops the run as `lock-wait`
+(outbox.engine.run_loop), exit 0, with one line naming what waited.
 
 The bound is set through the DB-API connection, outside SQLAlchemy's transaction handling: on
 SQLite a statement through SQLAlchemy would begin a transaction (BEGIN IMMEDIATE), which itself
@@ -21,8 +27,11 @@ its end (the run's last writes, the heartbeat, are bounded the same way).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
-from sqlalchemy.engine import Connection
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
 
 LOCK_WAIT_SLICE = 10  # seconds one statement of a run waits for a lock, at most
 SQLITE_BUSY_MS = 30000  # the engine's busy_timeout (outbox.core.db._sqlite_engine)
@@ -32,10 +41,31 @@ _BOUND = "cronbox_lock_wait"  # the bound set on a DB-API connection, in its poo
 def bound_lock_wait(connection: Connection, remaining: float) -> int:
     """Let a statement on `connection` wait at most LOCK_WAIT_SLICE seconds for a lock, and no longer
     than `remaining` (at least 1 s: both servers count whole seconds here). Returns the bound."""
+    return _bound(connection.connection, connection.info, connection.dialect.name, remaining)
+
+
+@contextmanager
+def run_lock_waits(engine: Engine, remaining: Callable[[], float]) -> Iterator[None]:
+    """While a run lasts, every connection it takes from `engine` waits for locks as `bound_lock_wait`
+    says, before its first statement: the claims, fan-out, scheduler slots, one-off rows, prunes and
+    the heartbeat, not only a batch's writes. A pool "checkout" listener (removed at the end), so the
+    bound is sent once per connection and again only when the run's last seconds shorten it."""
+    dialect = engine.dialect.name
+
+    def bound(dbapi_connection, record, _proxy) -> None:
+        _bound(dbapi_connection, record.info, dialect, remaining())
+
+    event.listen(engine, "checkout", bound)
+    try:
+        yield
+    finally:
+        event.remove(engine, "checkout", bound)
+
+
+def _bound(dbapi_connection, info: dict, dialect: str, remaining: float) -> int:
     seconds = LOCK_WAIT_SLICE if remaining >= LOCK_WAIT_SLICE else max(1, math.ceil(remaining))  # inf: no --max-time
-    info = connection.info
     if info.get(_BOUND) != seconds:
-        _set(connection.connection, connection.dialect.name, seconds)
+        _set(dbapi_connection, dialect, seconds)
         info[_BOUND] = seconds
     return seconds
 
@@ -52,7 +82,10 @@ def _set(dbapi_connection, dialect: str, seconds: int | None) -> None:
         if dialect == "sqlite":
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS if seconds is None else seconds * 1000}")
         else:
-            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {'DEFAULT' if seconds is None else int(seconds)}")
+            # Row locks wait for innodb_lock_wait_timeout, table locks (another session's LOCK TABLES
+            # ... WRITE, a DDL) for lock_wait_timeout, a day by default: both, in one statement.
+            value = "DEFAULT" if seconds is None else int(seconds)
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {value}, lock_wait_timeout = {value}")
     finally:
         cursor.close()
 

@@ -16,7 +16,6 @@ or killed run keeps the work from others.
 """
 from __future__ import annotations
 
-import _signal
 import inspect
 import math
 import os
@@ -117,9 +116,7 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
     `scope` wraps the call (a host app's app context): its failures count as the handler's."""
     main_thread = threading.current_thread() is threading.main_thread()
     use_timer = timeout > 0 and main_thread
-    # _signal.getsignal: the C function signal.getsignal wraps, without mapping the handler to an enum
-    # member (two enum look-ups per call, ~5 % of a grouped item's Python); only identity is compared.
-    if main_thread and _signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler
         # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
         # like Python's own handler).
@@ -128,7 +125,7 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
     if use_timer:
         # Installed once and left in place (it only acts while our timer is armed): swapping
         # handlers around every call cost two syscalls per job.
-        if _signal.getsignal(signal.SIGALRM) is not _raise_timeout:
+        if signal.getsignal(signal.SIGALRM) is not _raise_timeout:
             signal.signal(signal.SIGALRM, _raise_timeout)
         signal.setitimer(signal.ITIMER_REAL, timeout)
     pid = os.getpid()

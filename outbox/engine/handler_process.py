@@ -24,7 +24,6 @@ Handlers run in cronbox's own process (a cron command, or the host's web process
 """
 from __future__ import annotations
 
-import _signal
 import logging
 import os
 import signal
@@ -81,18 +80,18 @@ def leave_if_forked(caller_pid: int, raised: BaseException | None) -> None:
 
 class SignalDispositions:
     """The dispositions of the stop signals before a handler call, put back after it if changed.
-    Main thread only (signals can only be set there). Identity is compared through _signal.getsignal,
-    the C function signal.getsignal wraps (without its enum look-up, which costs an exception for a
-    function handler): this runs around every handler call."""
+    Main thread only (signals can only be set there). Identity is compared through the public
+    signal.getsignal (SIG_IGN/SIG_DFL come back as the same enum members each time); the private
+    _signal module it wraps would save an enum look-up per call, but our rule forbids private names."""
 
     __slots__ = ("before",)
 
     def __init__(self):
-        self.before = [(sig, _signal.getsignal(sig)) for sig in STOP_SIGNALS]
+        self.before = [(sig, signal.getsignal(sig)) for sig in STOP_SIGNALS]
 
     def restore(self, handler_name: str) -> None:
         for sig, disposition in self.before:
-            if _signal.getsignal(sig) is not disposition and disposition is not None:
+            if signal.getsignal(sig) is not disposition and disposition is not None:
                 signal.signal(sig, disposition)
                 log.warning("handler %s changed the %s handler; cronbox's is back in place", handler_name,
                             signal.Signals(sig).name)

@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from outbox.core import clock
 from outbox.core.db import is_connection_lost, is_lock_conflict
 from outbox.core.errors import LockLost
+from outbox.core.lock_wait import run_lock_waits
 from outbox.core.locks import RunLock
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
@@ -76,9 +77,17 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             try:
                 if lock is not None:
                     lock.check()
-                work = sum(stage(budget) for stage in stages)
+                work = 0
+                for stage in stages:
+                    work += stage(budget)
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
+                break
+            except OperationalError as exc:
+                if not is_lock_conflict(exc):
+                    raise
+                # What the stage had claimed runs again when its lease expires.
+                result = stopped_by_lock_wait(stage_name(stage), exc)
                 break
             except DBAPIError as exc:
                 if not is_connection_lost(exc):
@@ -99,6 +108,36 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
     return result
 
 
+def stopped_by_lock_wait(what: str, exc: OperationalError) -> RunResult:
+    """A run whose statement (`what` sent it) still waited for a lock another transaction holds when
+    the run's time was up (every wait is bounded by it: outbox.core.lock_wait): it stops as it would
+    at --max-time, exit 0, with one line saying so, not with a traceback."""
+    log.warning("stopping the run: %s waited for a lock another transaction holds until the run's time ran out "
+                "(%s)", what, describe(exc.orig or exc)[:200])
+    return RunResult(stop_reason="lock-wait")
+
+
+def start_within(engine, budget: Budget, start: Callable[[], None], what: str) -> RunResult | None:
+    """Run a command's first step (its schema check) with its lock waits bounded by the run's time,
+    as the run's own are: on SQLite even a read begins with the write lock (BEGIN IMMEDIATE), which
+    another process's write transaction holds. Returns the run's "lock-wait" stop if it waited past
+    that time, else None."""
+    with run_lock_waits(engine, budget.remaining):
+        try:
+            start()
+        except OperationalError as exc:
+            if not is_lock_conflict(exc):
+                raise
+            return stopped_by_lock_wait(what, exc)
+    return None
+
+
+def stage_name(stage: Callable) -> str:
+    """A stage for log lines: its object's class (Relay, Worker, Scheduler...) or its own name."""
+    owner = getattr(stage, "__self__", None)
+    return type(owner).__name__ if owner is not None else getattr(stage, "__name__", repr(stage))
+
+
 def _pause(budget: Budget, seconds: float) -> bool:
     """Sleep up to `seconds` in small steps (a signal ends it); False when the run has no time left."""
     if budget.signalled or budget.remaining() <= 0.05:
@@ -113,7 +152,12 @@ def _pause(budget: Budget, seconds: float) -> bool:
 
 def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Callable[[], dict]) -> RunResult:
     """Write a heartbeat row around a run and finish it with the run's counts and outcome."""
-    heartbeat_id = heartbeat.start(sessions, command)
+    try:
+        heartbeat_id = heartbeat.start(sessions, command)
+    except OperationalError as exc:
+        if not is_lock_conflict(exc):
+            raise
+        return stopped_by_lock_wait("the heartbeat row", exc)  # nothing ran yet, nothing to record
     try:
         result = body()
     except BaseException as exc:
@@ -125,8 +169,9 @@ def record_run(sessions, command: str, body: Callable[[], RunResult], counts: Ca
     try:
         heartbeat.finish(sessions, heartbeat_id, outcome=result.stop_reason, error=result.error, **counts())
     except DBAPIError as exc:
-        if is_lock_conflict(exc) and result.stop_reason == "lock-wait":
-            # The run stopped because another transaction held a lock past its time; it still does.
+        if is_lock_conflict(exc):
+            # Another transaction still holds a lock its counts or its row need, and the run's time is
+            # up (its waits are bounded by it): the run's own outcome stands; the row stays "running".
             log.warning("could not finish the heartbeat row: another transaction still holds a lock")
             return result
         if not (is_connection_lost(exc) and result.stop_reason == "lost-connection"):

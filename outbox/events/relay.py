@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 from typing import Callable, TypeVar
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
@@ -116,6 +115,7 @@ class Relay(Processor):
         return self.on_one_connection(lambda: self._run(budget))
 
     def _run(self, budget: Budget) -> int:
+        self._budget = budget  # the claims' lock waits and retries end with the run (Processor._transaction)
         work = 0
         self._claim_next = True  # a run's first transaction claims (the relay lives through a linger's polls)
         self._warn_unregistered()
@@ -145,8 +145,8 @@ class Relay(Processor):
 
     def fan_out(self) -> int:
         now = clock.utcnow()
-        events, _rows, _leased = _racing(lambda: in_transaction(
-            self.sessions, lambda s: deliveries.fan_out(s, self.registry, now, FAN_OUT_BATCH)))
+        events, _rows, _leased = _racing(lambda: self._transaction(
+            lambda s: deliveries.fan_out(s, self.registry, now, FAN_OUT_BATCH)))
         self.stats.fanned += events
         return events
 
@@ -178,8 +178,8 @@ class Relay(Processor):
         claim = self._claim_wanted()
         while True:
             confirmed = self._confirmed
-            events, claimed, leased, waiting, acked = _racing(lambda: in_transaction(
-                self.sessions, lambda s: step(s, confirmed, claim)))
+            events, claimed, leased, waiting, acked = _racing(lambda: self._transaction(
+                lambda s: step(s, confirmed, claim)))
             if confirmed:
                 crash_point("after-ack-commit")
                 self._confirmed = []
@@ -352,7 +352,7 @@ class Relay(Processor):
         if not confirmed:
             return
         crash_point("before-ack-commit")
-        acked = in_transaction(self.sessions, lambda s: self._ack(s, confirmed, clock.utcnow()))
+        acked = self._transaction(lambda s: self._ack(s, confirmed, clock.utcnow()))
         crash_point("after-ack-commit")
         self._confirmed = []
         self._claim_next = self._claim_next or any(not item.flight for item in confirmed)
@@ -379,7 +379,7 @@ class Relay(Processor):
                 failed.append((item, outcome, self._retry_at(item, target, outcome, now)))
             landing = deliveries.Landing([i.event_id for i in done],
                                          [(i.event_id, next_at, o.error) for i, o, next_at in failed], [])
-            if not in_transaction(self.sessions, lambda s: deliveries.land_flight(s, token, target.name, landing, now)):
+            if not self._transaction(lambda s: deliveries.land_flight(s, token, target.name, landing, now)):
                 self._flight_lost(target, [m[0] for m in members])
                 continue
             self._acked(done, len(done))
@@ -424,7 +424,7 @@ class Relay(Processor):
             consumer = members[0].consumer
             landing = deliveries.Landing([], [], [i.event_id for i in members])
             try:
-                landed = in_transaction(self.sessions, lambda s: deliveries.land_flight(
+                landed = self._transaction(lambda s: deliveries.land_flight(
                     s, token, consumer, landing, clock.utcnow()))
             except Exception:
                 if not best_effort:
@@ -447,7 +447,7 @@ class Relay(Processor):
                 f"event={item.event_id} type={clean_text(item.event_type, 191)}")
 
     def _warn_unregistered(self) -> None:
-        rows = in_transaction(self.sessions, lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))
+        rows = self._transaction(lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))
         for name, count in rows:
             if name not in self._warned:
                 self._warned.add(name)

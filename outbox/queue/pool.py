@@ -34,6 +34,7 @@ from outbox.core import clock
 from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
 from outbox.core.locks import RunLock
+from outbox.core.lock_wait import run_lock_waits
 from outbox.core.resources import rss_kb, rss_kb_of
 from outbox.core.settings import Settings
 from outbox.engine import heartbeat
@@ -138,7 +139,8 @@ class Pool:
         """Run the pool until it is done (stop_when_empty), --max-time, a signal or a crash loop, with its
         own heartbeat row ("pool", the pool's size and restarts in its detail)."""
         self.runtime.claim_mode()  # asked once here, inherited by every child
-        return record_run(self.runtime.sessions, "pool", lambda: self._supervise(budget), self._counts)
+        with run_lock_waits(self.runtime.engine, budget.remaining):
+            return record_run(self.runtime.sessions, "pool", lambda: self._supervise(budget), self._counts)
 
     def _counts(self) -> dict:
         return {"detail": self.stats.describe(self.min_workers, self.max_workers)[:191]}
@@ -349,10 +351,11 @@ class Pool:
             threading.Thread(target=self._watch_parent, args=(budget,), daemon=True, name="cronbox-parent").start()
             # Smaller batches than a lone worker's: a child must not lease the backlog its siblings wait for.
             worker = Worker(self.runtime, self.queues, batch_size=JOBS_PER_WORKER, siblings=True)
-            result = record_run(self.runtime.sessions, "work",
-                                lambda: run_loop([worker.run], budget, linger=not self.stop_when_empty,
-                                                 poll=self.sleep),
-                                lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
+            with run_lock_waits(self.runtime.engine, budget.remaining):
+                result = record_run(self.runtime.sessions, "work",
+                                    lambda: run_loop([worker.run], budget, linger=not self.stop_when_empty,
+                                                     poll=self.sleep),
+                                    lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
             s = worker.stats
             log.info("pool worker pid=%d: %d jobs (%d done, %d retried, %d failed, %d deferred); stopped: %s",
                      os.getpid(), s.done + s.retried + s.gave_up + s.lease_lost, s.done, s.retried, s.gave_up,

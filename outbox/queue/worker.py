@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Callable
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import CronboxError
 from outbox.core.payload import load_payload
 from outbox.engine.budget import Budget
@@ -114,6 +113,7 @@ class Worker(Processor):
         return self.fixed_queues or self.runtime.default_queues()
 
     def _run(self, budget: Budget) -> int:
+        self._budget = budget  # the claims' lock waits and retries end with the run (Processor._transaction)
         handled = 0
         busy = 0
         while budget.stop_reason() is None:
@@ -138,7 +138,7 @@ class Worker(Processor):
         it would leave that backlog to the siblings' next batches, one child short for the rest of
         the run. A plain read (no locks): one statement, paid only after an empty claim."""
         now = clock.utcnow()
-        return bool(in_transaction(self.sessions, lambda s: jobstore.due_queues(
+        return bool(self._transaction(lambda s: jobstore.due_queues(
             s, self.registry, self.queues, now, always_ask=True)))
 
     def process(self, claimed, budget: Budget) -> int:
@@ -164,7 +164,7 @@ class Worker(Processor):
                     return claimed
             return []
 
-        return in_transaction(self.sessions, claim)
+        return self._transaction(claim)
 
     # -- Processor hooks -----------------------------------------------------------
     def _handler(self, item):
@@ -211,7 +211,7 @@ class Worker(Processor):
         handover, self._handover = self._handover, None
         if handover is not None:
             try:
-                in_transaction(self.sessions, lambda s: groups.release(s, [handover]))
+                self._transaction(lambda s: groups.release(s, [handover]))
             except Exception:
                 log.warning("job: could not free the slot of group %s; its lease will", handover[0])
 
@@ -272,7 +272,7 @@ class Worker(Processor):
                     raise _Refused(wait, f"rate limit {rate.bucket} reached")
 
         try:
-            in_transaction(self.sessions, gate)
+            self._transaction(gate)
         except _Refused as refused:  # rolled back: nothing taken, nothing spent
             return Outcome(RETRY_LATER, 0.0, refused.reason, retry_in=refused.seconds)
         if group is not None:

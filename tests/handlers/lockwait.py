@@ -21,3 +21,8 @@ def quiet(payload, ctx):
 def with_session(payload, ctx):
     wait_for_release()
     ctx.session.execute(insert(effects).values(consumer="lockwait.session", event_id=payload["n"]))
+
+
+@outbox.consumer("lockwait", name="lockwait.consumer", timeout=30, max_attempts=3)
+def consumer(event, ctx):
+    """Does nothing: the tests block its delivery's claim, not its call."""
