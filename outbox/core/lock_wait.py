@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DisconnectionError
 
 LOCK_WAIT_SLICE = 10  # seconds one statement of a run waits for a lock, at most
 SQLITE_BUSY_MS = 30000  # the engine's busy_timeout (outbox.core.db._sqlite_engine)
@@ -53,7 +54,13 @@ def run_lock_waits(engine: Engine, remaining: Callable[[], float]) -> Iterator[N
     dialect = engine.dialect.name
 
     def bound(dbapi_connection, record, _proxy) -> None:
-        _bound(dbapi_connection, record.info, dialect, remaining())
+        try:
+            _bound(dbapi_connection, record.info, dialect, remaining())
+        except engine.dialect.loaded_dbapi.Error as exc:
+            # A connection that died in the pool (a cut, the server gone): SQLAlchemy's documented answer
+            # from a checkout listener is DisconnectionError, which invalidates it and checks out a fresh
+            # one, whose connect error is then the ordinary, wrapped one the run's reconnects know.
+            raise DisconnectionError(f"setting the run's lock wait failed: {exc}") from exc
 
     event.listen(engine, "checkout", bound)
     try:

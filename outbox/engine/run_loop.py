@@ -83,13 +83,13 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
                 break
-            except OperationalError as exc:
-                if not is_lock_conflict(exc):
-                    raise
-                # What the stage had claimed runs again when its lease expires.
-                result = stopped_by_lock_wait(stage_name(stage), exc)
-                break
             except DBAPIError as exc:
+                # One clause for both kinds: a lost connection is an OperationalError too, and a
+                # separate `except OperationalError` re-raising it would skip the reconnect below.
+                if is_lock_conflict(exc):
+                    # What the stage had claimed runs again when its lease expires.
+                    result = stopped_by_lock_wait(stage_name(stage), exc)
+                    break
                 if not is_connection_lost(exc):
                     raise
                 log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",
