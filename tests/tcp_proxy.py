@@ -13,6 +13,18 @@ connection at a chosen moment without touching the shared server.
         proxy.cut_after(n)              # cut every connection once the client sent n more bytes on it,
                                         # passing exactly n (a connection cut in the middle of a batch)
 
+With `amqp=True` the proxy reads the AMQP frames going each way (the server's are passed on whole,
+frame by frame, so a frame of the proxy's own can go between two of them), and can play a broker
+under a resource alarm without setting one on the shared RabbitMQ:
+        proxy.block()                   # send connection.blocked to every open client
+        proxy.unblock()                 # and connection.unblocked
+        proxy.block_new = True          # each new connection is blocked once its channel is in confirm
+                                        # mode (the client sent confirm.select), as a broker in alarm would
+        proxy.block_after(n)            # block each connection once its client sent n basic.publish
+        proxy.publishes                 # basic.publish frames the clients sent, all connections
+        proxy.publishes_while_blocked   # of those, the ones sent after the proxy blocked their
+                                        # connection and before it unblocked it
+
 Threads: one accepting, two per connection pumping bytes. A refused connection is accepted and
 closed straight away, so the client sees "Lost connection" during the handshake rather than
 waiting for a timeout.
@@ -20,12 +32,67 @@ waiting for a timeout.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"  # what an AMQP 0-9-1 client sends first, before any frame
+BASIC_PUBLISH, CONFIRM_SELECT = (60, 40), (85, 10)
+
+
+def method_frame(class_id: int, method_id: int, arguments: bytes = b"") -> bytes:
+    """An AMQP method frame on channel 0 (AMQP 0-9-1 section 4.2.3)."""
+    payload = struct.pack(">HH", class_id, method_id) + arguments
+    return struct.pack(">BHI", 1, 0, len(payload)) + payload + b"\xce"
+
+
+def connection_blocked(reason: str = "low on memory") -> bytes:
+    """RabbitMQ's connection.blocked (class 10, method 60, a short-string reason)."""
+    data = reason.encode()
+    return method_frame(10, 60, bytes((len(data),)) + data)
+
+
+CONNECTION_UNBLOCKED = method_frame(10, 61)
+
+
+class Frames:
+    """Cuts a byte stream into whole AMQP frames (type, channel, size, payload, frame-end)."""
+
+    def __init__(self, *, skip: bytes = b""):
+        self.buffer = bytearray()
+        self.skip = skip  # a prefix that is not a frame (the client's protocol header)
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes, bytes]]:
+        """The frames `data` completes: (type, payload, the frame's bytes as received)."""
+        self.buffer += data
+        if self.skip:
+            if len(self.buffer) < len(self.skip):
+                return []
+            del self.buffer[:len(self.skip)]
+            self.skip = b""
+        out = []
+        while len(self.buffer) >= 7:
+            kind, _channel, size = struct.unpack_from(">BHI", self.buffer)
+            if len(self.buffer) < 8 + size:
+                break
+            raw = bytes(self.buffer[:8 + size])
+            del self.buffer[:8 + size]
+            out.append((kind, raw[7:7 + size], raw))
+        return out
+
+
+def method_of(kind: int, payload: bytes) -> tuple[int, int] | None:
+    return struct.unpack_from(">HH", payload) if kind == 1 and len(payload) >= 4 else None
 
 
 class TcpProxy:
-    def __init__(self, target_port: int, *, target_host: str = "127.0.0.1"):
+    def __init__(self, target_port: int, *, target_host: str = "127.0.0.1", amqp: bool = False):
         self.target = (target_host, target_port)
+        self.amqp = amqp
+        self.block_new = False
+        self.block_after_publishes: int | None = None
+        self.publishes = 0
+        self.publishes_while_blocked = 0
+        self._links: list[dict] = []  # per connection (amqp): its client socket, send lock, state
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.refusing = False
@@ -64,7 +131,15 @@ class TcpProxy:
             with self._lock:
                 self.accepted += 1
                 self._pairs.append((client, server))
-            pair = {"muted": False}  # this connection's own mute (mute_on)
+            pair = {"muted": False, "client": client, "lock": threading.Lock(), "blocked": False, "publishes": 0,
+                    "upstream": Frames(skip=PROTOCOL_HEADER), "downstream": Frames()}  # mute: its own (mute_on)
+            if self.amqp:
+                # A frame of the proxy's own must reach the client at once, as RabbitMQ's do (it sets
+                # TCP_NODELAY): Nagle would hold it back until the client acknowledged earlier data.
+                for sock in (client, server):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with self._lock:
+                    self._links.append(pair)
             threading.Thread(target=self._upstream, args=(client, server, pair), daemon=True).start()
             threading.Thread(target=self._downstream, args=(server, client, pair), daemon=True).start()
 
@@ -79,6 +154,8 @@ class TcpProxy:
                         data = data[:budget]
                         self.cut_budget = budget - len(data)
                     self.upstream_bytes += len(data)
+                if data and self.amqp:
+                    self._client_frames(pair, data)
                 if data:
                     sink.sendall(data)
                 if budget is not None and self.cut_budget == 0:
@@ -94,13 +171,59 @@ class TcpProxy:
     def _downstream(self, source: socket.socket, sink: socket.socket, pair: dict) -> None:
         try:
             while data := source.recv(65536):
-                if not (self.muted or pair["muted"]):
-                    sink.sendall(data)
+                if not self.amqp:
+                    if not (self.muted or pair["muted"]):
+                        sink.sendall(data)
+                    continue
+                for _kind, _payload, raw in pair["downstream"].feed(data):
+                    with pair["lock"]:  # whole frames: the proxy's own go between them
+                        if not (self.muted or pair["muted"]):
+                            sink.sendall(raw)
         except OSError:
             pass
         finally:
             _close(source)
             _close(sink)
+
+    def _client_frames(self, pair: dict, data: bytes) -> None:
+        for kind, payload, _raw in pair["upstream"].feed(data):
+            method = method_of(kind, payload)
+            if method == BASIC_PUBLISH:
+                with self._lock:
+                    self.publishes += 1
+                    pair["publishes"] += 1
+                    if pair["blocked"]:
+                        self.publishes_while_blocked += 1
+                if self.block_after_publishes is not None and pair["publishes"] == self.block_after_publishes:
+                    self._send(pair, connection_blocked(), blocked=True)
+            elif method == CONFIRM_SELECT and self.block_new:
+                self._send(pair, connection_blocked(), blocked=True)
+
+    def _send(self, pair: dict, frame: bytes, *, blocked: bool) -> None:
+        """`frame` to the client, between two of the server's frames."""
+        with pair["lock"]:
+            pair["blocked"] = blocked  # before the client can see it: what it sends from now on counts
+            try:
+                pair["client"].sendall(frame)
+            except OSError:
+                pass
+
+    def block(self) -> int:
+        """connection.blocked to every open client (amqp=True); returns how many."""
+        return self._send_all(connection_blocked(), blocked=True)
+
+    def unblock(self) -> int:
+        return self._send_all(CONNECTION_UNBLOCKED, blocked=False)
+
+    def block_after(self, publishes: int) -> None:
+        self.block_after_publishes = publishes
+
+    def _send_all(self, frame: bytes, *, blocked: bool) -> int:
+        with self._lock:
+            links = [p for p in self._links if p["client"].fileno() != -1]
+        for pair in links:
+            self._send(pair, frame, blocked=blocked)
+        return len(links)
 
     @property
     def open_connections(self) -> int:

@@ -1,17 +1,27 @@
 """The AMQP side of forwarding: one connection per process, batches published with confirms.
 
-Client: py-amqp (`amqp`, the library under Celery/kombu). It is synchronous like the tick, and it
-lets a batch be written in one go and its confirms collected afterwards: `confirm_select()` on the
-channel, plain `basic_publish` (which does not wait), then `drain_events` dispatching basic.ack /
-basic.nack / basic.return to callbacks. pika's BlockingChannel waits for each confirm in turn (a
-round trip per message), and its SelectConnection or aio-pika would put an event loop inside a cron
-process that otherwise has none.
+Client: py-amqp (`amqp`, the library under Celery/kombu), through its public calls only. It is
+synchronous like the tick, and it lets a batch be written in one go and its confirms collected
+afterwards: `confirm_select()` on the channel, `basic_publish` of an `amqp.Message` (which does not
+wait for the confirm), then `drain_events` dispatching basic.ack / basic.nack / basic.return to the
+channel's `events` callbacks. pika's BlockingChannel waits for each confirm in turn (a round trip per
+message), and its SelectConnection or aio-pika would put an event loop inside a cron process that
+otherwise has none.
 
 What counts as delivered: a message the broker acked and did not return. A `mandatory` message the
 broker could not route comes back as basic.return, followed by an ack: that is a failure, reported
 as such. Anything not acked by the end of the batch's time (connection refused or cut, channel
 closed by the broker, nack, timeout) is a failure of that delivery and is retried by the relay with
 its backoff; the connection is then dropped and opened again, lazily, for the next batch.
+
+connection.blocked: RabbitMQ tells a publisher with this frame that a memory or disk alarm stopped
+it from reading the connection. Writing on would only fill socket buffers (and past the write
+timeout, lose the connection), so a batch stops writing the moment the frame is read, waits
+(servicing the connection) for connection.unblocked, and writes the rest then; if the batch's time
+runs out first, what it did not write fails with that reason, and is retried like any failed
+publish. py-amqp delivers both frames to the `on_blocked` / `on_unblocked` callbacks given to its
+Connection (it advertises the `connection.blocked` capability itself, and reads what the broker sent
+just before each basic_publish writes, for this very frame).
 """
 from __future__ import annotations
 
@@ -81,14 +91,20 @@ def parse_url(url: str) -> BrokerAddress:
 
 @dataclass(frozen=True)
 class Outgoing:
+    """One message to publish: what `amqp.Message(body, **properties)` and `basic_publish(message,
+    exchange, routing_key)` are given. `properties["message_id"]` is what the broker's returns are
+    matched by."""
     exchange: str
     routing_key: str
     body: bytes
     properties: dict
-    # The property list already encoded as publish_frames writes it (flags, then the values), by a
-    # sender that knows its messages' shape (outbox.events.forward.message_of); `properties` then
-    # needs only the message_id the broker's returns are matched by.
-    header: bytes | None = None
+
+
+class ConnectionBlocked(Exception):
+    """The broker sent connection.blocked while a batch was being written. Raised by the on_blocked
+    callback out of the basic_publish that read the frame, before that call writes its message (as
+    py-amqp raises a connection.close it reads there), so nothing is written into a blocked
+    connection."""
 
 
 class Batch:
@@ -119,6 +135,11 @@ class Batch:
         self.returned[mid] = (f"unroutable: the broker returned the message ({exc.reply_code} {exc.reply_text}; "
                               f"exchange={exchange!r} routing_key={routing_key!r}): no queue is bound for it")
 
+    def refuse(self, index: int, why: str) -> None:
+        """Message `index` was never sent (py-amqp could not encode it): settled as failed."""
+        self.confirmed[index] = True
+        self.errors[index] = why
+
     def finish(self, ids: list[str], unconfirmed: str) -> list[str | None]:
         """Per message: None if delivered, else why not."""
         out = []
@@ -131,12 +152,15 @@ class Batch:
 
 
 class InFlight:
-    """A batch written to the broker whose confirms are still to be collected (Broker.publish)."""
+    """A batch handed to the broker whose confirms are still to be collected (Broker.publish). Its
+    messages are written in order; `sent` of them so far (fewer than all while the broker blocks the
+    connection: `collect` writes the rest once it is unblocked)."""
 
     def __init__(self, messages: list[Outgoing], timeout: float, *, second: bool = False):
         self.messages = messages
         self.second = second  # the part of a batch a lost connection left unconfirmed, sent again
         self.ids: list[str | None] = []
+        self.sent = 0
         self.timeout = timeout
         self.end = clock.monotonic() + timeout  # no confirm counts after this
         self.batch: Batch | None = None
@@ -144,13 +168,17 @@ class InFlight:
         self.lost = False  # it failed on the connection itself (not the broker refusing)
         self.unconfirmed = f"no confirm from the broker within {timeout:g}s"
 
+    @property
+    def unsent(self) -> bool:
+        return self.sent < len(self.messages)
+
 
 class Broker:
     """One connection per process, opened on the first batch, kept across batches (the tick's
     linger too, its heartbeats serviced by `keep_alive()` on each poll), dropped on any error and
     opened again on the next batch; `close()` at exit.
 
-    A batch is `publish()`ed (its frames written, nothing waited for) and later `collect()`ed (its
+    A batch is `publish()`ed (its messages written, nothing waited for) and later `collect()`ed (its
     confirms read): the relay does database work that does not depend on the confirms in between.
     At most one batch is in flight; `send()` is the two in one go."""
 
@@ -169,6 +197,8 @@ class Broker:
         self._channel = None
         self._next_tag = 0
         self._batch: Batch | None = None  # the batch in flight, whose confirms the callbacks record
+        self._blocked: str | None = None  # why the broker blocked the connection, until it unblocks it
+        self._writing = False  # a batch's messages are being written: a connection.blocked stops it
         self.connects = 0  # connections opened (tests, bench)
 
     @property
@@ -181,8 +211,9 @@ class Broker:
         return self.collect(self.publish(messages, timeout))
 
     def publish(self, messages: list[Outgoing], timeout: float) -> InFlight:
-        """Write `messages` to the broker in order (persistent, mandatory, confirm mode) without
-        waiting; their confirms count until `timeout` seconds from now (`collect`)."""
+        """Write `messages` to the broker in order (mandatory, confirm mode) without waiting for
+        their confirms, which count until `timeout` seconds from now (`collect`). A blocked
+        connection is not written to: the messages wait for `collect`."""
         if self._batch is not None:
             raise RuntimeError("a batch is already in flight: collect it before publishing another")
         flight = InFlight(messages, timeout)
@@ -195,15 +226,21 @@ class Broker:
         return flight
 
     def collect(self, flight: InFlight) -> list[str | None]:
-        """Wait until `flight`'s deadline for its confirms. Per message: None (confirmed, routed)
-        or why it is not delivered."""
+        """Wait until `flight`'s deadline for its confirms (writing what a blocked connection held
+        back once the broker unblocks it). Per message: None (confirmed, routed) or why it is not
+        delivered."""
         if flight.results is None:
             try:
-                while flight.batch.by_tag:
+                while flight.unsent or flight.batch.by_tag:
                     left = flight.end - clock.monotonic()
                     if left <= 0:
                         raise socket.timeout()
+                    if flight.unsent and self._blocked is None:
+                        self._write(flight)
+                        continue
                     self._connection.drain_events(timeout=left)
+                    if self._blocked is not None:
+                        self._connection.heartbeat_tick()  # a long wait: the broker still hears from us
             except Exception as exc:
                 self._failed(flight, exc)
             else:
@@ -225,26 +262,30 @@ class Broker:
 
     def keep_alive(self) -> None:
         """Service the kept connection between batches (the tick calls it on every poll of its
-        linger): read what the broker sent (its heartbeats, a connection.close), send ours when
-        due. A connection found dead is dropped here, so the next batch opens a fresh one instead
-        of failing on it."""
+        linger): read what the broker sent (its heartbeats, a connection.close, connection.blocked),
+        send ours when due. A connection found dead is dropped here, so the next batch opens a
+        fresh one instead of failing on it."""
         connection = self._connection
         if connection is None or self._batch is not None:
             return
         try:
-            while True:
-                try:
-                    connection.drain_events(timeout=0)
-                except socket.timeout:
-                    break
+            self._read_waiting()
             connection.heartbeat_tick()
         except Exception as exc:
             log.info("amqp: the idle connection is gone (%s); the next batch opens a new one", _why(exc))
             self.close(graceful=False)
 
+    def _read_waiting(self) -> None:
+        """Dispatch every frame the broker has sent, without waiting for more."""
+        while True:
+            try:
+                self._connection.drain_events(timeout=0)
+            except socket.timeout:
+                return
+
     def _publish(self, flight: InFlight) -> None:
         try:
-            channel = self._open(min(self.connect_timeout, flight.timeout))
+            self._open(min(self.connect_timeout, flight.timeout))
         except Exception as exc:
             self.close(graceful=False)
             reason = f"broker unreachable ({self.address!r}): {describe(exc, 400)}"
@@ -252,47 +293,81 @@ class Broker:
             flight.results = [reason] * len(flight.messages)
             return
         flight.ids = [m.properties.get("message_id") for m in flight.messages]
-        batch = flight.batch = self._batch = Batch(len(flight.messages))
+        flight.batch = self._batch = Batch(len(flight.messages))
         flight.end = clock.monotonic() + flight.timeout
         try:
-            connection, channel_id = self._connection, channel.channel_id
-            chunk, pending = connection.frame_max - 8, []
-            size = 0
-            for index, message in enumerate(flight.messages):
-                self._next_tag += 1
-                batch.by_tag[self._next_tag] = index
-                frames = publish_frames(channel_id, chunk, message)
-                pending.append(frames)
-                size += len(frames)
-                if size >= FLUSH_BYTES:
-                    connection.transport.write(b"".join(pending))
-                    pending.clear()
-                    size = 0
-            if pending:
-                connection.transport.write(b"".join(pending))
-            connection.bytes_sent += len(flight.messages)  # what heartbeat_tick counts as traffic
+            self._read_waiting()  # a connection.blocked sent while the connection was idle, above all
+            self._write(flight)
             crash_point("after-publish")
         except Exception as exc:
             self._failed(flight, exc)
 
+    def _write(self, flight: InFlight) -> None:
+        """basic_publish `flight`'s messages from `flight.sent` on, until all are written or the
+        broker blocks the connection."""
+        Message, publish, batch = _amqp().Message, self._channel.basic_publish, flight.batch
+        self._writing = True
+        try:
+            while flight.unsent and self._blocked is None:
+                index = flight.sent
+                message = flight.messages[index]
+                try:
+                    publish(Message(message.body, **message.properties), message.exchange, message.routing_key,
+                            mandatory=True)
+                except ConnectionBlocked:
+                    return  # this message was not written: collect() writes it once unblocked
+                except (struct.error, UnicodeError) as exc:
+                    # py-amqp encodes a message whole before writing any of it: a value it cannot
+                    # encode (a short string over 255 bytes) fails that message alone.
+                    batch.refuse(index, f"the message cannot be encoded for AMQP: {describe(exc, 400)}")
+                else:
+                    self._next_tag += 1
+                    batch.by_tag[self._next_tag] = index
+                flight.sent = index + 1
+        finally:
+            self._writing = False
+
     def _failed(self, flight: InFlight, exc: BaseException) -> None:
         """The batch ends on an error: what was confirmed stands, the rest is not delivered."""
-        batch, count = flight.batch, len(flight.messages)
+        batch, count, blocked = flight.batch, len(flight.messages), self._blocked
         if isinstance(exc, (socket.timeout, TimeoutError)):
-            log.warning("amqp: %d of %d messages unconfirmed after %.0fs; dropping the connection",
-                        batch.unconfirmed, count, flight.timeout)
+            if blocked is not None:
+                flight.unconfirmed += f" (the broker blocked the connection: {blocked})"
+            log.warning("amqp: %d of %d messages unconfirmed after %.0fs%s; dropping the connection",
+                        batch.unconfirmed, count, flight.timeout,
+                        f" ({count - flight.sent} not sent: the broker blocked the connection)" if flight.unsent else "")
         else:
             flight.unconfirmed = f"not confirmed: {_why(exc)}"
             flight.lost = not isinstance(exc, _amqp().exceptions.ChannelError)
             log.warning("amqp: %d of %d messages unconfirmed: %s", batch.unconfirmed, count, _why(exc))
         self.close(graceful=False)
         flight.results = batch.finish(flight.ids, flight.unconfirmed)
+        if blocked is not None and not flight.lost:
+            for index in range(flight.sent, count):
+                flight.results[index] = (f"not sent: the broker blocked the connection ({blocked}) and did not "
+                                         f"unblock it within {flight.timeout:g}s")
+
+    def _on_blocked(self, reason: str) -> None:
+        """connection.blocked (py-amqp's on_blocked callback): a resource alarm on the broker."""
+        if self._blocked is None:
+            log.warning("amqp: the broker blocked the connection (%s: a memory or disk alarm); "
+                        "publishing waits until it unblocks it", reason)
+        self._blocked = reason or "connection.blocked"
+        if self._writing:
+            raise ConnectionBlocked(self._blocked)
+
+    def _on_unblocked(self) -> None:
+        if self._blocked is not None:
+            log.info("amqp: the broker unblocked the connection")
+        self._blocked = None
 
     def _open(self, connect_timeout: float):
         if self._connection is not None:
             return self._channel
-        self._connection = connection = open_connection(self.address, name="cronbox relay", timeout=connect_timeout,
-                                                        heartbeat=self.heartbeat)
+        self._blocked = None
+        self._connection = connection = open_connection(
+            self.address, name="cronbox relay", timeout=connect_timeout, heartbeat=self.heartbeat,
+            on_blocked=self._on_blocked, on_unblocked=self._on_unblocked)
         channel = connection.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
@@ -309,17 +384,19 @@ class Broker:
         error the broker may not answer, and the tick must not wait on it). A batch in flight is
         abandoned: its unread confirms never count."""
         connection, self._connection, self._channel, self._batch = self._connection, None, None, None
+        self._blocked, self._writing = None, False
         if connection is not None:
             close_connection(connection, graceful=graceful)
 
 
 def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0,
-                    frame_handler=None) -> "amqp.Connection":
+                    frame_handler=None, on_blocked=None, on_unblocked=None) -> "amqp.Connection":
     """A connected py-amqp connection to `address` (TLS verified as parse_url says), named `name` in
     the broker's connection list (operators and tests find cronbox's connections by it). The one
     place a connection is made: the relay's publisher and the consumer both open theirs here.
-    `frame_handler`: py-amqp's constructor argument of that name (the consumer's reads deliveries
-    py-amqp cannot decode: outbox.events.unreadable)."""
+    `frame_handler`, `on_blocked`, `on_unblocked`: py-amqp's constructor arguments of those names
+    (the consumer's frame handler reads deliveries py-amqp cannot decode: outbox.events.unreadable;
+    the publisher's callbacks follow connection.blocked)."""
     extra = {"frame_handler": frame_handler} if frame_handler is not None else {}
     tls = False
     if address.tls:
@@ -329,7 +406,8 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     connection = _amqp().Connection(host=f"{address.host}:{address.port}", userid=address.user,
                                     password=address.password, virtual_host=address.vhost, ssl=tls,
                                     connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout,
-                                    heartbeat=heartbeat, client_properties={"connection_name": name}, **extra)
+                                    heartbeat=heartbeat, client_properties={"connection_name": name},
+                                    on_blocked=on_blocked, on_unblocked=on_unblocked, **extra)
     try:
         connection.connect()
     except BaseException:
@@ -351,107 +429,6 @@ def close_connection(connection: "amqp.Connection", *, graceful: bool) -> None:
         connection.collect()
     except Exception:
         pass
-
-
-# -- the frames of a basic.publish ---------------------------------------------------------
-# Written here rather than through py-amqp's channel.basic_publish, which costs more than the rest
-# of publishing together: a non-blocking read before every message (in case the broker sent
-# connection.blocked), a generic serializer for the properties, a socket write per message. The
-# bytes are the ones py-amqp writes (AMQP 0-9-1 section 4.2; tests/units/test_forward_units.py
-# compares them), for the value types cronbox's messages carry; any other property value is
-# serialized by py-amqp itself.
-
-FLUSH_BYTES = 256 * 1024  # a batch goes out in writes of about this size
-FRAME_END = b"\xce"
-# (name, flag bit, kind) of each basic property, in the order of the property list.
-_LAYOUT = tuple((name, 1 << bit, kind) for bit, (name, kind) in zip(range(15, 1, -1), (
-    ("content_type", "s"), ("content_encoding", "s"), ("application_headers", "F"), ("delivery_mode", "o"),
-    ("priority", "o"), ("correlation_id", "s"), ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
-    ("timestamp", "L"), ("type", "s"), ("user_id", "s"), ("app_id", "s"), ("cluster_id", "s"))))
-_OCTET = tuple(bytes((n,)) for n in range(256))  # a length or an octet value, ready made
-_pack = struct.pack
-_keys: dict[str, bytes] = {}  # header names as short strings (a handful, the same on every message)
-
-
-def publish_frames(channel_id: int, chunk: int, message: Outgoing) -> bytes:
-    """basic.publish (mandatory) of `message` on channel `channel_id`: method, content header and
-    body frames, the body cut into frames of at most `chunk` bytes (the connection's frame_max - 8)."""
-    method = b"".join((b"\x00\x3c\x00\x28\x00\x00", shortstr(message.exchange), shortstr(message.routing_key),
-                       b"\x01"))  # class 60 basic, method 40 publish, ticket 0, ..., bits: mandatory
-    body = message.body
-    header = _pack(">HHQ", 60, 0, len(body)) + (message.header or _properties(message.properties))
-    out = [_pack(">BHI", 1, channel_id, len(method)), method, FRAME_END,
-           _pack(">BHI", 2, channel_id, len(header)), header, FRAME_END]
-    for start in range(0, len(body), chunk):
-        part = body[start:start + chunk]
-        out += (_pack(">BHI", 3, channel_id, len(part)), part, FRAME_END)
-    return b"".join(out)
-
-
-def _properties(properties: dict) -> bytes:
-    flags, out = 0, []
-    append = out.append
-    try:
-        for name, flag, kind in _LAYOUT:
-            value = properties.get(name)
-            if value is None:
-                continue
-            flags |= flag
-            if kind == "s":
-                data = value.encode("utf-8", "surrogatepass")
-                append(_OCTET[len(data)])  # IndexError past 255 bytes
-                append(data)
-            elif kind == "o":
-                append(_pack("B", value))
-            elif kind == "L":
-                append(_pack(">Q", value))
-            else:
-                append(_table(value))
-    except (TypeError, ValueError, IndexError, AttributeError, struct.error):
-        return _amqp().Message(b"", **properties)._serialize_properties()  # another value type: py-amqp's way
-    return _pack(">H", flags) + b"".join(out)
-
-
-def _table(table: dict) -> bytes:
-    out = []
-    append = out.append
-    for key, value in table.items():
-        encoded = _keys.get(key)
-        if encoded is None:
-            encoded = shortstr(key)
-            if len(_keys) < 64:
-                _keys[key] = encoded
-        append(encoded)
-        if isinstance(value, str):
-            value = value.encode("utf-8", "surrogatepass")
-            append(_pack(">cI", b"S", len(value)))
-            append(value)
-        elif isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(type(value).__name__)
-        elif -2147483647 <= value <= 2147483647:  # py-amqp's bounds
-            append(_pack(">ci", b"I", value))
-        else:
-            append(_pack(">cq", b"L", value))
-    data = b"".join(out)
-    return _pack(">I", len(data)) + data
-
-
-def shortstr(text: str) -> bytes:
-    """An AMQP short string (also for outbox.events.forward.message_of's known property list)."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) > 255:
-        raise ValueError(f"AMQP short string longer than 255 bytes: {text[:40]!r}...")
-    return _OCTET[len(data)] + data
-
-
-
-def property_flags(names: tuple[str, ...]) -> bytes:
-    """The property flags word of a property list holding exactly `names`."""
-    flags = 0
-    for name, flag, _kind in _LAYOUT:
-        if name in names:
-            flags |= flag
-    return _pack(">H", flags)
 
 
 def _why(exc: BaseException) -> str:

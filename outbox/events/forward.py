@@ -17,14 +17,13 @@ id again; the event's random trace id makes it unique for good.
 from __future__ import annotations
 
 import fnmatch
-import struct
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Callable
 
 from outbox.core.errors import RegistrationError
 from outbox.engine.backoff import Backoff
-from outbox.events.broker import Outgoing, property_flags, shortstr
+from outbox.events.broker import Outgoing
 from outbox.engine.registry import DEFAULT, Registry
 from outbox.events.consumers import MAX_NAME
 
@@ -112,43 +111,9 @@ def message_id(event_id: int, trace_id: str) -> str:
     return f"cronbox-{event_id}-{trace_id}"
 
 
-_PRESENT = ("content_type", "content_encoding", "application_headers", "delivery_mode", "correlation_id",
-            "message_id", "timestamp", "type", "app_id")
-_pack = struct.pack
-
-
 def message_of(exchange: str, routing_key: str, item) -> Outgoing:
-    """The message of a claimed delivery: its payload as the body and message_properties(item), the
-    property list encoded here directly (a dict of them built and walked by the generic encoder was
-    a tenth of forwarding's CPU). The same bytes py-amqp writes for message_properties(item):
-    tests/units/test_forward_units.py compares them. A value no short string can hold (an event type
-    over 255 bytes) takes the generic path, which reports it."""
-    body = item.payload.encode("utf-8")
-    try:
-        header, mid = _encoded_properties(item)
-    except ValueError:
-        return Outgoing(exchange, routing_key, body, message_properties(item))
-    return Outgoing(exchange, routing_key, body, {"message_id": mid}, header)
-
-
-def _encoded_properties(item) -> tuple[bytes, str]:
-    created = item.created_at if item.created_at.tzinfo else item.created_at.replace(tzinfo=timezone.utc)
-    event_type = item.event_type.encode("utf-8", "surrogatepass")
-    trace = item.trace_id.encode("utf-8", "surrogatepass")
-    created_text = created.isoformat(timespec="microseconds").encode()
-    event_id = item.event_id
-    # The headers table in message_properties' order: S = long string, I / L = signed 32 / 64 bits.
-    table = [_NAME[TYPE_HEADER], b"S", _pack(">I", len(event_type)), event_type, _NAME[ID_HEADER],
-             _pack(">ci", b"I", event_id) if -2147483647 <= event_id <= 2147483647 else _pack(">cq", b"L", event_id),
-             _NAME[TRACE_HEADER], b"S", _pack(">I", len(trace)), trace,
-             _NAME[CREATED_HEADER], b"S", _pack(">I", len(created_text)), created_text]
-    if item.key is not None:
-        key = item.key.encode("utf-8", "surrogatepass")
-        table += (_NAME[KEY_HEADER], b"S", _pack(">I", len(key)), key)
-    headers = b"".join(table)
-    mid = message_id(event_id, item.trace_id)
-    return b"".join((_HEAD, _pack(">I", len(headers)), headers, b"\x02", shortstr(item.trace_id), shortstr(mid),
-                     _pack(">Q", int(created.timestamp())), shortstr(item.event_type), _APP_ID)), mid
+    """The message of a claimed delivery: its payload as the body, message_properties(item)."""
+    return Outgoing(exchange, routing_key, item.payload.encode("utf-8"), message_properties(item))
 
 
 def message_properties(item) -> dict:
@@ -171,8 +136,3 @@ def message_properties(item) -> dict:
         "application_headers": headers,
     }
 
-
-# message_of's constant parts: the flags word, then content_type and content_encoding; app_id.
-_HEAD = property_flags(_PRESENT) + shortstr(CONTENT_TYPE) + shortstr("utf-8")
-_APP_ID = shortstr(APP_ID)
-_NAME = {name: shortstr(name) for name in (TYPE_HEADER, ID_HEADER, TRACE_HEADER, CREATED_HEADER, KEY_HEADER)}

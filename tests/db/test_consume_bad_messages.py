@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from outbox.events import queues
-from outbox.events.broker import Outgoing, parse_url, publish_frames
+from outbox.events.broker import parse_url
 from outbox.events.parked import DeadQueue
 from outbox.events.unreadable import RAW_PROPERTIES
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
@@ -70,6 +70,18 @@ def property_bytes(props: dict) -> bytes:
     return struct.pack(">H", flags) + b"".join(out)
 
 
+def publish_frames(channel_id: int, chunk: int, routing_key: str, body: bytes, properties: bytes) -> bytes:
+    """basic.publish to the default exchange: method, content header (with these exact property
+    bytes) and body frames, the body cut into frames of at most `chunk` bytes (AMQP 0-9-1 4.2.3)."""
+    def frame(kind: int, payload: bytes) -> bytes:
+        return struct.pack(">BHI", kind, channel_id, len(payload)) + payload + b"\xce"
+
+    method = struct.pack(">HHH", 60, 40, 0) + short(b"") + short(routing_key.encode()) + b"\x00"  # not mandatory
+    header = struct.pack(">HHQ", 60, 0, len(body)) + properties
+    return b"".join([frame(1, method), frame(2, header)]
+                    + [frame(3, body[start:start + chunk]) for start in range(0, len(body), chunk)])
+
+
 def publish_raw(rabbit, queue: str, body: bytes, props: dict) -> bool:
     """basic.publish of a message with these exact property bytes (frames written by the test), on a
     connection of its own; False if the broker refused it (it closed the connection: such a message
@@ -78,9 +90,8 @@ def publish_raw(rabbit, queue: str, body: bytes, props: dict) -> bool:
     connection.connect()
     try:
         channel = connection.channel()
-        frames = publish_frames(channel.channel_id, connection.frame_max - 8,
-                                Outgoing("", queue, body, {}, property_bytes(props)))
-        connection.transport.write(frames)
+        connection.transport.write(publish_frames(channel.channel_id, connection.frame_max - 8, queue, body,
+                                                  property_bytes(props)))
         channel.basic_qos(0, 0, False)  # a round trip: the broker took the publish (or closed on it)
         return True
     except (amqp.exceptions.AMQPError, OSError):
