@@ -4,7 +4,7 @@
 
 A web request's transaction writes one business row (an ORM object, or a Core INSERT on the
 session, or a Core INSERT on a Connection) and commits, on cronbox's web engine (pool of 2,
-pre-ping policy of outbox/core/db.py); the same with one `outbox.record()` or one `dispatch()`
+pre-ping policy of outbox/core/engines.py); the same with one `outbox.record()` or one `dispatch()`
 in it. A last pair does the same with the driver alone (PyMySQL or sqlite3, no SQLAlchemy, no
 cronbox): the business INSERT and COMMIT, and the same with an INSERT of the event's columns
 and values into cronbox_events. That pair is the floor: what the extra statement costs the
