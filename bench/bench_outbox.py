@@ -402,7 +402,7 @@ claimed and acked in batches of 500 with SKIP LOCKED, raw SQL):
 
 - *record*: a web request's transaction costs a pool pre-ping (required: hosts kill idle connections),
   the INSERT and the COMMIT, plus SQLAlchemy's unit of work: about a third of the raw single-row rate.
-  The pool's reset ROLLBACK after a committed transaction is skipped (outbox/core/db.py).
+  The pool's reset ROLLBACK after a committed transaction is skipped (outbox/core/engines.py).
 - *relay, no-op consumer*: per delivery the relay also fans the event out (a delivery row per consumer
   and a mark on the event), claims with the per-key ordering check (a correlated NOT EXISTS, then the
   SKIP LOCKED lock, the UPDATE and a re-read joined with the event), acks in one batched UPDATE, parses

@@ -4,7 +4,7 @@
 
 A web request's transaction writes one business row (an ORM object, or a Core INSERT on the
 session, or a Core INSERT on a Connection) and commits, on cronbox's web engine (pool of 2,
-pre-ping policy of outbox/core/db.py); the same with one `outbox.record()` or one `dispatch()`
+pre-ping policy of outbox/core/engines.py); the same with one `outbox.record()` or one `dispatch()`
 in it. A last pair does the same with the driver alone (PyMySQL or sqlite3, no SQLAlchemy, no
 cronbox): the business INSERT and COMMIT, and the same with an INSERT of the event's columns
 and values into cronbox_events. That pair is the floor: what the extra statement costs the
@@ -320,9 +320,10 @@ the claims (queue, status, available_at, id), retention (status, finished_at) an
 (`outbox/queue/jobstore.py`). So the floor ratio is ~0.75-0.8 on a quiet MariaDB, and lower on a loaded
 one, where every round trip also waits for a core.
 
-What cronbox adds above the floor is Python. Since this change record() and dispatch() send their
-INSERT rendered once per dialect through `exec_driver_sql` (`outbox/core/row_insert.py`) instead
-of SQLAlchemy's compiled-statement path. Instructions per transaction, the previous code (fd572d1)
+What cronbox adds above the floor is Python. With this change record() and dispatch() sent their
+INSERT rendered once per dialect through `exec_driver_sql` instead of SQLAlchemy's compiled-statement
+path (taken back by issue 25: it was rendered from compiler internals; they now run
+`connection.execute(insert(table), row)`). Instructions per transaction, the previous code (fd572d1)
 → this one (`python -m bench.record_instructions [--mysql …] --n 100`: callgrind, load-proof; on
 MariaDB the client's side only, on SQLite the library's work included):
 

@@ -154,12 +154,12 @@ drivers (smtplib, http.client) and, on MySQL, the SQLite dialect. What is left o
 mostly cronbox's own modules: the declarative models (~17 mapped classes, a few ms each), the tick's
 stages and store modules; then the run (two connections' set-up, the statements below).
 
-Why below the floor in RSS: the floor imports PyMySQL as is, and PyMySQL imports `cryptography`
-(~8 MiB) for the one case of an RSA password exchange with MySQL 8; cronbox imports PyMySQL without
-it and loads it on that exchange's first call (`outbox/core/db.py`). The hourly storage sweep builds
-no Storage (key ring, libsodium, the token signer) to delete files and rows. `tests/processes/test_cli.py`
-checks that a tick and `queue work` with every built-in task due load none of Flask, Jinja, Werkzeug,
-WTForms, itsdangerous, cryptography, nacl or py-amqp, and that a quiet tick loads no other command's
+RSS: PyMySQL imports `cryptography` (~8 MiB) for the one case of an RSA password exchange with
+MySQL 8. cronbox once imported PyMySQL without it (below the floor in RSS); since issue 25 it uses
+PyMySQL as it comes, like the floor. The hourly storage sweep builds no Storage (key ring, libsodium,
+the token signer) to delete files and rows. `tests/processes/test_cli.py` checks that a tick and
+`queue work` with every built-in task due load none of Flask, Jinja, Werkzeug, WTForms,
+itsdangerous, nacl or py-amqp (nor cryptography on SQLite), and that a quiet tick loads no other command's
 module, no retention or health code and no channel driver. CRONBOX_APP costs what the host app
 imports (Flask, Flask-SQLAlchemy, Jinja, Werkzeug: about +17 MiB); that is the host app's.
 

@@ -31,8 +31,8 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
+from outbox.core.transactions import in_transaction
 import storage as sealed_storage
 from storage import audit, grants, refusals
 from storage.errors import GrantInvalid, IntegrityError, UnknownKey

@@ -24,8 +24,8 @@ from flask import Blueprint, abort, jsonify
 from cron.cli import main as run_command
 from cron.scheduling.tick import run_tick
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import CronboxError
+from outbox.core.transactions import in_transaction
 from outbox.engine.handler_call import clean_text
 from outbox.queue.ratelimit import at_most_every
 from cronbox.state import runtime, state

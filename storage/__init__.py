@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core.settings import Settings, load_settings
 
-from outbox.core.db import make_engine, session_factory
+from outbox.core.engines import make_engine, session_factory
 
 # Every error the functions below raise (README, "Sealed files", says which and the HTTP answer for each).
 from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NoAppContext, NotFound,

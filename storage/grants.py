@@ -33,7 +33,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core import paging
-from outbox.core.db import insert_ignore
+from outbox.core.sql import insert_ignore
 from outbox.queue.ratelimit import client_key
 
 from .errors import GrantInvalid

@@ -16,9 +16,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
 from outbox.core.settings import Settings
+from outbox.core.transactions import in_transaction
 
 from . import audit, grants, refusals
 from .errors import IntegrityError, UnknownKey

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import starts_with
+from outbox.core.sql import starts_with
 from outbox.queue.models import RateWindow
 from outbox.queue.ratelimit import RateLimit, client_key
 

@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.settings import Settings
+from outbox.core.transactions import in_transaction
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 import storage
 from storage.format import CHUNK_SIZE, SEALED_CHUNK
 from storage.models import SealedFile

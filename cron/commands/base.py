@@ -19,7 +19,7 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from cron.hostapp import current_host_app
-from outbox.core.db import is_unreachable
+from outbox.core.db_errors import is_unreachable
 from outbox.core.errors import CronboxError
 from outbox.engine.handler_call import describe
 from outbox.engine.runtime import Runtime, open_runtime

@@ -10,7 +10,7 @@ from decimal import Decimal
 import click
 
 from cron.commands.base import runtime
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 
 
 @click.command()

@@ -9,7 +9,7 @@ from cron.commands.base import Group, command_runner, runtime
 from cron.format import age, table
 from cron.scheduling import once as once_requests
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 
 
 @click.group(cls=Group)

@@ -15,8 +15,8 @@ from sqlalchemy.exc import DBAPIError
 
 from cron.commands.base import CommandFailed, Group, runtime
 from cron.operator import actions, credentials, sessions, throttle
-from outbox.core.db import in_transaction
 from outbox.core.errors import CronboxError
+from outbox.core.transactions import in_transaction
 
 ops = Group("ops", help="The operator console's password and sessions.")
 

@@ -7,9 +7,9 @@ from cron.commands.base import Group, runtime
 from cron.format import Duration, PageCursor, age, never_fits_lines, table
 from cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
 from outbox.core.lock_wait import run_lock_waits
+from outbox.core.transactions import in_transaction
 from outbox.engine import profiles
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget

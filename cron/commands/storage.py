@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 
 from cron.commands.base import CommandFailed, Group, runtime
 from cron.format import DURATION, Duration, table
-from outbox.core.db import in_transaction
 from outbox.core.errors import UnknownIds
+from outbox.core.transactions import in_transaction
 import storage as sealed_storage
 from storage import audit as file_audit
 from storage import keys as file_keys

@@ -23,7 +23,7 @@ from datetime import datetime
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from outbox.core.db import starts_with
+from outbox.core.sql import starts_with
 from outbox.queue.models import RateWindow
 from outbox.queue.ratelimit import RateLimit, at_most_every, client_key
 

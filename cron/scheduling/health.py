@@ -19,10 +19,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cron.scheduling.models import AlertState
 from outbox.core import clock, sqlite_files
-from outbox.core.db import insert_ignore
 from outbox.core.errors import SettingsError
 from outbox.core.logs import log_text
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
+from outbox.core.sql import insert_ignore
 from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
 from outbox.engine.handler_call import clean_text

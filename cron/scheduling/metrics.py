@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.events import deliveries
 from outbox.queue import groups, jobstore

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from cron.scheduling.models import OnceRequest
 from outbox.core import clock, paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine.budget import Budget
 
 log = logging.getLogger("cronbox")

@@ -29,7 +29,7 @@ from sqlalchemy import delete, select
 from cron.operator.models import OPS_SESSION_IDLE, OperatorAction, OperatorSession
 from outbox.channels.models import Notification, SendAttempt
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.events import deliveries, inbox, redeliveries
 from outbox.queue import jobstore, ratelimit

@@ -32,9 +32,10 @@ from sqlalchemy.orm import Session
 
 from cron.scheduling.models import ScheduleRun
 from outbox.core import clock
-from outbox.core.db import in_transaction, insert_ignore
 from outbox.core.errors import RegistrationError
 from outbox.core.logs import log_text
+from outbox.core.sql import insert_ignore
+from outbox.core.transactions import in_transaction
 from outbox.engine.budget import Budget
 from outbox.engine.handler_call import Outcome, call_handler
 from outbox.engine.registry import DEFAULT, Registry

@@ -10,10 +10,10 @@ from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks
 from cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
 from cron.scheduling.schedule import Scheduler
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError, SettingsError
 from outbox.core.lock_wait import run_lock_waits
 from outbox.core.resources import peak_rss_kb
+from outbox.core.transactions import in_transaction
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
 from outbox.engine.run_loop import RunResult, record_run, run_loop, start_within

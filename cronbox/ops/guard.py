@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 from cron.operator import actions, credentials, sessions
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import SchemaError
+from outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 from cronbox import formstream, hostauth
 from cronbox.client import client_ip

@@ -21,8 +21,8 @@ from outbox.channels.config import channel_config
 from outbox.channels.errors import UnknownAfterLookup
 from outbox.channels.models import Notification
 from outbox.core import clock
-from outbox.core.db import insert_ignore
 from outbox.core.errors import PermanentFailure
+from outbox.core.sql import insert_ignore
 from outbox.engine.registry import DEFAULT
 from outbox.queue.jobs import job
 

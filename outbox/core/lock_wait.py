@@ -2,7 +2,7 @@
 
 A lock wait is invisible from inside: the statement just blocks, for MariaDB's
 innodb_lock_wait_timeout (50 s by default) or SQLite's busy_timeout (30 s here), and the retries
-of lock conflicts (outbox.core.db.in_transaction) multiply it. A handler that writes cronbox's
+of lock conflicts (outbox.core.transactions.in_transaction) multiply it. A handler that writes cronbox's
 tables on a connection of its own and keeps that transaction open blocks the ack of its item that
 way for as long as it lives; a host's long transaction does the same for a while. So before its
 writes a run bounds the wait on its own connection to LOCK_WAIT_SLICE, and to the run's remaining
@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError
 
 LOCK_WAIT_SLICE = 10  # seconds one statement of a run waits for a lock, at most
-SQLITE_BUSY_MS = 30000  # the engine's busy_timeout (outbox.core.db._sqlite_engine)
+SQLITE_BUSY_MS = 30000  # the engine's busy_timeout (outbox.core.engines._sqlite_engine)
 _BOUND = "cronbox_lock_wait"  # the bound set on a DB-API connection, in its pool record's info
 
 

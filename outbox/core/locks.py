@@ -21,8 +21,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core import clock
-from outbox.core.db import database_name, is_connection_lost, is_mysql
+from outbox.core.db_errors import is_connection_lost
 from outbox.core.errors import LockLost
+from outbox.core.server import database_name, is_mysql
 from outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")

@@ -12,7 +12,7 @@ import socket
 from sqlalchemy import delete, func, or_, select, update
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine.models import Heartbeat
 
 H = Heartbeat.__table__

@@ -34,8 +34,10 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
-from outbox.core.db import DEADLOCK, in_transaction, is_connection_lost, is_lock_conflict, mysql_error_code, session_factory
+from outbox.core.db_errors import DEADLOCK, is_connection_lost, is_lock_conflict, mysql_error_code
+from outbox.core.engines import session_factory
 from outbox.core.lock_wait import bound_lock_wait, lock_wait_error
+from outbox.core.transactions import in_transaction
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context

@@ -27,8 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import SettingsError
+from outbox.core.transactions import in_transaction
 from outbox.engine.models import HandlerProfile
 
 log = logging.getLogger("cronbox")

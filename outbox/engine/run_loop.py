@@ -18,7 +18,7 @@ from typing import Callable
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from outbox.core import clock
-from outbox.core.db import is_connection_lost, is_lock_conflict
+from outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from outbox.core.errors import LockLost
 from outbox.core.lock_wait import run_lock_waits
 from outbox.core.locks import RunLock

@@ -13,11 +13,12 @@ from typing import Any, Callable, ContextManager
 
 from sqlalchemy.engine import Engine
 
-from outbox.core.db import is_mysql, make_engine, server_version, session_factory, supports_skip_locked
+from outbox.core.engines import make_engine, session_factory
 from outbox.core.errors import HandlerImportError, SettingsError
 from outbox.core.locks import RunLock, run_lock
 from outbox.core.logs import configure_logging
 from outbox.core.migrate import ensure_schema
+from outbox.core.server import is_mysql, server_version, supports_skip_locked
 from outbox.core.settings import Settings, load_settings
 from outbox.engine import claim as claiming
 from outbox.engine.registry import DEFAULT, Registry

@@ -46,9 +46,11 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core import clock
-from outbox.core.db import in_transaction, is_connection_lost, session_factory
+from outbox.core.db_errors import is_connection_lost
+from outbox.core.engines import session_factory
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context

@@ -19,7 +19,7 @@ from sqlalchemy import and_, bindparam, case, delete, exists, func, literal, or_
 from sqlalchemy.orm import Session, aliased
 
 from outbox.core import clock, paging
-from outbox.core.db import insert_ignore, supports_insert_returning
+from outbox.core.sql import insert_ignore, supports_insert_returning
 from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
 from outbox.events import flights

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from outbox.core.db import delete_oldest
+from outbox.core.sql import delete_oldest
 from outbox.events.models import InboxEntry
 
 T = InboxEntry.__table__

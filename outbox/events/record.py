@@ -5,19 +5,19 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
 from outbox.core.errors import PayloadError
 from outbox.core.payload import dump_payload
-from outbox.core.row_insert import RowInsert
 from outbox.events.models import OutboxEvent
 
 MAX_TEXT = 191
-# Rendered once per dialect, the row goes in as parameters (outbox/core/row_insert.py: the INSERT
-# is most of what record() adds to a one-row transaction).
-_INSERT = RowInsert(OutboxEvent.__table__, ("type", "key", "payload", "trace_id", "created_at", "available_at"))
+# Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the
+# engine's compiled cache: each call only binds the row's values.
+_INSERT = insert(OutboxEvent.__table__)
 
 
 def new_trace_id() -> str:
@@ -68,5 +68,5 @@ def record(session: Session | Connection, type: str, payload, *, key: str | None
     now = clock.utcnow()
     row = {"type": type, "key": key, "payload": body, "trace_id": new_trace_id(), "created_at": now,
            "available_at": now + timedelta(seconds=seconds) if seconds else now}
-    event_id = _INSERT.execute(connection_of(session), row)
+    event_id = connection_of(session).execute(_INSERT, row).inserted_primary_key[0]
     return RecordedEvent(event_id, type, key, body, row["trace_id"], now, row["available_at"])

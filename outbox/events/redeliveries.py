@@ -23,7 +23,7 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import delete_oldest, insert_ignore
+from outbox.core.sql import delete_oldest, insert_ignore
 from outbox.events.models import Redelivery
 
 T = Redelivery.__table__

@@ -30,8 +30,8 @@ from datetime import datetime
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import insert_ignore
 from outbox.core.errors import RegistrationError, SettingsError
+from outbox.core.sql import insert_ignore
 from outbox.queue import jobstore
 from outbox.queue.models import GroupSlot, RateWindow
 from outbox.queue.ratelimit import RateLimit

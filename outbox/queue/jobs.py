@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
 
+from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
-from outbox.core.db import insert_ignore
 from outbox.core.errors import PayloadError, RegistrationError
 from outbox.core.payload import dump_payload
-from outbox.core.row_insert import RowInsert
+from outbox.core.sql import insert_ignore
 from outbox.engine.backoff import Backoff
 from outbox.engine.registry import DEFAULT, Jobs, Registry
 from outbox.events.record import connection_of, new_trace_id
@@ -31,10 +31,8 @@ from outbox.queue.ratelimit import RateLimit
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 J = Job.__table__
-# Rendered once per dialect, the row goes in as parameters (outbox/core/row_insert.py).
-_COLUMNS = ("queue", "handler", "payload", "status", "attempts", "available_at", "unique_key", "retry_until",
-            "trace_id", "created_at", "concurrency_group", "cost")
-_INSERT = RowInsert(J, _COLUMNS)
+# Built once; SQLAlchemy compiles it once per dialect and keeps it in the engine's compiled cache.
+_INSERT = insert(J)
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ class JobHandler:
         }
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
-            return _INSERT.execute(connection, row)
+            return connection.execute(_INSERT, row).inserted_primary_key[0]
         result = insert_ignore(connection, J, row)
         if result.rowcount == 0:
             return None

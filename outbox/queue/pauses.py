@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import insert_ignore
 from outbox.core.errors import RetryLater
+from outbox.core.sql import insert_ignore
 from outbox.engine.registry import Jobs
 from outbox.queue import jobstore
 from outbox.queue.models import ChannelPause

@@ -31,12 +31,12 @@ from typing import Callable
 from sqlalchemy.engine import Engine
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.faults import crash_point
-from outbox.core.locks import RunLock
 from outbox.core.lock_wait import run_lock_waits
+from outbox.core.locks import RunLock
 from outbox.core.resources import rss_kb, rss_kb_of
 from outbox.core.settings import Settings
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget

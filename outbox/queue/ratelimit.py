@@ -17,8 +17,8 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.db import insert_ignore
 from outbox.core.errors import RegistrationError
+from outbox.core.sql import insert_ignore
 from outbox.queue.models import RateWindow
 
 R = RateWindow.__table__

@@ -15,8 +15,8 @@ import pytest
 
 from cron.scheduling import health, retention
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.settings import load_settings
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
 from outbox.events import inbox, redeliveries

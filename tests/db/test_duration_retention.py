@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 
 from cron.operator.models import OperatorAction
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import SettingsError
+from outbox.core.transactions import in_transaction
 from storage import audit, maintenance
 from storage.models import AuditEntry
 from tests.conftest import run_cli

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.errors import PayloadError
+from outbox.core.transactions import in_transaction
 from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
 from outbox.queue import groups

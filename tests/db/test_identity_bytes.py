@@ -14,8 +14,8 @@ from sqlalchemy.exc import IntegrityError
 import outbox
 from cron.schema import metadata
 from outbox.core import clock
-from outbox.core.db import starts_with
 from outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
+from outbox.core.sql import starts_with
 from outbox.events import inbox, redeliveries
 from outbox.events.consumers import consumer
 from outbox.queue.jobs import job

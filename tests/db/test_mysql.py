@@ -16,7 +16,8 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
 import outbox
-from outbox.core.db import in_transaction, make_engine
+from outbox.core.engines import make_engine
+from outbox.core.transactions import in_transaction
 from outbox.core import clock
 from outbox.core.locks import CONFIRMED_FOR, lock_name
 from outbox.events.consumers import consumer
@@ -304,10 +305,10 @@ def test_a_handler_longer_than_the_servers_wait_timeout_keeps_the_work_connectio
 
 def test_a_pooled_connection_killed_while_idle_is_replaced_at_checkout_and_a_busy_one_is_not_pinged(
         settings, mysql_admin):
-    """The idle ping (outbox/core/db.py): back-to-back transactions pay no ping round trip; a
+    """The idle ping (outbox/core/engines.py): back-to-back transactions pay no ping round trip; a
     connection the server killed while it sat in the pool is found dead before the caller's
     transaction and replaced, so the caller never sees the disconnect."""
-    from outbox.core import db
+    from outbox.core import engines
     engine = make_engine(settings, role="web")
     pings = []
     real_ping = engine.dialect.do_ping
@@ -321,7 +322,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_at_checkout_and_a_bus
         assert pings == []  # none of those checkouts came after an idle spell
         with mysql_admin.connect() as admin:
             admin.execute(text(f"KILL {int(first)}"))
-        time.sleep(db.PING_WHEN_IDLE + 0.1)
+        time.sleep(engines.PING_WHEN_IDLE + 0.1)
         with engine.begin() as connection:
             second = connection.execute(text("SELECT CONNECTION_ID()")).scalar()
         assert pings == [1] and second != first

@@ -87,11 +87,10 @@ def test_record_never_flushes_the_callers_pending_objects(runtime):
 
 
 def test_record_stores_times_as_sqlalchemy_would_and_its_statement_is_seen_by_the_callers_listeners(runtime):
-    """record() sends a pre-rendered INSERT (outbox/core/row_insert.py). At a whole second SQLite's
-    own datetime adapter would store '12:00:00' where SQLAlchemy stores '12:00:00.000000', and
-    every comparison on SQLite is on that text: the event must be found by its time. The statement
-    still goes through the caller's Connection, so a host's statement listener sees it, in the
-    caller's transaction; so does a Connection with a schema_translate_map (the Core path)."""
+    """record()'s INSERT is SQLAlchemy Core's on the caller's Connection: a host's statement listener
+    sees it, in the caller's transaction (also on a Connection with a schema_translate_map). Its
+    times are stored as SQLAlchemy stores them (on SQLite '12:00:00.000000' at a whole second, where
+    the sqlite3 module's own adapter would write '12:00:00'), so the event is found by its time."""
     from sqlalchemy import event as sa_event
     from outbox.events.models import OutboxEvent
     seen = []

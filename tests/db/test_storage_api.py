@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import select, text, update
 
 from outbox.core import clock
-from outbox.core.db import in_transaction, make_engine, session_factory
+from outbox.core.engines import make_engine, session_factory
+from outbox.core.transactions import in_transaction
 import storage
 from storage import grants, keys, maintenance
 from storage.errors import GrantInvalid, IntegrityError, NotFound, StorageError, UnknownKey

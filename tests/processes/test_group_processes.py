@@ -8,7 +8,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine.registry import Registry
 from outbox.queue import groups
 from outbox.queue.jobs import job

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.core.db import supports_skip_locked
 from outbox.core.durations import parse_duration
 from outbox.core.errors import PayloadError, RegistrationError, SettingsError
 from outbox.core.locks import lock_name
 from outbox.core.payload import dump_payload, load_payload
+from outbox.core.server import supports_skip_locked
 from outbox.core.settings import load_settings
 from outbox.engine.backoff import Backoff
 

@@ -13,8 +13,8 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app import create_app
 from outbox.core import clock
-from outbox.core.db import in_transaction
 from outbox.core.settings import load_settings
+from outbox.core.transactions import in_transaction
 import storage
 from storage import keys, maintenance
 from storage.format import CHUNK_SIZE

@@ -5,7 +5,7 @@ from flask import render_template, request
 
 from cron.operator import actions
 from outbox.core import paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp

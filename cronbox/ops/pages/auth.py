@@ -7,7 +7,7 @@ from flask import Response, redirect, render_template, request, url_for
 
 from cron.operator import credentials, sessions, throttle
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp, cookie

@@ -14,7 +14,7 @@ from datetime import datetime
 from flask import abort, current_app, render_template, request
 
 from outbox.core import clock, paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from storage import audit, grants
 from storage.display import shown
 from storage.errors import StorageError

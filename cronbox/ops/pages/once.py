@@ -7,7 +7,7 @@ from flask import abort, render_template, request
 
 from cron.scheduling import once as once_requests
 from outbox.core import clock, paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp

@@ -4,7 +4,7 @@ from __future__ import annotations
 from flask import render_template, request
 
 from outbox.core import clock, paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.events import deliveries
 from cronbox.state import runtime
 

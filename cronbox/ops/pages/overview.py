@@ -5,7 +5,7 @@ from flask import render_template
 
 from cron.scheduling.health import run_checks
 from outbox.core import clock
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.events import deliveries
 from outbox.queue import jobstore

@@ -6,7 +6,7 @@ from flask import abort, render_template, request
 
 from cron.scheduling import once as once_requests
 from outbox.core import clock, paging
-from outbox.core.db import in_transaction
+from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat, profiles
 from outbox.queue import groups, jobstore, pauses
 from outbox.queue.jobs import QUEUE_NAME
