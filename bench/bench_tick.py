@@ -133,9 +133,8 @@ def main() -> None:
 
 NOTES = """
 The last runs of this table shared the machine with other work (load average 4-9 on 2 cores: the
-floor took 0.9-1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load, in the
-tick's favour here (the collector's walks, which the tick now skips at start-up, cost more on
-contended caches); the instruction counts below do not move.
+floor took 0.9-1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load;
+the instruction counts below do not move.
 
 Before 2026-12-01 late the children inherited this machine's PYTHONDONTWRITEBYTECODE=1 and compiled
 every cronbox module from source in every run (~100 ms of the tick's start-up), which the floor,
@@ -144,11 +143,11 @@ loading installed packages' bytecode, never paid; they now run with the bytecode
 
 Instructions (callgrind, PYTHONHASHSEED=0: the same count whatever the machine's load; same pass,
 2026-12-01 late): floor 1.332 G; tick 1.898 G (1.43×) on the previous code, 1.631 G (1.22×) now;
-`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cron` loads the command tree
-and the command's own module with the cyclic collector off, then freezes what loaded
-(`cron/__main__.py`; start-up makes a few hundred thousand long-lived objects and no garbage, and the
-collections walking them were ~6% of even the floor's instructions, and cost more wall time on a
-loaded machine); every command module is imported only when used (`cron/cli.py`, `COMMANDS`), and so
+`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cron` loaded the command tree
+and the command's own module with the cyclic collector off, then froze what loaded (start-up makes a
+few hundred thousand long-lived objects and no garbage, and the collections walking them were ~6% of
+even the floor's instructions); issue 25 took that out again (cronbox tunes no part of the process it
+runs in: the interpreter runs with its defaults); every command module is imported only when used (`cron/cli.py`, `COMMANDS`), and so
 are the daily and five-minute tasks' code (retention loads the console's tables), the channels'
 drivers (smtplib, http.client) and, on MySQL, the SQLite dialect. What is left over the floor is
 mostly cronbox's own modules: the declarative models (~17 mapped classes, a few ms each), the tick's
@@ -159,8 +158,7 @@ MySQL 8. cronbox once imported PyMySQL without it (below the floor in RSS); sinc
 PyMySQL as it comes, like the floor. The hourly storage sweep builds no Storage (key ring, libsodium,
 the token signer) to delete files and rows. `tests/processes/test_cli.py` checks that a tick and
 `queue work` with every built-in task due load none of Flask, Jinja, Werkzeug, WTForms,
-itsdangerous, nacl or py-amqp (nor cryptography on SQLite), and that a quiet tick loads no other command's
-module, no retention or health code and no channel driver. CRONBOX_APP costs what the host app
+itsdangerous, nacl or py-amqp (nor cryptography on SQLite). CRONBOX_APP costs what the host app
 imports (Flask, Flask-SQLAlchemy, Jinja, Werkzeug: about +17 MiB); that is the host app's.
 
 Statements: counted in the tick right after the first one (whose built-in tasks' first runs take the

@@ -9,7 +9,6 @@ pull in libsodium and `cryptography`, megabytes a tick never needs; amqp, the br
 """
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 from functools import partial
@@ -57,17 +56,6 @@ def _end_flask_command(before: set[threading.Thread]) -> None:
     elif isinstance(raised, click.exceptions.Exit):
         end_command_process(raised.exit_code, before)
     # any other error: flask reports it as usual
-
-
-def import_command(argv: list[str]) -> None:
-    """Import the module of the command `argv` starts with, ahead of main() (`python -m cron` does, with
-    the cyclic collector off). An unknown name, or a module that fails to import, is left to main(),
-    which reports it in one line."""
-    if argv and argv[0] in COMMANDS:
-        try:
-            importlib.import_module(COMMANDS[argv[0]].partition(":")[0])
-        except Exception:
-            pass
 
 
 def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> int:

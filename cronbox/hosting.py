@@ -65,10 +65,15 @@ def _serve_handler_sessions(db: Any) -> None:
     registry.createfunc = create
 
 
+def host_engines(app: Flask, db: Any) -> list:
+    """The host's Flask-SQLAlchemy engines (none without `db`)."""
+    if db is None:
+        return []
+    with app.app_context():
+        return list(db.engines.values())
+
+
 def close_host_pools(app: Flask, db: Any) -> None:
     """Close the connections the host's factory left in its pools: a cron process works on cronbox's."""
-    if db is None:
-        return
-    with app.app_context():
-        for engine in db.engines.values():
-            engine.dispose()
+    for engine in host_engines(app, db):
+        engine.dispose()

@@ -46,10 +46,11 @@ class CronboxState:
         if self._runtime is None:
             with self._lock:
                 if self._runtime is None:
-                    from .hosting import HostScope
+                    from .hosting import HostScope, host_engines
 
                     runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
                     runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
+                    runtime.host_engines = lambda: host_engines(self.app, self.db)
                     try:
                         load_handlers(self.settings)
                     except BaseException:
@@ -85,9 +86,10 @@ class CronboxState:
     def attach_cron(self, runtime: Runtime) -> None:
         """A cron command's runtime (cron.hostapp): handlers run in this app's context on its
         connection, and the handler modules are imported now, after the factory returned."""
-        from .hosting import HostScope, close_host_pools
+        from .hosting import HostScope, close_host_pools, host_engines
 
         runtime.handler_scope = HostScope(self.app, self.db)
+        runtime.host_engines = lambda: host_engines(self.app, self.db)  # a pool's children drop their pools too
         self.use_runtime(runtime)
         load_handlers(self.settings)
         close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened

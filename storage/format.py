@@ -251,7 +251,7 @@ class Sealer:
         if len(self.header.nonce_prefix) != prefix_size(algorithm) or len(file_id) != FILE_ID_SIZE:
             raise ValueError("bad nonce prefix or file id length")
         self._ad = self.header.pack()
-        self._cipher = ChunkCipher(algorithm, payload_key(data_key, file_id), CHUNK_SIZE)
+        self._cipher = ChunkCipher(algorithm, payload_key(data_key, file_id))
         self._buffers = (bytearray(CHUNK_SIZE), bytearray(CHUNK_SIZE))
         self._current = 0
         self._fill = 0
@@ -332,8 +332,8 @@ class SealedReader:
     """Opens chunks of one sealed file on demand, authenticating each before returning it.
 
     `stream` is a seekable binary file (ideally unbuffered: chunks are read
-    straight into a reused buffer). Results are memoryviews valid until the
-    next call; copy them to keep them.
+    straight into a reused buffer). Each result is a memoryview of that chunk's
+    own plaintext.
     """
 
     def __init__(self, stream, *, file_id: bytes, data_key: bytes, size: int | None = None):
@@ -347,7 +347,7 @@ class SealedReader:
             size = os.fstat(stream.fileno()).st_size
         self.layout = Layout.of(self.header.size, size)
         self._ad = self.header.pack()
-        self._cipher = ChunkCipher(self.header.algorithm, payload_key(data_key, file_id), CHUNK_SIZE)
+        self._cipher = ChunkCipher(self.header.algorithm, payload_key(data_key, file_id))
         self._in = bytearray(SEALED_CHUNK)
         self._last_plain: bytes | None = None
 

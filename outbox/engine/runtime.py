@@ -9,7 +9,7 @@ import importlib
 import threading
 import logging
 import sys
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterable
 
 from sqlalchemy.engine import Engine
 
@@ -44,6 +44,9 @@ class Runtime:
         # Wraps every handler, job and task call: a host Flask app's app context (cronbox.hosting),
         # given the call's context. None: handlers run bare (the standalone app).
         self.handler_scope: Callable[[Any], ContextManager] | None = None
+        # The host app's engines (cronbox.hosting), which a handler may have used: a forked child
+        # drops their pooled connections too (drop_inherited_connections). None: no host app.
+        self.host_engines: Callable[[], Iterable[Engine]] | None = None
 
     def scope_for(self, ctx) -> Callable[[], ContextManager] | None:
         """What call_handler wraps the call of a handler receiving `ctx` in, if anything."""
@@ -104,6 +107,20 @@ class Runtime:
 
     def ensure_schema(self) -> None:
         ensure_schema(self.settings, self.engine, lambda purpose: self.lock(purpose))
+
+    def drop_inherited_connections(self) -> None:
+        """In a forked child (the worker pool's): forget every pooled connection the parent had, in
+        the engines this runtime made and the host app's, without closing them, so nothing is sent
+        on the parent's sockets and the parent's connections stay usable; this process opens its
+        own on first use. SQLAlchemy's fork recipe, `engine.dispose(close=False)`. A run lock's
+        connection is checked out, not pooled: its owner lets go of it (RunLock.abandon)."""
+        engines = [self.engine]
+        if self._lock_engine is not None and self._lock_engine is not self.engine:
+            engines.append(self._lock_engine)
+        if self.host_engines is not None:
+            engines += self.host_engines()
+        for engine in engines:
+            engine.dispose(close=False)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -10,15 +10,14 @@ it where the host allows more than one process, so one cron line drains faster. 
 - passes SIGTERM/SIGINT on to its children (each finishes its current job) and waits for them;
 - starts a child only if the pool's summed RSS plus one child's average stays under --memory, and stops
   its newest child (gracefully) when the sum passes it.
-Each child drops everything it inherited (engines with `dispose(close=False)`, the parent's lock: the
-socket or file descriptor is closed in the child only, nothing is sent), opens its own connection, runs
-the ordinary worker loop with its own heartbeat row ("work"), and stops after its current job when
-the parent is gone (it polls os.getppid(): a SIGKILLed parent leaves orphans otherwise). A child never
-returns into the parent's code: it leaves with os._exit.
+Each child drops everything it inherited (the runtime's and the host app's engines with
+`dispose(close=False)`, the parent's lock: the socket or file descriptor is closed in the child only,
+nothing is sent), opens its own connection, runs the ordinary worker loop with its own heartbeat row
+("work"), and stops after its current job when the parent is gone (it polls os.getppid(): a SIGKILLed
+parent leaves orphans otherwise). A child never returns into the parent's code: it leaves with os._exit.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
@@ -27,8 +26,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-from sqlalchemy.engine import Engine
 
 from outbox.core import clock
 from outbox.core.faults import crash_point
@@ -375,14 +372,13 @@ class Pool:
 
     def _forget_inherited(self) -> None:
         """Everything database-side the parent had stays the parent's: its lock (closed here, never
-        released), and every engine's pool (dropped without closing, so nothing is sent on the
-        parent's sockets); this process opens its own connection when it first needs one."""
+        released), and the pools of the runtime's engines and the host app's (dropped without
+        closing, so nothing is sent on the parent's sockets); this process opens its own connection
+        when it first needs one."""
         if self.parent_lock is not None:
             self.parent_lock.abandon()
         self.runtime.host_lock = None
-        for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
-            engine.dispose(close=False)
-        gc.collect()
+        self.runtime.drop_inherited_connections()
 
     def _watch_parent(self, budget: Budget) -> None:
         while os.getppid() == self._parent_pid:

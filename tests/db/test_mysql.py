@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import create_engine, event, insert, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import create_engine, insert, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
@@ -64,36 +64,43 @@ def _lock_holder(admin, database: str) -> int | None:
         return connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": lock_name(database, "tick")}).scalar()
 
 
-def test_a_run_lock_confirmed_less_than_half_a_second_ago_is_not_asked_again(runtime, mysql_admin, database,
-                                                                               monkeypatch):
+def test_a_run_lock_counts_as_held_for_half_a_second_after_the_server_last_said_so(runtime, mysql_admin, database,
+                                                                                    monkeypatch):
     """The run loop and each stage check the lock in turn: within CONFIRMED_FOR of GET_LOCK or of the
-    last IS_USED_LOCK it counts as held without a round trip; past it, it is asked again, and a lock
-    whose connection was killed meanwhile is found lost then."""
+    last IS_USED_LOCK it counts as held; past it the server is asked, and a lock whose connection was
+    killed meanwhile is found lost then, and taken again on a new connection."""
     now = [1000.0]
     monkeypatch.setattr(clock, "monotonic", lambda: now[0])
-    sent = []
-    listen = lambda conn, cursor, statement, *args: sent.append(statement)  # noqa: E731
-    asked = lambda: sum("IS_USED_LOCK" in s for s in sent)  # noqa: E731
     lock = runtime.lock("probe")
-    event.listen(Engine, "before_cursor_execute", listen)
+    name = lock_name(database.name, "probe")
+
+    def kill_holder() -> int:
+        holder = int(lock.connection.connection.dbapi_connection.thread_id())
+        with mysql_admin.connect() as connection:
+            connection.execute(text(f"KILL {holder}"))
+            assert connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": name}).scalar() is None
+        return holder
+
     try:
         assert lock.acquire()
-        lock.check()
+        killed = kill_holder()
         now[0] += CONFIRMED_FOR - 0.1
-        lock.check()
-        assert asked() == 0
-        now[0] += 0.2  # past the window from GET_LOCK: asked, and confirmed anew
-        lock.check()
-        lock.check()
-        assert asked() == 1
+        assert lock.backend.held()  # within the window from GET_LOCK: not asked
+        now[0] += 0.2
+        assert lock.ensure()  # past it: asked, found lost, taken again
+        holder = int(lock.connection.connection.dbapi_connection.thread_id())
+        assert holder != killed
         with mysql_admin.connect() as connection:
-            connection.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name(database.name, "probe")})
-            connection.execute(text(f"KILL {int(lock.connection.connection.dbapi_connection.thread_id())}"))
-        now[0] += CONFIRMED_FOR
-        assert lock.ensure()  # the lost lock is noticed and taken again
-        assert asked() == 2 and lock.backend.held()
+            assert connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": name}).scalar() == holder
+        now[0] += CONFIRMED_FOR + 0.1
+        assert lock.backend.held()  # asked, and confirmed: the window starts again here
+        kill_holder()
+        now[0] += CONFIRMED_FOR - 0.1
+        assert lock.backend.held()
+        now[0] += 0.2
+        assert not lock.backend.held()  # asked: lost
+        assert lock.ensure() and lock.backend.held()
     finally:
-        event.remove(Engine, "before_cursor_execute", listen)
         lock.release()
 
 

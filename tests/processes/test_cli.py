@@ -186,27 +186,8 @@ def test_a_plain_tick_never_loads_the_broker_client_or_flask(env, settings, comm
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout
 
 
-# Command modules besides the tick's, the daily and five-minute tasks' code (retention loads the
-# console's tables), the channels' drivers: none is a quiet tick's business.
-NOT_FOR_A_QUIET_TICK = ("cron.commands.outbox", "cron.commands.queue", "cron.commands.health", "cron.commands.once",
-                        "cron.commands.schedule", "cron.commands.migrate", "cron.commands.demo",
-                        "cron.commands.install_script", "cron.format", "cron.scheduling.retention",
-                        "cron.scheduling.health", "cron.operator.models", "smtplib", "http.client")
-
-
-def test_a_quiet_tick_imports_the_ticks_own_code_only(env):
-    """The per-minute tick whose built-in tasks already ran in their slots loads the tick and the
-    stages it runs; on MySQL not the SQLite dialect either. Every command is still there (--help)."""
-    assert run_cli(env, "migrate").returncode == 0
-    assert run_cli(env, "tick", "--no-linger").returncode == 0  # the built-in tasks' first runs
-    unwanted = NOT_FOR_A_QUIET_TICK + (("sqlalchemy.dialects.sqlite",) if env["DATABASE_URL"].startswith("mysql") else ())
-    code = ("import sys; from cron.cli import main; code = main(['tick', '--no-linger']); "
-            f"print(code, sorted(m for m in {unwanted!r} if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env(env), cwd="/", capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    if "tasks 0" in proc.stdout:  # (a five-minute boundary between the two ticks runs the health check)
-        assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout
+def test_every_command_is_on_the_root(env):
+    """Commands are imported only when used (cron/cli.py's COMMANDS), and every one is still there."""
     listed = run_cli(env, "--help")
     assert all(f"  {name} " in listed.stdout for name in ("amqp", "demo", "health", "install-script", "migrate",
                                                            "once", "ops", "outbox", "queue", "schedule", "storage",

@@ -194,3 +194,29 @@ def test_bad_part_settings_are_one_line_errors(host_root, name, value):
     app, _ = host_app(host_root, **{name: value})
     with pytest.raises(SettingsError, match=name):
         Cronbox().init_app(app)
+
+
+def test_a_forked_pool_child_drops_the_host_apps_pooled_connections_too(host_root):
+    """A handler may use the host's own engine (db.engine): a worker pool's child must not reuse the
+    connection the parent left in that pool, and must leave it to the parent, open."""
+    from tests.db.test_fork_connections import in_forked_child, mark, state_of
+
+    app, db = host_app(host_root, "sqlite:///clinic.db")
+    st = Cronbox().init_app(app, db=db)
+    runtime = st.runtime
+    try:
+        with app.app_context():
+            engine = db.engine
+        mark(engine, is_mysql=False)
+        parent = state_of(engine, is_mysql=False)
+        assert parent["marker"] is not None
+
+        def child():
+            kept = engine.pool  # noqa: F841  (the parent's pool stays alive here)
+            runtime.drop_inherited_connections()
+            return state_of(engine, is_mysql=False)
+
+        assert in_forked_child(child)["marker"] is None  # a connection of its own
+        assert state_of(engine, is_mysql=False) == parent  # the parent's, open, as it was
+    finally:
+        runtime.dispose()
