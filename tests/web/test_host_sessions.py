@@ -167,3 +167,29 @@ def test_a_host_handler_that_touches_no_session_and_times_out_keeps_the_connecti
     assert [d.status for d in rows] == ["pending", "done"] and "timeout" in rows[0].last_error.lower()
     assert stats.done == 1 and invalidated == []
     assert notes(app, db) == [(ids[1], "db.session")]
+
+
+@pytest.mark.parametrize("writes", [False, True], ids=["touches-no-session", "writes-through-db-session"])
+def test_grouped_host_handlers_commit_together_through_db_session(runtime, registry, host, writes):
+    """A grouped host handler's db.session works in its savepoint of the group's transaction: the
+    members' writes and acks commit once; members that touch nothing are acked together as well."""
+    app, db = host
+    Cronbox().init_app(app, db=db).attach_cron(runtime)
+    runtime.settings = dataclasses.replace(runtime.settings, group_ms=20_000)
+
+    @consumer("visit.paid", name="host.grouped", grouped=True, registry=registry)
+    def handle(event, ctx):
+        if writes:
+            db.session.add(Note(event_id=event.id, source="db.session"))
+            if event.payload["n"] == 2:
+                db.session.flush()
+                raise RuntimeError("declined")  # its savepoint rolls back; the others' writes stay
+
+    ids = record(runtime, 5)
+    acks = AckCommits(runtime.engine)
+    stats = relay(runtime)
+    if writes:
+        assert stats.done == 4 and acks.sizes == [4]
+        assert notes(app, db) == [(i, "db.session") for n, i in enumerate(ids) if n != 2]
+    else:
+        assert stats.done == 5 and acks.sizes == [5] and notes(app, db) == []
