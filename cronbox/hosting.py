@@ -8,7 +8,10 @@ and the host's extensions work as in a request), and the host's Flask-SQLAlchemy
 commit once, with the ack, or roll back together on a failed attempt; `db.session.commit()`
 keeps the writes for that ack (it releases the savepoint), exactly as `ctx.session.commit()`
 does. A scheduled task's ctx.session is a plain session committed when the task succeeds, so
-there `db.session` is that one. Outside handlers `db.session` is the host's own.
+there `db.session` is that one. Outside handlers `db.session` is the host's own: cronbox changes
+nothing of the host's `db` (no factory replaced), it only registers the handler's session for the
+app context it pushes. (A handler that calls `db.session.remove()` ends that registration: the
+next `db.session` is then a host session of its own, outside the attempt; `close()` keeps it.)
 
 With cronbox's own connection (one, plus one for the run lock) doing all the work, a cron
 process never opens the host's pool; connections the host's factory left in it are closed.
@@ -16,53 +19,41 @@ process never opens the host's pool; connections the host's factory left in it a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, Iterator
 
 from flask import Flask
 
-_handler_ctx: ContextVar[Any] = ContextVar("cronbox_handler_ctx", default=None)
-
 
 class HostScope:
-    """runtime.handler_scope for a host app (see the module docstring)."""
+    """runtime.handler_scope for a host app (see the module docstring).
+
+    The handler's session is put in the host's session registry for the pushed app context alone,
+    through the registry's public `set()` and `clear()` (SQLAlchemy's ScopedRegistry, keyed by
+    Flask-SQLAlchemy on the app context): the host's `db.session` object, its registry and its
+    factory stay the host's own, and any other app context (a request, a second one the handler
+    pushes) gets the host's own session as always. Building ctx.session here does not count as
+    using it: a handler that never touches either session keeps its batched ack
+    (outbox.engine.context.Context.session_used)."""
 
     def __init__(self, app: Flask, db: Any = None):
         self.app = app
         self.db = db
-        if db is not None:
-            _serve_handler_sessions(db)
 
     @contextmanager
     def __call__(self, ctx) -> Iterator[None]:
         with self.app.app_context():
-            token = _handler_ctx.set(ctx)
+            if self.db is None:
+                yield
+                return
+            registry = self.db.session.registry
+            registry.set(ctx.session)
             try:
                 yield
             finally:
-                _handler_ctx.reset(token)
-                if self.db is not None:
-                    # Forget, never close: closing ctx.session here would roll back the handler's
-                    # writes before the ack commits them (Flask-SQLAlchemy's teardown closes what
-                    # is still registered when the app context ends).
-                    self.db.session.registry.clear()
-
-
-def _serve_handler_sessions(db: Any) -> None:
-    """Make `db.session` hand out the running handler's ctx.session (once per `db`)."""
-    registry = db.session.registry
-    if getattr(registry.createfunc, "_cronbox_bound", False):  # the mark is on the function: the
-        return  # registry (ScopedRegistry/ThreadLocalRegistry) has __slots__ and takes no attribute
-    original = registry.createfunc
-
-    def create():
-        # ctx.session is built on first use, so a handler that never touches either session keeps
-        # its cheap batched ack.
-        ctx = _handler_ctx.get()
-        return ctx.session if ctx is not None else original()
-
-    create._cronbox_bound = True
-    registry.createfunc = create
+                # Forget, never close: closing ctx.session here would roll back the handler's
+                # writes before the ack commits them (Flask-SQLAlchemy's teardown closes what
+                # is still registered when the app context ends).
+                registry.clear()
 
 
 def host_engines(app: Flask, db: Any) -> list:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
@@ -36,6 +37,7 @@ MAX_LOCK_NAME = 64  # MySQL refuses longer GET_LOCK names
 # meanwhile, as it is in the moment between any check and the batch after it.
 CONFIRMED_FOR = 0.5
 _ABANDONED: list[Connection] = []  # a forked child's copies of its parent's lock connections (abandon())
+SOCKETS = "cronbox_lock_sockets"  # Connection.info key: the socket descriptors its DBAPI connection opened
 
 
 def lock_name(database: str, purpose: str) -> str:
@@ -66,7 +68,11 @@ class MySQLLock:
             if got == 1:
                 self._confirmed_at = clock.monotonic()
             return got == 1
+        before = socket_descriptors()
         connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        opened = {fd: identity for fd, identity in socket_descriptors().items() if before.get(fd) != identity}
+        if opened:  # a new DBAPI connection: its socket, for abandon() in a forked child
+            connection.info[SOCKETS] = opened
         try:
             # Survive long handlers and lingering: the server must not close this
             # idle connection (and silently drop the lock) before the run ends.
@@ -129,7 +135,12 @@ class MySQLLock:
         """In a forked child: let go of this process's copy of the lock connection without a word to
         the server (no RELEASE_LOCK, no QUIT: the lock is the parent's). Only the child's descriptor of
         the socket is closed, so the lock lives and dies with the parent's connection alone, also when
-        the parent is SIGKILLed while the child still runs."""
+        the parent is SIGKILLed while the child still runs.
+
+        PyMySQL has no public call that closes a connection's socket without sending QUIT, nor one
+        that names its socket, so the socket is known by the descriptors that appeared while the
+        connection was made (_take: `SOCKETS` in Connection.info, kept for the DBAPI connection's
+        life) and closed here with the operating system's calls (close_socket_copies)."""
         connection, self.connection = self.connection, None
         if connection is None or connection is self.borrowed:
             return
@@ -137,12 +148,10 @@ class MySQLLock:
         # (a ROLLBACK on the parent's socket) and close it.
         _ABANDONED.append(connection)
         try:
-            raw = connection.connection.dbapi_connection
+            sockets = connection.info.get(SOCKETS, {})
         except Exception:  # already invalidated: nothing of it is left open here
             return
-        force_close = getattr(raw, "_force_close", None)  # PyMySQL: close the socket, send nothing
-        if force_close is not None:
-            force_close()
+        close_socket_copies(sockets)
 
     def _discard(self) -> None:
         self._confirmed_at = float("-inf")
@@ -186,19 +195,10 @@ class FileLock:
             self._lock.release(force=True)
 
     def abandon(self) -> None:
-        """In a forked child: close this process's copy of the lock file's descriptor without unlocking
-        (flock is released when the last descriptor of the open file goes: the parent's). filelock 4
-        does this itself after a fork; older versions leave the descriptor in the child."""
-        context = getattr(self._lock, "_context", None)
-        fd = getattr(context, "lock_file_fd", None)
-        if not isinstance(fd, int):
-            return
-        context.lock_file_fd = None
-        try:  # only if that number is still the lock file (filelock may have closed it, and it reused)
-            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                os.close(fd)
-        except OSError:
-            pass
+        """In a forked child: nothing to do. filelock (4.3.1 and later, the floor in pyproject.toml)
+        closes a child's copy of a held lock's descriptor after a fork and resets the lock object
+        there, without unlocking: flock is released when the last descriptor of the open file goes,
+        the parent's (tests/processes/test_pool.py kills a parent while its children run)."""
 
 
 class RunLock:
@@ -240,6 +240,45 @@ class RunLock:
     def connection(self) -> Connection | None:
         """The MySQL connection holding the lock (None on SQLite)."""
         return getattr(self.backend, "connection", None)
+
+
+def socket_descriptors() -> dict[int, tuple[int, int]]:
+    """This process's open socket descriptors, each with its identity (device, inode): what
+    /proc/self/fd lists (Linux; elsewhere none are found, and abandon() closes nothing)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            fd = int(name)
+            info = os.fstat(fd)
+        except (ValueError, OSError):  # the listing's own descriptor, closed by now
+            continue
+        if stat.S_ISSOCK(info.st_mode):
+            found[fd] = (info.st_dev, info.st_ino)
+    return found
+
+
+def close_socket_copies(sockets: dict[int, tuple[int, int]]) -> None:
+    """Close this process's copy of each socket (nothing is sent: the other process's copy stays
+    open and usable). Each descriptor still naming the same socket is pointed at /dev/null instead
+    of freed, so that the number stays taken: the driver's socket object still holds it, and closing
+    it later must not close an unrelated file that reused the number."""
+    if not sockets:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd, identity in sockets.items():
+            try:
+                info = os.fstat(fd)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == identity:
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def run_lock(settings: Settings, lock_engine: Engine, purpose: str, *, hold_seconds: int = 3600,

@@ -16,8 +16,10 @@ the handler does to its session can end the transaction early:
 `ctx.commit_now()` is the one way to commit before the ack (for records that must
 outlive the attempt); the session then joins a new attempt transaction.
 
-A handler that never touches it has no database effects to protect, which lets
-the processor batch its ack (QuietAcks).
+A handler whose session never began work on the connection (no statement, no object added:
+`HandlerTransaction.began`) has no database effects to protect, which lets the processor
+batch its ack (QuietAcks). Building the session is not using it: a host app's scope builds it
+before the call, to serve it as the host's `db.session` (cronbox.hosting).
 
 `savepoint=False` (the broker consumer, outbox.events.consume: nothing of cronbox's is written
 before the handler that a rollback() could take with it, or it is written again) saves the
@@ -128,9 +130,11 @@ class HandlerTransaction:
         self.group = group
         self.outer: Transaction | None = None
         self.committed: list[Transaction] = []  # attempt transactions committed (commit_now, then the last)
+        self.began = False  # the attempt's work on the connection started (the session's, or the caller's)
         self.session = HandlerSession(self, savepoint=savepoint or group is not None)
 
     def begin(self) -> None:
+        self.began = True
         if self.group is not None:
             self.group.begin()
         elif not self.connection.in_transaction():
@@ -185,10 +189,23 @@ class Context:
 
     @property
     def session_used(self) -> bool:
-        return self._transaction is not None
+        """Did the handler's work begin on the connection? Its session ran a statement or took an
+        object (SQLAlchemy begins the session's transaction then, and HandlerTransaction.begin with
+        it), or the caller began the attempt itself (Context.begin). False for a session that was
+        only built or handed out: its handler wrote nothing, so its ack may be batched."""
+        return self._transaction is not None and self._transaction.began
 
     @property
     def transaction(self) -> HandlerTransaction | None:
+        """The attempt's transaction once its work began (see session_used); None while the handler
+        has not touched the connection, which a timeout or a failure then need not roll back."""
+        return self._transaction if self.session_used else None
+
+    def begin(self) -> HandlerTransaction:
+        """Begin the attempt's transaction now, before the handler runs: the broker consumer writes
+        its inbox row in it first (outbox.events.consume)."""
+        self.session  # noqa: B018  (builds the attempt's HandlerTransaction)
+        self._transaction.begin()
         return self._transaction
 
     def commit_now(self) -> None:
@@ -198,16 +215,19 @@ class Context:
         if self._group is not None:
             raise RuntimeError("ctx.commit_now() is not available to a grouped handler (grouped=True): its writes "
                                "commit with its group")
-        if self._transaction is not None:
-            if self._transaction.session.failed_with is not None:
+        transaction = self.transaction
+        if transaction is not None:
+            if transaction.session.failed_with is not None:
                 raise RuntimeError("ctx.session failed on a database error; call ctx.session.rollback() first")
-            self._transaction.commit()
+            transaction.commit()
 
     def discard_session(self, *, invalidate: bool = False) -> None:
-        """Roll back the handler's writes (see HandlerTransaction.discard)."""
+        """Roll back the handler's writes (see HandlerTransaction.discard). `invalidate` applies only
+        where the handler's work began: a handler that never touched the connection cannot have
+        left it mid-query."""
         if self._transaction is not None:
             transaction, self._transaction = self._transaction, None
-            transaction.discard(invalidate=invalidate)
+            transaction.discard(invalidate=invalidate and transaction.began)
 
     def __repr__(self) -> str:
         return f"Context(attempt={self.attempt}, trace_id={self.trace_id!r}, idempotency_key={self.idempotency_key!r})"

@@ -441,9 +441,7 @@ class QueueConsumer:
         """The attempt's transaction opened on cronbox's connection, before the handler's session
         joins it (without a savepoint: Context(savepoint=False)), so that the inbox row is its
         first statement: a copy already handled is skipped before its handler runs."""
-        ctx.session  # noqa: B018  (makes the attempt's HandlerTransaction)
-        ctx.transaction.begin()
-        return ctx.transaction.connection
+        return ctx.begin().connection
 
     @staticmethod
     def _take_again(ctx: Context, incoming: Incoming, consumer) -> bool:

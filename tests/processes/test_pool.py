@@ -350,3 +350,44 @@ def test_workers_that_keep_crashing_stop_the_pool_as_a_crash_loop(runtime, pool_
     assert [(p.outcome, p.error) for p in pools] == [("crash-loop", "workers kept crashing: see the cronbox log")]
     assert done_rows(runtime) == []
     assert {j.status for j in jobs(runtime)} == {"ready"}  # nothing claimed by a child that died at start
+
+
+def _flock_free(path: Path) -> bool:
+    """Could another process take the flock on `path` now?"""
+    import fcntl
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (closing the descriptor also unlocks)
+    return True
+
+
+@pytest.mark.backends("sqlite")
+def test_a_sigkilled_ticks_file_lock_goes_with_it_while_its_children_run(runtime, pool_env, settings):
+    """SQLite: the tick's run lock is an flock on a file; its forked children hold no copy of that
+    file's descriptor (filelock closes it in a child after the fork, without unlocking), so when the
+    tick is SIGKILLed its lock goes with it, though its children still finish their jobs."""
+    for first in (0, 20):  # each child's first batch (20 jobs) starts with a job that holds it
+        dispatch(runtime, pool_jobs.hold_long.job, [first])
+        dispatch(runtime, pool_jobs.insert_once.job, range(first + 1, first + 20))
+    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--no-linger", "--memory", "512"],
+                            env=child_env({**pool_env, "CRONBOX_TICK_WORKERS": "2"}), cwd="/",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock_file = settings.locks_dir / "tick.lock"
+    try:
+        _wait_for(lambda: all(inside(pool_env, n) is not None for n in (0, 20)), "the pool's children in their jobs")
+        children = children_of(tick.pid)
+        assert len(children) == 2
+        assert not _flock_free(lock_file)  # the tick's
+        tick.send_signal(signal.SIGKILL)
+        tick.wait(timeout=10)
+        _wait_for(lambda: _flock_free(lock_file), "the killed tick's lock to be free", timeout=2)
+        assert all(alive(pid) for pid in children)  # still in their jobs: the lock died with the parent alone
+    finally:
+        Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
+    _wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
+    tick.communicate(timeout=10)
+    assert {0, 20} <= {r.n for r in done_rows(runtime)}  # the jobs they were in were finished
