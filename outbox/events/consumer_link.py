@@ -163,7 +163,7 @@ class Link:
 
     def readable(self) -> bool:
         """Something already came from the broker and waits to be read (no waiting)."""
-        sock = self.connection.transport.sock
+        sock = self.connection.sock
         if hasattr(sock, "pending") and sock.pending():  # TLS: decrypted, unread
             return True
         # Bytes py-amqp already read into its own buffer are not seen here (only a private name of
@@ -172,21 +172,19 @@ class Link:
 
     def poll(self, timeout: float) -> bool:
         """Read what the broker sends until one whole method (a delivery: three frames) has come, for
-        at most about `timeout` seconds; False if nothing came. Not drain_events(), whose timeout is
-        per frame: the broker's heartbeats arriving more often than that would keep it reading, and
-        ours would never be sent. The socket's timeout is set once per call, not once per frame
-        (two fcntl calls each time)."""
+        at most about `timeout` seconds; False if nothing came. py-amqp's blocking_read() reads one
+        frame and says whether a method is complete; not drain_events(), which loops on it with the
+        timeout applying to each frame: the broker's heartbeats arriving more often than that would
+        keep it reading, and ours would never be sent."""
         connection = self.connection
         connection.heartbeat_tick()  # sends ours when due; raises if the broker's stopped coming
         if connection.heartbeat:
             timeout = min(timeout, max(connection.heartbeat / 4, 0.05))
         deadline = clock.monotonic() + timeout
-        transport = connection.transport
         try:
-            with transport.having_timeout(timeout):
-                while not connection.on_inbound_frame(transport.read_frame()):
-                    if clock.monotonic() >= deadline:
-                        break
+            while not connection.blocking_read(max(deadline - clock.monotonic(), 0.001)):
+                if clock.monotonic() >= deadline:
+                    break
         except socket.timeout:
             return False
         return True
