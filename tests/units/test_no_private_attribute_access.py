@@ -1,0 +1,46 @@
+"""Our rule, where it is easiest to break: `obj._name` on an object that is not our own. Shipped code
+reaches a private attribute only through `self`, `cls` or `super()`; the few documented exceptions
+below are public by their owners' documentation despite the underscore (each says where)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ([p for d in ("outbox", "storage", "cron", "cronbox") for p in sorted((ROOT / d).rglob("*.py"))]
+           + [ROOT / "app.py", ROOT / "passenger_wsgi.py"])
+DOCUMENTED = {
+    "os._exit": "the standard library's documented exit for a forked child (docs.python.org, os._exit)",
+    "current_app._get_current_object": "Flask's documented way to the object behind a proxy (Notes on Proxies)",
+    "current_request._get_current_object": "the same, for flask.request",
+    "twin._by_name": "registry.Named's own field, set on a Named it just made (not another package's)",
+}
+
+
+def private_accesses(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
+                continue
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_the_check_sees_a_private_attribute_of_another_object():
+    assert private_accesses("engine.dialect._savepoint(conn)") == ["engine.dialect._savepoint"]
+    assert private_accesses("raw._sock.close()") == ["raw._sock"]
+    assert private_accesses("self._lock.release(); super()._ack(x); cls._made") == []
+
+
+def test_shipped_code_reaches_no_private_attribute_of_another_object():
+    offenders = {}
+    for path in SHIPPED:
+        hits = [h for h in private_accesses(path.read_text(encoding="utf-8"))
+                if not any(h.endswith(allowed) for allowed in DOCUMENTED)]
+        if hits:
+            offenders[str(path.relative_to(ROOT))] = hits
+    assert offenders == {}
