@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from cron.hostapp import current_host_app
 from outbox.core.db_errors import is_unreachable
 from outbox.core.errors import CronboxError
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 from outbox.engine.runtime import Runtime, open_runtime
 import storage as sealed_storage
 

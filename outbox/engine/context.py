@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Transaction
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 
 
 @dataclass(frozen=True)

@@ -37,20 +37,12 @@ from outbox.core import clock
 from outbox.core.db_errors import DEADLOCK, is_connection_lost, is_lock_conflict, mysql_error_code
 from outbox.core.engines import session_factory
 from outbox.core.lock_wait import bound_lock_wait, lock_wait_error
+from outbox.core.text import ascii_text, describe
 from outbox.core.transactions import in_transaction
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.handler_call import (
-    ERROR,
-    PERMANENT,
-    RETRY_LATER,
-    TIMEOUT,
-    Outcome,
-    ascii_text,
-    call_handler,
-    describe,
-)
+from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 

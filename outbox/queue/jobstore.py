@@ -17,12 +17,12 @@ from sqlalchemy import and_, case, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core import paging
+from outbox.core.text import ERROR_MAX
 from outbox.engine.claim import claim
 from outbox.engine.registry import Jobs
 from outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
-ERROR_MAX = 1000
 
 
 @dataclass(frozen=True)
