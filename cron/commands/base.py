@@ -38,7 +38,7 @@ class CommandFailed(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-class Group(click.Group):
+class CommandGroup(click.Group):
     """Turns cronbox and database errors into one-line CommandFailed, under any entry point.
 
     `lazy` names subcommands imported only when used (Click's lazy-group pattern): the storage
