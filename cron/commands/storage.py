@@ -20,7 +20,8 @@ from storage.display import shown
 from storage.models import SealedFile
 from storage.service import Storage
 
-storage = CommandGroup("storage", help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
+storage = CommandGroup("storage",
+                       help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
 
 
 def _storage() -> Storage:

@@ -121,8 +121,9 @@ class CommitGroup:
 
     def commit(self, store, now) -> int:
         """The members' acks in one statement (the family's token-guarded `store.ack`), then the one
-        COMMIT; how many were acked (0 when it lost the group). An ack that finds its lease expired loses the group: which
-        member it was cannot be told, and its writes must not commit. Only for a group that wrote."""
+        COMMIT; how many were acked (0 when it lost the group). An ack that finds its lease expired
+        loses the group: which member it was cannot be told, and its writes must not commit. Only for
+        a group that wrote."""
         ids = [item.id for item in self.acks]
         try:
             acked = store.ack(self.session, ids, self.token, now) if ids else 0

@@ -235,7 +235,8 @@ class Worker(Processor):
         spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", concurrency_group)))
                  if b]
         if concurrency_group is not None and limit is None:
-            return Outcome(PERMANENT, 0.0, f"concurrency group {concurrency_group} is not declared by any job registered here")
+            return Outcome(PERMANENT, 0.0,
+                           f"concurrency group {concurrency_group} is not declared by any job registered here")
         for b in spend:
             if cost > b.limit:
                 return Outcome(PERMANENT, 0.0, f"cost {cost} is more than the {b.scope} {b.name} budget of "
