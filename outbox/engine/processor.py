@@ -8,7 +8,7 @@ For each claimed item, in claim order:
 4. call the handler with a fresh Context, then
    - success with ctx.session used: the ack joins the handler's transaction (exactly once;
      the handler's session only ever holds savepoints in it, see outbox.engine.context);
-   - success without it: the ack is batched with the others (nothing to protect);
+   - success without it: the ack is batched with the others (nothing to protect: outbox.engine.quiet_acks);
    - RetryLater: back to waiting without using an attempt (subclasses may bound it);
    - failure: retry after the handler's backoff, or give up (dead / failed).
 
@@ -49,6 +49,7 @@ from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.group_commit import CommitGroup, GroupCommit, may_join
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from outbox.engine.quiet_acks import QuietAcks
 
 log = logging.getLogger("cronbox")
 
@@ -74,27 +75,6 @@ class RunStats:
     gave_up: int = 0  # dead deliveries / failed jobs
     lease_lost: int = 0
     fanned: int = 0  # relay only: events fanned out to deliveries
-
-
-class QuietAcks:
-    """Finished items whose handlers wrote nothing: acked together in one statement, before the
-    earliest of their leases runs out."""
-
-    def __init__(self):
-        self.items: list = []
-        self.earliest_lease: datetime | None = None
-
-    def add(self, item) -> None:
-        self.items.append(item)
-        if self.earliest_lease is None or item.lease_until < self.earliest_lease:
-            self.earliest_lease = item.lease_until
-
-    def take(self) -> list:
-        items, self.items, self.earliest_lease = self.items, [], None
-        return items
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
 
 
 class Processor:
@@ -176,7 +156,7 @@ class Processor:
         if claimed:
             self._profiles(lambda: self.admission.start(self.sessions))
             self._bound_lock_waits()
-        quiet_acks = QuietAcks()
+        quiet_acks = QuietAcks(self)
         handled = 0
         work = list(claimed)  # a lost group puts its members back here, to run alone
         alone: set[int] = set()
@@ -189,14 +169,14 @@ class Processor:
             try:
                 deferred = self._deferred(item, budget)
             except BaseException:  # its release or wait not written: as for an item never started
-                self._flush(quiet_acks, best_effort=True)
+                quiet_acks.flush(best_effort=True)
                 self._release(work[index:], best_effort=True)
                 raise
             if deferred:
                 index += 1
                 continue
             if item.id not in alone and self._groupable(item, self._handler(item), item.claim_token):
-                self._flush(quiet_acks)  # its own transaction: before the group opens one on the connection
+                quiet_acks.flush()  # its own transaction: before the group opens one on the connection
                 taken, done, rerun = self.group_commit.run(work, index, budget)
                 work[index:index + taken] = rerun  # the next item is at `index` again
                 alone.update(i.id for i in rerun)
@@ -217,12 +197,12 @@ class Processor:
             except BaseException:
                 # Database gone, or an interrupt: ack what finished, give back what never started
                 # (this item too, if it failed before its handler was called).
-                self._flush(quiet_acks, best_effort=True)
+                quiet_acks.flush(best_effort=True)
                 self._release(work[index + (1 if self._started else 0):], best_effort=True)
                 raise
             handled += ran
             index += 1
-        self._flush(quiet_acks)
+        quiet_acks.flush()
         self._profiles(lambda: self.admission.flush(self.sessions))
         return handled
 
@@ -269,7 +249,7 @@ class Processor:
             self._release([item])
             return False
         if quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease):
-            self._flush(quiet_acks)  # ack them while their leases still hold, or another run repeats them
+            quiet_acks.flush()  # ack them while their leases still hold, or another run repeats them
         if not self._lease_covers(item, handler):
             return False
         if item.attempts > handler.max_attempts:
@@ -291,7 +271,7 @@ class Processor:
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)
                 if self._holds_until_ack(item):
-                    self._flush(quiet_acks)
+                    quiet_acks.flush()
                 return True
             if outcome.ok:
                 outcome = self._ack_with_session(item, handler, ctx, outcome)
@@ -368,34 +348,6 @@ class Processor:
         self.stats.done += 1
         self._log(item, handler, "done", outcome)
         return outcome
-
-    def _flush(self, quiet_acks: QuietAcks, *, best_effort: bool = False) -> None:
-        if not quiet_acks:
-            return
-        items = quiet_acks.take()
-        crash_point("before-ack-commit")
-        waiting_since = time.monotonic()
-        try:
-            acked = self._transaction(lambda s: self._ack(s, items, clock.utcnow()), ack=True)
-        except Exception as exc:
-            if isinstance(exc, OperationalError) and is_lock_conflict(exc) and not best_effort:
-                self._acks_blocked(items, time.monotonic() - waiting_since)
-                return
-            if not best_effort:
-                raise
-            log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(items))
-            return
-        crash_point("after-ack-commit")
-        self._acked(items, acked)
-
-    def _acks_blocked(self, items: list, waited: float) -> None:
-        """The acks of finished items waited for a lock until the run's time ran out: each item's
-        attempt fails, naming the lock wait (recorded if its row can be written by then; if not,
-        LockStillHeld stops the run and its lease expires)."""
-        error = lock_wait_error("the ack", waited)
-        log.warning("%s: %d finished items not acked: %s", self.kind, len(items), error)
-        for item in items:
-            self._after_failure(item, self._handler(item), Outcome(ERROR, 0.0, error))
 
     def _ack(self, session, items: list, now: datetime) -> int:
         """The items done, one UPDATE per claim token (a relay batch can hold deliveries of its claim
