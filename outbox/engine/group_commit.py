@@ -1,15 +1,16 @@
-"""Group commit: consecutive claimed items of grouped handlers run in ONE transaction.
+"""Group commit: consecutive claimed items of grouped handlers share ONE transaction.
 
 A handler registered with `grouped=True` (no network calls: forward targets and the built-in
 channels never are) may share its transaction with the grouped items claimed after it. The
-processor (outbox.engine.processor) meets the first such item in its loop and hands the batch to
-`GroupCommit.run`, which runs members until the group is full (CRONBOX_GROUP_MAX), its time is up
-(CRONBOX_GROUP_MS), or an item may not join; then one UPDATE acks the members that succeeded and
-one COMMIT makes their writes and acks true together. A group of N costs two statements instead
-of 2N, and each ack still commits with its handler's writes (exactly once).
+processor (outbox.engine.processor, `Processor._run_group`) meets the first such item in its loop
+and runs members while they may join (`may_join`, CRONBOX_GROUP_MAX, CRONBOX_GROUP_MS); this module
+is the group itself: its transaction on the run's connection, what each member's outcome does to
+it (`CommitGroup.settle`), and the one UPDATE that acks the members that succeeded just before the
+one COMMIT (`CommitGroup.commit`). A group of N costs two statements instead of 2N, and each ack
+still commits with its handler's writes (exactly once).
 
-What a member's ctx.session does inside the group's transaction is outbox.engine.context's
-(a SAVEPOINT per member); what it costs when the group cannot commit is `CommitGroup`'s docstring.
+What a member's ctx.session does inside the group's transaction is outbox.engine.context's (a
+SAVEPOINT per member); what it costs when the group cannot commit is `CommitGroup`'s docstring.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from outbox.core.db_errors import DEADLOCK, mysql_error_code
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
 from outbox.core.text import describe
-from outbox.engine.budget import Budget
 from outbox.engine.context import Context
 from outbox.engine.handler_call import ERROR, TIMEOUT, Outcome
 
@@ -160,108 +160,3 @@ def may_join(item, handler, token: str, settings) -> bool:
             and item.claim_token == token and item.attempts <= handler.max_attempts
             and clock.utcnow() + timedelta(seconds=handler.timeout, milliseconds=settings.group_ms)
             <= item.lease_until)
-
-
-class GroupCommit:
-    """A processor's group-commit step. It works on the processor's items through the processor's
-    own steps (its handler lookup and call, its failure, release and ack writes, its counters and
-    log lines), so a grouped item ends exactly as it would alone; only the transaction differs."""
-
-    def __init__(self, processor):
-        self.processor = processor  # outbox.engine.processor.Processor (or a subclass)
-        self.open: CommitGroup | None = None  # the group whose transaction is open, if any
-
-    def watch(self, context) -> None:
-        """The engine's handle_error listener while the processor holds its connection: any statement
-        on it, a handler's raw SQL too, may lose the open group (CommitGroup.lose_on_error)."""
-        if self.open is not None:
-            self.open.lose_on_error(context)
-
-    def run(self, work: list, start: int, budget: Budget) -> tuple[int, int, list]:
-        """Run work[start], then the grouped items after it, in one transaction (see CommitGroup).
-        Returns (items taken from `work`, items handled, items to run again alone, in order)."""
-        processor = self.processor
-        settings = processor.runtime.settings
-        group = CommitGroup(processor.connection, work[start].claim_token)
-        ran: list = []  # members whose handler was called, in order
-        culprit = None  # (item, handler, outcome) whose own timeout lost the group
-        deadline = clock.monotonic() + settings.group_ms / 1000
-        index = start
-        self.open = group
-        try:
-            while index < len(work) and len(ran) < settings.group_max and not group.lost:
-                item = work[index]
-                handler = processor._handler(item)
-                # No member joins once the group's time is up: a lock a member took is held at most
-                # CRONBOX_GROUP_MS plus the run of the member running then (never cut short: a
-                # timer firing mid-query costs the connection, and then every member's work).
-                if ran and (clock.monotonic() >= deadline or budget.stop_reason() is not None
-                            or not processor._groupable(item, handler, group.token)
-                            or processor.admission.check(handler.name, budget) is not None):  # process() defers it
-                    break
-                index += 1
-                crash_point("after-claim")
-                ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
-                              idempotency_key=f"{processor.kind}-{item.id}-{item.trace_id}",
-                              connection=processor.connection, settings=settings, commit_group=group)
-                outcome = processor._call(handler, processor._args(item, ctx), ctx, budget)
-                ran.append(item)
-                end, outcome = group.settle(item, ctx, outcome)
-                if end == CULPRIT:
-                    culprit = (item, handler, outcome)
-                elif end == FAILED:
-                    self._record_failure(group, item, handler, outcome)
-            if not group.lost:
-                self._commit(group)
-        except BaseException:
-            # An interrupt or a crash-like failure: nothing of the group committed; give every
-            # member and the rest back (attempts refunded), as for items never started.
-            self.open = None
-            group.close()
-            processor._release(work[start:], best_effort=True)
-            raise
-        self.open = None
-        if group.lost is None:
-            return index - start, len(ran), []
-        group.close()
-        rerun = [item for item in ran if culprit is None or item is not culprit[0]]
-        log.warning("%s: group of %d lost (%s); %d run again one per transaction", processor.kind, len(ran),
-                    group.lost, len(rerun))
-        if culprit is not None:
-            processor._after_failure(*culprit)  # its own timeout: its attempt counts, in a transaction of its own
-        return index - start, 1 if culprit is not None else 0, rerun
-
-    def _record_failure(self, group: CommitGroup, item, handler, outcome: Outcome) -> None:
-        """A failed member's retry or give-up, written in the group's transaction."""
-        try:
-            self.processor._after_failure(item, handler, outcome, group)
-        except Exception as exc:
-            group.lost = group.lost or f"could not record a failure: {describe(exc, 200)}"
-
-    def _commit(self, group: CommitGroup) -> None:
-        """Commit the group, or, when no member wrote, ack the members alone (as QuietAcks do);
-        then the counters and log lines its COMMIT made true."""
-        processor = self.processor
-        items = group.acks
-        now = clock.utcnow()
-        if group.outer is None:
-            ids = [item.id for item in items]
-            acked = 0
-            if ids:
-                crash_point("before-ack-commit")
-                acked = processor._transaction(lambda s: processor.store.ack(s, ids, group.token, now))
-                crash_point("after-ack-commit")
-            processor.stats.lease_lost += len(ids) - acked
-            if acked != len(ids):
-                log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
-                            processor.kind, len(ids) - acked, len(ids))
-        else:
-            acked = group.commit(processor.store, now)
-            if group.lost:
-                return
-        group.close()
-        processor.stats.done += acked
-        for item in items:
-            processor._log(item, processor._handler(item), "done", None, "grouped")
-        for report in group.after_commit:
-            report()

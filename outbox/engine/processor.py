@@ -8,7 +8,7 @@ For each claimed item, in claim order:
 4. call the handler with a fresh Context, then
    - success with ctx.session used: the ack joins the handler's transaction (exactly once;
      the handler's session only ever holds savepoints in it, see outbox.engine.context);
-   - success without it: the ack is batched with the others (nothing to protect: outbox.engine.quiet_acks);
+   - success without it: the ack is batched with the others (nothing to protect);
    - RetryLater: back to waiting without using an attempt (subclasses may bound it);
    - failure: retry after the handler's backoff, or give up (dead / failed).
 
@@ -20,8 +20,9 @@ recorded instead, so one bad item never stops the run. Log lines carry the error
 Each family supplies its store (the module that owns its rows' SQL: `LeaseStore` below), the
 handler lookup and the handler's arguments.
 
-Items of grouped handlers (`grouped=True`) leave this loop for outbox.engine.group_commit, which runs
-consecutive ones in one transaction through the same steps and hands back those to run again alone.
+Consecutive items of grouped handlers (`grouped=True`) run in one transaction instead
+(`_run_group`; the group's transaction and rules: outbox.engine.group_commit); a group that cannot
+commit hands its members back to this loop, to run again one per transaction.
 """
 from __future__ import annotations
 
@@ -47,9 +48,8 @@ from outbox.core.transactions import in_transaction
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.group_commit import CommitGroup, GroupCommit, may_join
+from outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
 from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
-from outbox.engine.quiet_acks import QuietAcks
 
 log = logging.getLogger("cronbox")
 
@@ -77,6 +77,27 @@ class RunStats:
     fanned: int = 0  # relay only: events fanned out to deliveries
 
 
+class QuietAcks:
+    """Finished items whose handlers wrote nothing: acked together in one statement, before the
+    earliest of their leases runs out."""
+
+    def __init__(self):
+        self.items: list = []
+        self.earliest_lease: datetime | None = None
+
+    def add(self, item) -> None:
+        self.items.append(item)
+        if self.earliest_lease is None or item.lease_until < self.earliest_lease:
+            self.earliest_lease = item.lease_until
+
+    def take(self) -> list:
+        items, self.items, self.earliest_lease = self.items, [], None
+        return items
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 class Processor:
     kind = "item"  # "delivery" / "job", for log lines
 
@@ -87,8 +108,8 @@ class Processor:
         self.stats = RunStats()
         self._started = False  # has the current item's handler been called?
         self._upcoming = None  # the item after the current one in its batch, if any (for _holds_until_ack)
-        self.group_commit = GroupCommit(self)
-        self._on_db_error = self.group_commit.watch  # one bound method, to remove the listener again
+        self._group: CommitGroup | None = None  # the group whose transaction is open, if any
+        self._on_db_error = self._watch_group  # one bound method, to remove the listener again
         self.admission = Admission(self.kind, runtime.settings)  # profiles: checked before, recorded after
         self._budget: Budget | None = None  # the budget of the batch being processed: bounds lock waits
 
@@ -132,6 +153,12 @@ class Processor:
                 event.remove(engine, "handle_error", self._on_db_error)
                 self.connection, self.sessions = None, self.runtime.sessions
 
+    def _watch_group(self, context) -> None:
+        """The engine's handle_error listener while the run holds its connection: any statement on
+        it, a handler's raw SQL too, may lose the open group (CommitGroup.lose_on_error)."""
+        if self._group is not None:
+            self._group.lose_on_error(context)
+
     def process(self, claimed: list, budget: Budget) -> int:
         """Run a claimed batch (see the module's docstring); how many items were handled."""
         try:
@@ -156,7 +183,7 @@ class Processor:
         if claimed:
             self._profiles(lambda: self.admission.start(self.sessions))
             self._bound_lock_waits()
-        quiet_acks = QuietAcks(self)
+        quiet_acks = QuietAcks()
         handled = 0
         work = list(claimed)  # a lost group puts its members back here, to run alone
         alone: set[int] = set()
@@ -169,15 +196,15 @@ class Processor:
             try:
                 deferred = self._deferred(item, budget)
             except BaseException:  # its release or wait not written: as for an item never started
-                quiet_acks.flush(best_effort=True)
+                self._flush(quiet_acks, best_effort=True)
                 self._release(work[index:], best_effort=True)
                 raise
             if deferred:
                 index += 1
                 continue
             if item.id not in alone and self._groupable(item, self._handler(item), item.claim_token):
-                quiet_acks.flush()  # its own transaction: before the group opens one on the connection
-                taken, done, rerun = self.group_commit.run(work, index, budget)
+                self._flush(quiet_acks)  # its own transaction: before the group opens one on the connection
+                taken, done, rerun = self._run_group(work, index, budget)
                 work[index:index + taken] = rerun  # the next item is at `index` again
                 alone.update(i.id for i in rerun)
                 handled += done
@@ -197,12 +224,12 @@ class Processor:
             except BaseException:
                 # Database gone, or an interrupt: ack what finished, give back what never started
                 # (this item too, if it failed before its handler was called).
-                quiet_acks.flush(best_effort=True)
+                self._flush(quiet_acks, best_effort=True)
                 self._release(work[index + (1 if self._started else 0):], best_effort=True)
                 raise
             handled += ran
             index += 1
-        quiet_acks.flush()
+        self._flush(quiet_acks)
         self._profiles(lambda: self.admission.flush(self.sessions))
         return handled
 
@@ -249,7 +276,7 @@ class Processor:
             self._release([item])
             return False
         if quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease):
-            quiet_acks.flush()  # ack them while their leases still hold, or another run repeats them
+            self._flush(quiet_acks)  # ack them while their leases still hold, or another run repeats them
         if not self._lease_covers(item, handler):
             return False
         if item.attempts > handler.max_attempts:
@@ -271,7 +298,7 @@ class Processor:
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item)
                 if self._holds_until_ack(item):
-                    quiet_acks.flush()
+                    self._flush(quiet_acks)
                 return True
             if outcome.ok:
                 outcome = self._ack_with_session(item, handler, ctx, outcome)
@@ -288,6 +315,89 @@ class Processor:
     def _groupable(self, item, handler, token: str) -> bool:
         """May this item join a group? (group_commit.may_join; jobs add their own condition.)"""
         return self.connection is not None and may_join(item, handler, token, self.runtime.settings)
+
+    def _run_group(self, work: list, start: int, budget: Budget) -> tuple[int, int, list]:
+        """Run work[start], then the grouped items after it, in one transaction (see CommitGroup).
+        Returns (items taken from `work`, items handled, items to run again alone, in order)."""
+        settings = self.runtime.settings
+        group = CommitGroup(self.connection, work[start].claim_token)
+        ran: list = []  # members whose handler was called, in order
+        culprit = None  # (item, handler, outcome) whose own timeout lost the group
+        deadline = clock.monotonic() + settings.group_ms / 1000
+        index = start
+        self._group = group
+        try:
+            while index < len(work) and len(ran) < settings.group_max and not group.lost:
+                item = work[index]
+                handler = self._handler(item)
+                # No member joins once the group's time is up: a lock a member took is held at most
+                # CRONBOX_GROUP_MS plus the run of the member running then (never cut short: a
+                # timer firing mid-query costs the connection, and then every member's work).
+                if ran and (clock.monotonic() >= deadline or budget.stop_reason() is not None
+                            or not self._groupable(item, handler, group.token)
+                            or self.admission.check(handler.name, budget) is not None):  # process() defers it
+                    break
+                index += 1
+                crash_point("after-claim")
+                ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
+                              idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
+                              connection=self.connection, settings=settings, commit_group=group)
+                outcome = self._call(handler, self._args(item, ctx), ctx, budget)
+                ran.append(item)
+                end, outcome = group.settle(item, ctx, outcome)
+                if end == CULPRIT:
+                    culprit = (item, handler, outcome)
+                elif end == FAILED:
+                    try:  # its retry or give-up, written in the group's transaction
+                        self._after_failure(item, handler, outcome, group)
+                    except Exception as exc:
+                        group.lost = group.lost or f"could not record a failure: {describe(exc, 200)}"
+            if not group.lost:
+                self._commit_group(group)
+        except BaseException:
+            # An interrupt or a crash-like failure: nothing of the group committed; give every
+            # member and the rest back (attempts refunded), as for items never started.
+            self._group = None
+            group.close()
+            self._release(work[start:], best_effort=True)
+            raise
+        self._group = None
+        if group.lost is None:
+            return index - start, len(ran), []
+        group.close()
+        rerun = [item for item in ran if culprit is None or item is not culprit[0]]
+        log.warning("%s: group of %d lost (%s); %d run again one per transaction", self.kind, len(ran),
+                    group.lost, len(rerun))
+        if culprit is not None:
+            self._after_failure(*culprit)  # its own timeout: its attempt counts, in a transaction of its own
+        return index - start, 1 if culprit is not None else 0, rerun
+
+    def _commit_group(self, group: CommitGroup) -> None:
+        """Commit the group (CommitGroup.commit), or, when no member wrote, ack the members alone (as
+        QuietAcks); then the counters and log lines its COMMIT made true."""
+        items = group.acks
+        now = clock.utcnow()
+        if group.outer is None:
+            ids = [item.id for item in items]
+            acked = 0
+            if ids:
+                crash_point("before-ack-commit")
+                acked = self._transaction(lambda s: self.store.ack(s, ids, group.token, now))
+                crash_point("after-ack-commit")
+            self.stats.lease_lost += len(ids) - acked
+            if acked != len(ids):
+                log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
+                            self.kind, len(ids) - acked, len(ids))
+        else:
+            acked = group.commit(self.store, now)
+            if group.lost:
+                return
+        group.close()
+        self.stats.done += acked
+        for item in items:
+            self._log(item, self._handler(item), "done", None, "grouped")
+        for report in group.after_commit:
+            report()
 
     def _record_unrecordable(self, item, exc: Exception) -> bool:
         """Storing the handler's outcome failed (text or values the database refuses): record a
@@ -348,6 +458,34 @@ class Processor:
         self.stats.done += 1
         self._log(item, handler, "done", outcome)
         return outcome
+
+    def _flush(self, quiet_acks: QuietAcks, *, best_effort: bool = False) -> None:
+        if not quiet_acks:
+            return
+        items = quiet_acks.take()
+        crash_point("before-ack-commit")
+        waiting_since = time.monotonic()
+        try:
+            acked = self._transaction(lambda s: self._ack(s, items, clock.utcnow()), ack=True)
+        except Exception as exc:
+            if isinstance(exc, OperationalError) and is_lock_conflict(exc) and not best_effort:
+                self._acks_blocked(items, time.monotonic() - waiting_since)
+                return
+            if not best_effort:
+                raise
+            log.warning("%s: could not ack %d finished items; they will run again", self.kind, len(items))
+            return
+        crash_point("after-ack-commit")
+        self._acked(items, acked)
+
+    def _acks_blocked(self, items: list, waited: float) -> None:
+        """The acks of finished items waited for a lock until the run's time ran out: each item's
+        attempt fails, naming the lock wait (recorded if its row can be written by then; if not,
+        LockStillHeld stops the run and its lease expires)."""
+        error = lock_wait_error("the ack", waited)
+        log.warning("%s: %d finished items not acked: %s", self.kind, len(items), error)
+        for item in items:
+            self._after_failure(item, self._handler(item), Outcome(ERROR, 0.0, error))
 
     def _ack(self, session, items: list, now: datetime) -> int:
         """The items done, one UPDATE per claim token (a relay batch can hold deliveries of its claim
