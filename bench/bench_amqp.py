@@ -534,7 +534,7 @@ profiler and share of the consumer's run, 32.6 s):
 - On MariaDB both consumers wait mostly on the server's flushed COMMIT, one per message each; the
   inbox INSERT is one more round trip with its index write.
 - Not built: group commit of a prefetch window for grouped consumers (one COMMIT for many messages,
-  a SAVEPOINT per handler as in outbox.engine.processor.Group); it would beat the bare consumer on
+  a SAVEPOINT per handler as in outbox.engine.group_commit.CommitGroup); it would beat the bare consumer on
   MariaDB, whose COMMIT is flushed, but compare against a bare consumer that commits once per
   message only with that said. Nor a handler session reused across messages.
 """

@@ -1,7 +1,7 @@
 """The command tree of `python -m cron` (also `flask --app app cron`, artisan_via_cron.sh).
 
 Every command is registered here, explicitly: nothing registers itself by being imported. Each is
-named by the module that defines it and imported only when used (`Group`'s lazy commands): a
+named by the module that defines it and imported only when used (`CommandGroup`'s lazy commands): a
 per-minute tick loads the tick's own code, not every other command's (the outbox, queue and health
 views, retention, the channels' drivers, ~20 ms of a quiet tick's CPU), and the storage commands
 pull in libsodium and `cryptography`, megabytes a tick never needs; amqp, the broker client.
@@ -15,7 +15,7 @@ from functools import partial
 
 import click
 
-from cron.commands.base import Group, State, run
+from cron.commands.base import CommandGroup, State, run
 from outbox.engine.handler_process import end_command_process
 from outbox.engine.runtime import Runtime
 
@@ -36,7 +36,7 @@ COMMANDS = {
 }
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]}, lazy=COMMANDS)
+@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]}, lazy=COMMANDS)
 @click.pass_context
 def cli(ctx):
     """cronbox: outbox, job queue and sealed files run from cron."""

@@ -7,7 +7,7 @@ import click
 
 from outbox.core import paging
 from outbox.core.durations import parse_duration
-from outbox.engine.handler_call import clean_text
+from outbox.core.text import clean_text
 
 
 def age(since: datetime | None, now: datetime) -> str:

@@ -18,7 +18,7 @@ from dotenv import dotenv_values
 
 from outbox.core.errors import SettingsError
 from outbox.core.settings import find_app_root
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 from outbox.engine.runtime import Runtime, open_runtime
 
 FACTORY_NAMES = ("create_app", "make_app")

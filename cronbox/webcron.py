@@ -25,8 +25,8 @@ from cron.cli import main as run_command
 from cron.scheduling.tick import run_tick
 from outbox.core import clock
 from outbox.core.errors import CronboxError
+from outbox.core.text import clean_text
 from outbox.core.transactions import in_transaction
-from outbox.engine.handler_call import clean_text
 from outbox.queue.ratelimit import at_most_every
 from cronbox.state import runtime, state
 from cronbox.auth import bearer_matches

@@ -7,6 +7,7 @@ from app import create_app
 from cron.operator import credentials
 from outbox.core.settings import load_settings
 from outbox.engine.registry import DEFAULT, Registry
+from tests.registries import copy_of
 
 PASSWORD = "correct horse battery staple"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -27,7 +28,7 @@ def make_app(env: dict, runtime=None, **extra):
 
 def registry_with_consumers_of(runtime) -> Registry:
     """cronbox's own registrations (built-in tasks, channel jobs) with the consumers the test registered."""
-    registry = DEFAULT.fork()
+    registry = copy_of(DEFAULT)
     registry.consumers = runtime.registry.consumers
     return registry
 

@@ -5,17 +5,16 @@ import re
 
 import click
 
-from cron.commands.base import CommandFailed, Group, runtime
+from cron.commands.base import CommandFailed, CommandGroup, runtime
 from cron.format import table
 from outbox.core import clock
 from outbox.core.errors import UnknownIds
-from outbox.core.text import UNSHOWABLE
-from outbox.engine.handler_call import clean_text
+from outbox.core.text import UNSHOWABLE, clean_text
 from outbox.engine.budget import Budget
 from outbox.events import queues
 from outbox.events.broker import NO_URL, parse_url
 
-amqp = Group("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), and its dead queue.")
+amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), and its dead queue.")
 
 
 class QueueName(click.ParamType):

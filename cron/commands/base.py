@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from cron.hostapp import current_host_app
 from outbox.core.db_errors import is_unreachable
 from outbox.core.errors import CronboxError
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 from outbox.engine.runtime import Runtime, open_runtime
 import storage as sealed_storage
 
@@ -38,7 +38,7 @@ class CommandFailed(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-class Group(click.Group):
+class CommandGroup(click.Group):
     """Turns cronbox and database errors into one-line CommandFailed, under any entry point.
 
     `lazy` names subcommands imported only when used (Click's lazy-group pattern): the storage

@@ -5,14 +5,14 @@ import json
 
 import click
 
-from cron.commands.base import Group, command_runner, runtime
+from cron.commands.base import CommandGroup, command_runner, runtime
 from cron.format import age, table
 from cron.scheduling import once as once_requests
 from outbox.core import clock
 from outbox.core.transactions import in_transaction
 
 
-@click.group(cls=Group)
+@click.group(cls=CommandGroup)
 def once():
     """One-off runs of allow-listed commands, asked for without SSH."""
 

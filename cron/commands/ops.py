@@ -3,7 +3,7 @@ without a browser, e.g. from a cron line.
 
 The password and token are files, so they are written even when the database
 is down; ending sessions and recording the action then follow on a best-effort
-basis, with a clear line when they could not. Imported lazily (cron.commands.base.Group):
+basis, with a clear line when they could not. Imported lazily (cron.commands.base.CommandGroup):
 Werkzeug's password hashing is not something a tick needs.
 """
 from __future__ import annotations
@@ -13,12 +13,12 @@ import sys
 import click
 from sqlalchemy.exc import DBAPIError
 
-from cron.commands.base import CommandFailed, Group, runtime
+from cron.commands.base import CommandFailed, CommandGroup, runtime
 from cron.operator import actions, credentials, sessions, throttle
 from outbox.core.errors import CronboxError
 from outbox.core.transactions import in_transaction
 
-ops = Group("ops", help="The operator console's password and sessions.")
+ops = CommandGroup("ops", help="The operator console's password and sessions.")
 
 
 def _read_password() -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import Group, runtime
+from cron.commands.base import CommandGroup, runtime
 from cron.format import Duration, PageCursor, age, never_fits_lines, table
 from cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
 from outbox.core import clock
@@ -17,7 +17,7 @@ from outbox.engine.run_loop import record_run, run_loop
 from outbox.events import deliveries
 from outbox.events.relay import Relay
 
-outbox = Group("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
+outbox = CommandGroup("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
 
 
 @outbox.command()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import Group, runtime
+from cron.commands.base import CommandGroup, runtime
 from cron.format import DURATION, Duration, PageCursor, age, never_fits_lines, table
 from cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
 from outbox.core import clock
@@ -19,7 +19,7 @@ from outbox.queue.jobs import QUEUE_NAME
 from outbox.queue.pool import Pool, PoolRefused, check_budget
 from outbox.queue.worker import Worker
 
-queue = Group("queue", help="The job queue: run workers, inspect and repair jobs.")
+queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
 
 
 def _queue_list(text: str | None) -> list[str] | None:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import Group, runtime
+from cron.commands.base import CommandGroup, runtime
 from cron.format import table
 from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
 from cron.scheduling import schedule as scheduler
 from outbox.core import clock
 
 
-@click.group(cls=Group)
+@click.group(cls=CommandGroup)
 def schedule():
     """Periodic tasks run by the tick, each at most once per slot."""
 

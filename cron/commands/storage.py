@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from sqlalchemy import func, select
 
-from cron.commands.base import CommandFailed, Group, runtime
+from cron.commands.base import CommandFailed, CommandGroup, runtime
 from cron.format import DURATION, Duration, table
 from outbox.core.errors import UnknownIds
 from outbox.core.transactions import in_transaction
@@ -20,7 +20,8 @@ from storage.display import shown
 from storage.models import SealedFile
 from storage.service import Storage
 
-storage = Group("storage", help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
+storage = CommandGroup("storage",
+                       help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
 
 
 def _storage() -> Storage:

@@ -23,9 +23,9 @@ from outbox.core.errors import SettingsError
 from outbox.core.logs import log_text
 from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
 from outbox.core.sql import insert_ignore
+from outbox.core.text import clean_text
 from outbox.engine import heartbeat
 from outbox.engine.models import Heartbeat
-from outbox.engine.handler_call import clean_text
 from outbox.events import deliveries
 from outbox.events.forward import is_forward
 from outbox.queue import jobstore, pauses

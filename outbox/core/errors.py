@@ -72,3 +72,7 @@ class HandlerTimeout(BaseException):
     A BaseException, like KeyboardInterrupt: a handler's own `except Exception:` must not
     swallow it and run on past its lease with no timer left.
     """
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A real SIGINT while a handler ran, told apart from a handler raising KeyboardInterrupt itself."""

@@ -2,7 +2,7 @@
 
 Shared-host operators read these through File Manager, so lines are short and
 carry ids and a trace id, never PHI, phone numbers, message bodies or tokens
-(see `mask_phone` / `mask_secret`, and `mask_text` for texts we do not control,
+(see `mask_phone`, and `mask_text` for texts we do not control,
 such as a handler's exception message).
 """
 from __future__ import annotations
@@ -119,12 +119,6 @@ def mask_phone(number: str | None) -> str:
     if len(digits) <= 5:
         return "*" * len(digits)
     return digits[:3] + "*" * (len(digits) - 6) + digits[-3:]
-
-
-def mask_secret(secret: str | None) -> str:
-    if not secret:
-        return ""
-    return "****" + (secret[-2:] if len(secret) > 12 else "")
 
 
 # 7+ digits, optionally after "+", with up to two spaces, dashes or parentheses between them; not

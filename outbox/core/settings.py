@@ -72,7 +72,7 @@ class Settings:
     log_stderr: bool = False  # CRONBOX_LOG_STDERR: the log lines on stderr too (systemd's journal), not only in files
     base_url: str | None = None  # CRONBOX_BASE_URL, normalized without a trailing slash: absolute links
     files_prefix: str = ""  # CRONBOX_FILES_PREFIX: where the host mounted /files (links are built with it)
-    # Group commit (outbox.engine.processor.Group): how many grouped handlers' items share one
+    # Group commit (outbox.engine.group_commit.CommitGroup): how many grouped handlers' items share one
     # transaction at most, and for how long (ms) it stays open past its first handler at most.
     group_max: int = 50
     group_ms: int = 200

@@ -28,7 +28,7 @@ SAVEPOINT statement: the session joins the attempt's transaction itself, so `rol
 since the start, as nothing was committed yet), and after the handler's first `commit()` it
 switches to a savepoint per transaction, so a later rollback() keeps what commit() kept.
 
-In a group (a grouped handler: outbox.engine.processor.Group) the transaction is the group's,
+In a commit group (a grouped handler: outbox.engine.group_commit.CommitGroup) the transaction is the group's,
 shared by consecutive grouped items: the session's savepoint is the handler's own, kept on
 success (left open: its writes commit with the group) and rolled back on failure. A handler that
 called commit() has released its savepoint, so a later failure of its own takes the group with
@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Transaction
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 
 
 @dataclass(frozen=True)
@@ -123,25 +123,25 @@ def _forget_failure(session: HandlerSession, previous_transaction) -> None:
 
 class HandlerTransaction:
     """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack.
-    With a `group`, the transaction is the group's (begun by the first member that writes)."""
+    With a `commit_group`, the transaction is the group's (begun by the first member that writes)."""
 
-    def __init__(self, connection: Connection, group=None, *, savepoint: bool = True):
+    def __init__(self, connection: Connection, commit_group=None, *, savepoint: bool = True):
         self.connection = connection
-        self.group = group
+        self.commit_group = commit_group
         self.outer: Transaction | None = None
         self.committed: list[Transaction] = []  # attempt transactions committed (commit_now, then the last)
         self.began = False  # the attempt's work on the connection started (the session's, or the caller's)
-        self.session = HandlerSession(self, savepoint=savepoint or group is not None)
+        self.session = HandlerSession(self, savepoint=savepoint or commit_group is not None)
 
     def begin(self) -> None:
         self.began = True
-        if self.group is not None:
-            self.group.begin()
+        if self.commit_group is not None:
+            self.commit_group.begin()
         elif not self.connection.in_transaction():
             self.outer = self.connection.begin()
 
     def keep(self) -> None:
-        """In a group: the handler succeeded; flush its pending writes and leave its savepoint open
+        """In a commit group: the handler succeeded; flush its pending writes and leave its savepoint open
         (the group's COMMIT ends it with the rest: a RELEASE would cost a round trip per item). The
         session is dropped, not closed: closing would roll back to its savepoint."""
         self.session.flush()
@@ -171,20 +171,20 @@ class HandlerTransaction:
 
 class Context:
     def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
-                 settings=None, group=None, savepoint: bool = True):
+                 settings=None, commit_group=None, savepoint: bool = True):
         self.attempt = attempt
         self._savepoint = savepoint  # HandlerTransaction's: False only where nothing precedes the handler
         self.settings = settings  # the run's Settings (channels read their configuration here)
         self.trace_id = trace_id
         self.idempotency_key = idempotency_key
         self._connection = connection
-        self._group = group
+        self._commit_group = commit_group
         self._transaction: HandlerTransaction | None = None
 
     @property
     def session(self) -> Session:
         if self._transaction is None:
-            self._transaction = HandlerTransaction(self._connection, self._group, savepoint=self._savepoint)
+            self._transaction = HandlerTransaction(self._connection, self._commit_group, savepoint=self._savepoint)
         return self._transaction.session
 
     @property
@@ -212,7 +212,7 @@ class Context:
         """Commit what ctx.session wrote so far for good, now, without waiting for the ack: for records
         that must outlive a failed or killed attempt (the channels' send log, written before each
         network call). Those writes are then at-least-once, not exactly-once."""
-        if self._group is not None:
+        if self._commit_group is not None:
             raise RuntimeError("ctx.commit_now() is not available to a grouped handler (grouped=True): its writes "
                                "commit with its group")
         transaction = self.transaction

@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import re
 import signal
 import threading
 import time
@@ -27,18 +26,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
-from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater
-from outbox.core.text import UNSHOWABLE
+from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater, SignalInterrupt
+from outbox.core.text import clean_text, describe
 from outbox.engine.handler_process import SignalDispositions, flush_std_streams, leave_if_forked
 
 OK, RETRY_LATER, PERMANENT, ERROR, TIMEOUT = "ok", "retry-later", "permanent", "error", "timeout"
-ERROR_MAX = 1000  # the last_error columns
 TRACE_MAX = 8000
 RETRY_LATER_MAX = 366 * 86400.0  # further than this is a bug, and near datetime.max it overflows
-
-
-class SignalInterrupt(KeyboardInterrupt):
-    """A real SIGINT while a handler ran, told apart from a handler raising KeyboardInterrupt itself."""
 
 
 @dataclass(frozen=True)
@@ -53,53 +47,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.kind == OK
-
-
-_LINE_BREAKS = re.compile(r"[\t\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
-_UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")  # what is left of them once line breaks are spaces
-_UNSHOWABLE_BUT_LINES = re.compile(f"(?![\\t\\n\\r])[{UNSHOWABLE}]")  # a traceback keeps its lines
-
-
-def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> str:
-    """`text` made safe to print, log and store: lone surrogates, control and bidi characters escaped,
-    line breaks turned into spaces (unless `one_line` is False), at most `limit` characters."""
-    text = str.__str__(text)[:limit]  # an exact str: a subclass could override what follows
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if one_line:
-        text = _LINE_BREAKS.sub(" ", text)
-    text = (_UNSHOWABLE if one_line else _UNSHOWABLE_BUT_LINES).sub(_escape, text)
-    return text[:limit].strip()
-
-
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def ascii_text(text: str) -> str:
-    """For a column or terminal that takes nothing but ASCII."""
-    return text.encode("ascii", "backslashreplace").decode("ascii")
-
-
-def describe(exc: BaseException, limit: int = ERROR_MAX) -> str:
-    """"Class: message" for logs and error columns, whatever the exception does: a __str__ that
-    raises or returns a monster, odd args, unencodable text."""
-    name = _class_name(exc)
-    try:
-        text = str(exc)
-    except SignalInterrupt:
-        raise
-    except BaseException as err:  # a broken __str__ (or an arg whose __str__/__repr__ raises)
-        text = f"<str() raised {_class_name(err)}>"
-    text = clean_text(text, limit)
-    return f"{name}: {text}"[:limit] if text else name
-
-
-def _class_name(exc: BaseException) -> str:
-    try:
-        return clean_text(type(exc).__name__, 191) or "Exception"
-    except Exception:  # a metaclass with a __name__ that is not a string
-        return "Exception"
 
 
 def _raise_timeout(signum, frame):

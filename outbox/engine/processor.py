@@ -19,6 +19,10 @@ recorded instead, so one bad item never stops the run. Log lines carry the error
 (outbox.core.logs.log_text); the full text goes only to the item's row.
 Each family supplies its store (the module that owns its rows' SQL: `LeaseStore` below), the
 handler lookup and the handler's arguments.
+
+Consecutive items of grouped handlers (`grouped=True`) run in one transaction instead
+(`_run_group`; the group's transaction and rules: outbox.engine.group_commit); a group that cannot
+commit hands its members back to this loop, to run again one per transaction.
 """
 from __future__ import annotations
 
@@ -34,25 +38,18 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from outbox.core import clock
-from outbox.core.db_errors import DEADLOCK, is_connection_lost, is_lock_conflict, mysql_error_code
+from outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from outbox.core.engines import session_factory
+from outbox.core.faults import crash_point
 from outbox.core.lock_wait import bound_lock_wait, lock_wait_error
+from outbox.core.logs import log_text
+from outbox.core.text import ascii_text, describe
 from outbox.core.transactions import in_transaction
 from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.handler_call import (
-    ERROR,
-    PERMANENT,
-    RETRY_LATER,
-    TIMEOUT,
-    Outcome,
-    ascii_text,
-    call_handler,
-    describe,
-)
-from outbox.core.faults import crash_point
-from outbox.core.logs import log_text
+from outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
+from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
 
 log = logging.getLogger("cronbox")
 
@@ -101,54 +98,6 @@ class QuietAcks:
         return bool(self.items)
 
 
-class Group:
-    """Group commit: consecutive claimed items of grouped handlers (`grouped=True`: no network
-    calls) run in ONE transaction on the run's connection, begun by the first write. Each handler's
-    ctx.session works in a SAVEPOINT of it (kept on success, rolled back on failure, where the
-    item's reschedule or give-up is then written); the acks of those that succeeded go in one
-    UPDATE just before the one COMMIT, so each ack still commits with its writes.
-
-    `lost` says why the whole transaction cannot commit: a handler timed out (the connection is
-    discarded), a deadlock (MySQL 1213 rolls back every savepoint), the connection dropped, a
-    handler that had released its savepoint (commit()) failed, an ack found its lease expired, or
-    the COMMIT failed. Then nothing of it counts: the members run again one per transaction under
-    the same claim, whose one counted attempt is theirs (a neighbour's fault costs them nothing);
-    the one whose own timeout lost it has that failure recorded instead. A member the run cannot
-    run again is released (attempt refunded: `release`, token-guarded, in the family's store).
-    """
-
-    def __init__(self, connection: Connection, token: str):
-        self.connection = connection
-        self.token = token
-        self.outer = None  # the group's transaction, once a member (or a failure's record) writes
-        self._session: Session | None = None
-        self.acks: list = []  # items whose handlers succeeded, acked together before the COMMIT
-        self.after_commit: list[Callable[[], None]] = []  # counters and log lines the COMMIT makes true
-        self.lost: str | None = None
-
-    def begin(self) -> None:
-        if self.outer is None:
-            self.outer = self.connection.begin()
-
-    @property
-    def session(self) -> Session:
-        """The processor's writes in the group's transaction (acks, reschedules, give-ups)."""
-        if self._session is None:
-            self.begin()
-            self._session = Session(bind=self.connection, join_transaction_mode="rollback_only",
-                                    expire_on_commit=False)
-        return self._session
-
-    def close(self) -> None:
-        """Roll back whatever did not commit (nothing, after a COMMIT)."""
-        try:
-            if self._session is not None:
-                self._session.close()
-        finally:
-            if self.outer is not None and self.outer.is_active:
-                self.outer.rollback()
-
-
 class Processor:
     kind = "item"  # "delivery" / "job", for log lines
 
@@ -158,8 +107,8 @@ class Processor:
         self.connection: Connection | None = None  # the round's connection, while run() holds one
         self.stats = RunStats()
         self._started = False  # has the current item's handler been called?
-        self._group: Group | None = None  # the group whose transaction is open, if any
         self._upcoming = None  # the item after the current one in its batch, if any (for _holds_until_ack)
+        self._group: CommitGroup | None = None  # the group whose transaction is open, if any
         self._on_db_error = self._watch_group  # one bound method, to remove the listener again
         self.admission = Admission(self.kind, runtime.settings)  # profiles: checked before, recorded after
         self._budget: Budget | None = None  # the budget of the batch being processed: bounds lock waits
@@ -205,16 +154,10 @@ class Processor:
                 self.connection, self.sessions = None, self.runtime.sessions
 
     def _watch_group(self, context) -> None:
-        """Any statement on the run's connection, a handler's raw SQL too: a deadlock (1213: MySQL
-        rolled back the whole transaction, every savepoint in it) or a lost connection loses the
-        open group, even if the handler caught the error and went on."""
-        group = self._group
-        if group is None or group.lost or context.connection is not self.connection:
-            return
-        if mysql_error_code(context.original_exception) == DEADLOCK:
-            group.lost = "deadlock (1213): the server rolled the transaction back"
-        elif context.is_disconnect:
-            group.lost = "the database connection was lost"
+        """The engine's handle_error listener while the run holds its connection: any statement on
+        it, a handler's raw SQL too, may lose the open group (CommitGroup.lose_on_error)."""
+        if self._group is not None:
+            self._group.lose_on_error(context)
 
     def process(self, claimed: list, budget: Budget) -> int:
         """Run a claimed batch (see the module's docstring); how many items were handled."""
@@ -368,21 +311,16 @@ class Processor:
         self._after_failure(item, handler, outcome)
         return True
 
-    # -- group commit ----------------------------------------------------------------
+    # -- group commit (outbox.engine.group_commit) ---------------------------------------
     def _groupable(self, item, handler, token: str) -> bool:
-        """May this item join a group? Its handler opted in (forward targets and the built-in
-        channels never do), it comes from the same claim, it still has an attempt, and its lease
-        covers its timeout plus the group's time."""
-        settings = self.runtime.settings
-        return (handler is not None and getattr(handler, "grouped", False) and settings.group_max > 1 and self.connection is not None and item.claim_token == token
-                and item.attempts <= handler.max_attempts
-                and not self._outlasts(handler, item.lease_until - timedelta(milliseconds=settings.group_ms)))
+        """May this item join a group? (group_commit.may_join; jobs add their own condition.)"""
+        return self.connection is not None and may_join(item, handler, token, self.runtime.settings)
 
     def _run_group(self, work: list, start: int, budget: Budget) -> tuple[int, int, list]:
-        """Run work[start], then the grouped items after it, in one transaction (see Group).
+        """Run work[start], then the grouped items after it, in one transaction (see CommitGroup).
         Returns (items taken from `work`, items handled, items to run again alone, in order)."""
         settings = self.runtime.settings
-        group = Group(self.connection, work[start].claim_token)
+        group = CommitGroup(self.connection, work[start].claim_token)
         ran: list = []  # members whose handler was called, in order
         culprit = None  # (item, handler, outcome) whose own timeout lost the group
         deadline = clock.monotonic() + settings.group_ms / 1000
@@ -403,24 +341,30 @@ class Processor:
                 crash_point("after-claim")
                 ctx = Context(attempt=item.attempts, trace_id=item.trace_id,
                               idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
-                              connection=self.connection, settings=settings, group=group)
+                              connection=self.connection, settings=settings, commit_group=group)
                 outcome = self._call(handler, self._args(item, ctx), ctx, budget)
                 ran.append(item)
-                if self._settle(group, item, handler, ctx, outcome) == "culprit":
+                end, outcome = group.settle(item, ctx, outcome)
+                if end == CULPRIT:
                     culprit = (item, handler, outcome)
+                elif end == FAILED:
+                    try:  # its retry or give-up, written in the group's transaction
+                        self._after_failure(item, handler, outcome, group)
+                    except Exception as exc:
+                        group.lost = group.lost or f"could not record a failure: {describe(exc, 200)}"
             if not group.lost:
                 self._commit_group(group)
         except BaseException:
             # An interrupt or a crash-like failure: nothing of the group committed; give every
             # member and the rest back (attempts refunded), as for items never started.
             self._group = None
-            self._close_group(group)
+            group.close()
             self._release(work[start:], best_effort=True)
             raise
         self._group = None
         if group.lost is None:
             return index - start, len(ran), []
-        self._close_group(group)
+        group.close()
         rerun = [item for item in ran if culprit is None or item is not culprit[0]]
         log.warning("%s: group of %d lost (%s); %d run again one per transaction", self.kind, len(ran),
                     group.lost, len(rerun))
@@ -428,58 +372,13 @@ class Processor:
             self._after_failure(*culprit)  # its own timeout: its attempt counts, in a transaction of its own
         return index - start, 1 if culprit is not None else 0, rerun
 
-    def _settle(self, group: Group, item, handler, ctx: Context, outcome: Outcome) -> str:
-        """One member's outcome inside the group: "done" (acked with the group), "failed" (its savepoint
-        rolled back, its retry or give-up written in the group), "culprit" (its timeout lost the
-        group), or "lost" (the group is lost, see Group.lost)."""
-        transaction = ctx.transaction
-        if outcome.kind == TIMEOUT and transaction is not None:
-            ctx.discard_session(invalidate=True)  # perhaps mid-query: the connection is gone, and the group
-            group.lost = group.lost or "a handler timed out: its connection was discarded"
-            return "culprit"
-        # A timeout of a handler that never touched the connection is an ordinary failure, below.
-        if outcome.ok and transaction is None:
-            group.acks.append(item)
-            return "done"
-        if outcome.ok:
-            failed_with = transaction.session.failed_with
-            if failed_with is not None:
-                outcome = Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
-                                                          f"catching a database error): {failed_with}")
-            else:
-                try:
-                    transaction.keep()
-                except Exception as exc:  # its pending ORM writes failed to flush (a constraint)
-                    outcome = Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
-                else:
-                    if group.lost:
-                        return "lost"
-                    group.acks.append(item)
-                    return "done"
-        if transaction is not None:
-            if transaction.session.released:
-                group.lost = group.lost or "a handler that called ctx.session.commit() failed"
-            try:
-                ctx.discard_session()  # ROLLBACK TO its savepoint: the others' writes stay
-            except Exception as exc:
-                group.lost = group.lost or f"could not roll back to the handler's savepoint: {describe(exc, 200)}"
-        if group.lost:
-            return "lost"
-        try:
-            self._after_failure(item, handler, outcome, group)
-        except Exception as exc:
-            group.lost = group.lost or f"could not record a failure: {describe(exc, 200)}"
-            return "lost"
-        return "failed"
-
-    def _commit_group(self, group: Group) -> None:
-        """The members' acks in one statement, then the one COMMIT; or, when no member wrote, the
-        acks alone (as QuietAcks). An ack that finds its lease expired loses the group: which
-        member it was cannot be told, and its writes must not commit."""
+    def _commit_group(self, group: CommitGroup) -> None:
+        """Commit the group (CommitGroup.commit), or, when no member wrote, ack the members alone (as
+        QuietAcks); then the counters and log lines its COMMIT made true."""
         items = group.acks
-        ids = [item.id for item in items]
         now = clock.utcnow()
         if group.outer is None:
+            ids = [item.id for item in items]
             acked = 0
             if ids:
                 crash_point("before-ack-commit")
@@ -490,30 +389,15 @@ class Processor:
                 log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
                             self.kind, len(ids) - acked, len(ids))
         else:
-            try:
-                acked = self.store.ack(group.session, ids, group.token, now) if ids else 0
-                if acked != len(ids):
-                    group.lost = f"{len(ids) - acked} of {len(ids)} acks found their lease expired"
-                    return
-                crash_point("before-ack-commit")
-                group.outer.commit()
-                crash_point("after-ack-commit")
-            except Exception as exc:
-                group.lost = group.lost or f"the group's commit failed: {describe(exc, 200)}"
+            acked = group.commit(self.store, now)
+            if group.lost:
                 return
-        self._close_group(group)
+        group.close()
         self.stats.done += acked
         for item in items:
             self._log(item, self._handler(item), "done", None, "grouped")
         for report in group.after_commit:
             report()
-
-    @staticmethod
-    def _close_group(group: Group) -> None:
-        try:
-            group.close()
-        except Exception as exc:  # the connection is gone: the pool replaces it on the next use
-            log.warning("group: rollback failed (%s)", log_text(describe(exc, 200)))
 
     def _record_unrecordable(self, item, exc: Exception) -> bool:
         """Storing the handler's outcome failed (text or values the database refuses): record a
@@ -609,7 +493,7 @@ class Processor:
         ids: dict[str, list[int]] = {}
         for item in items:
             ids.setdefault(item.claim_token, []).append(item.id)
-        return sum(self.store.ack(session, group, token, now) for token, group in ids.items())
+        return sum(self.store.ack(session, token_ids, token, now) for token, token_ids in ids.items())
 
     def _acked(self, items: list, acked: int) -> None:
         """Counters and log lines of a committed ack."""
@@ -621,7 +505,7 @@ class Processor:
             log.warning("%s: %d of %d acks found their lease expired (another run may repeat them)",
                         self.kind, len(items) - acked, len(items))
 
-    def _write(self, group: Group | None, work: Callable[[Session], bool]) -> bool:
+    def _write(self, group: CommitGroup | None, work: Callable[[Session], bool]) -> bool:
         """A write of the processor's: in its own short transaction, or in the group's."""
         return self._transaction(work) if group is None else work(group.session)
 
@@ -642,14 +526,14 @@ class Processor:
             bound_lock_wait(self.connection, self._budget.remaining())
 
     @staticmethod
-    def _then(group: Group | None, report: Callable[[], None]) -> None:
+    def _then(group: CommitGroup | None, report: Callable[[], None]) -> None:
         """Counters and log lines of a write: now, or once the group's COMMIT made it true."""
         if group is None:
             report()
         else:
             group.after_commit.append(report)
 
-    def _after_failure(self, item, handler, outcome: Outcome, group: Group | None = None) -> None:
+    def _after_failure(self, item, handler, outcome: Outcome, group: CommitGroup | None = None) -> None:
         now = clock.utcnow()
         if outcome.kind == RETRY_LATER:
             next_at = self._retry_later_at(item, handler, outcome, now)
@@ -700,7 +584,7 @@ class Processor:
         self.stats.gave_up += 1
         self._log(item, handler, self.gave_up_word, outcome)
 
-    def _give_up(self, item, handler, outcome: Outcome, group: Group | None = None) -> None:
+    def _give_up(self, item, handler, outcome: Outcome, group: CommitGroup | None = None) -> None:
         held = self._write(group, lambda s: self.store.give_up(s, item, outcome.error or "failed", outcome.traceback,
                                                                clock.utcnow()))
 

@@ -2,8 +2,8 @@
 
 The decorators (`@outbox.consumer`, `@outbox.job`, `@schedule.every`, ...) add to `DEFAULT`
 unless given `registry=`; a Runtime uses `DEFAULT` unless given another. Tests build their own
-`Registry()` (or `DEFAULT.fork()` to start from what the imported modules registered) and never
-touch the default's contents.
+`Registry()` (or a copy of what the imported modules registered in `DEFAULT`, made through its
+public calls: tests/registries.py) and never touch the default's contents.
 
 Registration is keyed by name, since names are identities stored in rows (a delivery's consumer,
 a job's handler, a schedule slot's task). The same function registered twice (a module imported
@@ -44,13 +44,6 @@ class Named(Generic[T]):
         """In the order first registered."""
         return list(self._by_name.values())
 
-    def remove(self, name: str) -> None:
-        self._by_name.pop(name, None)
-
-    def copy(self) -> Named[T]:
-        twin = type(self)(self.kind)
-        twin._by_name = dict(self._by_name)
-        return twin
 
 
 class Consumers(Named):
@@ -81,13 +74,6 @@ class Registry:
         if listener not in self.pause_listeners:
             self.pause_listeners.append(listener)
         return listener
-
-    def fork(self) -> Registry:
-        """A new registry holding what this one holds now; changes to either stay their own."""
-        twin = Registry()
-        twin.consumers, twin.jobs, twin.tasks = self.consumers.copy(), self.jobs.copy(), self.tasks.copy()
-        twin.pause_listeners = list(self.pause_listeners)
-        return twin
 
 
 def _origin(item) -> tuple:

@@ -22,9 +22,9 @@ from outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from outbox.core.errors import LockLost
 from outbox.core.lock_wait import run_lock_waits
 from outbox.core.locks import RunLock
+from outbox.core.text import describe
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
-from outbox.engine.handler_call import describe
 
 log = logging.getLogger("cronbox")
 

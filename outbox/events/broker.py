@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 from outbox.core import clock
 from outbox.core.errors import SettingsError
 from outbox.core.faults import crash_point
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 
 log = logging.getLogger("cronbox")
 

@@ -50,11 +50,12 @@ from outbox.core.db_errors import is_connection_lost
 from outbox.core.engines import session_factory
 from outbox.core.faults import crash_point
 from outbox.core.logs import log_text
+from outbox.core.text import clean_text, describe
 from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context
-from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler, clean_text, describe
+from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
 from outbox.engine.run_loop import RunResult, StopSignals
 from outbox.events import inbox, placement, queues, redeliveries
 from outbox.events.broker import BrokerAddress

@@ -12,7 +12,7 @@ import amqp
 from outbox.core import clock
 from outbox.core.errors import CronboxError
 from outbox.core.faults import crash_point
-from outbox.engine.handler_call import describe
+from outbox.core.text import describe
 from outbox.events import queues
 from outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
 from outbox.events.unreadable import UnreadableFrames

@@ -392,7 +392,7 @@ def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Give back leases on deliveries claimed but not started; their attempt is not counted.
 
     Also the refund of a group's members when a run stops mid-group (an interrupt, the database
-    gone: outbox.engine.processor.Group): their handlers ran, but nothing of theirs committed, so the
+    gone: outbox.engine.group_commit.CommitGroup): their handlers ran, but nothing of theirs committed, so the
     claim's attempt is given back. (A group lost while the run goes on needs no write: its members
     run again at once under the same claim, whose one counted attempt is theirs.) At READ COMMITTED
     this UPDATE locks each row and re-reads its latest committed version, so the token and status

@@ -2,7 +2,7 @@
 
 A consumer run off a broker (`python -m cron amqp consume`) gets every message at least once: the
 broker redelivers what was not acked, and the relay republishes what it could not see confirmed.
-`take()` writes the (consumer, message_id) row in the consumer's own transaction, before the
+`take_first()` writes the (consumer, message_id) row in the consumer's own transaction, before the
 handler runs: committed with the handler's writes, or rolled back with them. A second copy of the
 message finds the row and is acked without running the handler again, so the consumer's DB effects
 happen once. The broker ack goes out only after that commit.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -31,25 +31,12 @@ T = InboxEntry.__table__
 MAX_MESSAGE_ID = 191  # the column; a longer message id is a bad message, parked
 
 
-def take(session: Session, consumer: str, message_id: str, event_type: str, trace_id: str | None,
-         now: datetime) -> bool:
-    """Record that `consumer` handles `message_id` in the session's open transaction. False if it
-    already has (a committed row): the caller skips the handler and acks."""
-    savepoint = session.begin_nested()
-    try:
-        session.execute(insert(T).values(_row(consumer, message_id, event_type, trace_id, now)))
-    except IntegrityError:
-        savepoint.rollback()
-        return False
-    savepoint.commit()
-    return True
-
-
 def take_first(connection: Connection, consumer: str, message_id: str, event_type: str, trace_id: str | None,
                now: datetime) -> bool:
-    """take() as the first statement of a transaction on `connection` (the broker consumer's attempt,
-    before the handler's session joins it): no savepoint, as a duplicate ends that transaction anyway
-    (the caller rolls it back). One statement instead of three per message and consumer."""
+    """Record that `consumer` handles `message_id`, as the first statement of a transaction on
+    `connection` (the broker consumer's attempt, before the handler's session joins it). False if it
+    already has (a committed row): the caller rolls the transaction back, skips the handler and acks.
+    No savepoint: a duplicate ends that transaction anyway."""
     try:
         connection.execute(_INSERT, _row(consumer, message_id, event_type, trace_id, now))
     except IntegrityError:
@@ -63,18 +50,6 @@ _INSERT = insert(T)  # built once, values as parameters: one cached compiled sta
 def _row(consumer: str, message_id: str, event_type: str, trace_id: str | None, now: datetime) -> dict:
     return {"consumer": consumer, "message_id": message_id, "event_type": event_type[:191],
             "trace_id": (trace_id or None) and trace_id[:64], "received_at": now}
-
-
-def has(session: Session, consumer: str, message_id: str) -> bool:
-    return session.execute(select(T.c.consumer).where(T.c.consumer == consumer, T.c.message_id == message_id)
-                           ).first() is not None
-
-
-def count(session: Session, consumer: str | None = None) -> int:
-    query = select(func.count()).select_from(T)
-    if consumer is not None:
-        query = query.where(T.c.consumer == consumer)
-    return session.scalar(query)
 
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:

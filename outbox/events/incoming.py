@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from outbox.core import clock
+from outbox.core.text import clean_text
 from outbox.engine.context import Event
-from outbox.engine.handler_call import clean_text
 from outbox.events import inbox, queues
 from outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
 from outbox.events.placement import runs_off_broker

@@ -18,7 +18,7 @@ import socket
 import amqp
 
 from outbox.core.errors import CronboxError
-from outbox.engine.handler_call import clean_text, describe
+from outbox.core.text import clean_text, describe
 from outbox.events import queues
 from outbox.events.broker import BrokerAddress, open_connection
 from outbox.events.queues import Parked, describe_parked

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from outbox.core.text import clean_text
 from outbox.engine.backoff import Backoff
-from outbox.engine.handler_call import clean_text
 from outbox.events.forward import KEY_HEADER, TYPE_HEADER
 
 ATTEMPTS = "x-cronbox-attempts"

@@ -42,10 +42,6 @@ def forget(session: Session, queue: str, message_id: str) -> None:
     session.execute(delete(T).where(T.c.queue == queue, T.c.message_id == message_id))
 
 
-def times(session: Session, queue: str, message_id: str) -> int:
-    return session.scalar(select(T.c.times).where(T.c.queue == queue, T.c.message_id == message_id)) or 0
-
-
 def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` rows last seen before `cutoff`, oldest first (the seen_at index)."""
     return delete_oldest(session, T, [T.c.queue, T.c.message_id], T.c.seen_at, cutoff, batch)

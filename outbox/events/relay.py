@@ -33,9 +33,10 @@ from typing import Callable, TypeVar
 from outbox.core import clock
 from outbox.core.faults import crash_point
 from outbox.core.payload import load_payload
+from outbox.core.text import clean_text, describe
 from outbox.engine.budget import Budget
 from outbox.engine.context import Context, Event
-from outbox.engine.handler_call import ERROR, Outcome, clean_text, describe
+from outbox.engine.handler_call import ERROR, Outcome
 from outbox.engine.processor import Processor
 from outbox.events import deliveries, placement
 from outbox.events.broker import Broker, InFlight, Outgoing

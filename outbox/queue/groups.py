@@ -33,10 +33,10 @@ from sqlalchemy.orm import Session
 from outbox.core.errors import RegistrationError, SettingsError
 from outbox.core.sql import insert_ignore
 from outbox.queue import jobstore
-from outbox.queue.models import GroupSlot, RateWindow
+from outbox.queue.models import ConcurrencyGroupSlot, RateWindow
 from outbox.queue.ratelimit import RateLimit
 
-S = GroupSlot.__table__
+S = ConcurrencyGroupSlot.__table__
 R = RateWindow.__table__
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MAX_LIMIT = 1000  # slots are rows: a larger limit is no limit on a shared host
@@ -231,26 +231,26 @@ def _parse(setting: str, scope: str, raw: str | None) -> dict[tuple[str, str], C
 # ---- what CLI, console and metrics show -------------------------------------------------
 
 @dataclass
-class GroupUse:
+class ConcurrencyGroupUse:
     name: str
     limit: int | None  # None: jobs name it, but no registered job declares it
     in_use: int = 0
     waiting: int = 0  # ready jobs of the group (due or deferred)
 
 
-def overview(session: Session, jobs, now: datetime) -> list[GroupUse]:
+def overview(session: Session, jobs, now: datetime) -> list[ConcurrencyGroupUse]:
     """Each registered group (and any group a waiting job or a live slot names): limit, slots in use
     now (live leases), ready jobs waiting for it. Reads the slot rows (a few per group) and one
     GROUP BY over the ready jobs (jobstore.waiting_per_group)."""
     declared = limits(jobs)
-    out = {name: GroupUse(name, limit) for name, limit in sorted(declared.items())}
+    out = {name: ConcurrencyGroupUse(name, limit) for name, limit in sorted(declared.items())}
     live = session.execute(select(S.c.group_name, S.c.holder).where(S.c.holder.is_not(None),
                                                                    S.c.lease_until > now)).all()
     for group, _ in live:
-        out.setdefault(group, GroupUse(group, declared.get(group))).in_use += 1
+        out.setdefault(group, ConcurrencyGroupUse(group, declared.get(group))).in_use += 1
     handlers = {h.name: h.concurrency_group for h in jobs.all() if h.concurrency_group is not None}
     for group, count in jobstore.waiting_per_group(session, handlers).items():
-        out.setdefault(group, GroupUse(group, declared.get(group))).waiting = count
+        out.setdefault(group, ConcurrencyGroupUse(group, declared.get(group))).waiting = count
     return [out[name] for name in sorted(out)]
 
 

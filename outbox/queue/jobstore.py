@@ -17,12 +17,12 @@ from sqlalchemy import and_, case, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core import paging
+from outbox.core.text import ERROR_MAX
 from outbox.engine.claim import claim
 from outbox.engine.registry import Jobs
 from outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
-ERROR_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Give back jobs claimed but not started: due again at once, attempt not counted.
 
     Also the refund of a group's members when a worker stops mid-group (an interrupt, the database
-    gone: outbox.engine.processor.Group): their handlers ran, but nothing of theirs committed, so the
+    gone: outbox.engine.group_commit.CommitGroup): their handlers ran, but nothing of theirs committed, so the
     claim's attempt is given back. At READ COMMITTED this UPDATE locks each row and re-reads its
     latest committed version, so the token and status guard leaves alone a job another worker has
     reclaimed (new token) or finished meanwhile."""

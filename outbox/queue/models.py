@@ -67,7 +67,7 @@ class ChannelPause(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
-class GroupSlot(Base):
+class ConcurrencyGroupSlot(Base):
     """One slot of a concurrency group (0 .. limit-1), shared by every worker on every host.
 
     Free when `holder` is NULL or `lease_until` has passed: a killed holder's slot frees itself."""

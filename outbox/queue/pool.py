@@ -33,11 +33,11 @@ from outbox.core.lock_wait import run_lock_waits
 from outbox.core.locks import RunLock
 from outbox.core.resources import rss_kb, rss_kb_of
 from outbox.core.settings import Settings
+from outbox.core.text import describe
 from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.admission import time_headroom
 from outbox.engine.budget import Budget
-from outbox.engine.handler_call import describe
 from outbox.engine.handler_process import flush_std_streams
 from outbox.engine.run_loop import RunResult, StopSignals, record_run, run_loop
 from outbox.queue import jobstore

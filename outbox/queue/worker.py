@@ -98,7 +98,7 @@ class Worker(Processor):
         self.before_batch = before_batch
         self.store = SlotStore()
         self.budgets = groups.budgets(runtime.settings)  # a bad setting: SettingsError before any claim
-        self.group_wait = groups.full_wait(runtime.settings)
+        self.full_group_wait = groups.full_wait(runtime.settings)
         # group -> (monotonic time until which it is known full, why): later jobs of the same group in
         # a batch wait as long as the refused one without asking the database again.
         self._full: dict[str, tuple[float, str]] = {}
@@ -176,7 +176,7 @@ class Worker(Processor):
     def _describe(self, item) -> str:
         return f"job={item.id} queue={item.queue} handler={item.handler}"
 
-    def _group_of(self, item, handler) -> str | None:
+    def _concurrency_group_of(self, item, handler) -> str | None:
         return item.concurrency_group or handler.concurrency_group
 
     def _gated(self, item, handler) -> bool:
@@ -184,7 +184,7 @@ class Worker(Processor):
         return (handler.channel is not None or handler.rate_limit is not None or item.concurrency_group is not None
                 or handler.concurrency_group is not None
                 or (bool(self.budgets) and (("queue", item.queue) in self.budgets
-                                            or ("group", self._group_of(item, handler)) in self.budgets)))
+                                            or ("group", self._concurrency_group_of(item, handler)) in self.budgets)))
 
     def _groupable(self, item, handler, token: str) -> bool:
         # A grouped job runs no pre-call check; one with a budget (a setting job() cannot see) runs alone.
@@ -192,15 +192,16 @@ class Worker(Processor):
 
     def _holds_until_ack(self, item) -> bool:
         """A finished job's slot is freed with its ack at once (others may be waiting for it), unless
-        the next job of the batch is of the same group: then that job's gate takes the slot over and
+        the next job of the batch is of the same concurrency group: then that job's gate takes the slot over and
         this ack is batched as usual (one commit per job instead of two)."""
         if item.id not in self.store.held:
             return False
         upcoming, handler = self._upcoming, self._handler(item)
-        group = self._group_of(item, handler)
+        concurrency_group = self._concurrency_group_of(item, handler)
         if upcoming is not None and upcoming.claim_token == item.claim_token:
             upcoming_handler = self._handler(upcoming)
-            if upcoming_handler is not None and self._group_of(upcoming, upcoming_handler) == group:
+            if (upcoming_handler is not None
+                    and self._concurrency_group_of(upcoming, upcoming_handler) == concurrency_group):
                 self._handover = self.store.held[item.id]
                 return False
         return True
@@ -216,34 +217,36 @@ class Worker(Processor):
                 log.warning("job: could not free the slot of group %s; its lease will", handover[0])
 
     def _before_call(self, item, handler) -> Outcome | None:
-        group = self._group_of(item, handler) if handler is not None else None
-        if self._handover is not None and self._handover[0] != group:
+        concurrency_group = self._concurrency_group_of(item, handler) if handler is not None else None
+        if self._handover is not None and self._handover[0] != concurrency_group:
             self._let_go()
-        outcome = self._gate(item, handler, group)
-        if outcome is not None or group is None:
+        outcome = self._gate(item, handler, concurrency_group)
+        if outcome is not None or concurrency_group is None:
             self._let_go()  # refused (the gate's transaction rolled the handover back), or none taken
         self._handover = None  # taken over, in the gate's committed transaction
         return outcome
 
-    def _gate(self, item, handler, group: str | None) -> Outcome | None:
+    def _gate(self, item, handler, concurrency_group: str | None) -> Outcome | None:
         if not self._gated(item, handler):
             return None
-        limit = (handler.concurrency_limit if group == handler.concurrency_group
-                 else groups.limits(self.registry).get(group))
+        limit = (handler.concurrency_limit if concurrency_group == handler.concurrency_group
+                 else groups.limits(self.registry).get(concurrency_group))
         cost = item.cost or handler.cost
-        spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", group))) if b]
-        if group is not None and limit is None:
-            return Outcome(PERMANENT, 0.0, f"concurrency group {group} is not declared by any job registered here")
+        spend = [b for b in (self.budgets.get(("queue", item.queue)), self.budgets.get(("group", concurrency_group)))
+                 if b]
+        if concurrency_group is not None and limit is None:
+            return Outcome(PERMANENT, 0.0,
+                           f"concurrency group {concurrency_group} is not declared by any job registered here")
         for b in spend:
             if cost > b.limit:
                 return Outcome(PERMANENT, 0.0, f"cost {cost} is more than the {b.scope} {b.name} budget of "
                                                f"{b.spec}: it can never run")
         handover = self._handover[1] if self._handover is not None else None
-        if handover is None and group is not None and group in self._full:
-            until, reason = self._full[group]
+        if handover is None and concurrency_group is not None and concurrency_group in self._full:
+            until, reason = self._full[concurrency_group]
             if clock.monotonic() < until:
                 return Outcome(RETRY_LATER, 0.0, reason, retry_in=until - clock.monotonic())
-            del self._full[group]
+            del self._full[concurrency_group]
         holder = groups.holder_of(item)
 
         def gate(session) -> None:
@@ -252,14 +255,14 @@ class Worker(Processor):
                 wait = pauses.remaining(session, handler.channel, now)
                 if wait is not None:
                     raise _Refused(wait, f"channel {handler.channel} is paused")
-            if group is not None:
+            if concurrency_group is not None:
                 # The job's own lease: the slot frees itself when the job may be claimed again.
                 lease = self.store.leases.get(item.id, item.lease_until)
-                wait = groups.take(session, group, limit, holder, lease, now, max_wait=self.group_wait,
-                                   handover=handover)
+                wait = groups.take(session, concurrency_group, limit, holder, lease, now,
+                                   max_wait=self.full_group_wait, handover=handover)
                 if wait is not None:
-                    reason = f"concurrency group {group} is full ({limit} running)"
-                    self._full[group] = (clock.monotonic() + wait, reason)
+                    reason = f"concurrency group {concurrency_group} is full ({limit} running)"
+                    self._full[concurrency_group] = (clock.monotonic() + wait, reason)
                     raise _Refused(wait, reason)
             for b in spend:
                 wait = b.charge(session, cost, now)
@@ -275,8 +278,8 @@ class Worker(Processor):
             self._transaction(gate)
         except _Refused as refused:  # rolled back: nothing taken, nothing spent
             return Outcome(RETRY_LATER, 0.0, refused.reason, retry_in=refused.seconds)
-        if group is not None:
-            self.store.held[item.id] = (group, holder)
+        if concurrency_group is not None:
+            self.store.held[item.id] = (concurrency_group, holder)
         return None
 
     def _on_retry_later(self, session, item, handler, outcome: Outcome, now: datetime) -> None:

@@ -21,6 +21,7 @@ from outbox.queue.models import ChannelPause, Job
 from outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
 from tests.fake_providers import API_KEY, SHAPES, measured, wait_for, TWILIO_SID, TWILIO_TOKEN, Providers
+from tests.registries import copy_of
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -37,7 +38,7 @@ def providers():
 def make_runtime(env, runtime, **channel_env) -> Runtime:
     settings = load_settings(environ={**env, "CRONBOX_CHANNEL_TIMEOUT": "0.5", "CRONBOX_SMS_SENDER": "10004346",
                                       "CRONBOX_ADMIN_EMAIL": "ops@example.com", **channel_env})
-    return Runtime(settings, registry=DEFAULT.fork())  # the channels' jobs, registered on import
+    return Runtime(settings, registry=copy_of(DEFAULT))  # the channels' jobs, registered on import
 
 
 @pytest.fixture(params=["kavenegar", "twilio"])
@@ -199,7 +200,7 @@ def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, provi
 
 
 def make_runtime_like(rt, **extra) -> Runtime:
-    return Runtime(load_settings(environ={**rt.settings.raw, **extra}), registry=DEFAULT.fork())
+    return Runtime(load_settings(environ={**rt.settings.raw, **extra}), registry=copy_of(DEFAULT))
 
 
 def _replace(handler, **changes):

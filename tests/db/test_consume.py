@@ -21,6 +21,7 @@ from outbox.events.consume import QueueConsumer
 from outbox.events.consumer_link import SetupError
 from outbox.events.incoming import MAX_BODY
 from outbox.events.parked import DeadQueue
+from tests.broker_rows import inbox_count, inbox_has
 from tests.db.test_hostile_handlers import SESSION_CASES
 from tests.handlers import hostile
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
@@ -124,7 +125,7 @@ def test_each_consumer_commits_once_duplicates_are_acked_without_a_call(runtime,
     assert consumer.stats.done == 2 and consumer.stats.duplicates == 1
     assert rabbit.take(queue) == []  # all acked
     with runtime.sessions() as session:
-        assert inbox.count(session) == 4 and inbox.has(session, "a", first)
+        assert inbox_count(session) == 4 and inbox_has(session, "a", first)
         beat = session.scalars(select(Heartbeat).where(Heartbeat.command == "amqp consume")).one()
     assert (beat.detail, beat.outcome, beat.delivered) == (queue, "max-messages", 2) and beat.beat_at is not None
 
@@ -154,7 +155,7 @@ def test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row(
     assert result.exit_code == 0
     with runtime.sessions() as s:
         tags = sorted(s.scalars(select(hostile.rows.c.tag)))
-        taken = inbox.has(s, "session", mid)
+        taken = inbox_has(s, "session", mid)
     assert tags == sorted(kept)
     if outcome == "done":
         assert calls == [1] and taken

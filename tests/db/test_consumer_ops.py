@@ -19,7 +19,8 @@ from outbox.core.settings import load_settings
 from outbox.core.transactions import in_transaction
 from outbox.engine import heartbeat
 from outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
-from outbox.events import inbox, redeliveries
+from outbox.events import redeliveries
+from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, redelivery_times
 from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
@@ -108,16 +109,16 @@ def test_inbox_rows_are_pruned_after_the_retention_window_in_batches(runtime, mo
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
             for n in range(7):
-                inbox.take(session, "billing", f"old-{n}", "invoice.paid", None, clock.utcnow())
+                add_inbox_row(session, "billing", f"old-{n}", clock.utcnow())
         clock.advance(10 * 86400)
         with runtime.sessions.begin() as session:
-            inbox.take(session, "billing", "recent", "invoice.paid", None, clock.utcnow())
+            add_inbox_row(session, "billing", "recent", clock.utcnow())
         clock.advance(4 * 86400 - 1)  # the old rows are 14 days old less a second: kept
         assert retention.prune_all(runtime)["inbox rows"] == 0
         clock.advance(2)
         assert retention.prune_all(runtime)["inbox rows"] == 7  # three batches
         with runtime.sessions() as session:
-            assert inbox.count(session) == 1 and inbox.has(session, "billing", "recent")
+            assert inbox_count(session) == 1 and inbox_has(session, "billing", "recent")
         # A shorter window, from CRONBOX_INBOX_RETENTION_DAYS.
         monkeypatch.setattr(runtime, "settings", replace(runtime.settings, inbox_retention_days=3))
         assert retention.prune_all(runtime)["inbox rows"] == 1
@@ -131,18 +132,18 @@ def test_redelivery_counts_rise_per_message_go_when_forgotten_and_leftovers_are_
         in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "other", "m-1", clock.utcnow()))
         in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "orders", "m-2", clock.utcnow()))
         with runtime.sessions.begin() as session:
-            assert redeliveries.times(session, "orders", "m-1") == 3  # per (queue, message)
-            assert redeliveries.times(session, "other", "m-1") == 1
+            assert redelivery_times(session, "orders", "m-1") == 3  # per (queue, message)
+            assert redelivery_times(session, "other", "m-1") == 1
             redeliveries.forget(session, "orders", "m-2")
-            assert redeliveries.times(session, "orders", "m-2") == 0
+            assert redelivery_times(session, "orders", "m-2") == 0
         clock.advance(14 * 86400 - 1)
         assert retention.prune_all(runtime)["redelivery counts"] == 0
         in_transaction(runtime.sessions, lambda s: redeliveries.count(s, "other", "m-1", clock.utcnow()))  # seen again
         clock.advance(2)
         assert retention.prune_all(runtime)["redelivery counts"] == 1  # orders/m-1: a crash's leftover
         with runtime.sessions() as session:
-            assert redeliveries.times(session, "orders", "m-1") == 0
-            assert redeliveries.times(session, "other", "m-1") == 2
+            assert redelivery_times(session, "orders", "m-1") == 0
+            assert redelivery_times(session, "other", "m-1") == 2
 
 
 def test_the_inbox_window_setting(env):

@@ -399,7 +399,7 @@ def test_a_dropped_connection_loses_the_group_and_its_members_succeed_alone(runt
 
 
 def test_an_interrupt_mid_group_commits_nothing_and_refunds_every_attempt(runtime, registry, tables):
-    from outbox.engine.handler_call import SignalInterrupt
+    from outbox.core.errors import SignalInterrupt
 
     @consumer("g", name="grouped", grouped=True, registry=registry)
     def grouped(event, ctx):

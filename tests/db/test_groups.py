@@ -16,7 +16,7 @@ from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
 from outbox.queue import groups
 from outbox.queue.jobs import job
-from outbox.queue.models import GroupSlot, Job
+from outbox.queue.models import ConcurrencyGroupSlot, Job
 from outbox.queue.worker import Worker
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
@@ -39,9 +39,10 @@ def all_jobs(rt) -> list[Job]:
         return list(session.scalars(select(Job).order_by(Job.id)))
 
 
-def slots(rt) -> list[GroupSlot]:
+def slots(rt) -> list[ConcurrencyGroupSlot]:
     with rt.sessions() as session:
-        return list(session.scalars(select(GroupSlot).order_by(GroupSlot.group_name, GroupSlot.slot)))
+        return list(session.scalars(select(ConcurrencyGroupSlot).order_by(ConcurrencyGroupSlot.group_name,
+                                                                          ConcurrencyGroupSlot.slot)))
 
 
 @pytest.mark.parametrize("batch", [1, 2])  # 2: a worker's second job takes over its first one's slot
@@ -307,7 +308,8 @@ def test_the_next_job_of_a_group_in_a_batch_takes_the_slot_over_and_a_refused_on
 
     def live_slots():
         with observer.sessions() as session:
-            return [s.holder for s in session.scalars(select(GroupSlot).where(GroupSlot.holder.is_not(None)))]
+            held = select(ConcurrencyGroupSlot).where(ConcurrencyGroupSlot.holder.is_not(None))
+            return [s.holder for s in session.scalars(held)]
 
     @job("q", name="relay", concurrency_group="providers", concurrency_limit=1, registry=registry)
     def relay_job(payload, ctx):

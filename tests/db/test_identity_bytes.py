@@ -16,11 +16,12 @@ from cron.schema import metadata
 from outbox.core import clock
 from outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
 from outbox.core.sql import starts_with
-from outbox.events import inbox, redeliveries
+from outbox.events import redeliveries
 from outbox.events.consumers import consumer
 from outbox.queue.jobs import job
 from outbox.queue.models import RateWindow
 from outbox.queue.ratelimit import RateLimit
+from tests.broker_rows import inbox_count, inbox_has, redelivery_times, take
 from tests.conftest import ONE_MYSQL_MODE
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401 (fixtures)
 from tests.db.test_queue import all_jobs, work
@@ -143,16 +144,13 @@ def test_ids_differing_by_case_space_or_accent_are_distinct_rows_and_lookups(run
 
 def test_inbox_takes_message_ids_differing_by_case_space_or_accent_once_each(runtime):
     now = clock.utcnow()
-    with runtime.sessions.begin() as session:
-        assert [inbox.take(session, "a", mid, "t", None, now) for mid in VARIANTS] == [True] * len(VARIANTS)
-        assert [inbox.take(session, "A", mid, "t", None, now) for mid in VARIANTS] == [True] * len(VARIANTS)
-    with runtime.engine.begin() as connection:
-        assert not any(inbox.take_first(connection, "a", mid, "t", None, now) for mid in VARIANTS[:1])
-    with runtime.engine.begin() as connection:
-        assert inbox.take_first(connection, "a", "MSG-\u00c1", "t", None, now)
+    assert [take(runtime, "a", mid, now) for mid in VARIANTS] == [True] * len(VARIANTS)
+    assert [take(runtime, "A", mid, now) for mid in VARIANTS] == [True] * len(VARIANTS)
+    assert not take(runtime, "a", VARIANTS[0], now)
+    assert take(runtime, "a", "MSG-\u00c1", now)
     with runtime.sessions() as session:
-        assert inbox.count(session, "a") == len(VARIANTS) + 1 and inbox.count(session, "A") == len(VARIANTS)
-        assert all(inbox.has(session, "a", mid) for mid in VARIANTS) and not inbox.has(session, "a", "msg-A")
+        assert inbox_count(session, "a") == len(VARIANTS) + 1 and inbox_count(session, "A") == len(VARIANTS)
+        assert all(inbox_has(session, "a", mid) for mid in VARIANTS) and not inbox_has(session, "a", "msg-A")
 
 
 def test_redelivery_counts_are_kept_per_exact_message_id(runtime):
@@ -162,11 +160,11 @@ def test_redelivery_counts_are_kept_per_exact_message_id(runtime):
             for _ in range(n + 1):
                 redeliveries.count(session, "q", mid, now)
     with runtime.sessions.begin() as session:
-        assert [redeliveries.times(session, "q", mid) for mid in VARIANTS] == list(range(1, len(VARIANTS) + 1))
-        assert redeliveries.times(session, "Q", "msg-a") == 0
+        assert [redelivery_times(session, "q", mid) for mid in VARIANTS] == list(range(1, len(VARIANTS) + 1))
+        assert redelivery_times(session, "Q", "msg-a") == 0
         redeliveries.forget(session, "q", "MSG-A")
     with runtime.sessions() as session:
-        assert redeliveries.times(session, "q", "msg-a") == 1 and redeliveries.times(session, "q", "MSG-A") == 0
+        assert redelivery_times(session, "q", "msg-a") == 1 and redelivery_times(session, "q", "MSG-A") == 0
 
 
 def test_amqp_consume_runs_each_consumer_for_message_ids_differing_only_by_case_space_or_accent(
@@ -180,7 +178,7 @@ def test_amqp_consume_runs_each_consumer_for_message_ids_differing_only_by_case_
     assert sorted(rows(runtime)) == sorted((name, n, 1) for n in range(len(ids)) for name in "ab")
     assert consumer_.stats.done == len(ids) and consumer_.stats.duplicates == 1
     with runtime.sessions() as session:
-        assert all(inbox.has(session, name, mid) for mid in ids for name in "ab")
+        assert all(inbox_has(session, name, mid) for mid in ids for name in "ab")
 
 
 def test_unique_job_keys_differing_only_by_case_space_or_accent_are_separate_jobs(runtime, registry):
@@ -298,7 +296,7 @@ def test_upgrading_ids_a_latin1_database_stored_keeps_them_as_text(runtime):
         assert connection.execute(select(inbox_table.c.consumer, inbox_table.c.message_id)).all() == [
             ("caf\u00e9", "M\u00e9-1")]
     with runtime.sessions() as session:
-        assert inbox.has(session, "caf\u00e9", "M\u00e9-1") and not inbox.has(session, "cafe", "M\u00e9-1")
+        assert inbox_has(session, "caf\u00e9", "M\u00e9-1") and not inbox_has(session, "cafe", "M\u00e9-1")
 
 
 def _windows(runtime) -> list[tuple[str, int]]:

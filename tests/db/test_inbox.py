@@ -3,48 +3,35 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
 from outbox.core import clock
 from outbox.events import inbox
+from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, take
 
 
 def test_a_message_is_taken_once_per_consumer_and_only_when_committed(runtime):
     now = clock.utcnow()
-    with runtime.sessions() as session, session.begin():
-        assert inbox.take(session, "a", "m-1", "t", "trace", now)
-        assert not inbox.take(session, "a", "m-1", "t", "trace", now)  # same transaction: a duplicate
-        assert inbox.take(session, "b", "m-1", "t", "trace", now)  # another consumer has its own row
-    with runtime.sessions() as session, session.begin():
-        assert inbox.take(session, "a", "m-2", "t", None, now)
-        session.rollback()
-    with runtime.sessions() as session, session.begin():
-        assert not inbox.take(session, "a", "m-1", "t", None, now)
-        assert inbox.take(session, "a", "m-2", "t", None, now)  # the rolled-back take left nothing
-        assert inbox.has(session, "a", "m-2") and inbox.count(session) == 3 and inbox.count(session, "a") == 2
-
-
-def test_a_duplicate_leaves_the_transaction_usable(runtime):
-    now = clock.utcnow()
-    with runtime.sessions() as session, session.begin():
-        inbox.take(session, "a", "m-1", "t", None, now)
-    with runtime.sessions() as session, session.begin():
-        assert not inbox.take(session, "a", "m-1", "t", None, now)
-        assert inbox.take(session, "a", "m-3", "t", None, now)
+    assert take(runtime, "a", "m-1", now)
+    assert not take(runtime, "a", "m-1", now)  # a duplicate
+    assert take(runtime, "b", "m-1", now)  # another consumer has its own row
+    with runtime.engine.connect() as connection:
+        transaction = connection.begin()
+        assert inbox.take_first(connection, "a", "m-2", "t", "trace", now)
+        transaction.rollback()  # the attempt failed: its row goes with it
+    assert take(runtime, "a", "m-2", now)  # the rolled-back take left nothing
     with runtime.sessions() as session:
-        assert inbox.count(session) == 2
+        assert inbox_has(session, "a", "m-2") and inbox_count(session) == 3 and inbox_count(session, "a") == 2
 
 
 def test_prune_deletes_only_rows_older_than_the_cutoff(runtime):
     now = clock.utcnow()
     with runtime.sessions() as session, session.begin():
         for n in range(5):
-            inbox.take(session, "a", f"old-{n}", "t", None, now - timedelta(days=30))
-        inbox.take(session, "a", "new", "t", None, now)
+            add_inbox_row(session, "a", f"old-{n}", now - timedelta(days=30))
+        add_inbox_row(session, "a", "new", now)
     with runtime.sessions() as session, session.begin():
         assert inbox.prune(session, now - timedelta(days=7), batch=3) == 3
     with runtime.sessions() as session, session.begin():
         assert inbox.prune(session, now - timedelta(days=7), batch=3) == 2
         assert inbox.prune(session, now - timedelta(days=7), batch=3) == 0
     with runtime.sessions() as session:
-        assert inbox.count(session) == 1 and inbox.has(session, "a", "new")
+        assert inbox_count(session) == 1 and inbox_has(session, "a", "new")

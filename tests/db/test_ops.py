@@ -27,6 +27,7 @@ from outbox.events.consumers import consumer
 from outbox.queue.models import Job
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env
 from tests.helpers import deliveries, invoke
+from tests.registries import copy_of
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -323,7 +324,7 @@ def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime
     rt = Runtime(load_settings(environ={**env, "CRONBOX_ADMIN_EMAIL": "ops@example.com",
                                         "CRONBOX_SMTP_HOST": "127.0.0.1", "CRONBOX_SMTP_PORT": str(controller.port),
                                         "CRONBOX_SMTP_SECURITY": "none", "CRONBOX_MAIL_FROM": "cronbox@example.com"}),
-                 registry=DEFAULT.fork())
+                 registry=copy_of(DEFAULT))
     try:
         failing = health.Report("fail", T0, [health.Check("tick", "fail", "last tick 900s ago")])
         assert health.alert_on(rt, failing) == ["fail:tick"]

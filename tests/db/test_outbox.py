@@ -10,9 +10,11 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 import outbox
 from outbox.core import clock
 from outbox.core.errors import PayloadError
+from outbox.engine.runtime import Runtime
 from outbox.events.consumers import consumer
 from outbox.events.relay import Relay
 from tests.helpers import count_events, deliveries, invoke, relay
+from tests.registries import copy_of
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 
@@ -321,8 +323,11 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
     with runtime.sessions.begin() as session:
         outbox.record(session, "e", {})
     Relay(runtime).fan_out()  # rows for both consumers
-    registry.consumers.remove("gone")  # e.g. a deploy where this process lacks the module
-    relay(runtime)
+    deployed = Runtime(runtime.settings, registry=copy_of(registry, leaving_out={"gone"}))  # lacks the module
+    try:
+        relay(deployed)
+    finally:
+        deployed.dispose()
     by_name = {d.consumer: d for d in deliveries(runtime)}
     assert by_name["here"].status == "done"
     assert by_name["gone"].status == "pending" and by_name["gone"].attempts == 0

@@ -26,6 +26,7 @@ from outbox.queue.models import ChannelPause, Job
 from outbox.queue.worker import Worker
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE
 from tests.fake_providers import SHAPES, WebhookReceiver, measured, wait_for
+from tests.registries import copy_of
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
@@ -58,7 +59,7 @@ def hook_rt(env, runtime, receiver):
     settings = load_settings(environ={**env, "CRONBOX_ALERT_WEBHOOK_URL": receiver.url + PATH,
                                       "CRONBOX_ALERT_WEBHOOK_SECRET": SECRET, "CRONBOX_CHANNEL_TIMEOUT": "2",
                                       "CRONBOX_ADMIN_EMAIL": "ops@example.com", "CRONBOX_MAIL_DRIVER": "log"})
-    rt = Runtime(settings, registry=DEFAULT.fork())
+    rt = Runtime(settings, registry=copy_of(DEFAULT))
     yield rt
     rt.dispose()
 

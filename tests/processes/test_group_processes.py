@@ -12,7 +12,7 @@ from outbox.core.transactions import in_transaction
 from outbox.engine.registry import Registry
 from outbox.queue import groups
 from outbox.queue.jobs import job
-from outbox.queue.models import GroupSlot, Job
+from outbox.queue.models import ConcurrencyGroupSlot, Job
 from tests.conftest import run_cli, start_cli
 from tests.processes.test_tick import _wait_for
 
@@ -41,7 +41,7 @@ def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, t
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     with runtime.sessions() as session:
-        [slot] = session.scalars(select(GroupSlot)).all()
+        [slot] = session.scalars(select(ConcurrencyGroupSlot)).all()
         job = session.scalars(select(Job)).one()
     assert (slot.group_name, slot.slot, slot.pid, slot.holder) == ("gslots", 0, proc.pid, f"{job.id}:{job.claim_token}")
     assert slot.lease_until <= job.available_at  # never longer than the job's own lease
@@ -134,4 +134,4 @@ def test_four_worker_processes_never_run_more_than_the_groups_limit(runtime, env
     assert peak == 2, runs.read_text()
     with runtime.sessions() as session:
         assert [(j.status, j.attempts) for j in session.scalars(select(Job).order_by(Job.id))] == [("done", 1)] * 8
-        assert session.scalars(select(GroupSlot).where(GroupSlot.holder.is_not(None))).all() == []
+        assert session.scalars(select(ConcurrencyGroupSlot).where(ConcurrencyGroupSlot.holder.is_not(None))).all() == []

@@ -133,7 +133,7 @@ def test_bad_settings_say_which_and_why(tmp_path, name, value, message):
 def test_handler_error_texts_escape_controls_and_bidi_marks(char):
     """A handler's error read in a log or the console must not be reordered or cut by what it carries
     (`pay\u202egnp.exe` would read as `payexe.png`): the same characters storage.display replaces."""
-    from outbox.engine.handler_call import clean_text
+    from outbox.core.text import clean_text
     from storage.display import has_unshowable
 
     one_line = clean_text(f"pay{char}gnp.exe")
