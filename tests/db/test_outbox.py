@@ -11,8 +11,7 @@ import outbox
 from outbox.core import clock
 from outbox.core.errors import PayloadError
 from outbox.events.consumers import consumer
-from outbox.events.relay import Relay
-from tests.helpers import count_events, deliveries, invoke, relay
+from tests.helpers import count_events, deliveries, fan_out, invoke, relay
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 
@@ -320,7 +319,7 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
     consumer("e", name="gone", registry=registry)(lambda event, ctx: None)
     with runtime.sessions.begin() as session:
         outbox.record(session, "e", {})
-    Relay(runtime).fan_out()  # rows for both consumers
+    fan_out(runtime)  # rows for both consumers
     registry.consumers.remove("gone")  # e.g. a deploy where this process lacks the module
     relay(runtime)
     by_name = {d.consumer: d for d in deliveries(runtime)}
