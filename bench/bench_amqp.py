@@ -317,7 +317,10 @@ writes (the event's fanned_out_at, the delivery inserted, the delivery updated a
 the ack's UPDATE, where the removed design (keyless deliveries kept out of the delivery table until
 their confirms were in: a second state model for those rows) wrote two; and the batches are no
 longer pipelined (the database work and the broker's confirms no longer overlap). Forwarding is
-slower for it; the earlier numbers are in git history.
+slower for it; the earlier numbers are in git history. A real `tick --no-linger` forwarding 10,000
+keyless events on MariaDB to RabbitMQ, by the tick's own reported time, before (7fff469) and after,
+two pairs in the same minute (2026-12-03, three sessions sharing the two cores): 2,513 / 1,919 ->
+1,522 / 1,499 deliveries/s.
 
 """
 
