@@ -283,7 +283,7 @@ def test_a_relay_killed_after_publishing_loses_nothing_and_publishes_again_after
 
 
 @pytest.mark.backends("mysql-skip-locked", "mysql-token")
-def test_two_relays_racing_deliver_each_event_once(runtime, registry, settings, rabbit):
+def test_two_relays_at_once_deliver_each_event_once(runtime, registry, settings, rabbit):
     """Two relays fanning out and claiming the same events at once (plain reads of the events,
     INSERT IGNORE of the rows, the claim's row locks): every delivery row is made once, claimed
     by one of them, and published once."""
