@@ -33,6 +33,9 @@ FAN_OUT_BATCH = 500
 
 
 class Relay:
+    """A relay run: the batches' fan-out and claim here, in-process consumers' deliveries run by
+    `processor`, forward targets' published by `forwarder`; `stats` counts them all."""
+
     def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None,
                  broker: Broker | None = None):
         placement.check(runtime.consumers)  # an event must not reach a consumer from here and the broker both
