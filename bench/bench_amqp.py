@@ -49,8 +49,7 @@ PAYLOAD = {"i": 0, "appointment": 123456, "status": "paid", "amount_cents": 4500
 
 
 class TimedBroker(Broker):
-    """The relay's broker, adding up the time spent publishing and waiting for confirms (the
-    database work the relay does while confirms are in flight is not counted)."""
+    """The relay's broker, adding up the time spent publishing and waiting for confirms."""
 
     seconds = 0.0
 
@@ -61,10 +60,10 @@ class TimedBroker(Broker):
         finally:
             self.seconds += time.perf_counter() - started
 
-    def collect(self, flight):
+    def collect(self, publication):
         started = time.perf_counter()
         try:
-            return super().collect(flight)
+            return super().collect(publication)
         finally:
             self.seconds += time.perf_counter() - started
 
@@ -153,17 +152,19 @@ def _text(value):
 
 
 def driver_relay(t: Target, broker: Broker_, n: int) -> float:
-    """Deliveries/s of the relay's statements alone: what cronbox's relay sends per batch for fresh
-    keyless events (the previous batch's flight landed: its row deleted, its done rows inserted by
-    INSERT ... SELECT; the next 500 events read, marked fanned out, their flight inserted; one
-    COMMIT), on a plain DB-API connection (PyMySQL, or sqlite3 in WAL), pipelined as the relay is
-    (batch N+1's transaction while N's confirms come in), published by the same client and messages.
+    """Deliveries/s of the relay's statements alone: what cronbox's relay sends per batch of fresh
+    keyless events (the previous batch's confirmed deliveries acked by claim token; the next 500
+    events read, their delivery rows inserted, the events marked fanned out; the claim: an expired
+    lease looked for, the due rows' ids read (locked, on MariaDB), stamped with a claim token and read
+    back with their events; one COMMIT), on a plain DB-API connection (PyMySQL, or sqlite3 in WAL),
+    then the batch published by the same client and messages and its confirms collected.
     No SQLAlchemy, no cronbox: the floor of the statements and the driver on this machine."""
     from bench.bench_outbox import _commit, driver_connection
 
     record_forwarded(t, n)
     sqlite = t.url.startswith("sqlite")
     mark = "?" if sqlite else "%s"
+    lock = "" if sqlite else " FOR UPDATE SKIP LOCKED"
     connection = driver_connection(t)
     cursor = connection.cursor()
     if not sqlite:
@@ -171,49 +172,52 @@ def driver_relay(t: Target, broker: Broker_, n: int) -> float:
     client = Broker(broker.url)
     settle()
     started = time.perf_counter()
-    landing, in_flight, done = None, None, 0
+    confirmed, done = None, 0
     while True:
         now = datetime.now(timezone.utc).replace(tzinfo=None)
         if sqlite:
             cursor.execute("BEGIN IMMEDIATE")
-        if landing is not None:
-            token, ids = landing
-            cursor.execute(f"DELETE FROM cronbox_flights WHERE token = {mark} AND consumer = {mark}", (token, "drv"))
-            cursor.execute(
-                f"INSERT {'OR IGNORE' if sqlite else 'IGNORE'} INTO cronbox_deliveries (event_id, consumer, `key`, "
-                "status, attempts, next_attempt_at, created_at, claim_token, lease_until, finished_at) "
-                f"SELECT id, 'drv', `key`, 'done', 1, available_at, {mark}, NULL, NULL, {mark} FROM cronbox_events "
-                f"WHERE id IN ({','.join(map(str, ids))}) ORDER BY id", (now, now))
-            done += len(ids)
-        cursor.execute("SELECT id, type, `key`, available_at, payload, trace_id, created_at FROM cronbox_events "
+        if confirmed is not None:
+            token, ids = confirmed
+            cursor.execute(f"UPDATE cronbox_deliveries SET status = 'done', claim_token = NULL, lease_until = NULL, "
+                           f"finished_at = {mark}, last_error = NULL WHERE id IN ({','.join(map(str, ids))}) "
+                           f"AND claim_token = {mark} AND status = 'pending'", (now, token))
+            done += cursor.rowcount
+        cursor.execute("SELECT id, type, `key`, available_at FROM cronbox_events "
                        "WHERE fanned_out_at IS NULL ORDER BY id LIMIT 500")
-        rows = cursor.fetchall()
+        events = cursor.fetchall()
+        if events:
+            cursor.executemany(
+                f"INSERT {'OR IGNORE' if sqlite else 'IGNORE'} INTO cronbox_deliveries (event_id, consumer, `key`, "
+                f"status, attempts, next_attempt_at, created_at) VALUES ({mark}, 'drv', {mark}, 'pending', 0, "
+                f"{mark}, {mark})", [(e[0], e[2], e[3], now) for e in events])
+            cursor.execute(f"UPDATE cronbox_events SET fanned_out_at = {mark} "
+                           f"WHERE id IN ({','.join(str(e[0]) for e in events)}) AND fanned_out_at IS NULL", (now,))
+        cursor.execute(f"SELECT id FROM cronbox_deliveries WHERE status = 'pending' AND claim_token IS NOT NULL "
+                       f"AND lease_until < {mark} ORDER BY id LIMIT 1", (now,))
+        assert not cursor.fetchall()
+        cursor.execute(f"SELECT id FROM cronbox_deliveries WHERE status = 'pending' AND claim_token IS NULL "
+                       f"AND next_attempt_at <= {mark} AND consumer = 'drv' ORDER BY id LIMIT {BATCH}{lock}", (now,))
+        ids = [r[0] for r in cursor.fetchall()]
         token = secrets.token_hex(16)
-        if rows:
-            ids = [r[0] for r in rows]
-            cursor.execute(f"UPDATE cronbox_events SET fanned_out_at = {mark} WHERE id IN ({','.join(map(str, ids))}) "
-                           "AND fanned_out_at IS NULL", (now,))
-            cursor.execute("INSERT INTO cronbox_flights (token, consumer, event_ids, size, first_event_id, "
-                           f"last_event_id, lease_until, created_at) VALUES ({', '.join([mark] * 8)})",
-                           (token, "drv", ",".join(map(str, ids)), len(ids), ids[0], ids[-1], now, now))
+        rows = []
+        if ids:
+            listed = ",".join(map(str, ids))
+            cursor.execute(f"UPDATE cronbox_deliveries SET claim_token = {mark}, attempts = attempts + 1, "
+                           f"lease_until = {mark} WHERE id IN ({listed})", (token, now))
+            cursor.execute("SELECT d.id, e.id, e.type, e.`key`, e.payload, e.trace_id, e.created_at "
+                           "FROM cronbox_deliveries d JOIN cronbox_events e ON e.id = d.event_id "
+                           f"WHERE d.id IN ({listed}) ORDER BY d.id")
+            rows = cursor.fetchall()
         _commit(connection, cursor, sqlite)
-        if in_flight is not None:
-            flight_token, flight_ids, flight = in_flight
-            assert not any(client.collect(flight))
-            landing = (flight_token, flight_ids)
-            in_flight = None
-        else:
-            landing = None
         if not rows:
-            if landing is None:
-                break
-            continue
+            break
         # type and key are VARBINARY on MySQL (outbox.core.models.ExactString): bytes to the driver.
-        items = [Claimed(None, "drv", 1, token, now, r[0], _text(r[1]), _text(r[2]), _text(r[4]),
-                         r[5], r[6] if isinstance(r[6], datetime) else datetime.fromisoformat(r[6]), True)
-                 for r in rows]
-        in_flight = (token, ids, client.publish([message_of(broker.exchange, item.event_type, item) for item in items],
-                                                30))
+        items = [Claimed(r[0], "drv", 1, token, now, r[1], _text(r[2]), _text(r[3]), _text(r[4]), r[5],
+                         r[6] if isinstance(r[6], datetime) else datetime.fromisoformat(r[6])) for r in rows]
+        results = client.send([message_of(broker.exchange, item.event_type, item) for item in items], 30)
+        assert not any(results), results[:3]
+        confirmed = (token, ids)
     took = time.perf_counter() - started
     client.close()
     connection.close()
@@ -285,7 +289,7 @@ def main() -> None:
         ("the same, median of the rounds' own ratios (bare run just before its relay run)", "vs_bare_paired",
          "{:.0%}"),
         ("relay → RabbitMQ / no-op relay (target ≥ 70 %)", "vs_noop", "{:.0%}"),
-        ("floor: the relay's statements on the bare driver, same client and pipelining (deliveries/s)", "driver",
+        ("floor: the relay's statements on the bare driver, same client (deliveries/s)", "driver",
          "{:,.0f}"),
         ("floor / bare publisher, best of each", "driver_vs_bare", "{:.0%}"),
         ("floor / bare publisher, median of the rounds' own ratios", "driver_vs_bare_paired", "{:.0%}"),
@@ -304,67 +308,20 @@ flushing of the setup (5,000 events recorded, the last run's rows deleted) and R
 purged queue's messages otherwise ran during the next case, on the same two cores. The bare
 publisher gained most from it (it had followed the DB-heavy no-op relay).
 
-How the relay forwards: batches are pipelined one deep (batch N is published; while its confirms
-come in, the relay settles N-1 and fans out N+1; N's confirms are read just before N+1 is
-published), and the publish frames are written by cronbox (`broker.publish_frames`, byte for byte
-py-amqp's; a forwarded message's properties encoded directly by `forward.message_of`). Each batch
-is one transaction: the previous batch's confirmed deliveries are written, the claim of what is
-due runs (only when something may be claimable: `Relay._claim_wanted`), then the fan-out of new
-events, which leases a forward target's new deliveries to the run where a claim would take them at
-once. A keyed one is inserted as a leased row (it must hold its key for every relay's claim); a
-keyless one is not written at all until its outcome is known: it goes into a flight
-(`cronbox_flights`, one row per fan-out and target with the event ids and the lease), and when the
-batch's confirms are in the flight lands (`deliveries.land_flight`): its row deleted and each
-delivery's row inserted once, done (or retrying / dead with the error). A flight whose lease ran
-out (the relay was killed) is grounded by the next claim into the expired leased rows it stands
-for, claimed one at a time like any expired lease.
+How the relay forwards (issue 25): a forward target's deliveries are ordinary delivery rows. Each
+batch is one transaction: the previous batch's confirmed deliveries acked by claim token, the
+fan-out of new events (one pending row per consumer, forward targets included), the claim of what
+is due; then the forwarder publishes the claimed batch with confirms (py-amqp's `basic_publish`,
+`broker.Broker.send`) and waits for them. Per keyless forwarded event on MariaDB that is three row
+writes (the event's fanned_out_at, the delivery inserted, the delivery updated at the claim) and
+the ack's UPDATE, where the removed design (keyless deliveries kept out of the delivery table until
+their confirms were in: a second state model for those rows) wrote two; and the batches are no
+longer pipelined (the database work and the broker's confirms no longer overlap). Forwarding is
+slower for it; the earlier numbers are in git history. A real `tick --no-linger` forwarding 10,000
+keyless events on MariaDB to RabbitMQ, by the tick's own reported time, before (7fff469) and after,
+two pairs in the same minute (2026-12-03, three sessions sharing the two cores): 2,513 / 1,919 ->
+1,522 / 1,499 deliveries/s.
 
-Per keyless forwarded event on MariaDB the relay now writes two rows (the event's fanned_out_at,
-the delivery's row, done) where it wrote three (the event, the delivery inserted leased, the
-delivery updated to done: an UPDATE of a six-index row, the costliest statement of forwarding).
-
-Before (9d01c12) and after on a quiet machine (load 0.6-0.9), the old tree's bench then this one,
-twice, `python -m bench.bench_amqp --part forward --mysql ...`:
-
-| | before | after |
-|---|---|---|
-| MariaDB relay → RabbitMQ (deliveries/s) | 4,931 / 5,734 | 7,971 / 8,551 |
-| MariaDB vs bare publisher | 33 % / 40 % | 49 % / 53 % |
-| SQLite relay → RabbitMQ (deliveries/s) | 7,429 / 7,119 | 10,726 / 12,768 |
-| SQLite vs bare publisher | 54 % / 49 % | 65 % / 77 % |
-
-(before: the old bench, whose runs did not wait for the servers to settle; its bare publisher ran
-at 14,300-15,200 messages/s, this one's at 16,100-16,500.)
-
-What changed, each measured on its own (MariaDB, ms of the relay run a delivery or its CPU):
-- flights: the ack UPDATE gone (MariaDB's CPU a delivery 64-68 -> 30-44 us);
-- the claim skipped while fresh events keep coming: it found nothing in every batch and still
-  cost ~20-30 us a delivery (statements built, the pending indexes read);
-- DATETIMEs read by `datetime.fromisoformat` on cronbox's PyMySQL engine (2.2 -> 0.06 us a value,
-  two a forwarded event); the message properties encoded directly (~12 -> ~5 us a message); the
-  event ids of the fan-out's UPDATE and the landing's INSERT as literals, not 500 escaped
-  parameters (~1 us a delivery each).
-
-- *vs the no-op relay* (target ≥ 70 %): met on both backends.
-- *vs the bare publisher* (target ≥ 60 %): met on SQLite, on MariaDB in three of seven quiet
-  runs of this tree (best of each: 43 / 48 / 49 / 53 / 60 / 64 / 66 %; SQLite 56-105 %). The bare
-  publisher alone moved between 12,800 and 20,900 messages/s from one run to the next, and the
-  best-of ratio with it; the median of each round's own ratio (its bare run seconds before its
-  relay run, a row since the last of those runs) is the steadier figure: 54 % on MariaDB, 80 % on
-  SQLite in the table above. The floor row says what the target asks of the design: the relay's own
-  statements (the flight landed, 500 events read and marked, the flight inserted, one COMMIT a
-  batch) sent by hand on a plain PyMySQL connection, pipelined the same way and published by the
-  same client, reach 51-79 % of the bare publisher in the same runs (60 % by the rounds' median);
-  cronbox stays at 76-95 % of that floor, the steadier ratio of the two. What the floor spends a
-  MariaDB delivery on is the server: two row writes of ~15-20 us each on this VM (an INSERT of a
-  delivery row with its six indexes, an UPDATE of the event's indexed fanned_out_at), on the two
-  cores RabbitMQ needs ~80 us
-  of CPU a persistent confirmed message on; the rest of cronbox's gap to it is SQLAlchemy's
-  statements and the relay's own Python (per-delivery log lines, lease checks, the landing). Not
-  done, measured: running the next batch's transaction on a thread while the current one is
-  written to the broker (no gain: only the framing, ~4 us a message, was left to overlap, and the
-  two threads wait for each other's GIL); a NOT NULL sentinel instead of NULL in fanned_out_at
-  (its UPDATE ~30 % cheaper in isolation, a schema change for ~5 us).
 """
 
 
@@ -487,7 +444,7 @@ runs; a handler's rollback() or close() rolls the whole transaction back, which 
 a savepoint would (nothing else was in it but the inbox row), and the row is then written again
 after the handler (`QueueConsumer._take_again`); after the handler's first commit() the session
 switches to savepoints, so a later rollback() keeps what commit() kept. The one semantic
-difference: two copies in flight at once, of a handler that calls rollback(), can both run the
+difference: two copies handled at once, of a handler that calls rollback(), can both run the
 handler (their DB effects still commit once: the second's inbox INSERT fails and its transaction
 is rolled back). Every ctx.session case of the relay and the worker is checked through the consumer
 (tests/db/test_consume.py::test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row).

@@ -59,7 +59,7 @@ class Target:
 
     def reset(self):
         with self.runtime.engine.begin() as c:
-            for table in ("cronbox_deliveries", "cronbox_flights", "cronbox_events", "cronbox_heartbeats", "bench_rows",
+            for table in ("cronbox_deliveries", "cronbox_events", "cronbox_heartbeats", "bench_rows",
                           "bench_latency", "bench_hand_queue"):
                 c.execute(text(f"DELETE FROM {table}"))
 

@@ -5,7 +5,9 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from cron.cli import cli
+from outbox.core import clock
 from outbox.engine.budget import Budget
+from outbox.events import deliveries as delivery_store
 from outbox.events.models import Delivery, OutboxEvent
 from outbox.events.relay import Relay
 
@@ -15,6 +17,12 @@ def relay(runtime, *, max_time: float = 30, batch_size: int = 100):
     r = Relay(runtime, batch_size=batch_size)
     r.run(Budget(max_time=max_time, memory_mb=None))
     return r.stats
+
+
+def fan_out(runtime) -> int:
+    """Fan out the events not yet fanned out (the relay's first step, without claiming); how many."""
+    with runtime.sessions.begin() as session:
+        return delivery_store.fan_out(session, runtime.consumers, clock.utcnow(), 500)[0]
 
 
 def deliveries(runtime, **where) -> list[Delivery]:

@@ -1,5 +1,5 @@
-"""Statements both dialects need written their own way: INSERT that skips existing keys, whether
-INSERT ... RETURNING is there, deleting the oldest rows in batches, a prefix as a key range."""
+"""Statements both dialects need written their own way: INSERT that skips existing keys, deleting
+the oldest rows in batches, a prefix as a key range."""
 from __future__ import annotations
 
 from sqlalchemy import delete, select
@@ -8,14 +8,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 
-def insert_ignore(session: Session | Connection, table, rows, *, columns: list[str] | None = None, returning=()):
+def insert_ignore(session: Session | Connection, table, rows):
     """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
     without breaking the caller's transaction (no IntegrityError). Returns the result.
-    `session` may be a Core Connection too.
-
-    `rows`: a dict or a list of them; or a SELECT giving the values of `columns` (INSERT ...
-    SELECT: the server copies them, none goes through Python). `returning`: columns of the rows
-    inserted (never of those skipped), for a caller that checked `supports_insert_returning` first.
+    `session` may be a Core Connection too; `rows` a dict or a list of them.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
     callers validate lengths and types first; every caller here does.
@@ -28,18 +24,7 @@ def insert_ignore(session: Session | Connection, table, rows, *, columns: list[s
         statement = insert(table).on_conflict_do_nothing()
     else:
         statement = mysql_dialect.insert(table).prefix_with("IGNORE")
-    if returning:
-        statement = statement.returning(*returning)
-    if columns is not None:
-        return session.execute(statement.from_select(columns, rows))
     return session.execute(statement, rows)
-
-
-def supports_insert_returning(session: Session | Connection) -> bool:
-    """INSERT ... RETURNING (one statement; with INSERT ... SELECT, of many rows): MariaDB >= 10.5
-    and SQLite >= 3.35, as SQLAlchemy detects them on the first connection; not MySQL."""
-    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
-    return bool(dialect.insert_returning)
 
 
 def delete_oldest(session: Session, table, key_columns: list, stamp, cutoff, batch: int) -> int:

@@ -178,9 +178,9 @@ class Broker:
     linger too, its heartbeats serviced by `keep_alive()` on each poll), dropped on any error and
     opened again on the next batch; `close()` at exit.
 
-    A batch is `publish()`ed (its messages written, nothing waited for) and later `collect()`ed (its
-    confirms read): the relay does database work that does not depend on the confirms in between.
-    At most one batch is in flight; `send()` is the two in one go."""
+    A batch is `publish()`ed (its messages written, nothing waited for) and then `collect()`ed (its
+    confirms read); `send()` is the two in one go, as the forwarder (outbox.events.forwarder) sends
+    each batch. At most one batch is unconfirmed at a time."""
 
     def __init__(self, url: str | None, *, connect_timeout: float = CONNECT_TIMEOUT,
                  heartbeat: int = HEARTBEAT_SECONDS):
@@ -196,7 +196,7 @@ class Broker:
         self._connection: amqp.Connection | None = None
         self._channel = None
         self._next_tag = 0
-        self._batch: Batch | None = None  # the batch in flight, whose confirms the callbacks record
+        self._batch: Batch | None = None  # the batch being confirmed, whose confirms the callbacks record
         self._blocked: str | None = None  # why the broker blocked the connection, until it unblocks it
         self._writing = False  # a batch's messages are being written: a connection.blocked stops it
         self.connects = 0  # connections opened (tests, bench)
@@ -215,50 +215,50 @@ class Broker:
         their confirms, which count until `timeout` seconds from now (`collect`). A blocked
         connection is not written to: the messages wait for `collect`."""
         if self._batch is not None:
-            raise RuntimeError("a batch is already in flight: collect it before publishing another")
-        flight = InFlight(messages, timeout)
+            raise RuntimeError("a batch is already in publication: collect it before publishing another")
+        publication = InFlight(messages, timeout)
         if not messages:
-            flight.results = []
+            publication.results = []
         elif self.address is None:
-            flight.results = [self.unusable] * len(messages)
+            publication.results = [self.unusable] * len(messages)
         else:
-            self._publish(flight)
-        return flight
+            self._publish(publication)
+        return publication
 
-    def collect(self, flight: InFlight) -> list[str | None]:
-        """Wait until `flight`'s deadline for its confirms (writing what a blocked connection held
+    def collect(self, publication: InFlight) -> list[str | None]:
+        """Wait until `publication`'s deadline for its confirms (writing what a blocked connection held
         back once the broker unblocks it). Per message: None (confirmed, routed) or why it is not
         delivered."""
-        if flight.results is None:
+        if publication.results is None:
             try:
-                while flight.unsent or flight.batch.by_tag:
-                    left = flight.end - clock.monotonic()
+                while publication.unsent or publication.batch.by_tag:
+                    left = publication.end - clock.monotonic()
                     if left <= 0:
                         raise socket.timeout()
-                    if flight.unsent and self._blocked is None:
-                        self._write(flight)
+                    if publication.unsent and self._blocked is None:
+                        self._write(publication)
                         continue
                     self._connection.drain_events(timeout=left)
                     if self._blocked is not None:
                         self._connection.heartbeat_tick()  # a long wait: the broker still hears from us
             except Exception as exc:
-                self._failed(flight, exc)
+                self._failed(publication, exc)
             else:
                 self._batch = None
-                flight.results = flight.batch.finish(flight.ids, flight.unconfirmed)
-        if flight.lost and not flight.second:
+                publication.results = publication.batch.finish(publication.ids, publication.unconfirmed)
+        if publication.lost and not publication.second:
             # The connection died under the batch (closed by an operator, a broker restart, a network
             # cut, or a kept one found dead): not the messages' fault, so what it left unconfirmed is
             # sent once more at once on a fresh connection, in the same attempt (a copy the broker
             # did take is a duplicate with the same message_id: delivery is at least once). Only if
             # that fails too is it a failed attempt, retried with backoff.
-            left = [i for i, result in enumerate(flight.results) if result == flight.unconfirmed]
+            left = [i for i, result in enumerate(publication.results) if result == publication.unconfirmed]
             if left:
-                again = InFlight([flight.messages[i] for i in left], flight.timeout, second=True)
+                again = InFlight([publication.messages[i] for i in left], publication.timeout, second=True)
                 self._publish(again)
                 for i, result in zip(left, self.collect(again)):
-                    flight.results[i] = result
-        return flight.results
+                    publication.results[i] = result
+        return publication.results
 
     def keep_alive(self) -> None:
         """Service the kept connection between batches (the tick calls it on every poll of its
@@ -283,34 +283,34 @@ class Broker:
             except socket.timeout:
                 return
 
-    def _publish(self, flight: InFlight) -> None:
+    def _publish(self, publication: InFlight) -> None:
         try:
-            self._open(min(self.connect_timeout, flight.timeout))
+            self._open(min(self.connect_timeout, publication.timeout))
         except Exception as exc:
             self.close(graceful=False)
             reason = f"broker unreachable ({self.address!r}): {describe(exc, 400)}"
             log.warning("amqp: %s", reason)
-            flight.results = [reason] * len(flight.messages)
+            publication.results = [reason] * len(publication.messages)
             return
-        flight.ids = [m.properties.get("message_id") for m in flight.messages]
-        flight.batch = self._batch = Batch(len(flight.messages))
-        flight.end = clock.monotonic() + flight.timeout
+        publication.ids = [m.properties.get("message_id") for m in publication.messages]
+        publication.batch = self._batch = Batch(len(publication.messages))
+        publication.end = clock.monotonic() + publication.timeout
         try:
             self._read_waiting()  # a connection.blocked sent while the connection was idle, above all
-            self._write(flight)
+            self._write(publication)
             crash_point("after-publish")
         except Exception as exc:
-            self._failed(flight, exc)
+            self._failed(publication, exc)
 
-    def _write(self, flight: InFlight) -> None:
-        """basic_publish `flight`'s messages from `flight.sent` on, until all are written or the
+    def _write(self, publication: InFlight) -> None:
+        """basic_publish `publication`'s messages from `publication.sent` on, until all are written or the
         broker blocks the connection."""
-        Message, publish, batch = _amqp().Message, self._channel.basic_publish, flight.batch
+        Message, publish, batch = _amqp().Message, self._channel.basic_publish, publication.batch
         self._writing = True
         try:
-            while flight.unsent and self._blocked is None:
-                index = flight.sent
-                message = flight.messages[index]
+            while publication.unsent and self._blocked is None:
+                index = publication.sent
+                message = publication.messages[index]
                 try:
                     publish(Message(message.body, **message.properties), message.exchange, message.routing_key,
                             mandatory=True)
@@ -323,29 +323,30 @@ class Broker:
                 else:
                     self._next_tag += 1
                     batch.by_tag[self._next_tag] = index
-                flight.sent = index + 1
+                publication.sent = index + 1
         finally:
             self._writing = False
 
-    def _failed(self, flight: InFlight, exc: BaseException) -> None:
+    def _failed(self, publication: InFlight, exc: BaseException) -> None:
         """The batch ends on an error: what was confirmed stands, the rest is not delivered."""
-        batch, count, blocked = flight.batch, len(flight.messages), self._blocked
+        batch, count, blocked = publication.batch, len(publication.messages), self._blocked
         if isinstance(exc, (socket.timeout, TimeoutError)):
             if blocked is not None:
-                flight.unconfirmed += f" (the broker blocked the connection: {blocked})"
+                publication.unconfirmed += f" (the broker blocked the connection: {blocked})"
             log.warning("amqp: %d of %d messages unconfirmed after %.0fs%s; dropping the connection",
-                        batch.unconfirmed, count, flight.timeout,
-                        f" ({count - flight.sent} not sent: the broker blocked the connection)" if flight.unsent else "")
+                        batch.unconfirmed, count, publication.timeout,
+                        f" ({count - publication.sent} not sent: the broker blocked the connection)"
+                        if publication.unsent else "")
         else:
-            flight.unconfirmed = f"not confirmed: {_why(exc)}"
-            flight.lost = not isinstance(exc, _amqp().exceptions.ChannelError)
+            publication.unconfirmed = f"not confirmed: {_why(exc)}"
+            publication.lost = not isinstance(exc, _amqp().exceptions.ChannelError)
             log.warning("amqp: %d of %d messages unconfirmed: %s", batch.unconfirmed, count, _why(exc))
         self.close(graceful=False)
-        flight.results = batch.finish(flight.ids, flight.unconfirmed)
-        if blocked is not None and not flight.lost:
-            for index in range(flight.sent, count):
-                flight.results[index] = (f"not sent: the broker blocked the connection ({blocked}) and did not "
-                                         f"unblock it within {flight.timeout:g}s")
+        publication.results = batch.finish(publication.ids, publication.unconfirmed)
+        if blocked is not None and not publication.lost:
+            for index in range(publication.sent, count):
+                publication.results[index] = (f"not sent: the broker blocked the connection ({blocked}) and did not "
+                                         f"unblock it within {publication.timeout:g}s")
 
     def _on_blocked(self, reason: str) -> None:
         """connection.blocked (py-amqp's on_blocked callback): a resource alarm on the broker."""
@@ -381,7 +382,7 @@ class Broker:
 
     def close(self, *, graceful: bool = True) -> None:
         """Graceful: the AMQP close handshake (at exit). Not: drop the socket at once (after an
-        error the broker may not answer, and the tick must not wait on it). A batch in flight is
+        error the broker may not answer, and the tick must not wait on it). A batch still unconfirmed is
         abandoned: its unread confirms never count."""
         connection, self._connection, self._channel, self._batch = self._connection, None, None, None
         self._blocked, self._writing = None, False

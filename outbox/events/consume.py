@@ -451,7 +451,7 @@ class QueueConsumer:
         costs no SAVEPOINT per message this way). False if a concurrent copy committed it meanwhile:
         this attempt is then rolled back whole, and its writes happen once, the copy's. (In that
         window the copy's handler may run alongside this one: outside effects of a handler that
-        calls rollback() can happen twice for two copies in flight at once, as for any crash.)"""
+        calls rollback() can happen twice for two copies handled at once, as for any crash.)"""
         ctx.transaction.begin()
         if inbox.take_first(ctx.transaction.connection, consumer.name, incoming.message_id, incoming.type,
                             incoming.trace_id, clock.utcnow()):

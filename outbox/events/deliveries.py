@@ -15,21 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import and_, bindparam, case, delete, exists, func, literal, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from outbox.core import clock, paging
-from outbox.core.sql import insert_ignore, supports_insert_returning
+from outbox.core import paging
+from outbox.core.sql import insert_ignore
+from outbox.core.text import ERROR_MAX
 from outbox.engine.claim import claim
 from outbox.engine.registry import Consumers
-from outbox.events import flights
-from outbox.events.forward import is_forward
 from outbox.events.placement import runs_in_tick
 from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
 E = OutboxEvent.__table__
-ERROR_MAX = 1000
 
 
 def _event_ids(ids: list[int]):
@@ -40,8 +38,7 @@ def _event_ids(ids: list[int]):
 
 class Claimed(NamedTuple):
     """A leased delivery with its event. A named tuple: a batch makes hundreds, and a frozen
-    dataclass's __init__ (one object.__setattr__ per field) was the relay's costliest line after
-    the SQL itself."""
+    dataclass's __init__ (one object.__setattr__ per field) costs more than the tuple's."""
     id: int
     consumer: str
     attempts: int
@@ -53,221 +50,40 @@ class Claimed(NamedTuple):
     payload: str
     trace_id: str
     created_at: datetime
-    # A keyless delivery the fan-out leased into a flight (outbox.events.flights): no row yet, `id`
-    # is None, and its row is written when the flight lands (land_flight).
-    flight: bool = False
 
 
-class FanOutRace(Exception):
-    """Another relay fanned out some of the same events while this fan-out ran (MySQL: its UPDATE
-    of the events waited for the other's COMMIT, then matched fewer rows). INSERT IGNORE would keep
-    the rows single, but the other may have put those events in a flight, whose rows do not exist
-    yet: rows inserted here would publish them a second time. So a fan-out goes on only with every
-    event it read marked by its own UPDATE; the caller rolls back and fans out again, and the next
-    read sees the other's COMMIT."""
+def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) -> tuple[int, int]:
+    """Make delivery rows for events not yet fanned out, oldest first: one pending row per
+    consumer registered now, in this process, that runs in the tick (forward targets included:
+    their rows are claimed and acked like every other consumer's).
 
-
-def fan_out(session: Session, registry: Consumers, now: datetime, limit: int, *,
-            lease: Lease | None = None) -> tuple[int, int, list[Claimed]]:
-    """Make delivery rows for events not yet fanned out, oldest first.
-
-    The consumers are those registered now, in this process. Delivery rows are
-    inserted with INSERT IGNORE on (event_id, consumer), so two relays fanning
-    out the same event (plain reads, no claim) cannot make duplicates.
-
-    With a `lease`, up to `lease.limit` of the new deliveries of `lease.consumers` (the relay's
-    forward targets) are inserted already claimed by this run: its claim token, attempt 1, the
-    consumer's lease. Only those a claim would take at once: due, and keyless or the first of
-    their (consumer, key), i.e. no delivery of the key pending or dead in the table (one read of
-    the (consumer, key, status, event_id) index; in this transaction's snapshot, and a
-    concurrent fan-out of an earlier event of the key reads that event too: both read the oldest
-    events not fanned out) and none earlier in this batch. A row another relay inserted first
-    is skipped by INSERT IGNORE, and not taken as ours: INSERT ... RETURNING returns only the
-    rows it inserted, and where the server has no RETURNING the rows are read back by our token.
-
-    Keyless ones are not inserted at all but go into one flight per consumer
-    (outbox.events.flights), whose rows are written once their outcome is known. The events are
-    marked fanned out first: an UPDATE that matched fewer rows than were read means another relay
-    fanned some of them out meanwhile, and the fan-out raises FanOutRace (rolled back by the
-    caller) rather than publish them a second time.
-    Returns (events, deliveries, the leased deliveries).
+    Delivery rows are inserted with INSERT IGNORE on (event_id, consumer), so two relays fanning
+    out the same event (plain reads, no claim) cannot make duplicates; the UPDATE that marks the
+    events fanned out is guarded by `fanned_out_at IS NULL`, so either relay's mark is as good.
+    Returns (events, deliveries).
     """
-    columns = [E.c.id, E.c.type, E.c.key, E.c.available_at]
-    if lease is not None and lease.limit > 0:
-        columns += [E.c.payload, E.c.trace_id, E.c.created_at]
-    else:
-        lease = None
     events = session.execute(
-        select(*columns).where(E.c.fanned_out_at.is_(None)).order_by(E.c.id).limit(limit)
+        select(E.c.id, E.c.type, E.c.key, E.c.available_at)
+        .where(E.c.fanned_out_at.is_(None)).order_by(E.c.id).limit(limit)
     ).all()
     if not events:
-        return 0, 0, []
-    marked = session.execute(
-        update(E).where(E.c.id.in_(_event_ids([e.id for e in events])), E.c.fanned_out_at.is_(None))
-        .values(fanned_out_at=now)
-    ).rowcount
-    if marked != len(events):
-        raise FanOutRace(f"{len(events) - marked} of {len(events)} events fanned out by another relay meanwhile")
-    held = _held_keys(session, lease, events) if lease is not None else set()
-    rows, mine, flying, leased = [], {}, {}, {}
+        return 0, 0
     consumers_of: dict[str, list] = {}  # a batch holds few types: each matched against the patterns once
+    rows = []
     for event in events:
         consumers = consumers_of.get(event.type)
         if consumers is None:
             consumers = consumers_of[event.type] = [c for c in registry.for_type(event.type) if runs_in_tick(c)]
-        for consumer in consumers:
-            if lease is not None and consumer.name in lease.consumers:
-                held_key = (consumer.name, event.key)
-                if (len(leased) < lease.limit and event.available_at <= now
-                        and (event.key is None or held_key not in held)):
-                    leased[event.id] = event
-                    (flying if event.key is None else mine).setdefault(
-                        consumer.name, []).append(event.id)
-                    if event.key is not None:
-                        held.add(held_key)
-                    continue
-                if event.key is not None:
-                    held.add(held_key)  # waiting, it holds the later events of its key
-            rows.append({"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
-                         "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
-                         "claim_token": None, "lease_until": None})
+        rows += [{"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
+                  "attempts": 0, "next_attempt_at": event.available_at, "created_at": now}
+                 for consumer in consumers]
     if rows:
         insert_ignore(session, D, rows)
-    claimed = _insert_leased(session, lease, mine, leased, now) if mine else []
-    for consumer, event_ids in flying.items():
-        lease_until = lease.consumers[consumer]
-        flights.start(session, lease.token, consumer, event_ids, lease_until, now)
-        claimed += [Claimed(None, consumer, 1, lease.token, lease_until, e.id, e.type, e.key, e.payload, e.trace_id,
-                            e.created_at, True) for e in map(leased.__getitem__, event_ids)]
-    if flying and mine:
-        claimed.sort(key=lambda d: d.event_id)  # published in the order recorded
-    return len(events), len(rows) + sum(map(len, mine.values())) + sum(map(len, flying.values())), claimed
-
-
-class Lease(NamedTuple):
-    """fan_out's claim of new deliveries: a claim token, each leasable consumer's lease end, how many."""
-    token: str
-    consumers: dict[str, datetime]
-    limit: int
-
-    @classmethod
-    def new(cls, consumers, now: datetime, lease_margin: float, limit: int) -> Lease:
-        return cls(uuid.uuid4().hex, lease_for(consumers, now, lease_margin), limit)
-
-
-def _held_keys(session: Session, lease: Lease, events) -> set[tuple[str, str]]:
-    keys = {e.key for e in events if e.key is not None}
-    if not keys:
-        return set()
-    return {tuple(r) for r in session.execute(
-        select(D.c.consumer, D.c.key).distinct()
-        .where(D.c.consumer.in_(list(lease.consumers)), D.c.key.in_(list(keys)), D.c.status.in_(HOLDING)))}
-
-
-def _insert_leased(session: Session, lease: Lease, mine: dict[str, list[int]], events: dict,
-                   now: datetime) -> list[Claimed]:
-    """Insert the leased deliveries, one INSERT ... SELECT from the events per consumer: only the
-    event ids go to the server, which copies each event's key and available_at (a row's values
-    rendered and escaped in Python were a third of the relay's own CPU). At READ COMMITTED the
-    SELECT is a consistent read of the events, locking none. (MySQL calls INSERT IGNORE ... SELECT
-    unsafe for statement-based replication: with binlog_format=STATEMENT, not the default, the
-    server logs a warning for it; MIXED and ROW log its rows.) Returns them claimed, by id: where
-    the server has INSERT ... RETURNING (MariaDB >= 10.5, SQLite >= 3.35) from the statement
-    itself, returning only the rows it inserted; elsewhere read back by our claim token."""
-    returning = (D.c.id, D.c.event_id, D.c.consumer) if supports_insert_returning(session) else ()
-    inserted = []
-    for consumer, event_ids in mine.items():
-        result = insert_from_events(session, consumer, event_ids, now, attempts=1, claim_token=lease.token,
-                                    lease_until=lease.consumers[consumer], returning=returning)
-        if returning:
-            inserted += result.all()
-    if not returning:
-        return _read_leased(session, lease, events)
-    return _leased(lease, events, sorted(inserted))
-
-
-def insert_from_events(session: Session, consumer: str, event_ids: list[int], now: datetime, *,
-                       status: str = PENDING, attempts: int, claim_token: str | None = None,
-                       lease_until: datetime | None = None, finished_at: datetime | None = None, returning=()):
-    """INSERT IGNORE ... SELECT: `consumer`'s delivery rows of `event_ids`, the server copying each
-    event's key and available_at (next_attempt_at); the rest are the same for every row. Returns the
-    result (`returning`: columns of the rows inserted, where supports_insert_returning)."""
-    values = select(E.c.id, literal(consumer, D.c.consumer.type), E.c.key, literal(status, D.c.status.type),
-                    literal(attempts, D.c.attempts.type), E.c.available_at, literal(now, D.c.created_at.type),
-                    literal(claim_token, D.c.claim_token.type), literal(lease_until, D.c.lease_until.type),
-                    literal(finished_at, D.c.finished_at.type))
-    return insert_ignore(session, D, values.where(E.c.id.in_(_event_ids(event_ids))).order_by(E.c.id),
-                         columns=FROM_EVENT_COLUMNS, returning=returning)
-
-
-FROM_EVENT_COLUMNS = ["event_id", "consumer", "key", "status", "attempts", "next_attempt_at", "created_at",
-                  "claim_token", "lease_until", "finished_at"]
-
-
-# ---- flights (outbox.events.flights): keyless forwarded deliveries written once settled ------------
-
-class Landing(NamedTuple):
-    """What became of a flight's deliveries: event ids done or given back unstarted (`released`:
-    the attempt not counted), and (event id, next attempt or None for dead, error) of the failed."""
-    done: list[int]
-    failed: list[tuple[int, datetime | None, str]]
-    released: list[int]
-
-
-def land_flight(session: Session, token: str, consumer: str, landing: Landing, now: datetime) -> bool:
-    """Write the rows of a flight's deliveries, once each, and end the flight: done (attempt 1),
-    back to pending for a retry or dead with the error, or pending as if never claimed (released).
-    False, writing nothing, if the flight is no longer ours (its lease ran out and a claim grounded
-    it: those rows, leased and expired, are the claim's now)."""
-    if not flights.take(session, token, consumer):
-        return False
-    if landing.done:
-        insert_from_events(session, consumer, landing.done, now, status=DONE, attempts=1, finished_at=now)
-    if landing.released:
-        insert_from_events(session, consumer, landing.released, now, attempts=0)
-    if landing.failed:
-        # A flight is keyless, so a failed row needs nothing of its event: VALUES, the rare path.
-        insert_ignore(session, D, [
-            {"event_id": event_id, "consumer": consumer, "key": None, "status": PENDING if next_at else DEAD,
-             "attempts": 1, "next_attempt_at": next_at or now, "created_at": now, "claim_token": None,
-             "lease_until": None, "last_error": error[:ERROR_MAX], "finished_at": None if next_at else now}
-            for event_id, next_at, error in landing.failed])
-    return True
-
-
-def ground_expired_flights(session: Session, consumers: list[str] | None, now: datetime, limit: int = 20) -> int:
-    """Turn flights whose lease ran out into the leased delivery rows they stand for (attempt 1, the
-    flight's token and expired lease), for the expired-lease claim that follows to take one at a time
-    (`consumers`: those of these targets; None: of any, e.g. a target no longer registered anywhere,
-    whose rows then wait with the warning any unregistered consumer's get).
-    Rows that exist already (another relay's fan-out got there first) are left as they are.
-    Returns the flights grounded."""
-    grounded = 0
-    for token, consumer, event_ids, lease_until in flights.expired(session, consumers, now, limit):
-        # Taken only if still expired: the owner may have extended it since the read (and publish on).
-        if flights.take(session, token, consumer, expired_before=now):
-            insert_from_events(session, consumer, event_ids, now, attempts=1, claim_token=token,
-                               lease_until=lease_until)
-            grounded += 1
-    return grounded
-
-
-def _read_leased(session: Session, lease: Lease, events: dict) -> list[Claimed]:
-    """Where INSERT ... RETURNING is missing (MySQL, MariaDB < 10.5): the leased rows read back
-    by our claim token (one more statement, an index read per row). A row another relay inserted
-    first was skipped by INSERT IGNORE and carries its token, not ours."""
-    rows = session.execute(
-        select(D.c.id, D.c.event_id, D.c.consumer)
-        .where(D.c.event_id.in_(list(events)), D.c.claim_token == lease.token).order_by(D.c.id)
-    ).all()
-    return _leased(lease, events, rows)
-
-
-def _leased(lease: Lease, events: dict, rows) -> list[Claimed]:
-    """Claimed deliveries from (id, event_id, consumer) of rows fan_out inserted leased: attempt 1,
-    the lease it wrote (DATETIME(6) on MySQL keeps it exact), by delivery id."""
-    return [Claimed(id_, consumer, 1, lease.token, lease.consumers[consumer], event_id, e.type, e.key, e.payload,
-                    e.trace_id, e.created_at) for id_, event_id, consumer in rows for e in (events[event_id],)]
+    session.execute(
+        update(E).where(E.c.id.in_(_event_ids([e.id for e in events])), E.c.fanned_out_at.is_(None))
+        .values(fanned_out_at=now)
+    )
+    return len(events), len(rows)
 
 
 def lease_for(consumers, now: datetime, lease_margin: float) -> dict[str, datetime]:
@@ -277,32 +93,24 @@ def lease_for(consumers, now: datetime, lease_margin: float) -> dict[str, dateti
 
 def claim_due(session: Session, registry: Consumers, *, now: datetime, limit: int, mode: str,
               lease_margin: float) -> list[Claimed]:
-    """Claim due deliveries for consumers registered here; counts the attempt.
+    """Claim due deliveries for consumers registered here (in-process consumers and forward
+    targets alike); counts the attempt.
 
     A delivery whose lease expired is claimed alone, before any fresh work: its run
     died, perhaps because of it (a consumer that gets the process killed). Claimed
     in a batch, it would count an attempt against every batch-mate each time it
-    kills the process again; alone, only the item in flight pays.
+    kills the process again; alone, only the item being handled pays.
     """
-    return claim_due_or_expired(session, registry, now=now, limit=limit, mode=mode, lease_margin=lease_margin)[0]
-
-
-def claim_due_or_expired(session: Session, registry: Consumers, *, now: datetime, limit: int, mode: str,
-                         lease_margin: float) -> tuple[list[Claimed], bool]:
-    """claim_due, and whether what it claimed is an expired lease (claimed alone: nothing may join it)."""
     consumers = registry.all()
     if not consumers or limit <= 0:
-        return [], False
-    forward_targets = [c.name for c in consumers if is_forward(c)]
-    if forward_targets:  # flights whose lease ran out become the expired leased rows claimed below
-        ground_expired_flights(session, forward_targets, now)
+        return []
     expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
     fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
     for claimable, size in ((expired, 1), (fresh, limit)):
         claimed = _claim(session, consumers, claimable, size, now=now, mode=mode, lease_margin=lease_margin)
         if claimed:
-            return claimed, claimable is expired
-    return [], False
+            return claimed
+    return []
 
 
 def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
@@ -370,8 +178,6 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
 
 
 def extend(session: Session, item, lease_until: datetime) -> bool:
-    if item.flight:  # no row yet: the flight's row is its lease
-        return flights.extend(session, item.claim_token, item.consumer, lease_until)
     result = session.execute(
         update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING)
         .values(lease_until=lease_until)
@@ -515,12 +321,6 @@ def status(session: Session, now: datetime) -> dict[str, ConsumerStatus]:
     for name, count, due, oldest in pending:
         out[name] = ConsumerStatus(name, int(count), int(due or 0),
                                    oldest_due_at=oldest if oldest is not None and oldest <= now else None)
-    for name, count, expired, oldest in flights.sizes(session, now):  # published, not yet settled
-        counts = out.setdefault(name, ConsumerStatus(name))
-        counts.pending += count
-        counts.due += expired  # its lease ran out: waiting for a claim to ground it
-        if oldest is not None and (counts.oldest_due_at is None or oldest < counts.oldest_due_at):
-            counts.oldest_due_at = oldest
     for name, count in session.execute(select(D.c.consumer, func.count()).where(D.c.status == DEAD)
                                        .group_by(D.c.consumer)).all():
         out.setdefault(name, ConsumerStatus(name)).dead = int(count)
@@ -607,13 +407,10 @@ def unregistered_due(session: Session, registry: Consumers, now: datetime) -> li
 
 def prune(session: Session, cutoff: datetime, batch: int) -> int:
     """Delete up to `batch` events fanned out before `cutoff` whose deliveries are all finished
-    (done or skipped), with those deliveries. Events with dead or pending deliveries stay, and so do
-    those a flight may still hold (their rows are not written yet)."""
-    ground_expired_flights(session, None, clock.utcnow(), batch)  # of a target gone from every process's code too
+    (done or skipped), with those deliveries. Events with dead or pending deliveries stay."""
     unfinished = exists().where(D.c.event_id == E.c.id, D.c.status.in_(HOLDING))
     ids = list(session.scalars(
-        select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished,
-                             ~flights.covering(E.c.id))
+        select(E.c.id).where(E.c.fanned_out_at.is_not(None), E.c.fanned_out_at < cutoff, ~unfinished)
         .order_by(E.c.id).limit(batch)
     ))
     if not ids:

@@ -62,27 +62,6 @@ class Delivery(Base):
     )
 
 
-class Flight(Base):
-    """A forward target's fresh keyless deliveries of one fan-out, published and not yet settled
-    (outbox.events.flights): their delivery rows are written once, done or failed, when the
-    broker's confirms are in, instead of inserted leased and updated again. The row is their lease:
-    one that runs out is turned into the leased delivery rows it stands for, which are then claimed
-    like any expired lease."""
-
-    __tablename__ = "cronbox_flights"
-
-    token: Mapped[str] = mapped_column(ExactString(32), primary_key=True)
-    consumer: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
-    event_ids: Mapped[str] = mapped_column(LongText)  # comma-separated, ascending
-    size: Mapped[int] = mapped_column(Integer)
-    first_event_id: Mapped[int] = mapped_column(Id)
-    last_event_id: Mapped[int] = mapped_column(Id)
-    lease_until: Mapped[datetime] = mapped_column(UtcDateTime)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
-
-    __table_args__ = (Index(None, "lease_until"),)
-
-
 class InboxEntry(Base):
     """A message a broker consumer has handled (outbox.events.inbox): written in the consumer's own
     transaction, so a redelivered or republished message finds it and is not handled again."""

@@ -4,22 +4,22 @@ cut, closed by the broker)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+import threading
+from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select
 
 import outbox
 from outbox.core import clock
 from outbox.engine.budget import Budget
+from outbox.engine.runtime import Runtime
 from outbox.events import deliveries as store
-from outbox.events.models import Delivery, Flight
 from outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "mysql-token")
 
 T0 = datetime(2026, 12, 1, 9, 0, 0)
 
@@ -46,11 +46,6 @@ def record(runtime, event_type, payloads, *, key=None, rollback=False):
 
 def by_status(runtime, consumer):
     return {d.event_id: d for d in deliveries(runtime, consumer=consumer)}
-
-
-def flight_rows(runtime) -> list[Flight]:
-    with runtime.sessions() as session:
-        return list(session.scalars(select(Flight).order_by(Flight.created_at)))
 
 
 def test_committed_events_arrive_exactly_as_recorded_rolled_back_never(runtime, registry, rabbit):
@@ -234,85 +229,130 @@ def test_a_routing_key_function_sees_the_event_and_its_failure_is_that_deliverys
     assert failed.last_error.startswith("no routing key: KeyError")
 
 
-def test_the_fan_out_leases_a_forward_targets_new_deliveries_only_where_a_claim_would_take_them(runtime, registry):
-    """deliveries.fan_out with a lease (the relay's step, so a fresh forwarded event needs no claim):
-    attempt 1, the token, the target's lease; never past the limit, for an event not due yet, for a
-    key held by a pending delivery (in the table or earlier in the batch), nor for an in-process
-    consumer. Keyed ones are inserted leased; keyless ones have no row, only their flight's. A
-    claim does not take the leased ones, and takes the rest in order."""
+def test_a_forward_targets_deliveries_are_pending_rows_claimed_like_any_consumers(runtime, registry):
+    """The fan-out writes a forward target's deliveries as it writes an in-process consumer's:
+    pending, no lease; the claim takes them in id order, one per (consumer, key) at a time, not an
+    event that is not due yet."""
     outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
     outbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
-        [(held, _)] = record(runtime, "t.a", [{"n": "held"}], key="k-held")
-        with runtime.sessions.begin() as session:
-            assert store.fan_out(session, runtime.consumers, T0, 500)[:2] == (1, 2)  # pending: holds k-held
-        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(6)],
-                                    key=lambda i: [None, "k-held", "k1", "k1", None, None][i])]
+        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)],
+                                    key=lambda i: [None, "k1", "k1", None][i])]
         with runtime.sessions() as session:
             late = outbox.record(session, "t.a", {"n": "later"}, delay=60).id
             session.commit()
-        targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
         with runtime.sessions.begin() as session:
-            lease = store.Lease.new(targets, T0, 5.0, 3)
-            events, rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
-        assert (events, rows) == (7, 14)
-        # keyless 0, k1's first (2), keyless 4; k-held's waits, k1's second (3) waits behind 2, 5 is past the limit
-        assert [d.event_id for d in leased] == [ids[0], ids[2], ids[4]]
-        assert all(d.consumer == "fwd" and d.attempts == 1 and d.claim_token == lease.token
-                   and d.lease_until == datetime(2026, 12, 1, 9, 0, 12) for d in leased)
-        assert json.loads(leased[0].payload) == {"n": 0} and leased[0].key is None
-        assert [(d.flight, d.id is None) for d in leased] == [(True, True), (False, False), (True, True)]
-        rows = by_status(runtime, "fwd")
-        assert ids[0] not in rows and ids[4] not in rows  # keyless: in the flight, no row yet
-        assert rows[ids[2]].id == leased[1].id and rows[ids[2]].claim_token == lease.token
-        [flight] = flight_rows(runtime)
-        assert (flight.token, flight.consumer, flight.event_ids, flight.size) == (
-            lease.token, "fwd", f"{ids[0]},{ids[4]}", 2)
-        assert flight.lease_until == datetime(2026, 12, 1, 9, 0, 12)
-        assert rows[late].claim_token is None and rows[ids[1]].claim_token is None
-        assert all(d.claim_token is None for d in deliveries(runtime, consumer="local"))
+            assert store.fan_out(session, runtime.consumers, T0, 500) == (5, 10)
+        assert all((d.status, d.attempts, d.claim_token) == ("pending", 0, None) for d in deliveries(runtime))
         with runtime.sessions.begin() as session:
             claimed = store.claim_due(session, runtime.consumers, now=T0, limit=100, mode=runtime.claim_mode(),
                                       lease_margin=5.0)
-    fwd = [d.event_id for d in claimed if d.consumer == "fwd"]
-    assert fwd == [held, ids[5]]  # not the leased ones, nor those their keys hold back, nor the late one
+    fwd = [d for d in claimed if d.consumer == "fwd"]
+    assert [d.event_id for d in fwd] == [ids[0], ids[1], ids[3]]  # k1's second waits behind its first
+    assert all(d.attempts == 1 and d.lease_until == datetime(2026, 12, 1, 9, 0, 12) for d in fwd)
+    assert late not in {d.event_id for d in claimed}
 
 
-@pytest.mark.parametrize("returning", [True, False], ids=["insert-returning", "read-back"])
-def test_a_leased_delivery_another_relay_inserted_first_is_not_taken_as_ours(runtime, registry, monkeypatch,
-                                                                              returning):
-    """The leased rows' ids come from INSERT ... RETURNING where the server has it (MariaDB >= 10.5,
-    SQLite >= 3.35), else from a read back by claim token (MySQL; forced here): either way a row
-    another relay's fan-out inserted first (INSERT IGNORE skips ours) is not ours to publish.
-    (Keyed events: keyless ones are leased in a flight, not as rows.)"""
-    if not returning:
-        monkeypatch.setattr(store, "supports_insert_returning", lambda session: False)
-    outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
-    outbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
+def test_a_relay_killed_after_publishing_loses_nothing_and_publishes_again_after_the_lease(runtime, registry,
+                                                                                           rabbit):
+    """A run that claimed and published a batch and died before its ack: the deliveries stay
+    leased; once the lease runs out the next run claims them again (alone, one at a time, as any
+    expired lease) and publishes them again with the same message ids: duplicates, never a loss."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+    outbox.forward("*", exchange=exchange, name="fwd", registry=registry, timeout=5)
     with clock.frozen(T0):
-        ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)], key=lambda i: f"k{i}")]
-        with runtime.sessions.begin() as session:  # the other relay's row for event 1, not yet fanned out here
-            session.add(Delivery(event_id=ids[1], consumer="fwd", key=None, status="pending", attempts=1,
-                                 next_attempt_at=T0, claim_token="theirs", lease_until=T0, created_at=T0))
-        targets = [c for c in runtime.consumers.all() if c.name == "fwd"]
-        with runtime.sessions.begin() as session:
-            lease = store.Lease.new(targets, T0, 5.0, 10)
-            events, _rows, leased = store.fan_out(session, runtime.consumers, T0, 500, lease=lease)
-    assert events == 4 and not flight_rows(runtime)
-    assert [(d.event_id, d.consumer, d.attempts, d.claim_token) for d in leased] == [
-        (e, "fwd", 1, lease.token) for e in (ids[0], ids[2], ids[3])]
-    rows = by_status(runtime, "fwd")
-    assert [d.id for d in leased] == [rows[e].id for e in (ids[0], ids[2], ids[3])]
-    assert rows[ids[1]].claim_token == "theirs"
-    assert all(rows[e].lease_until == datetime(2026, 12, 1, 9, 0, 12) and rows[e].next_attempt_at == T0
-               and rows[e].created_at == T0 for e in (ids[0], ids[2], ids[3]))
-    assert len(deliveries(runtime, consumer="local")) == 4
+        committed = record(runtime, "thing.sent", [{"n": n} for n in range(3)])
+        with runtime.sessions.begin() as session:  # the killed run's batch transaction
+            store.fan_out(session, runtime.consumers, T0, 500)
+            claimed = store.claim_due(session, runtime.consumers, now=T0, limit=100, mode=runtime.claim_mode(),
+                                      lease_margin=0.0)
+        assert len(claimed) == 3
+        relay = relay_with(runtime, rabbit.url)
+        try:
+            assert run(relay).done == 0  # still leased to the killed run
+            clock.advance(6)
+            stats = run(relay)
+        finally:
+            relay.close()
+    assert (stats.done, stats.lease_lost) == (3, 0)
+    messages = rabbit.take(queue)
+    assert sorted(m.properties["message_id"] for m in messages) == sorted(
+        f"cronbox-{event_id}-{trace_id}" for event_id, trace_id in committed)
+    assert [(d.status, d.attempts) for d in deliveries(runtime, consumer="fwd")] == [("done", 2)] * 3
+
+
+@pytest.mark.backends("mysql-skip-locked", "mysql-token")
+def test_two_relays_at_once_deliver_each_event_once(runtime, registry, settings, rabbit):
+    """Two relays fanning out and claiming the same events at once (plain reads of the events,
+    INSERT IGNORE of the rows, the claim's row locks): every delivery row is made once, claimed
+    by one of them, and published once."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+    outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
+    record(runtime, "thing.raced", [{"n": n} for n in range(300)])
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
+    other = Runtime(runtime.settings, registry=registry)
+    relays = [Relay(runtime, batch_size=20), Relay(other, batch_size=20)]
+    errors = []
+
+    def relay_run(relay):
+        try:
+            relay.run(Budget(max_time=30, memory_mb=None))
+        except Exception as exc:  # reported below, with the thread's traceback lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=relay_run, args=(r,)) for r in relays]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for relay in relays:
+            relay.close()
+        other.dispose()
+    assert not errors
+    assert sorted(json.loads(m.body)["n"] for m in rabbit.take(queue)) == list(range(300))
+    rows = deliveries(runtime, consumer="fwd")
+    assert len(rows) == 300 and all(d.status == "done" and d.attempts == 1 for d in rows)
+    assert sum(r.stats.done for r in relays) == 300
+
+
+def test_a_failed_routing_key_retries_or_kills_that_delivery_alone(runtime, registry, rabbit):
+    """A routing-key function failing for one event of a batch: the others are published and
+    confirmed; that one retries after the backoff (attempt 1 was its), or is dead where
+    max_attempts is 1."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+
+    def key_of(event):
+        if event.payload["n"] == 1:
+            raise KeyError("no route for 1")
+        return "k.ok"
+
+    outbox.forward("*", exchange=exchange, name="retrying", registry=registry, routing_key=key_of, backoff=[30])
+    outbox.forward("*", exchange=exchange, name="once", registry=registry, routing_key=key_of, max_attempts=1)
+    with clock.frozen(T0):
+        ids = [i for i, _ in record(runtime, "thing.mixed", [{"n": n} for n in range(3)])]
+        relay = relay_with(runtime, rabbit.url)
+        try:
+            stats = run(relay)
+        finally:
+            relay.close()
+    assert len(rabbit.take(queue)) == 4  # 2 events x 2 targets
+    assert (stats.done, stats.retried, stats.gave_up) == (4, 1, 1)
+    retrying, once = by_status(runtime, "retrying"), by_status(runtime, "once")
+    assert {e: retrying[e].status for e in ids} == {ids[0]: "done", ids[1]: "pending", ids[2]: "done"}
+    failed = retrying[ids[1]]
+    assert (failed.attempts, failed.claim_token, failed.next_attempt_at) == (1, None, T0 + timedelta(seconds=30))
+    assert failed.last_error.startswith("no routing key: KeyError")
+    assert (once[ids[1]].status, once[ids[1]].attempts, once[ids[1]].finished_at) == ("dead", 1, T0)
 
 
 def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, rabbit):
-    """One batch can hold a claimed retry and fresh deliveries the fan-out leased under another
-    claim token: the broker confirms them all, and every one is acked (not only those of the first
-    item's token, leaving the rest to be published again when their leases run out)."""
+    """One batch can hold a claimed retry and fresh deliveries: the broker confirms them all, and
+    every one is acked."""
     exchange = rabbit.exchange()
     outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
     with clock.frozen(T0):
@@ -324,7 +364,7 @@ def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, r
             queue = rabbit.queue(exchange, "#")
             clock.advance(11)
             fresh = [e for e, _ in record(runtime, "late.bound", [{"i": i} for i in range(1, 4)])]
-            stats = run(relay)  # one claim_and_fan_out: the retry claimed, the three leased
+            stats = run(relay)  # one batch: the retry and the three fresh ones
         finally:
             relay.close()
     assert sorted(json.loads(m.body)["i"] for m in rabbit.take(queue)) == [0, 1, 2, 3]

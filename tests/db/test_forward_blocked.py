@@ -98,10 +98,10 @@ def test_blocked_in_the_middle_of_a_batch_it_stops_writing_and_goes_on_once_unbl
         at_unblock = []
         timer = threading.Timer(1.0, lambda: (at_unblock.append(proxy.publishes), proxy.unblock()))
         try:
-            flight = broker.publish(messages(exchange, 0, 3000), 20)
+            publication = broker.publish(messages(exchange, 0, 3000), 20)
             timer.start()
             started = time.monotonic()
-            results = broker.collect(flight)
+            results = broker.collect(publication)
             took = time.monotonic() - started
             timer.join()
         finally:

@@ -8,6 +8,7 @@ import unicodedata
 
 import pytest
 from alembic import command
+from alembic.script import ScriptDirectory
 from sqlalchemy import Integer, UniqueConstraint, func, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
@@ -27,6 +28,8 @@ from tests.db.test_consume import behaviour, consume, publish, queue, rows  # no
 from tests.db.test_queue import all_jobs, work
 from tests.helpers import deliveries, relay
 
+BEFORE_0010 = "0010_identity_bytes-1"  # the revision 0010 upgrades from
+
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
 # Pairwise different strings that a case-/accent-insensitive or PAD SPACE comparison takes for one.
@@ -45,7 +48,6 @@ assert len(set(VARIANTS)) == len(VARIANTS)
 IDENTITIES = {
     "cronbox_events": ["type", "key"],
     "cronbox_deliveries": ["consumer", "key", "claim_token"],
-    "cronbox_flights": ["token", "consumer"],
     "cronbox_inbox": ["consumer", "message_id"],
     "cronbox_redeliveries": ["queue", "message_id"],
     "cronbox_jobs": ["queue", "handler", "claim_token", "unique_key", "concurrency_group"],
@@ -236,8 +238,9 @@ def _snapshot(connection) -> dict:
 
 def test_upgrading_a_database_at_0009_with_rows_keeps_them_and_then_tells_ids_apart(runtime):
     with runtime.engine.begin() as connection:
-        command.downgrade(alembic_config(runtime.settings, connection), "0009_flights")
-    assert current_revision(runtime.engine) == "0009_flights"
+        command.downgrade(alembic_config(runtime.settings, connection), BEFORE_0010)
+    assert current_revision(runtime.engine) == ScriptDirectory.from_config(
+        alembic_config(runtime.settings)).get_revision("0010_identity_bytes").down_revision
     with runtime.engine.begin() as connection:
         _insert_at_0009(connection, Rows(connection))
     with runtime.engine.connect() as connection:
@@ -267,7 +270,7 @@ def test_downgrading_keeps_rows_and_upgrading_again_is_the_same_schema(runtime):
     config = alembic_config(runtime.settings)
     with runtime.engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.downgrade(config, "0009_flights")
+        command.downgrade(config, BEFORE_0010)
     with runtime.engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
@@ -283,7 +286,7 @@ def test_upgrading_ids_a_latin1_database_stored_keeps_them_as_text(runtime):
     upgrade converts that text to UTF-8 before keeping its bytes, so 'é' still reads as 'é'."""
     inbox_table = metadata.tables["cronbox_inbox"]
     with runtime.engine.begin() as connection:
-        command.downgrade(alembic_config(runtime.settings, connection), "0009_flights")
+        command.downgrade(alembic_config(runtime.settings, connection), BEFORE_0010)
     with runtime.engine.begin() as connection:
         connection.exec_driver_sql("ALTER TABLE cronbox_inbox MODIFY message_id VARCHAR(191) CHARACTER SET latin1 "
                                    "NOT NULL, MODIFY consumer VARCHAR(191) CHARACTER SET latin1 NOT NULL")

@@ -1,15 +1,24 @@
 """Models and migrations agree; the schema head constant is the real head; first-use migration."""
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta
+
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import DateTime, Integer, String, Text, column, func, insert, inspect, select, table, update
 
+import outbox
+from outbox.core import clock
 from outbox.core.errors import SchemaError
 from outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
+from outbox.engine.budget import Budget
 from outbox.engine.runtime import Runtime
+from outbox.events.models import OutboxEvent
+from outbox.events.relay import Relay
 from tests.conftest import ONE_MYSQL_MODE
+from tests.helpers import deliveries
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -49,3 +58,66 @@ def test_fresh_database_on_first_use(settings, database):
             assert current_revision(runtime.engine) == SCHEMA_HEAD
     finally:
         runtime.dispose()
+
+
+PREVIOUS_HEAD = "0010_identity_bytes"
+T0 = datetime(2026, 12, 1, 9, 0, 0)
+
+
+def _flights_table():
+    """cronbox_flights as 0009 made it (the table 0011 drops), for writing a row at 0010."""
+    return table("cronbox_flights", column("token", String), column("consumer", String), column("event_ids", Text),
+                 column("size", Integer), column("first_event_id", Integer), column("last_event_id", Integer),
+                 column("lease_until", DateTime), column("created_at", DateTime))
+
+
+def test_upgrading_in_the_middle_of_a_flight_lands_it_as_leased_rows_delivered_after_the_lease(
+        runtime, registry, rabbit):
+    """A tick killed with a flight out (0009-0010 kept a forward target's fresh keyless deliveries in
+    cronbox_flights while they were published): the upgrade writes them as the leased delivery rows
+    they stand for (attempt 1, the flight's token and lease), and once the lease runs out a relay
+    claims them like any expired lease and the broker gets them."""
+    exchange = rabbit.exchange()
+    queue = rabbit.queue(exchange, "#")
+    outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
+    with runtime.engine.begin() as connection:
+        command.downgrade(alembic_config(runtime.settings, connection), PREVIOUS_HEAD)
+    with clock.frozen(T0), runtime.sessions.begin() as session:
+        events = [outbox.record(session, "thing.flew", {"n": n}) for n in range(2)]
+        session.flush()
+        ids = [e.id for e in events]
+        session.execute(update(OutboxEvent).values(fanned_out_at=T0))
+    lease_until = T0 + timedelta(seconds=35)
+    with runtime.engine.begin() as connection:
+        connection.execute(insert(_flights_table()).values(
+            token="f" * 32, consumer="fwd", event_ids=",".join(map(str, ids)), size=2, first_event_id=ids[0],
+            last_event_id=ids[1], lease_until=lease_until, created_at=T0))
+        command.upgrade(alembic_config(runtime.settings, connection), "head")
+    assert current_revision(runtime.engine) == SCHEMA_HEAD
+    assert "cronbox_flights" not in inspect(runtime.engine).get_table_names()
+    landed = deliveries(runtime, consumer="fwd")
+    assert [(d.event_id, d.status, d.attempts, d.claim_token, d.lease_until) for d in landed] == [
+        (event_id, "pending", 1, "f" * 32, lease_until) for event_id in ids]
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url  # raw is this test's own dict
+    relay = Relay(runtime)
+    try:
+        with clock.frozen(T0 + timedelta(seconds=30)):  # within the lease: nothing is due
+            relay.run(Budget(max_time=30, memory_mb=None))
+            assert rabbit.take(queue) == []
+        with clock.frozen(lease_until + timedelta(seconds=1)):
+            relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    assert sorted(json.loads(m.body)["n"] for m in rabbit.take(queue)) == [0, 1]
+    assert [(d.status, d.attempts) for d in deliveries(runtime, consumer="fwd")] == [("done", 2), ("done", 2)]
+
+
+def test_downgrading_below_0011_makes_the_flights_table_again_empty(runtime):
+    with runtime.engine.begin() as connection:
+        command.downgrade(alembic_config(runtime.settings, connection), PREVIOUS_HEAD)
+    assert "cronbox_flights" in inspect(runtime.engine).get_table_names()
+    with runtime.engine.connect() as connection:
+        assert connection.scalar(select(func.count()).select_from(_flights_table())) == 0
+    with runtime.engine.begin() as connection:
+        command.upgrade(alembic_config(runtime.settings, connection), "head")
+        command.check(alembic_config(runtime.settings, connection))

@@ -12,8 +12,7 @@ from outbox.core import clock
 from outbox.core.errors import PayloadError
 from outbox.engine.runtime import Runtime
 from outbox.events.consumers import consumer
-from outbox.events.relay import Relay
-from tests.helpers import count_events, deliveries, invoke, relay
+from tests.helpers import count_events, deliveries, fan_out, invoke, relay
 from tests.registries import copy_of
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
@@ -322,7 +321,7 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
     consumer("e", name="gone", registry=registry)(lambda event, ctx: None)
     with runtime.sessions.begin() as session:
         outbox.record(session, "e", {})
-    Relay(runtime).fan_out()  # rows for both consumers
+    fan_out(runtime)  # rows for both consumers
     deployed = Runtime(runtime.settings, registry=copy_of(registry, leaving_out={"gone"}))  # lacks the module
     try:
         relay(deployed)

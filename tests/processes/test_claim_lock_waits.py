@@ -17,10 +17,10 @@ import outbox
 from outbox.engine.models import Heartbeat
 from outbox.engine.registry import Registry
 from outbox.events.models import Delivery
-from outbox.events.relay import Relay
 from outbox.queue.jobs import job
 from outbox.queue.models import Job
 from tests.conftest import run_cli, start_cli
+from tests.helpers import fan_out
 
 # SKIP LOCKED claims pass locked rows by: nothing waits there. The token claim (old servers) waits.
 pytestmark = pytest.mark.backends("sqlite", "mysql-token")
@@ -67,7 +67,7 @@ def due_delivery(runtime, registry) -> int:
     outbox.consumer("lockwait", name="lockwait.consumer", registry=registry)(lambda event, ctx: None)
     with runtime.sessions.begin() as session:
         outbox.record(session, "lockwait", {"n": 1})
-    Relay(runtime).fan_out()
+    fan_out(runtime)
     with runtime.sessions() as session:
         return session.scalar(select(Delivery.id))
 

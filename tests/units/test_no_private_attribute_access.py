@@ -13,7 +13,6 @@ DOCUMENTED = {
     "os._exit": "the standard library's documented exit for a forked child (docs.python.org, os._exit)",
     "current_app._get_current_object": "Flask's documented way to the object behind a proxy (Notes on Proxies)",
     "current_request._get_current_object": "the same, for flask.request",
-    "twin._by_name": "registry.Named's own field, set on a Named it just made (not another package's)",
 }
 
 
