@@ -39,7 +39,7 @@ def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
     if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{stdout}\n{stderr}")
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{stdout[-2000:]}\n{stderr[-3000:]}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "stdout": stdout, "stderr": stderr}
 
 

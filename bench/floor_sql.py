@@ -55,14 +55,35 @@ def tables(engine) -> MetaData:
     return metadata
 
 
+def row_of(table: Table, values: dict) -> dict:
+    """`values` as the driver takes them: cronbox stores names as VARBINARY on MySQL (exact
+    comparison), so a str goes in as its UTF-8 bytes there."""
+    return {k: v.encode() if isinstance(v, str) and _binary(table.c[k]) else v for k, v in values.items()}
+
+
+def ident(table: Table, column: str, value):
+    return row_of(table, {column: value})[column]
+
+
+def _binary(column) -> bool:
+    try:
+        return column.type.python_type is bytes
+    except NotImplementedError:
+        return False
+
+
+def text_of(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def record(engine, n: int) -> None:
     events = tables(engine).tables["cronbox_events"]
     insert = events.insert()
     for i in range(n):
         now = utcnow()
         with Session(engine) as s, s.begin():  # the caller's ORM transaction, as record() gets it
-            s.execute(insert, {"type": "fl.noop", "key": None, "payload": json.dumps({"i": i}),
-                               "trace_id": uuid.uuid4().hex, "created_at": now, "available_at": now})
+            s.execute(insert, row_of(events, {"type": "fl.noop", "key": None, "payload": json.dumps({"i": i}),
+                                              "trace_id": uuid.uuid4().hex, "created_at": now, "available_at": now}))
 
 
 def dispatch(engine, n: int) -> None:
@@ -71,9 +92,9 @@ def dispatch(engine, n: int) -> None:
     for i in range(n):
         now = utcnow()
         with Session(engine) as s, s.begin():
-            s.execute(insert, {"queue": "bench", "handler": "fl.bump", "payload": "null", "status": "ready",
-                               "attempts": 0, "available_at": now, "trace_id": uuid.uuid4().hex,
-                               "created_at": now})
+            s.execute(insert, row_of(jobs, {"queue": "bench", "handler": "fl.bump", "payload": "null",
+                                            "status": "ready", "attempts": 0, "available_at": now,
+                                            "trace_id": uuid.uuid4().hex, "created_at": now}))
 
 
 def skip_locked(query, engine):
@@ -88,18 +109,18 @@ def drain(engine, body) -> int:
         now, token = utcnow(), uuid.uuid4().hex
         with engine.begin() as c:
             ids = c.scalars(skip_locked(
-                select(jobs.c.id).where(jobs.c.queue == "bench", jobs.c.status == "ready", jobs.c.available_at <= now)
+                select(jobs.c.id).where(jobs.c.queue == ident(jobs, "queue", "bench"), jobs.c.status == "ready", jobs.c.available_at <= now)
                 .order_by(jobs.c.available_at, jobs.c.id).limit(BATCH), engine)).all()
             if not ids:
                 return done
             c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
-                status="reserved", claim_token=token, attempts=jobs.c.attempts + 1, available_at=now + LEASE,
+                status="reserved", claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, available_at=now + LEASE,
                 reserved_at=now))
             payloads = c.execute(select(jobs.c.id, jobs.c.payload).where(jobs.c.id.in_(ids))).all()
         for _id, payload in payloads:
             body(json.loads(payload))
         with engine.begin() as c:
-            c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == token, jobs.c.status == "reserved")
+            c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token), jobs.c.status == "reserved")
                       .values(status="done", available_at=None, claim_token=None, finished_at=utcnow()))
         done += len(ids)
 
@@ -113,16 +134,16 @@ def claim_events(engine, c, t, consumer: str):
         .where(events.c.fanned_out_at.is_(None)).order_by(events.c.id).limit(BATCH), engine)).all()
     if not rows:
         return token, []
-    c.execute(deliveries.insert(), [
-        {"event_id": r.id, "consumer": consumer, "key": r.key, "status": "pending", "attempts": 1,
-         "next_attempt_at": now, "claim_token": token, "lease_until": now + LEASE, "created_at": now} for r in rows])
+    c.execute(deliveries.insert(), [row_of(deliveries, {
+        "event_id": r.id, "consumer": consumer, "key": r.key, "status": "pending", "attempts": 1,
+        "next_attempt_at": now, "claim_token": token, "lease_until": now + LEASE, "created_at": now}) for r in rows])
     c.execute(update(events).where(events.c.id.in_([r.id for r in rows])).values(fanned_out_at=now))
     return token, rows
 
 
 def ack_deliveries(c, t, token: str, event_ids) -> None:
     deliveries = t.tables["cronbox_deliveries"]
-    c.execute(update(deliveries).where(deliveries.c.event_id.in_(event_ids), deliveries.c.claim_token == token)
+    c.execute(update(deliveries).where(deliveries.c.event_id.in_(event_ids), deliveries.c.claim_token == ident(deliveries, "claim_token", token))
               .values(status="done", claim_token=None, lease_until=None, finished_at=utcnow()))
 
 
@@ -156,7 +177,8 @@ def relay_handlers(engine):
             json.loads(r.payload)
             with engine.begin() as c:
                 c.execute(ROW_INSERT, {"event_id": r.id})
-                c.execute(deliveries_done, {"eid": r.id, "token": token, "now": utcnow()})
+                c.execute(deliveries_done, {"eid": r.id, "token": ident(t.tables["cronbox_deliveries"], "claim_token", token),
+                                            "now": utcnow()})
 
     def gwrite(t, token, rows):
         """Group commit: a savepoint per delivery's row, one ack and one COMMIT for the batch."""
