@@ -76,8 +76,8 @@ def text_of(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def record(engine, n: int) -> None:
-    events = tables(engine).tables["cronbox_events"]
+def record(engine, n: int, t: MetaData) -> None:
+    events = t.tables["cronbox_events"]
     insert = events.insert()
     for i in range(n):
         now = utcnow()
@@ -86,8 +86,8 @@ def record(engine, n: int) -> None:
                                               "trace_id": uuid.uuid4().hex, "created_at": now, "available_at": now}))
 
 
-def dispatch(engine, n: int) -> None:
-    jobs = tables(engine).tables["cronbox_jobs"]
+def dispatch(engine, n: int, t: MetaData) -> None:
+    jobs = t.tables["cronbox_jobs"]
     insert = jobs.insert()
     for i in range(n):
         now = utcnow()
@@ -199,22 +199,15 @@ def cpu_seconds() -> float:
 
 def main(kind: str, url: str, n: int) -> None:
     engine = engine_for(url)
+    t = tables(engine)  # record and dispatch are timed in the loop, as floor_host times cronbox's
     started, cpu = time.perf_counter(), cpu_seconds()
-    if kind == "record":
-        record(engine, n)
-    elif kind == "dispatch":
-        dispatch(engine, n)
-    elif kind.startswith("drain-"):
-        if kind == "drain-peer":
-            from common import bump  # bench/peers/common.py
+    if kind in ("record", "dispatch"):
+        (record if kind == "record" else dispatch)(engine, n, t)
+    elif kind in ("drain-peer", "drain-noop"):
+        from common import bump  # bench/peers/common.py: the peer harness's job body
 
-            def body(payload):
-                bump()
-        else:
-            def body(payload):
-                pass
-        assert drain(engine, body) == n
-    elif kind.startswith("relay-"):
+        assert drain(engine, (lambda payload: bump()) if kind == "drain-peer" else (lambda payload: None)) == n
+    elif kind in ("relay-noop", "relay-write", "relay-gwrite"):
         consumer = {"relay-noop": "fl.noop", "relay-write": "fl.write", "relay-gwrite": "fl.gwrite"}[kind]
         assert relay(engine, consumer, relay_handlers(engine)[kind.split("-")[1]]) == n
     else:
