@@ -239,7 +239,7 @@ def main() -> None:
                 if section == "forward":
                     extra = {**broker, "CRONBOX_AMQP_URL": args.amqp}
                 elif section == "consume":
-                    extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1"}
+                    extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1", "CRONBOX_AMQP_URL": args.amqp}
                 t = Target(args.tree, mysql, extra)
                 t.peer_db = bool(args.mysql)
                 try:

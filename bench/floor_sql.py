@@ -172,11 +172,13 @@ def relay_handlers(engine):
             ack_deliveries(c, t, token, [r.id for r in rows])
 
     def write(t, token, rows):
-        """One transaction per delivery: the consumer's row and its ack."""
+        """One transaction per delivery: the consumer's row in a savepoint (ctx.session's, so a
+        handler's failure keeps the ack's transaction usable), then its ack, one COMMIT."""
         for r in rows:
             json.loads(r.payload)
             with engine.begin() as c:
-                c.execute(ROW_INSERT, {"event_id": r.id})
+                with c.begin_nested():
+                    c.execute(ROW_INSERT, {"event_id": r.id})
                 c.execute(deliveries_done, {"eid": r.id, "token": ident(t.tables["cronbox_deliveries"], "claim_token", token),
                                             "now": utcnow()})
 
