@@ -12,6 +12,7 @@ BEGIN IMMEDIATE) through SQLAlchemy's public events. floor_amqp.py reuses `relay
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -21,7 +22,9 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import MetaData, Table, bindparam, create_engine, event, select, text, update
 from sqlalchemy.orm import Session
 
-BATCH = 100  # the tick's and the worker's batch (Relay / Worker batch_size default)
+# The tick's and the worker's batch (Relay / Worker batch_size default); FLOOR_BATCH=500 shows what
+# the old bench_amqp's batch of 500 was worth.
+BATCH = int(os.environ.get("FLOOR_BATCH", 100))
 LEASE = timedelta(seconds=60)
 ROW_INSERT = text("INSERT INTO bench_floor_rows (event_id, note) VALUES (:event_id, 'x')")
 
@@ -82,7 +85,7 @@ def record(engine, n: int, t: MetaData) -> None:
     for i in range(n):
         now = utcnow()
         with Session(engine) as s, s.begin():  # the caller's ORM transaction, as record() gets it
-            s.execute(insert, row_of(events, {"type": "fl.noop", "key": None, "payload": json.dumps({"i": i}),
+            s.connection().execute(insert, row_of(events, {"type": "fl.noop", "key": None, "payload": json.dumps({"i": i}),
                                               "trace_id": uuid.uuid4().hex, "created_at": now, "available_at": now}))
 
 
@@ -92,7 +95,7 @@ def dispatch(engine, n: int, t: MetaData) -> None:
     for i in range(n):
         now = utcnow()
         with Session(engine) as s, s.begin():
-            s.execute(insert, row_of(jobs, {"queue": "bench", "handler": "fl.bump", "payload": "null",
+            s.connection().execute(insert, row_of(jobs, {"queue": "bench", "handler": "fl.bump", "payload": "null",
                                             "status": "ready", "attempts": 0, "available_at": now,
                                             "trace_id": uuid.uuid4().hex, "created_at": now}))
 
