@@ -145,7 +145,7 @@ def section_relay(t: Target, store: str, table: Table, rounds: int, n: int = 200
 
         a, b = alternate(rounds, ours, floor)
         table.rate(f"relay: `tick --no-linger`, {n:,} events to a {title}, start to exit", store, a, b, "≥0.85×")
-        table.rate(f"relay: the same, the tick's own reported time / the floor's loop", store, own, floor_own, "")
+        table.rate(f"relay: {title}, the tick's own reported time / the floor's loop", store, own, floor_own, "")
     cpu_per_item(t, store, table, rounds, 5000, "relay: `tick` to a no-op consumer",
                  lambda k: (t.reset(), k and t.host(["seed-events", "fl.noop", str(k)]), tick(t, k))[-1],
                  lambda k: (t.reset(), k and t.host(["seed-events", "fl.noop", str(k)]),
