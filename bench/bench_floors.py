@@ -64,9 +64,11 @@ def alternate(rounds: int, ours, floor) -> tuple[list, list]:
     a, b = [], []
     for r in range(rounds):
         if r % 2 == 0:
-            a.append(ours()), b.append(floor())
+            a.append(ours())
+            b.append(floor())
         else:
-            b.append(floor()), a.append(ours())
+            b.append(floor())
+            a.append(ours())
     return a, b
 
 
@@ -84,30 +86,38 @@ def section_record(t: Target, store: str, table: Table, rounds: int, kind: str, 
     table.rate(f"{kind}: {what}, one row per transaction", store, a, b, "≥0.85×")
 
 
-def section_drain(t: Target, store: str, table: Table, rounds: int, n: int = 5000) -> None:
+WORK = ["queue", "work", "--queue", "bench", "--stop-when-empty"]
+
+
+def section_drain(t: Target, store: str, table: Table, rounds: int, peer_db: bool, n: int = 5000) -> None:
     env_counter(t)
-    if t.peer_db:  # the peer body bumps a counter in MariaDB, whatever the store
+    if peer_db:  # the peer body bumps a counter in MariaDB, whatever cronbox's store
         def ours():
-            t.reset(), t.host(["seed-jobs", "peer_body", str(n)])
-            result = t.cron(["queue", "work", "--queue", "bench", "--stop-when-empty"])
+            t.fresh("seed-jobs", "peer_body", n)
+            result = t.cron(WORK)
             assert t.count("cronbox_jobs", "status = 'done'") == n, result
             return n / result["wall"]
 
         def floor():
-            t.reset(), t.host(["seed-jobs", "peer_body", str(n)])
+            t.fresh("seed-jobs", "peer_body", n)
             return n / t.floor("floor_sql.py", ["drain-peer", str(n)], {"BENCH_COUNTER": COUNTER})["wall"]
 
         a, b = alternate(rounds, ours, floor)
         table.rate(f"drain: `queue work --stop-when-empty`, {n:,} jobs of the peer body, start to exit", store, a, b,
                    "≥0.85×")
-    cpu_per_item(t, store, table, rounds, n, "drain: no-op jobs",
-                 lambda k: (t.reset(), k and t.host(["seed-jobs", "noop_job", str(k)]),
-                            t.cron(["queue", "work", "--queue", "bench", "--stop-when-empty"]))[-1],
-                 lambda k: (t.reset(), k and t.host(["seed-jobs", "noop_job", str(k)]),
-                            t.floor("floor_sql.py", ["drain-noop", str(k)]))[-1])
+
+    def noop_ours(k):
+        t.fresh("seed-jobs", "noop_job", k)
+        return t.cron(WORK)
+
+    def noop_floor(k):
+        t.fresh("seed-jobs", "noop_job", k)
+        return t.floor("floor_sql.py", ["drain-noop", str(k)])
+
+    cpu_per_item(store, table, rounds, n, "drain: no-op jobs", noop_ours, noop_floor)
 
 
-def cpu_per_item(t, store, table, rounds, n, path, ours, floor) -> None:
+def cpu_per_item(store, table, rounds, n, path, ours, floor) -> None:
     """CPU µs per item of a process doing n items, less the same process doing none (its start-up)."""
     def per_item(run):
         return (run(n)["cpu"] - run(0)["cpu"]) / n * 1e6
@@ -119,7 +129,7 @@ def cpu_per_item(t, store, table, rounds, n, path, ours, floor) -> None:
               "", spread(a), spread(b), "own ≤50 µs")
 
 
-def tick(t: Target, n: int) -> dict:
+def tick(t: Target) -> dict:
     result = t.cron(["tick", "--no-linger"])
     result["own"] = float(OWN_TIME.search(result["stdout"]).group(1))
     return result
@@ -131,14 +141,14 @@ def section_relay(t: Target, store: str, table: Table, rounds: int, n: int = 200
         own, floor_own = [], []
 
         def ours():
-            t.reset(), t.host(["seed-events", consumer, str(n)])
-            result = tick(t, n)
+            t.fresh("seed-events", consumer, n)
+            result = tick(t)
             assert t.count("bench_floor_rows") == n, result
             own.append(n / result["own"])
             return n / result["wall"]
 
         def floor():
-            t.reset(), t.host(["seed-events", consumer, str(n)])
+            t.fresh("seed-events", consumer, n)
             result = t.floor("floor_sql.py", [kind, str(n)])
             floor_own.append(n / result["seconds"])
             return n / result["wall"]
@@ -146,24 +156,30 @@ def section_relay(t: Target, store: str, table: Table, rounds: int, n: int = 200
         a, b = alternate(rounds, ours, floor)
         table.rate(f"relay: `tick --no-linger`, {n:,} events to a {title}, start to exit", store, a, b, "≥0.85×")
         table.rate(f"relay: {title}, the tick's own reported time / the floor's loop", store, own, floor_own, "")
-    cpu_per_item(t, store, table, rounds, 5000, "relay: `tick` to a no-op consumer",
-                 lambda k: (t.reset(), k and t.host(["seed-events", "fl.noop", str(k)]), tick(t, k))[-1],
-                 lambda k: (t.reset(), k and t.host(["seed-events", "fl.noop", str(k)]),
-                            t.floor("floor_sql.py", ["relay-noop", str(k)]))[-1])
+
+    def noop_ours(k):
+        t.fresh("seed-events", "fl.noop", k)
+        return tick(t)
+
+    def noop_floor(k):
+        t.fresh("seed-events", "fl.noop", k)
+        return t.floor("floor_sql.py", ["relay-noop", str(k)])
+
+    cpu_per_item(store, table, rounds, 5000, "relay: `tick` to a no-op consumer", noop_ours, noop_floor)
 
 
 def section_forward(t: Target, store: str, table: Table, rounds: int, broker: dict, n: int = 10000) -> None:
     own, bare = [], []
 
     def ours():
-        t.reset(), t.host(["seed-events", "fl.fwd", str(n)])
-        result = tick(t, n)
+        t.fresh("seed-events", "fl.fwd", n)
+        result = tick(t)
         assert floor_amqp.purge(broker["FLOOR_AMQP_URL"], broker["FLOOR_QUEUE"]) == n, result
         own.append(n / result["own"])
         return n / result["wall"]
 
     def floor():
-        t.reset(), t.host(["seed-events", "fl.fwd", str(n)])
+        t.fresh("seed-events", "fl.fwd", n)
         result = t.floor("floor_amqp.py", ["forward", str(n)], broker)
         assert floor_amqp.purge(broker["FLOOR_AMQP_URL"], broker["FLOOR_QUEUE"]) == n
         # The bare publisher in the same minute: no database, the same messages and batches.
@@ -183,14 +199,16 @@ def section_consume(t: Target, store: str, table: Table, rounds: int, broker: di
     own = []
 
     def ours():
-        t.reset(), t.floor("floor_amqp.py", ["fill", str(n)], broker)
+        t.reset()
+        t.floor("floor_amqp.py", ["fill", str(n)], broker)
         result = t.cron(["amqp", "consume", "--queue", broker["FLOOR_QUEUE"], "--max-messages", str(n)])
         assert t.count("bench_floor_rows") == n, result
         own.append(n / float(OWN_TIME.search(result["stdout"]).group(1)))
         return n / result["wall"]
 
     def floor():
-        t.reset(), t.floor("floor_amqp.py", ["fill", str(n)], broker)
+        t.reset()
+        t.floor("floor_amqp.py", ["fill", str(n)], broker)
         result = t.floor("floor_amqp.py", ["consume", str(n)], broker)
         assert t.count("bench_floor_rows") == n
         return n / result["wall"]
@@ -241,12 +259,11 @@ def main() -> None:
                 elif section == "consume":
                     extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1", "CRONBOX_AMQP_URL": args.amqp}
                 t = Target(args.tree, mysql, extra)
-                t.peer_db = bool(args.mysql)
                 try:
                     if section in ("record", "dispatch"):
                         section_record(t, store, table, args.rounds, section)
                     elif section == "drain":
-                        section_drain(t, store, table, args.rounds)
+                        section_drain(t, store, table, args.rounds, peer_db=bool(args.mysql))
                     elif section == "relay":
                         section_relay(t, store, table, args.rounds)
                     elif section == "forward":

@@ -85,6 +85,12 @@ class Target:
         result = run([sys.executable, str(BENCH / module), args[0], self.url, *args[1:]], floor_env)
         return {**result, **json.loads(result["stdout"].strip().splitlines()[-1])}
 
+    def fresh(self, seed: str, what: str, n: int) -> None:
+        """Empty tables, then n events of type `what` (seed-events) or jobs of `what` (seed-jobs), untimed."""
+        self.reset()
+        if n:
+            self.host([seed, what, str(n)])
+
     def count(self, table: str, where: str = "1=1") -> int:
         with self.engine.connect() as c:
             return c.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}")).scalar_one()
