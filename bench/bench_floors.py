@@ -34,7 +34,7 @@ OWN_TIME = re.compile(r" in ([0-9.]+)s")
 COUNTER = "floor"
 
 
-class Table:
+class Report:
     """Markdown rows: path, store, tree, cronbox, floor, ratio, spreads, target."""
 
     def __init__(self, label: str):
@@ -72,7 +72,7 @@ def alternate(rounds: int, ours, floor) -> tuple[list, list]:
     return a, b
 
 
-def section_record(t: Target, store: str, table: Table, rounds: int, kind: str, n: int = 2000) -> None:
+def section_record(t: Target, store: str, table: Report, rounds: int, kind: str, n: int = 2000) -> None:
     def ours():
         t.reset()
         return n / t.host([kind, str(n)])["seconds"]
@@ -89,7 +89,7 @@ def section_record(t: Target, store: str, table: Table, rounds: int, kind: str, 
 WORK = ["queue", "work", "--queue", "bench", "--stop-when-empty"]
 
 
-def section_drain(t: Target, store: str, table: Table, rounds: int, peer_db: bool, n: int = 5000) -> None:
+def section_drain(t: Target, store: str, table: Report, rounds: int, peer_db: bool, n: int = 5000) -> None:
     env_counter(t)
     if peer_db:  # the peer body bumps a counter in MariaDB, whatever cronbox's store
         def ours():
@@ -135,7 +135,7 @@ def tick(t: Target) -> dict:
     return result
 
 
-def section_relay(t: Target, store: str, table: Table, rounds: int, n: int = 2000) -> None:
+def section_relay(t: Target, store: str, table: Report, rounds: int, n: int = 2000) -> None:
     for consumer, kind, title in (("fl.write", "relay-write", "one-row consumer"),
                                   ("fl.gwrite", "relay-gwrite", "one-row consumer, grouped=True")):
         own, floor_own = [], []
@@ -168,7 +168,7 @@ def section_relay(t: Target, store: str, table: Table, rounds: int, n: int = 200
     cpu_per_item(store, table, rounds, 5000, "relay: `tick` to a no-op consumer", noop_ours, noop_floor)
 
 
-def section_forward(t: Target, store: str, table: Table, rounds: int, broker: dict, n: int = 10000) -> None:
+def section_forward(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 10000) -> None:
     own, bare = [], []
 
     def ours():
@@ -195,7 +195,7 @@ def section_forward(t: Target, store: str, table: Table, rounds: int, broker: di
     table.rate("forward: the tick's own reported time / the bare publisher", store, own, bare, "")
 
 
-def section_consume(t: Target, store: str, table: Table, rounds: int, broker: dict, n: int = 2000) -> None:
+def section_consume(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 2000) -> None:
     own = []
 
     def ours():
@@ -241,7 +241,7 @@ def main() -> None:
     args = parser.parse_args()
     sections = args.section or SECTIONS
     stores = [s for s in (args.store or ["SQLite", "MariaDB"]) if s == "SQLite" or args.mysql]
-    table = Table(args.label)
+    table = Report(args.label)
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, tree {args.tree}, load {os.getloadavg()[0]:.1f}",
           flush=True)
     exchange = f"cronbox-floor-{secrets.token_hex(4)}"
