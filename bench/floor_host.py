@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,7 @@ class Target:
 
     def close(self) -> None:
         self.engine.dispose()
+        shutil.rmtree(self.folder, ignore_errors=True)
         if self.admin is not None:
             with self.admin.connect() as c:
                 c.execute(text(f"DROP DATABASE {self.name}"))
