@@ -1,8 +1,9 @@
-"""Start `python -m cron ...` with the app root importable (the harness only puts this folder on the path)."""
+"""`python -m cron ...` from CRONBOX_TREE (the harness only puts this folder on the path)."""
 import os
+import runpy
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from cron.cli import main  # noqa: E402
-
-sys.exit(main(sys.argv[1:]))
+sys.path.insert(0, os.environ.get("CRONBOX_TREE")
+                or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.argv[0] = "cron"
+runpy.run_module("cron", run_name="__main__", alter_sys=True)

@@ -64,7 +64,7 @@ def main(store: str, n: int, rounds: int) -> None:
         peer.reset()
     if store == "mysql":
         from sqlalchemy import text
-        with cronbox.runtime().engine.begin() as connection:
+        with cronbox.engine().begin() as connection:
             connection.execute(text(f"DROP DATABASE {database}"))
 
 

@@ -1,15 +1,20 @@
 """cronbox's job queue in the peer harness: MariaDB store, `queue work --stop-when-empty` workers.
 
-The queue lives in its own database (`cronbox_peerbench`, created and migrated
-by reset()); the job body is the harness's counter bump in `test`, like every peer.
+cronbox is imported from CRONBOX_TREE (default: this repository), first on sys.path, so two trees
+compare in one harness (`CRONBOX_TREE=/work/wt/before bench/peers/run_peers.sh`). Only its public
+surface is used: `python -m cron migrate` and `queue work`, and the job's `.dispatch()` in the host's own
+SQLAlchemy Session. The queue lives in its own database (`cronbox_peerbench`, created and migrated by
+reset()); the job body is the harness's counter bump in `test`, like every peer.
 """
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-APP_ROOT = os.path.dirname(os.path.dirname(HERE))
-if APP_ROOT not in sys.path:
-    sys.path.insert(0, APP_ROOT)
+TREE = os.path.abspath(os.environ.get("CRONBOX_TREE") or os.path.dirname(os.path.dirname(HERE)))
+if TREE not in sys.path:
+    sys.path.insert(0, TREE)
+os.environ["CRONBOX_TREE"] = TREE  # cronbox_worker.py starts `python -m cron` from the same tree
 
 STORE = os.environ.get("CRONBOX_PEER_STORE", "mysql")
 if STORE == "sqlite":
@@ -20,14 +25,11 @@ os.environ.setdefault("CRONBOX_INSTANCE", "/tmp/cronbox-peerbench")
 os.environ["CRONBOX_HANDLERS"] = "peer_cronbox"
 
 import pymysql  # noqa: E402
-from sqlalchemy import func, select, text  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
 
 import common  # noqa: E402
 import outbox  # noqa: E402
-from outbox.core.migrate import upgrade  # noqa: E402
-from outbox.core.settings import load_settings  # noqa: E402
-from outbox.engine.runtime import Runtime  # noqa: E402
-from outbox.queue.models import Job  # noqa: E402
 
 
 @outbox.job("bench", name="bench.bump", tries=3, timeout=30)
@@ -35,35 +37,39 @@ def bump(payload, ctx):
     common.bump()
 
 
-_runtime = None
+_engine = None
 
 
-def runtime():
-    global _runtime
-    if _runtime is None:
-        if STORE != "sqlite":
-            name = os.environ["DATABASE_URL"].rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
+def engine():
+    """The host's own engine on cronbox's database, migrated by the tree's `python -m cron migrate`."""
+    global _engine
+    if _engine is None:
+        url = os.environ["DATABASE_URL"]
+        if STORE == "sqlite":
+            os.makedirs(os.environ["CRONBOX_INSTANCE"], exist_ok=True)
+        else:
+            name = url.rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
             with pymysql.connect(host="127.0.0.1", user="root", password="", ssl_disabled=True) as conn:
                 conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
-        settings = load_settings()
-        _runtime = Runtime(settings, role="web")
-        upgrade(settings, _runtime.engine)
-    return _runtime
+        subprocess.run([sys.executable, "-m", "cron", "migrate"], check=True, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([TREE, HERE])))
+        _engine = create_engine(url, connect_args={"timeout": 30} if STORE == "sqlite" else {"ssl_disabled": True})
+    return _engine
 
 
 def reset():
-    with runtime().engine.begin() as conn:
+    with engine().begin() as conn:
         conn.execute(text("DELETE FROM cronbox_jobs"))
 
 
 def enqueue_one():
-    with runtime().sessions.begin() as session:
+    with Session(engine()) as session, session.begin():
         bump.dispatch(session, None)
 
 
 def pending():
-    with runtime().sessions() as session:
-        return session.scalar(select(func.count()).select_from(Job).where(Job.available_at.is_not(None)))
+    with engine().connect() as conn:
+        return conn.execute(text("SELECT COUNT(*) FROM cronbox_jobs WHERE available_at IS NOT NULL")).scalar_one()
 
 
 def worker_argv(i):

@@ -3,6 +3,10 @@
 #
 #   ./run_peers.sh                                # N=5000, 3 runs, all peers
 #   NS="5000 20000" RUNS=3 PEERS="huey_sqlite rq_simple" ./run_peers.sh
+#   CRONBOX_TREE=/work/wt/before TREE_LABEL=before PEERS="cronbox huey_mysql" WRITE_DOC=0 ./run_peers.sh
+#
+# CRONBOX_TREE: the cronbox tree the cronbox peers import and run (`python -m cron`) from, default this
+# repository; TREE_LABEL names it in the table (cronbox@before). WRITE_DOC=0 leaves docs/benchmarks.md.
 #
 # Needs MariaDB on 127.0.0.1:3306 (root, no password, db `test`) and Redis on
 # 127.0.0.1:6379 (db 9 is flushed!).  Results are appended to $OUT (JSON lines).
@@ -36,6 +40,7 @@ for n in $NS; do
   for peer in $PEERS; do
     mod=$peer suffix=
     if [ "$peer" = rq_simple ]; then mod=rq suffix=_simple; fi
+    case $peer in cronbox*) if [ -n "${TREE_LABEL:-}" ]; then suffix="@$TREE_LABEL"; fi ;; esac
     for w in 1 2; do
       for r in $(seq "$RUNS"); do
         BENCH_LABEL_SUFFIX=$suffix timeout 1800 $PY bench.py "$mod" "$n" "$w" | tee -a "$OUT" \
@@ -46,4 +51,4 @@ for n in $NS; do
 done
 
 $PY report.py "$OUT"
-PYTHONPATH="$APP_ROOT" $PY "$HERE/write_report.py" "$OUT"  # the "Peer job queues" section of docs/benchmarks.md
+if [ "${WRITE_DOC:-1}" = 1 ]; then PYTHONPATH="$APP_ROOT" $PY "$HERE/write_report.py" "$OUT"; fi  # the "Peer job queues" section of docs/benchmarks.md

@@ -1,0 +1,285 @@
+"""cronbox next to its public-API floor, per path, in one run (issue 25's targets are these ratios).
+
+    python bench/bench_floors.py --tree /work/main --label main --mysql mysql+pymysql://root:@127.0.0.1/test \
+        [--section record|dispatch|drain|relay|forward|consume ...] [--rounds 3] [--amqp amqp://guest:guest@127.0.0.1:5672/]
+
+cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
+dispatch in the host's own SQLAlchemy Session, `python -m cron tick --no-linger`, `queue work
+--stop-when-empty` and `amqp consume --max-messages N` as subprocesses timed start to exit
+(floor_host.py). Each floor (floor_sql.py, floor_amqp.py) is the same statements and messages through
+SQLAlchemy and py-amqp's public calls, as a subprocess timed the same way, with no cronbox. The two
+alternate, order swapped every round, on the same fresh database; rates are the median of the rounds,
+the spread their min-max. Prints one markdown table row per measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "peers")]
+
+import common  # noqa: E402  bench/peers/common.py: the peer job body's counter
+import floor_amqp  # noqa: E402
+from floor_host import Target  # noqa: E402
+
+TARGETS = {"db": 0.85, "broker": 0.75}
+OWN_TIME = re.compile(r" in ([0-9.]+)s")
+COUNTER = "floor"
+
+
+class Report:
+    """Markdown rows: path, store, tree, cronbox, floor, ratio, spreads, target."""
+
+    def __init__(self, label: str):
+        self.label, self.rows = label, []
+
+    def rate(self, path: str, store: str, ours: list[float], floor: list[float], target: str, unit: str = "/s"):
+        ratio = statistics.median(ours) / statistics.median(floor)
+        self.add(path, store, f"{statistics.median(ours):,.0f}{unit}", f"{statistics.median(floor):,.0f}{unit}",
+                 f"{ratio:.2f}×", spread(ours), spread(floor), target)
+
+    def add(self, *cells) -> None:
+        row = "| " + " | ".join(str(c) for c in (cells[0], cells[1], self.label, *cells[2:])) + " |"
+        self.rows.append(row)
+        print(row, flush=True)
+
+    def markdown(self) -> str:
+        return ("| path | store | tree | cronbox | floor | ratio | cronbox min-max | floor min-max | target |\n"
+                "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(self.rows))
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.0f}-{max(values):,.0f}"
+
+
+def alternate(rounds: int, ours, floor) -> tuple[list, list]:
+    """Each round runs both, the order swapped every round (the machine's load moves between runs)."""
+    a, b = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a.append(ours())
+            b.append(floor())
+        else:
+            b.append(floor())
+            a.append(ours())
+    return a, b
+
+
+def section_record(t: Target, store: str, table: Report, rounds: int, kind: str, n: int = 2000) -> None:
+    def ours():
+        t.reset()
+        return n / t.host([kind, str(n)])["seconds"]
+
+    def floor():
+        t.reset()
+        return n / t.floor("floor_sql.py", [kind, str(n)])["seconds"]
+
+    a, b = alternate(rounds, ours, floor)
+    what = "outbox.record()" if kind == "record" else "job.dispatch()"
+    table.rate(f"{kind}: {what}, one row per transaction", store, a, b, "≥0.85×")
+
+
+WORK = ["queue", "work", "--queue", "bench", "--stop-when-empty"]
+
+
+def section_drain(t: Target, store: str, table: Report, rounds: int, peer_db: bool, n: int = 5000) -> None:
+    env_counter(t)
+    if peer_db:  # the peer body bumps a counter in MariaDB, whatever cronbox's store
+        def ours():
+            t.fresh("seed-jobs", "peer_body", n)
+            result = t.cron(WORK)
+            assert t.count("cronbox_jobs", "status = 'done'") == n, result
+            return n / result["wall"]
+
+        def floor():
+            t.fresh("seed-jobs", "peer_body", n)
+            return n / t.floor("floor_sql.py", ["drain-peer", str(n)], {"BENCH_COUNTER": COUNTER})["wall"]
+
+        a, b = alternate(rounds, ours, floor)
+        table.rate(f"drain: `queue work --stop-when-empty`, {n:,} jobs of the peer body, start to exit", store, a, b,
+                   "≥0.85×")
+
+    def noop_ours(k):
+        t.fresh("seed-jobs", "noop_job", k)
+        return t.cron(WORK)
+
+    def noop_floor(k):
+        t.fresh("seed-jobs", "noop_job", k)
+        return t.floor("floor_sql.py", ["drain-noop", str(k)])
+
+    cpu_per_item(store, table, rounds, n, "drain: no-op jobs", noop_ours, noop_floor)
+
+
+def cpu_per_item(store, table, rounds, n, path, ours, floor) -> None:
+    """CPU µs per item of a process doing n items, less the same process doing none (its start-up)."""
+    def per_item(run):
+        return (run(n)["cpu"] - run(0)["cpu"]) / n * 1e6
+
+    a, b = alternate(rounds, lambda: per_item(ours), lambda: per_item(floor))
+    own = [x - y for x, y in zip(a, b)]
+    table.add(f"{path}, {n:,}: CPU µs per item (cronbox's own: {statistics.median(own):.0f} µs, "
+              f"{min(own):.0f}-{max(own):.0f})", store, f"{statistics.median(a):.0f} µs", f"{statistics.median(b):.0f} µs",
+              "", spread(a), spread(b), "own ≤50 µs")
+
+
+def tick(t: Target) -> dict:
+    result = t.cron(["tick", "--no-linger"])
+    result["own"] = float(OWN_TIME.search(result["stdout"]).group(1))
+    return result
+
+
+def section_relay(t: Target, store: str, table: Report, rounds: int, n: int = 2000) -> None:
+    for consumer, kind, title in (("fl.write", "relay-write", "one-row consumer"),
+                                  ("fl.gwrite", "relay-gwrite", "one-row consumer, grouped=True")):
+        own, floor_own = [], []
+
+        def ours():
+            t.fresh("seed-events", consumer, n)
+            result = tick(t)
+            assert t.count("bench_floor_rows") == n, result
+            own.append(n / result["own"])
+            return n / result["wall"]
+
+        def floor():
+            t.fresh("seed-events", consumer, n)
+            result = t.floor("floor_sql.py", [kind, str(n)])
+            floor_own.append(n / result["seconds"])
+            return n / result["wall"]
+
+        a, b = alternate(rounds, ours, floor)
+        table.rate(f"relay: `tick --no-linger`, {n:,} events to a {title}, start to exit", store, a, b, "≥0.85×")
+        table.rate(f"relay: {title}, the tick's own reported time / the floor's loop", store, own, floor_own, "")
+
+    def noop_ours(k):
+        t.fresh("seed-events", "fl.noop", k)
+        return tick(t)
+
+    def noop_floor(k):
+        t.fresh("seed-events", "fl.noop", k)
+        return t.floor("floor_sql.py", ["relay-noop", str(k)])
+
+    cpu_per_item(store, table, rounds, 5000, "relay: `tick` to a no-op consumer", noop_ours, noop_floor)
+
+
+def section_forward(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 10000) -> None:
+    own, bare = [], []
+
+    def ours():
+        t.fresh("seed-events", "fl.fwd", n)
+        result = tick(t)
+        assert floor_amqp.purge(broker["FLOOR_AMQP_URL"], broker["FLOOR_QUEUE"]) == n, result
+        own.append(n / result["own"])
+        return n / result["wall"]
+
+    def floor():
+        t.fresh("seed-events", "fl.fwd", n)
+        result = t.floor("floor_amqp.py", ["forward", str(n)], broker)
+        assert floor_amqp.purge(broker["FLOOR_AMQP_URL"], broker["FLOOR_QUEUE"]) == n
+        # The bare publisher in the same minute: no database, the same messages and batches.
+        published = t.floor("floor_amqp.py", ["publish", str(n)], broker)
+        assert floor_amqp.purge(broker["FLOOR_AMQP_URL"], broker["FLOOR_QUEUE"]) == n
+        bare.append(n / published["wall"])
+        return n / result["wall"]
+
+    a, b = alternate(rounds, ours, floor)
+    table.rate(f"forward: `tick --no-linger`, {n:,} keyless events to RabbitMQ, start to exit", store, a, b,
+               "≥0.75×")
+    table.rate("forward: the same tick / the bare py-amqp publisher (no database), start to exit", store, a, bare, "")
+    table.rate("forward: the tick's own reported time / the bare publisher", store, own, bare, "")
+
+
+def section_consume(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 2000) -> None:
+    own = []
+
+    def ours():
+        t.reset()
+        t.floor("floor_amqp.py", ["fill", str(n)], broker)
+        result = t.cron(["amqp", "consume", "--queue", broker["FLOOR_QUEUE"], "--max-messages", str(n)])
+        assert t.count("bench_floor_rows") == n, result
+        own.append(n / float(OWN_TIME.search(result["stdout"]).group(1)))
+        return n / result["wall"]
+
+    def floor():
+        t.reset()
+        t.floor("floor_amqp.py", ["fill", str(n)], broker)
+        result = t.floor("floor_amqp.py", ["consume", str(n)], broker)
+        assert t.count("bench_floor_rows") == n
+        return n / result["wall"]
+
+    a, b = alternate(rounds, ours, floor)
+    table.rate(f"consume: `amqp consume --max-messages {n:,}` (prefetch 10), one-row consumer, start to exit", store,
+               a, b, "≥0.75×")
+    table.rate("consume: its own reported time / the bare consumer, start to exit", store, own, b, "")
+
+
+def env_counter(t: Target) -> None:
+    t.env["BENCH_COUNTER"] = COUNTER
+    with common.connect() as db:
+        common.reset_counter(db, COUNTER)
+
+
+SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", required=True, help="the cronbox tree to measure (put first on sys.path)")
+    parser.add_argument("--label", required=True, help="its name in the table (before, main, after)")
+    parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
+    parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument("--section", action="append", choices=SECTIONS)
+    parser.add_argument("--store", action="append", choices=["SQLite", "MariaDB"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", help="append the rows (JSON) to this file")
+    args = parser.parse_args()
+    sections = args.section or SECTIONS
+    stores = [s for s in (args.store or ["SQLite", "MariaDB"]) if s == "SQLite" or args.mysql]
+    table = Report(args.label)
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, tree {args.tree}, load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    exchange = f"cronbox-floor-{secrets.token_hex(4)}"
+    broker = {"FLOOR_AMQP_URL": args.amqp, "FLOOR_EXCHANGE": exchange, "FLOOR_QUEUE": exchange + ".q"}
+    uses_broker = {"forward", "consume"} & set(sections)
+    if uses_broker:
+        floor_amqp.declare(args.amqp, exchange, broker["FLOOR_QUEUE"])
+    try:
+        for store in stores:
+            mysql = args.mysql if store == "MariaDB" else None
+            for section in sections:
+                extra = {}
+                if section == "forward":
+                    extra = {**broker, "CRONBOX_AMQP_URL": args.amqp}
+                elif section == "consume":
+                    extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1", "CRONBOX_AMQP_URL": args.amqp}
+                t = Target(args.tree, mysql, extra)
+                try:
+                    if section in ("record", "dispatch"):
+                        section_record(t, store, table, args.rounds, section)
+                    elif section == "drain":
+                        section_drain(t, store, table, args.rounds, peer_db=bool(args.mysql))
+                    elif section == "relay":
+                        section_relay(t, store, table, args.rounds)
+                    elif section == "forward":
+                        section_forward(t, store, table, args.rounds, broker)
+                    else:
+                        section_consume(t, store, table, args.rounds, broker)
+                finally:
+                    t.close()
+    finally:
+        if uses_broker:
+            floor_amqp.delete(args.amqp, exchange, broker["FLOOR_QUEUE"])
+    print(f"load {os.getloadavg()[0]:.1f}\n\n" + table.markdown())
+    if args.out:
+        with open(args.out, "a") as out:
+            out.write(json.dumps({"label": args.label, "tree": args.tree, "rows": table.rows}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Consumers and jobs of the floor benchmarks (CRONBOX_HANDLERS=floor_handlers).
+
+Imported by cronbox from the tree under test (bench_floors puts that tree first on sys.path), so it
+uses only cronbox's public decorators. Each body is what its floor in floor_sql.py does by hand."""
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import text
+
+import outbox
+from common import bump  # bench/peers/common.py: the peer harness's job body
+
+# One row through ctx.session, committed with the ack (floor_sql.ROW_INSERT is the same statement).
+ROW_INSERT = text("INSERT INTO bench_floor_rows (event_id, note) VALUES (:event_id, 'x')")
+
+
+@outbox.consumer("fl.noop", name="fl.noop")
+def noop(event, ctx):
+    """Nothing: what is left is cronbox's own work (claim, call, ack)."""
+
+
+@outbox.consumer("fl.write", name="fl.write")
+def write(event, ctx):
+    ctx.session.execute(ROW_INSERT, {"event_id": event.id})
+
+
+@outbox.consumer("fl.gwrite", name="fl.gwrite", grouped=True)
+def write_grouped(event, ctx):
+    ctx.session.execute(ROW_INSERT, {"event_id": event.id})
+
+
+@outbox.job("bench", name="fl.bump", tries=3, timeout=30)
+def peer_body(payload, ctx):
+    bump()
+
+
+@outbox.job("bench", name="fl.noopjob", tries=3, timeout=30)
+def noop_job(payload, ctx):
+    """Nothing."""
+
+
+if os.environ.get("FLOOR_EXCHANGE"):
+    outbox.forward("fl.fwd", exchange=os.environ["FLOOR_EXCHANGE"], name="fl.amqp")
+
+if os.environ.get("FLOOR_CONSUME"):
+    @outbox.consumer("fl.cwrite", name="fl.cwrite")
+    def consume_write(event, ctx):
+        """`amqp consume`'s handler: the one row (floor_amqp.bare_consumer writes the same)."""
+        ctx.session.execute(ROW_INSERT, {"event_id": int(event.payload["i"])})

@@ -1,0 +1,148 @@
+"""cronbox as a user runs it, from the tree under test: a fresh database migrated by
+`python -m cron migrate`, and `tick`, `queue work` and `amqp consume` subprocesses timed start to exit.
+
+The parent (bench_floors) imports this module without cronbox. Run as a program, with the tree first
+on sys.path, it is the host side of record/dispatch and the seeding of events and jobs, through
+cronbox's public calls (`outbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
+
+    python bench/floor_host.py record|dispatch|seed-events TYPE|seed-jobs HANDLER  URL N
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+BENCH = Path(__file__).resolve().parent
+PEERS = BENCH / "peers"
+TABLES = ("cronbox_inbox", "cronbox_deliveries", "cronbox_flights", "cronbox_events", "cronbox_jobs",
+          "bench_floor_rows")
+
+
+def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
+    """Start to exit: wall seconds, the child's CPU seconds (user + system) and its stdout."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "stdout": stdout, "stderr": stderr}
+
+
+class Target:
+    """A fresh database (SQLite file or MariaDB schema) migrated by the tree's own `python -m cron migrate`."""
+
+    def __init__(self, tree: str, mysql_url: str | None, extra_env: dict | None = None):
+        self.tree = str(Path(tree).resolve())
+        self.folder = Path(tempfile.mkdtemp(prefix="cronbox-floor-"))
+        self.admin = None
+        if mysql_url:
+            self.name = f"cronbox_floor_{secrets.token_hex(4)}"
+            self.admin = create_engine(mysql_url, poolclass=NullPool, connect_args={"ssl_disabled": True})
+            with self.admin.connect() as c:
+                c.execute(text(f"CREATE DATABASE {self.name}"))
+            self.url = make_url(mysql_url).set(database=self.name).render_as_string(hide_password=False)
+        else:
+            (self.folder / "instance").mkdir()
+            self.url = f"sqlite:///{self.folder / 'instance' / 'cronbox.db'}"
+        self.env = {**os.environ, "DATABASE_URL": self.url, "CRONBOX_INSTANCE": str(self.folder / "instance"),
+                    "CRONBOX_HANDLERS": "floor_handlers", "PYTHONPATH": os.pathsep.join([self.tree, str(BENCH), str(PEERS)]),
+                    **(extra_env or {})}
+        self.cron(["migrate"])
+        self.engine = create_engine(self.url, poolclass=NullPool, connect_args={} if mysql_url else {"timeout": 30})
+        with self.engine.begin() as c:
+            c.execute(text("CREATE TABLE bench_floor_rows (id INTEGER PRIMARY KEY AUTO_INCREMENT, event_id INTEGER, "
+                           "note VARCHAR(32))" if mysql_url else
+                           "CREATE TABLE bench_floor_rows (id INTEGER PRIMARY KEY, event_id INTEGER, note VARCHAR(32))"))
+        self.tables = [t for t in TABLES if t in inspect(self.engine).get_table_names()]
+
+    def cron(self, args: list[str], **kw) -> dict:
+        """`python -m cron ARGS` as the README's cron line runs it, from the tree's directory."""
+        return run([sys.executable, "-m", "cron", *args], self.env, **kw)
+
+    def host(self, args: list[str]) -> dict:
+        """This module as a program (record, dispatch, seeding) in the tree."""
+        result = run([sys.executable, str(BENCH / "floor_host.py"), *args[:1], self.url, *args[1:]], self.env)
+        return {**result, **json.loads(result["stdout"].strip().splitlines()[-1])}
+
+    def floor(self, module: str, args: list[str], env: dict | None = None) -> dict:
+        """A floor program (floor_sql.py / floor_amqp.py): no cronbox on its path."""
+        floor_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), str(PEERS)]), **(env or {})}
+        result = run([sys.executable, str(BENCH / module), args[0], self.url, *args[1:]], floor_env)
+        return {**result, **json.loads(result["stdout"].strip().splitlines()[-1])}
+
+    def fresh(self, seed: str, what: str, n: int) -> None:
+        """Empty tables, then n events of type `what` (seed-events) or jobs of `what` (seed-jobs), untimed."""
+        self.reset()
+        if n:
+            self.host([seed, what, str(n)])
+
+    def count(self, table: str, where: str = "1=1") -> int:
+        with self.engine.connect() as c:
+            return c.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}")).scalar_one()
+
+    def reset(self) -> None:
+        with self.engine.begin() as c:
+            for table in self.tables:
+                c.execute(text(f"DELETE FROM {table}"))
+
+    def close(self) -> None:
+        self.engine.dispose()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.admin is not None:
+            with self.admin.connect() as c:
+                c.execute(text(f"DROP DATABASE {self.name}"))
+            self.admin.dispose()
+
+
+def _program(kind: str, url: str, rest: list[str]) -> None:
+    """The host side, in the tree: the host's own engine and ORM Session, cronbox's public calls."""
+    from sqlalchemy.orm import Session
+
+    import floor_handlers
+    import outbox
+    from floor_sql import cpu_seconds, engine_for
+
+    engine = engine_for(url)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    if kind in ("record", "dispatch"):
+        for i in range(int(rest[0])):
+            with Session(engine) as s, s.begin():
+                if kind == "record":
+                    outbox.record(s, "fl.noop", {"i": i})
+                else:
+                    floor_handlers.peer_body.dispatch(s, None)
+    elif kind == "seed-events":
+        event_type, n = rest[0], int(rest[1])
+        for start in range(0, n, 500):
+            with Session(engine) as s, s.begin():
+                for i in range(start, min(n, start + 500)):
+                    outbox.record(s, event_type, {"i": i})
+    elif kind == "seed-jobs":
+        job, n = getattr(floor_handlers, rest[0]), int(rest[1])
+        for start in range(0, n, 500):
+            with Session(engine) as s, s.begin():
+                for _ in range(start, min(n, start + 500)):
+                    job.dispatch(s, None)
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    print(json.dumps({"seconds": time.perf_counter() - started, "cpu": cpu_seconds() - cpu}))
+
+
+if __name__ == "__main__":
+    _program(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,224 @@
+"""Public-API floors on the database: the statements cronbox sends for a path, written by hand with
+SQLAlchemy Core on a plain engine, no cronbox imported.
+
+    python bench/floor_sql.py KIND URL N        (prints one JSON line: {"seconds": ..., "cpu": ...})
+
+KIND: record, dispatch (one row per ORM Session transaction, timed in the loop), drain-peer, drain-noop (jobs
+already dispatched: claim 100, run the body, ack the 100), relay-noop, relay-write, relay-gwrite
+(events already recorded: fan 100 out as leased delivery rows, run the consumer, ack). The engine is
+set up as cronbox documents its own (MariaDB at READ COMMITTED; SQLite in WAL, synchronous=NORMAL,
+BEGIN IMMEDIATE) through SQLAlchemy's public events. floor_amqp.py reuses `relay` with a publisher.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import MetaData, Table, bindparam, create_engine, event, select, text, update
+from sqlalchemy.orm import Session
+
+# The tick's and the worker's batch (Relay / Worker batch_size default); FLOOR_BATCH=500 shows what
+# the old bench_amqp's batch of 500 was worth.
+BATCH = int(os.environ.get("FLOOR_BATCH", 100))
+LEASE = timedelta(seconds=60)
+ROW_INSERT = text("INSERT INTO bench_floor_rows (event_id, note) VALUES (:event_id, 'x')")
+
+
+def engine_for(url: str):
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record):
+            dbapi_connection.isolation_level = None
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
+                dbapi_connection.execute(f"PRAGMA {pragma}")
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, isolation_level="READ COMMITTED", connect_args={"ssl_disabled": True})
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def tables(engine) -> MetaData:
+    metadata = MetaData()
+    for name in ("cronbox_events", "cronbox_deliveries", "cronbox_jobs"):
+        Table(name, metadata, autoload_with=engine)
+    return metadata
+
+
+def row_of(table: Table, values: dict) -> dict:
+    """`values` as the driver takes them: cronbox stores names as VARBINARY on MySQL (exact
+    comparison), so a str goes in as its UTF-8 bytes there."""
+    return {k: v.encode() if isinstance(v, str) and _binary(table.c[k]) else v for k, v in values.items()}
+
+
+def ident(table: Table, column: str, value):
+    return row_of(table, {column: value})[column]
+
+
+def _binary(column) -> bool:
+    try:
+        return column.type.python_type is bytes
+    except NotImplementedError:
+        return False
+
+
+def text_of(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def record(engine, n: int, t: MetaData) -> None:
+    events = t.tables["cronbox_events"]
+    insert = events.insert()
+    for i in range(n):
+        now = utcnow()
+        with Session(engine) as s, s.begin():  # the caller's ORM transaction, as record() gets it
+            s.connection().execute(insert, row_of(events, {"type": "fl.noop", "key": None, "payload": json.dumps({"i": i}),
+                                              "trace_id": uuid.uuid4().hex, "created_at": now, "available_at": now}))
+
+
+def dispatch(engine, n: int, t: MetaData) -> None:
+    jobs = t.tables["cronbox_jobs"]
+    insert = jobs.insert()
+    for i in range(n):
+        now = utcnow()
+        with Session(engine) as s, s.begin():
+            s.connection().execute(insert, row_of(jobs, {"queue": "bench", "handler": "fl.bump", "payload": "null",
+                                            "status": "ready", "attempts": 0, "available_at": now,
+                                            "trace_id": uuid.uuid4().hex, "created_at": now}))
+
+
+def skip_locked(query, engine):
+    return query if engine.dialect.name == "sqlite" else query.with_for_update(skip_locked=True)
+
+
+def drain(engine, body) -> int:
+    """Claim up to BATCH due jobs (FOR UPDATE SKIP LOCKED), run each body, ack the batch in one UPDATE."""
+    jobs = tables(engine).tables["cronbox_jobs"]
+    done = 0
+    while True:
+        now, token = utcnow(), uuid.uuid4().hex
+        with engine.begin() as c:
+            ids = c.scalars(skip_locked(
+                select(jobs.c.id).where(jobs.c.queue == ident(jobs, "queue", "bench"), jobs.c.status == "ready", jobs.c.available_at <= now)
+                .order_by(jobs.c.available_at, jobs.c.id).limit(BATCH), engine)).all()
+            if not ids:
+                return done
+            c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
+                status="reserved", claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, available_at=now + LEASE,
+                reserved_at=now))
+            payloads = c.execute(select(jobs.c.id, jobs.c.payload).where(jobs.c.id.in_(ids))).all()
+        for _id, payload in payloads:
+            body(json.loads(payload))
+        with engine.begin() as c:
+            c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token), jobs.c.status == "reserved")
+                      .values(status="done", available_at=None, claim_token=None, finished_at=utcnow()))
+        done += len(ids)
+
+
+def claim_events(engine, c, t, consumer: str):
+    """Fan the next BATCH events out to `consumer` as leased delivery rows; returns (token, rows)."""
+    events, deliveries = t.tables["cronbox_events"], t.tables["cronbox_deliveries"]
+    now, token = utcnow(), uuid.uuid4().hex
+    rows = c.execute(skip_locked(
+        select(events.c.id, events.c.type, events.c.key, events.c.payload, events.c.trace_id, events.c.created_at)
+        .where(events.c.fanned_out_at.is_(None)).order_by(events.c.id).limit(BATCH), engine)).all()
+    if not rows:
+        return token, []
+    c.execute(deliveries.insert(), [row_of(deliveries, {
+        "event_id": r.id, "consumer": consumer, "key": r.key, "status": "pending", "attempts": 1,
+        "next_attempt_at": now, "claim_token": token, "lease_until": now + LEASE, "created_at": now}) for r in rows])
+    c.execute(update(events).where(events.c.id.in_([r.id for r in rows])).values(fanned_out_at=now))
+    return token, rows
+
+
+def ack_deliveries(c, t, token: str, event_ids) -> None:
+    deliveries = t.tables["cronbox_deliveries"]
+    c.execute(update(deliveries).where(deliveries.c.event_id.in_(event_ids), deliveries.c.claim_token == ident(deliveries, "claim_token", token))
+              .values(status="done", claim_token=None, lease_until=None, finished_at=utcnow()))
+
+
+def relay(engine, consumer: str, handle_batch) -> int:
+    """Claim-and-fan-out a batch in one transaction, then `handle_batch(token, rows)`; until none are left."""
+    t = tables(engine)
+    done = 0
+    while True:
+        with engine.begin() as c:
+            token, rows = claim_events(engine, c, t, consumer)
+        if not rows:
+            return done
+        handle_batch(t, token, rows)
+        done += len(rows)
+
+
+def relay_handlers(engine):
+    deliveries_done = update(tables(engine).tables["cronbox_deliveries"]).where(
+        text("event_id = :eid AND claim_token = :token")).values(status="done", claim_token=None, lease_until=None,
+                                                                   finished_at=bindparam("now"))
+
+    def noop(t, token, rows):
+        for r in rows:
+            json.loads(r.payload)
+        with engine.begin() as c:
+            ack_deliveries(c, t, token, [r.id for r in rows])
+
+    def write(t, token, rows):
+        """One transaction per delivery: the consumer's row in a savepoint (ctx.session's, so a
+        handler's failure keeps the ack's transaction usable), then its ack, one COMMIT."""
+        for r in rows:
+            json.loads(r.payload)
+            with engine.begin() as c:
+                with c.begin_nested():
+                    c.execute(ROW_INSERT, {"event_id": r.id})
+                c.execute(deliveries_done, {"eid": r.id, "token": ident(t.tables["cronbox_deliveries"], "claim_token", token),
+                                            "now": utcnow()})
+
+    def gwrite(t, token, rows):
+        """Group commit: a savepoint per delivery's row, one ack and one COMMIT for the batch."""
+        with engine.begin() as c:
+            for r in rows:
+                json.loads(r.payload)
+                with c.begin_nested():
+                    c.execute(ROW_INSERT, {"event_id": r.id})
+            ack_deliveries(c, t, token, [r.id for r in rows])
+
+    return {"noop": noop, "write": write, "gwrite": gwrite}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main(kind: str, url: str, n: int) -> None:
+    engine = engine_for(url)
+    t = tables(engine)  # record and dispatch are timed in the loop, as floor_host times cronbox's
+    started, cpu = time.perf_counter(), cpu_seconds()
+    if kind in ("record", "dispatch"):
+        (record if kind == "record" else dispatch)(engine, n, t)
+    elif kind in ("drain-peer", "drain-noop"):
+        from common import bump  # bench/peers/common.py: the peer harness's job body
+
+        assert drain(engine, (lambda payload: bump()) if kind == "drain-peer" else (lambda payload: None)) == n
+    elif kind in ("relay-noop", "relay-write", "relay-gwrite"):
+        consumer = {"relay-noop": "fl.noop", "relay-write": "fl.write", "relay-gwrite": "fl.gwrite"}[kind]
+        assert relay(engine, consumer, relay_handlers(engine)[kind.split("-")[1]]) == n
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    print(json.dumps({"seconds": time.perf_counter() - started, "cpu": cpu_seconds() - cpu}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
