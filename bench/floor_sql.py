@@ -5,7 +5,8 @@ SQLAlchemy Core on a plain engine, no cronbox imported.
 
 KIND: record, dispatch (one row per ORM Session transaction, timed in the loop), drain-peer, drain-noop (jobs
 already dispatched: claim 100, run the body, ack the 100), relay-noop, relay-write, relay-gwrite
-(events already recorded: fan 100 out as leased delivery rows, run the consumer, ack). The engine is
+(events already recorded: fan 100 out as pending delivery rows and claim 100 in one transaction,
+run the consumer, ack). The engine is
 set up as cronbox documents its own (MariaDB at READ COMMITTED; SQLite in WAL, synchronous=NORMAL,
 BEGIN IMMEDIATE) through SQLAlchemy's public events. floor_amqp.py reuses `relay` with a publisher.
 """
@@ -128,19 +129,37 @@ def drain(engine, body) -> int:
         done += len(ids)
 
 
+def insert_ignoring_duplicates(table: Table, engine):
+    """INSERT that skips a row already there (cronbox's fan-out may race another relay's)."""
+    return table.insert().prefix_with("OR IGNORE" if engine.dialect.name == "sqlite" else "IGNORE")
+
+
 def claim_events(engine, c, t, consumer: str):
-    """Fan the next BATCH events out to `consumer` as leased delivery rows; returns (token, rows)."""
+    """The relay's batch transaction since issue 25: fan the next BATCH events out to `consumer` as
+    pending delivery rows, then claim what is due (FOR UPDATE SKIP LOCKED, leased under a token) and
+    read the claimed rows with their events; returns (token, rows), each row's `id` its event's."""
     events, deliveries = t.tables["cronbox_events"], t.tables["cronbox_deliveries"]
     now, token = utcnow(), uuid.uuid4().hex
-    rows = c.execute(skip_locked(
-        select(events.c.id, events.c.type, events.c.key, events.c.payload, events.c.trace_id, events.c.created_at)
-        .where(events.c.fanned_out_at.is_(None)).order_by(events.c.id).limit(BATCH), engine)).all()
-    if not rows:
+    fresh = c.execute(select(events.c.id, events.c.key).where(events.c.fanned_out_at.is_(None))
+                      .order_by(events.c.id).limit(BATCH)).all()
+    if fresh:
+        c.execute(insert_ignoring_duplicates(deliveries, engine), [row_of(deliveries, {
+            "event_id": r.id, "consumer": consumer, "key": r.key, "status": "pending", "attempts": 0,
+            "next_attempt_at": now, "created_at": now}) for r in fresh])
+        c.execute(update(events).where(events.c.id.in_([r.id for r in fresh]), events.c.fanned_out_at.is_(None))
+                  .values(fanned_out_at=now))
+    due = c.scalars(skip_locked(
+        select(deliveries.c.id).where(deliveries.c.status == "pending", deliveries.c.claim_token.is_(None),
+                                      deliveries.c.next_attempt_at <= now)
+        .order_by(deliveries.c.id).limit(BATCH), engine)).all()
+    if not due:
         return token, []
-    c.execute(deliveries.insert(), [row_of(deliveries, {
-        "event_id": r.id, "consumer": consumer, "key": r.key, "status": "pending", "attempts": 1,
-        "next_attempt_at": now, "claim_token": token, "lease_until": now + LEASE, "created_at": now}) for r in rows])
-    c.execute(update(events).where(events.c.id.in_([r.id for r in rows])).values(fanned_out_at=now))
+    c.execute(update(deliveries).where(deliveries.c.id.in_(due)).values(
+        claim_token=ident(deliveries, "claim_token", token), attempts=deliveries.c.attempts + 1, lease_until=now + LEASE))
+    rows = c.execute(
+        select(events.c.id, events.c.type, events.c.key, events.c.payload, events.c.trace_id, events.c.created_at)
+        .join(deliveries, deliveries.c.event_id == events.c.id).where(deliveries.c.id.in_(due))
+        .order_by(deliveries.c.id)).all()
     return token, rows
 
 
@@ -151,7 +170,7 @@ def ack_deliveries(c, t, token: str, event_ids) -> None:
 
 
 def relay(engine, consumer: str, handle_batch) -> int:
-    """Claim-and-fan-out a batch in one transaction, then `handle_batch(token, rows)`; until none are left."""
+    """Fan-out-and-claim a batch in one transaction, then `handle_batch(token, rows)`; until none are left."""
     t = tables(engine)
     done = 0
     while True:
