@@ -149,16 +149,20 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
                     r.payload, r.trace_id, r.created_at) for r in rows]
 
 
+# Built once: the ack runs once a delivery (a handler's writes commit with it), and building an
+# UPDATE of five values and three conditions costs more Python than sending it. Bound parameters
+# take the columns' types (claim_token's exact bytes on MySQL), as in any statement.
+ACK = (update(D).where(D.c.id.in_(bindparam("ids", expanding=True)), D.c.claim_token == bindparam("token"),
+                       D.c.status == PENDING)
+       .values(status=DONE, claim_token=None, lease_until=None, finished_at=bindparam("now"), last_error=None))
+
+
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Mark leased deliveries done, without the error of an earlier attempt (a done delivery shows
     none); returns how many were still ours."""
     if not ids:
         return 0
-    result = session.execute(
-        update(D).where(D.c.id.in_(ids), D.c.claim_token == token, D.c.status == PENDING)
-        .values(status=DONE, claim_token=None, lease_until=None, finished_at=now, last_error=None)
-    )
-    return result.rowcount
+    return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
 
 
 # The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,

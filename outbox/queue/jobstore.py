@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, case, delete, exists, func, select, update
+from sqlalchemy import and_, bindparam, case, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from outbox.core import paging
@@ -117,16 +117,18 @@ def _held(ids, token):
     return and_(J.c.id.in_(ids), J.c.claim_token == token, J.c.status == RESERVED)
 
 
+# Built once, as deliveries.ACK: the ack runs once a job when its writes commit with it.
+ACK = (update(J).where(_held(bindparam("ids", expanding=True), bindparam("token")))
+       .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=bindparam("now"),
+               last_error=None, error_class=None, traceback=None))
+
+
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Done. An earlier attempt's error (a retry, or an operator's `queue retry` of a failed job) goes:
     a done job shows no error."""
     if not ids:
         return 0
-    return session.execute(
-        update(J).where(_held(ids, token))
-        .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=now,
-                last_error=None, error_class=None, traceback=None)
-    ).rowcount
+    return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
 
 
 # The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
