@@ -488,8 +488,8 @@ class Processor:
             self._after_failure(item, self._handler(item), Outcome(ERROR, 0.0, error))
 
     def _ack(self, session, items: list, now: datetime) -> int:
-        """The items done, one UPDATE per claim token (a relay batch can hold deliveries of its claim
-        and of its fan-out, leased under two tokens). Returns how many were still ours."""
+        """The items done, one UPDATE per claim token (the items acked together may come from more
+        than one claim). Returns how many were still ours."""
         ids: dict[str, list[int]] = {}
         for item in items:
             ids.setdefault(item.claim_token, []).append(item.id)

@@ -71,11 +71,15 @@ class Forwarder:
             by_target.setdefault(item.consumer, []).append(item)
         names = list(by_target)
         for index, name in enumerate(names):
-            if index:
-                if budget.stop_reason() is not None:
-                    self.processor.release([i for n in names[index:] for i in by_target[n]])
-                    return
-                self.ack_confirmed()  # the previous target's: not left waiting on this publish
+            try:
+                if index:
+                    if budget.stop_reason() is not None:
+                        self.processor.release([i for n in names[index:] for i in by_target[n]])
+                        return
+                    self.ack_confirmed()  # the previous target's: not left waiting on this publish
+            except BaseException:  # the later targets were never published: given back, not left leased
+                self.processor.release([i for n in names[index:] for i in by_target[n]], best_effort=True)
+                raise
             self._publish(self.processor.registry.get(name), by_target[name], budget)
 
     def ack_confirmed(self, *, best_effort: bool = False) -> None:

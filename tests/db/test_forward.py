@@ -372,3 +372,37 @@ def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, r
     rows = by_status(runtime, "to-broker")
     assert {e: (rows[e].status, rows[e].claim_token) for e in [retried, *fresh]} == {
         e: ("done", None) for e in [retried, *fresh]}
+
+
+def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliveries(runtime, registry, rabbit,
+                                                                                     monkeypatch):
+    """A failure after target a's batch (its ack fails: the database gone for a moment) ends the run;
+    target b was never published, so its deliveries are given back at once (attempt refunded, key
+    free), as the in-process consumer's are, not left leased until the lease runs out. a's were
+    confirmed but not acked: they stay leased and are published again after it (at least once)."""
+    exchange = rabbit.exchange()
+    rabbit.queue(exchange, "#")
+    outbox.forward("e", exchange=exchange, name="a", registry=registry)
+    outbox.forward("e", exchange=exchange, name="b", registry=registry)
+
+    @outbox.consumer("e", name="local", runs="tick", registry=registry)
+    def local(event, ctx):
+        pass
+
+    record(runtime, "e", [{"i": i} for i in range(3)], key=lambda i: f"k{i}")
+    relay = relay_with(runtime, rabbit.url)
+
+    def ack_fails(items):
+        raise RuntimeError("ack failed")
+
+    monkeypatch.setattr(relay.processor, "ack_now", ack_fails)
+    try:
+        with pytest.raises(RuntimeError):
+            relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    state = {name: [(d.status, d.attempts, d.claim_token is not None) for d in deliveries(runtime, consumer=name)]
+             for name in ("a", "b", "local")}
+    assert state["local"] == [("pending", 0, False)] * 3
+    assert state["b"] == [("pending", 0, False)] * 3
+    assert state["a"] == [("pending", 1, True)] * 3
