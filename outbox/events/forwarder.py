@@ -71,16 +71,19 @@ class Forwarder:
             by_target.setdefault(item.consumer, []).append(item)
         names = list(by_target)
         for index, name in enumerate(names):
+            publishing = False
             try:
                 if index:
                     if budget.stop_reason() is not None:
                         self.processor.release([i for n in names[index:] for i in by_target[n]])
                         return
                     self.ack_confirmed()  # the previous target's: not left waiting on this publish
-            except BaseException:  # the later targets were never published: given back, not left leased
-                self.processor.release([i for n in names[index:] for i in by_target[n]], best_effort=True)
+                publishing = True
+                self._publish(self.processor.registry.get(name), by_target[name], budget)
+            except BaseException:  # targets not yet published are given back, not left leased
+                unstarted = names[index + 1:] if publishing else names[index:]
+                self.processor.release([i for n in unstarted for i in by_target[n]], best_effort=True)
                 raise
-            self._publish(self.processor.registry.get(name), by_target[name], budget)
 
     def ack_confirmed(self, *, best_effort: bool = False) -> None:
         """Ack the confirmed deliveries in a transaction of their own (`best_effort`: a run ending

@@ -406,3 +406,30 @@ def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliver
     assert state["local"] == [("pending", 0, False)] * 3
     assert state["b"] == [("pending", 0, False)] * 3
     assert state["a"] == [("pending", 1, True)] * 3
+
+
+def test_an_error_while_a_target_fails_gives_back_the_later_targets_deliveries(runtime, registry, rabbit,
+                                                                               monkeypatch):
+    """The same class, from inside a target's publish: its broker failure cannot be written (the
+    database gone for a moment), the run ends; the next target, never published, is given back at
+    once; the failing target's own deliveries stay leased (their retry comes after the lease)."""
+    exchange = rabbit.exchange()
+    rabbit.queue(exchange, "#")
+    outbox.forward("e", exchange=rabbit.name("missing"), name="a", registry=registry)
+    outbox.forward("e", exchange=exchange, name="b", registry=registry)
+    record(runtime, "e", [{"i": i} for i in range(3)], key=lambda i: f"k{i}")
+    relay = relay_with(runtime, rabbit.url)
+
+    def failure_not_written(item, handler, outcome):
+        raise RuntimeError("database gone")
+
+    monkeypatch.setattr(relay.processor, "failed", failure_not_written)
+    try:
+        with pytest.raises(RuntimeError):
+            relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    state = {name: [(d.status, d.attempts, d.claim_token is not None) for d in deliveries(runtime, consumer=name)]
+             for name in ("a", "b")}
+    assert state["b"] == [("pending", 0, False)] * 3
+    assert state["a"] == [("pending", 1, True)] * 3
