@@ -1,8 +1,10 @@
 """Small helpers shared by the tests."""
 from __future__ import annotations
 
+import time
+
 from click.testing import CliRunner
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from cron.cli import cli
 from outbox.core import clock
@@ -42,3 +44,16 @@ def invoke(env: dict, *args: str):
     """Run a cron command in-process (shares clock.frozen with the test)."""
     result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
     return result
+
+
+def kill_connection(admin_engine, thread_id: int, timeout: float = 10.0) -> None:
+    """KILL a MariaDB connection and wait until the server has ended it. KILL only marks the thread:
+    it lets go of its named locks and leaves the process list a moment later, so a test that looks
+    right after KILL can still see the lock held (a CI failure once)."""
+    with admin_engine.connect() as connection:
+        connection.execute(text(f"KILL {int(thread_id)}"))
+        deadline = time.monotonic() + timeout
+        while connection.execute(text("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = :id"),
+                                 {"id": int(thread_id)}).scalar():
+            assert time.monotonic() < deadline, f"connection {thread_id} still there {timeout} s after KILL"
+            time.sleep(0.02)

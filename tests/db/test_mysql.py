@@ -23,7 +23,7 @@ from outbox.core.locks import CONFIRMED_FOR, lock_name
 from outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
-from tests.helpers import deliveries, relay
+from tests.helpers import deliveries, kill_connection, relay
 from tests.processes.test_tick import HANDLERS, _wait_for, heartbeats, record
 
 pytestmark = pytest.mark.backends(*MYSQL_BACKENDS)
@@ -76,8 +76,8 @@ def test_a_run_lock_counts_as_held_for_half_a_second_after_the_server_last_said_
 
     def kill_holder() -> int:
         holder = int(lock.connection.connection.dbapi_connection.thread_id())
+        kill_connection(mysql_admin, holder)
         with mysql_admin.connect() as connection:
-            connection.execute(text(f"KILL {holder}"))
             assert connection.execute(text("SELECT IS_USED_LOCK(:n)"), {"n": name}).scalar() is None
         return holder
 
@@ -119,8 +119,7 @@ def test_killed_lock_connection_is_retaken(runtime, tick_env, mysql_admin, datab
     proc = _start_tick(tick_env, "--max-time", "5")
     _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
     holder = _lock_holder(mysql_admin, database.name)
-    with mysql_admin.connect() as connection:
-        connection.execute(text(f"KILL {int(holder)}"))
+    kill_connection(mysql_admin, holder)
     _wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 10)
     record(runtime, "ping", 1)  # and the tick still works
     out, err = proc.communicate(timeout=30)
@@ -135,7 +134,7 @@ def test_killed_lock_connection_taken_by_another_stops_the_tick(runtime, tick_en
     _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
     holder = _lock_holder(mysql_admin, database.name)
     with mysql_admin.connect() as thief:
-        thief.execute(text(f"KILL {int(holder)}"))
+        thief.execute(text(f"KILL {int(holder)}"))  # GET_LOCK below waits the moment KILL takes
         got = thief.execute(text("SELECT GET_LOCK(:n, 5)"), {"n": lock_name(database.name, "tick")}).scalar()
         assert got == 1
         out, err = proc.communicate(timeout=30)
@@ -327,8 +326,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_at_checkout_and_a_bus
             with engine.begin() as connection:
                 assert connection.execute(text("SELECT CONNECTION_ID()")).scalar() == first
         assert pings == []  # none of those checkouts came after an idle spell
-        with mysql_admin.connect() as admin:
-            admin.execute(text(f"KILL {int(first)}"))
+        kill_connection(mysql_admin, first)
         time.sleep(engines.PING_WHEN_IDLE + 0.1)
         with engine.begin() as connection:
             second = connection.execute(text("SELECT CONNECTION_ID()")).scalar()
