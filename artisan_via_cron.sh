@@ -3,7 +3,7 @@
 #
 #   * * * * * /home/USER/app/artisan_via_cron.sh tick
 #
-# Runs `python -m cron ARGS...` from the app folder (this script's folder, symlinks followed) with the
+# Runs `python -m cronbox ARGS...` from the app folder (this script's folder, symlinks followed) with the
 # app's Python and CRONBOX_APP_ROOT set to that folder, and appends the run to
 # <instance>/logs/cron-YYYY-MM-DD.log (UTC): a start line, the command's output, an exit line. Prints nothing when the command succeeds, so cron mails nothing,
 # and exactly one line when it fails, so cron mails the owner; exits with the command's exit code.
@@ -252,11 +252,11 @@ trap 'signal=${signal:-HUP}' HUP
 
 if [ -t 1 ]; then
     # Run by hand in a terminal (cPanel Terminal): show the output there instead of hiding it.
-    "$py" -m cron "$@"
+    "$py" -m cronbox "$@"
     code=$?
     out="(output shown on the terminal)"
 else
-    out=$("$py" -m cron "$@" 2>&1)
+    out=$("$py" -m cronbox "$@" 2>&1)
     code=$?
 fi
 

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from cron.scheduling import health, retention
-from outbox.core import clock
-from outbox.core.settings import load_settings
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
-from outbox.events import redeliveries
+from cronbox.cron.scheduling import health, retention
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
+from cronbox.outbox.events import redeliveries
 from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, redelivery_times
 from tests.conftest import APP_ROOT, child_env
 

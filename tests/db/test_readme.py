@@ -25,19 +25,19 @@ from flask_wtf.csrf import generate_csrf
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import registry as mapper_registry
 
-import outbox
-import storage
-from cron.scheduling import schedule
-from cron.scheduling.models import ScheduleRun
-from cron.scheduling.schedule import Scheduler
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events.models import OutboxEvent as Event
-from outbox.events.models import Delivery
-from outbox.events.relay import Relay
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
-from storage.models import SealedFile
+from cronbox import outbox
+from cronbox import storage
+from cronbox.cron.scheduling import schedule
+from cronbox.cron.scheduling.models import ScheduleRun
+from cronbox.cron.scheduling.schedule import Scheduler
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.models import OutboxEvent as Event
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.events.relay import Relay
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
+from cronbox.storage.models import SealedFile
 from tests.conftest import APP_ROOT, child_env, run_cli
 from cronbox import Cronbox
 

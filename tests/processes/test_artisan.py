@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import outbox
+from cronbox import outbox
 from tests.conftest import APP_ROOT
 from tests.handlers.effects import metadata as effects_metadata
 
@@ -66,7 +66,7 @@ class App:
         """Labels of the interpreters that ran a cronbox command (not just the `import sys` probe)."""
         record = self.home / "ran.txt"
         lines = record.read_text().splitlines() if record.exists() else []
-        return [line.split(" ", 1)[0] for line in lines if " -m cron" in line]
+        return [line.split(" ", 1)[0] for line in lines if " -m cronbox" in line]
 
     def argv(self) -> list[str]:
         return (self.home / "argv.bin").read_bytes().decode().split("\0")[:-1]
@@ -213,12 +213,12 @@ def test_it_finds_its_app_folder_however_it_is_called(app, how):
         proc = subprocess.run([*bare(app, None, BARE_PATH), "/bin/sh", command, "outbox", "--help"],
                               cwd=str(cwd), capture_output=True, text=True, timeout=60)
         silent_success(proc)
-        assert "Usage: python -m cron outbox" in app.log()
+        assert "Usage: python -m cronbox outbox" in app.log()
         return
     proc = run(app, "outbox", "--help", command=command, cwd=cwd, env=env)
     silent_success(proc)
     log = app.log()
-    assert "Usage: python -m cron outbox" in log and " exit 0: outbox --help (" in log
+    assert "Usage: python -m cronbox outbox" in log and " exit 0: outbox --help (" in log
     assert not (app.elsewhere / "instance").exists() and not (app.home / "instance").exists()
 
 
@@ -426,7 +426,7 @@ def test_arguments_pass_through_intact(app):
     (app.root / "a file").write_text("a glob must not expand to me")
     proc = run(app, "outbox", "retry", *ODD_ARGS)
     line = one_line_failure(proc, 2)
-    assert app.argv() == ["-m", "cron", "outbox", "retry", *ODD_ARGS]
+    assert app.argv() == ["-m", "cronbox", "outbox", "retry", *ODD_ARGS]
     # The log shows the command as it would be typed again, quoting what needs it.
     typed = "outbox retry 'a b' 'it'\\''s' 'say \"hi\"' '' '*' '$HOME' '`id`' --all -"
     assert f"] start: {typed} (python: " in app.log()
@@ -440,7 +440,7 @@ def test_a_crontab_line_with_quotes(app):
     line = f"""{shlex.quote(str(app.script))} outbox retry 'a b' "it's" '' '*' --all"""
     proc = cron_line(app, line)
     assert one_line_failure(proc, 2)
-    assert app.argv() == ["-m", "cron", "outbox", "retry", "a b", "it's", "", "*", "--all"]
+    assert app.argv() == ["-m", "cronbox", "outbox", "retry", "a b", "it's", "", "*", "--all"]
 
 
 def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
@@ -448,7 +448,7 @@ def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
     proc = run(app, "nosuch")
     line = one_line_failure(proc, 2)
     assert line in {f"artisan_via_cron.sh: nosuch failed with exit 2: error: No such command 'nosuch'. "
-                    f"(see `python -m cron --help`) (log: {app.root}/instance/logs/{name})" for name in todays_logs()}
+                    f"(see `python -m cronbox --help`) (log: {app.root}/instance/logs/{name})" for name in todays_logs()}
     log = app.log()
     assert "error: No such command 'nosuch'." in log and " exit 2: nosuch (" in log
     # The script made the instance folder: private, as the health check wants it.
@@ -456,7 +456,7 @@ def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
 
 
 def test_a_missing_command_is_one_line(app):
-    """`python -m cron` alone prints its help, then one error line: the mail gets that line only."""
+    """`python -m cronbox` alone prints its help, then one error line: the mail gets that line only."""
     app.python(".venv/bin/python", "venv")
     line = one_line_failure(run(app), 2)
     assert "(no command) failed with exit 2: error: no command given" in line
@@ -527,7 +527,7 @@ def test_by_hand_in_a_terminal_the_output_is_shown(app):
         shown += chunk
     os.close(master)
     assert proc.wait(timeout=60) == 0
-    assert b"Usage: python -m cron outbox" in shown
+    assert b"Usage: python -m cronbox outbox" in shown
     log = app.log()
     assert "(output shown on the terminal)" in log and " exit 0: outbox --help (" in log
 

@@ -14,9 +14,9 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import func, select
 
-import outbox
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.events.models import Delivery
+from cronbox import outbox
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers import jobs as test_jobs
 from tests.rabbit import url

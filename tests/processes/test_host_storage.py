@@ -129,8 +129,8 @@ STANDALONE_JOB = '''
 import io
 import os
 
-import outbox
-import storage
+from cronbox import outbox
+from cronbox import storage
 
 
 @outbox.job("scans", name="standalone.seal")
@@ -144,7 +144,7 @@ def seal(payload, ctx):
 def test_a_standalone_jobs_storage_put_keeps_the_settings_the_command_started_with(env, runtime, registry, tmp_path):
     """Without a host app the store comes from the settings the command resolved at start: a handler that
     moves cwd, CRONBOX_INSTANCE and CRONBOX_APP_ROOT before its first storage.put() does not move it."""
-    import outbox
+    from cronbox import outbox
     from tests.conftest import APP_ROOT, run_cli
 
     away = tmp_path / "away"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.core.migrate import SCHEMA_HEAD
-from outbox.core.settings import NO_APP_ROOT
+from cronbox.outbox.core.migrate import SCHEMA_HEAD
+from cronbox.outbox.core.settings import NO_APP_ROOT
 from tests.package_helpers import CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env
 
 pytestmark = pytest.mark.timeout(900)  # the first test waits for the build
@@ -40,7 +40,7 @@ def run(build: Build, *args: str, cwd: Path, home: Path, stdin: str = "", **extr
 
 
 def cron(build: Build, *args: str, cwd: Path, home: Path, **extra: str):
-    return run(build, "-m", "cron", *args, cwd=cwd, home=home, **extra)
+    return run(build, "-m", "cronbox", *args, cwd=cwd, home=home, **extra)
 
 
 def one_line_error(proc) -> str:
@@ -172,7 +172,7 @@ def leaf_commands(build: Build, cwd: Path, home: Path) -> dict[str, list[str]]:
     """Every command of the installed tree, with a value for each required argument."""
     walk = r"""
 import json, click
-from cron.cli import cli
+from cronbox.cron.cli import cli
 ctx = click.Context(cli)
 found = {}
 def walk(group, path):
@@ -200,7 +200,7 @@ def test_without_an_app_root_every_command_refuses_in_one_line_and_writes_nothin
 
     def attempt(name: str):
         args = [a.format(file=upload) for a in ARGUMENTS.get(name, ["1"] * len(commands[name]))]
-        return name, run(build, "-m", "cron", *name.split(), *args, cwd=cwd, home=home, stdin=STDIN.get(name, ""))
+        return name, run(build, "-m", "cronbox", *name.split(), *args, cwd=cwd, home=home, stdin=STDIN.get(name, ""))
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # one process per command, a few at a time
         results = list(pool.map(attempt, sorted(set(commands) - NEEDS_NO_APP)))
@@ -350,7 +350,7 @@ def test_the_standalone_checkout_keeps_its_embedded_sqlite_default(tmp_path):
     readme = (checkout / "README.md").read_text(encoding="utf-8")
     try_it = readme.split("## Try it", 1)[1]
     command = re.search(r"```sh\n(.+?)\n```", try_it, re.S).group(1)
-    assert "python -m cron demo" in command and "python -m cron tick" in command
+    assert "python -m cronbox demo" in command and "python -m cronbox tick" in command
     from tests.package_helpers import pip_env
 
     env = {**pip_env(), "HOME": str(tmp_path)}

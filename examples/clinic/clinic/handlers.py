@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from flask import current_app
 
-import outbox
-from outbox.channels import send_email, send_sms
+from cronbox import outbox
+from cronbox.outbox.channels import send_email, send_sms
 
 from .models import Appointment, Payment, Receipt, db
 

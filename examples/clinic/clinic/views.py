@@ -12,11 +12,11 @@ from decimal import Decimal, InvalidOperation
 from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select
 
-import outbox
+from cronbox import outbox
 from cronbox import UploadRefused, seal_upload, sealed_upload_route
 from cronbox.client import client_ip
-from storage import audit
-from storage.models import SealedFile
+from cronbox.storage import audit
+from cronbox.storage.models import SealedFile
 
 from . import cronbox
 from .models import Appointment, Patient, Payment, db

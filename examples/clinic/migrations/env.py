@@ -9,7 +9,7 @@ from alembic import context
 
 from clinic import create_app
 from clinic.models import db
-from cron.schema import include_name  # leaves every cronbox_* table to cronbox
+from cronbox.cron.schema import include_name  # leaves every cronbox_* table to cronbox
 
 if context.config.config_file_name is not None and context.config.attributes.get("configure_logger", True):
     fileConfig(context.config.config_file_name)
