@@ -70,9 +70,9 @@ def test_a_sigkilled_consumer_process_fails_health(runtime, env):
     """A real process writes its row and beats as `amqp consume` does, then is SIGKILLed (no
     finish): once STALE_BEATS beats are missed, health fails with its pid."""
     script = ("import sys, time\n"
-              "from outbox.core.settings import load_settings\n"
-              "from outbox.engine.runtime import Runtime\n"
-              "from outbox.engine import heartbeat\n"
+              "from cronbox.outbox.core.settings import load_settings\n"
+              "from cronbox.outbox.engine.runtime import Runtime\n"
+              "from cronbox.outbox.engine import heartbeat\n"
               "rt = Runtime(load_settings())\n"
               "row = heartbeat.start(rt.sessions, 'amqp consume', detail='lab', beats=True)\n"
               "heartbeat.beat(rt.sessions, row, delivered=1)\n"

@@ -53,7 +53,7 @@ def all_snippets() -> list[str]:
 
 
 # Snippets run by a test of their own (below), each named by a line only it has.
-OWN_TESTS = ("from clinic import cronbox, db", "from cron.scheduling import schedule")
+OWN_TESTS = ("from clinic import cronbox, db", "from cronbox.cron.scheduling import schedule")
 
 
 def readme_snippets() -> list[str]:
@@ -244,7 +244,7 @@ def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, m
     multiples and `cron` in its time zone."""
     monkeypatch.setattr(schedule, "every", partial(schedule.every, registry=registry))
     monkeypatch.setattr(schedule, "cron", partial(schedule.cron, registry=registry))
-    exec(compile(snippet_with("from cron.scheduling import schedule"), "README.md", "exec"), {})
+    exec(compile(snippet_with("from cronbox.cron.scheduling import schedule"), "README.md", "exec"), {})
     assert {t.name: t.describe() for t in registry.tasks.all()} == {
         "clinic.reminders": "every 15m", "clinic.settle_escrow": "cron 0 3 * * * (Asia/Tehran)"}
 
@@ -267,7 +267,7 @@ def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, m
 def test_schedule_list_and_run_show_and_run_the_readmes_tasks(env, runtime, tmp_path):
     """The snippet as a CRONBOX_HANDLERS module: `schedule list` shows its tasks, `schedule run NAME`
     runs one now."""
-    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cron.scheduling import schedule"))
+    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cronbox.cron.scheduling import schedule"))
     extra = {"CRONBOX_HANDLERS": "readme_tasks", "PYTHONPATH": f"{APP_ROOT}:{tmp_path}"}
     listed = run_cli(env, "schedule", "list", **extra)
     assert listed.returncode == 0, listed.stderr

@@ -96,7 +96,7 @@ def test_tick_from_any_working_directory_uses_the_app_roots_dotenv(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", "from outbox.core.settings import load_settings, CHECKOUT;"
+    proc = subprocess.run([sys.executable, "-c", "from cronbox.outbox.core.settings import load_settings, CHECKOUT;"
                            "s = load_settings(); print(s.app_root == CHECKOUT, s.instance)"],
                           env={k: v for k, v in child_env({}).items() if not k.startswith("CRONBOX")},
                           cwd=str(tmp_path), capture_output=True, text=True)

@@ -32,7 +32,7 @@ from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 HOSTAPP = APP_ROOT / "tests" / "hostapp"
-CRONBOX_PACKAGES = ("outbox", "storage", "cron", "cronbox")  # what a pip install would put on the path
+CRONBOX_PACKAGES = ("cronbox",)  # what a pip install would put on the path (its links lead to outbox/...)
 BARE_PATH = "/usr/bin:/bin"
 SPEC = "clinic:create_app"
 RECEIPT_ERROR = "RuntimeError: receipt for appointment {} failed on purpose"
@@ -336,7 +336,7 @@ def test_the_hosts_commands_know_only_the_hosts_consumers(host):
     assert "clinic.summary" in listed.stdout and "demo" not in listed.stdout, listed
     probe = host.python(  # the whole command tree and the app, as a cron process builds them
         "import sys\n"
-        "from cron.cli import cli\n"
+        "from cronbox.cron.cli import cli\n"
         "from clinic import create_app\n"
         "runtime = create_app().extensions['cronbox'].runtime\n"
         "print(sorted(runtime.consumers.names()), 'cronbox.cron.demo' in sys.modules)\n")
@@ -363,7 +363,7 @@ flask.Flask.__init__, runtimes.Runtime.__init__ = count_app, count_runtime
 @pytest.mark.backends("sqlite")
 def test_cronbox_app_py_is_one_app_and_one_runtime_under_cronbox_app(env, runtime, tmp_path):
     code = COUNT_BUILDS + (
-        "from cron.cli import main\n"
+        "from cronbox.cron.cli import main\n"
         "code = main(['outbox', 'status'])\n"
         "import app\n"
         "print(code, built['apps'], built['runtimes'], 'application' in vars(app))\n")

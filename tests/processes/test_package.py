@@ -80,16 +80,18 @@ def normalized(name: str) -> str:
 
 
 def package_files() -> dict[str, Path]:
-    """Every file of the four packages in the checkout, by its path in a wheel."""
+    """Every file of the source folders in the checkout, by its path in a wheel: cronbox/ as itself, the
+    design card's outbox/, storage/ and cron/ as cronbox's subpackages."""
     files = {}
     for package in PACKAGES:
-        for path in (CHECKOUT / package).rglob("*"):
+        for path in (CHECKOUT / package).rglob("*"):  # not into cronbox/'s links: their folders come next
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                files[path.relative_to(CHECKOUT).as_posix()] = path
+                name = path.relative_to(CHECKOUT).as_posix()
+                files[name if package == "cronbox" else f"cronbox/{name}"] = path
     return files
 
 
-def test_wheel_holds_the_four_packages_with_their_data_and_the_real_cron_script(build):
+def test_wheel_holds_one_package_cronbox_with_its_data_and_the_real_cron_script(build):
     wheels = list(build.wheel.glob("cronbox-*.whl"))
     assert len(wheels) == 1, wheels
     with zipfile.ZipFile(wheels[0]) as wheel:
@@ -97,21 +99,21 @@ def test_wheel_holds_the_four_packages_with_their_data_and_the_real_cron_script(
         dist_info = {name.split("/")[0] for name in infos if name.split("/")[0].endswith(".dist-info")}
         assert len(dist_info) == 1
         (meta,) = dist_info
-        assert {name.split("/")[0] for name in infos} == {*PACKAGES, meta}
-        assert wheel.read(f"{meta}/top_level.txt").decode().split() == sorted(PACKAGES)
+        assert {name.split("/")[0] for name in infos} == {"cronbox", meta}
+        assert wheel.read(f"{meta}/top_level.txt").decode().split() == ["cronbox"]
         shipped = {name for name in infos if not name.startswith(meta)}
         # Every source file, template, stylesheet and migration of the packages, and nothing else.
         assert shipped == set(package_files())
         for name, path in package_files().items():
             assert wheel.read(name) == path.read_bytes(), name
-        script = infos[f"cron/{SCRIPT}"]
+        script = infos[f"cronbox/cron/{SCRIPT}"]
         mode = script.external_attr >> 16
         assert not stat.S_ISLNK(mode) and mode & 0o777 == 0o755
-        assert wheel.read(f"cron/{SCRIPT}") == (CHECKOUT / SCRIPT).read_bytes()  # the content, not a link
-        assert wheel.read(f"cron/{SCRIPT}").startswith(b"#!/bin/sh\n")
+        assert wheel.read(f"cronbox/cron/{SCRIPT}") == (CHECKOUT / SCRIPT).read_bytes()  # the content, not a link
+        assert wheel.read(f"cronbox/cron/{SCRIPT}").startswith(b"#!/bin/sh\n")
 
 
-def test_installed_distribution_is_the_four_packages_at_the_pinned_versions(build, folders):
+def test_installed_distribution_is_one_package_cronbox_at_the_pinned_versions(build, folders):
     cwd, home = folders
     probe = r"""
 import json, sysconfig
@@ -128,17 +130,18 @@ print(json.dumps({
     proc = run(build, "-c", probe, cwd=cwd, home=home)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
-    assert found["top_level"] == sorted(PACKAGES)
+    assert found["top_level"] == ["cronbox"]
     in_site_packages = [f for f in found["record"] if not f.startswith("..")]  # ../../../bin/cronbox
     tops = {f.split("/")[0] for f in in_site_packages if ".dist-info/" not in f}
-    assert tops == set(PACKAGES), tops  # no app, web, migrations, tests, bench, examples, passenger_wsgi
+    assert tops == {"cronbox"}, tops  # no outbox, storage, cron, app, web, migrations, tests, examples...
     site = Path(found["purelib"])
-    for name in ("app.py", "passenger_wsgi.py", "web", "migrations", "tests", "bench", "examples"):
+    for name in ("outbox", "storage", "cron", "app.py", "passenger_wsgi.py", "web", "migrations", "tests", "bench",
+                 "examples"):
         assert not (site / name).exists(), name
-    installed = site / "cron" / SCRIPT
+    installed = site / "cronbox" / "cron" / SCRIPT
     assert not installed.is_symlink() and installed.read_bytes() == (CHECKOUT / SCRIPT).read_bytes()
     assert installed.stat().st_mode & 0o777 == 0o755
-    assert sorted(p.name for p in (site / "cron" / "migrations" / "versions").glob("*.py"))[-1].startswith(
+    assert sorted(p.name for p in (site / "cronbox" / "cron" / "migrations" / "versions").glob("*.py"))[-1].startswith(
         SCHEMA_HEAD.split("_")[0])
 
     # requirements.txt was the constraint file of the install: each runtime pin is what got installed,
@@ -300,7 +303,7 @@ def create_app():
     return app
 '''
 
-HOST_EVENTS = '''import outbox
+HOST_EVENTS = '''from cronbox import outbox
 
 
 @outbox.consumer("greeted", name="web.log_greeting")
@@ -331,7 +334,7 @@ def test_a_host_package_named_web_runs_beside_the_installed_cronbox(build, folde
 
     # Its cron commands: CRONBOX_APP names the host's factory, from cron's $HOME.
     assert cron(build, "migrate", cwd=host, home=home, CRONBOX_APP="web:create_app").returncode == 0
-    record = ("import outbox, web; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
+    record = ("import web; from cronbox import outbox; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
               "with rt.sessions.begin() as s: outbox.record(s, 'greeted', {'who': 'Ada'})")
     recorded = run(build, "-c", record, cwd=host, home=home)
     assert recorded.returncode == 0, recorded.stderr
