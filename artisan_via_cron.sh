@@ -240,6 +240,13 @@ printf '%s [%s] start: %s (python: %s)\n' "$(stamp)" "$$" "$cmdline" "$py" >>"$l
 # Python finds the app (its .env, CRONBOX_APP's package) here, not in cron's working directory ($HOME).
 CRONBOX_APP_ROOT=$app
 export CRONBOX_APP_ROOT
+# cronbox's command line writes this file as it starts (cronbox.cron.cli.script): a run that ends
+# without it was not cronbox's (not installed for this Python, or another `cronbox` first on its path),
+# and fails loudly below even if it exited 0.
+ack=$logs/.cronbox-run-$$
+rm -f -- "$ack"
+CRONBOX_RUN_ACK=$ack
+export CRONBOX_RUN_ACK
 started=$(date -u +%s)
 
 # A SIGTERM/SIGINT/SIGHUP sent to the process group also reaches Python, which finishes its current
@@ -271,6 +278,10 @@ fi
 printf '%s [%s] exit %s: %s (%ss%s)\n' "$(stamp)" "$$" "$code" "$cmdline" "$took" \
     "${signal:+, got SIG$signal}" >>"$log"
 
+if [ "$code" -eq 0 ] && ! [ -f "$ack" ]; then
+    fail 1 "$cmdline: '$py -m cronbox' exited 0 but is not cronbox's command line (is cronbox installed for this Python, with no other 'cronbox' module before it on the path?)"
+fi
+rm -f -- "$ack"
 if [ "$code" -ne 0 ] && ! [ -t 1 ]; then
     # The reason: cronbox's own one-line "error: ..." if there is one, else the last line (the
     # exception of a traceback, or the tick's summary).

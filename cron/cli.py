@@ -9,6 +9,7 @@ pull in libsodium and `cryptography`, megabytes a tick never needs; amqp, the br
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from functools import partial
@@ -68,7 +69,20 @@ def main(argv: list[str] | None = None, *, runtime: Runtime | None = None) -> in
 def script() -> int:
     """The `cronbox` script and `python -m cronbox`: main(), then the process ends with its exit code even
     if a handler left non-daemon threads running (outbox.engine.handler_process.end_command_process)."""
+    _acknowledge_the_run()
     return end_command_process(main())
+
+
+def _acknowledge_the_run() -> None:
+    """artisan_via_cron.sh names a file in CRONBOX_RUN_ACK: writing it tells the script that what it
+    started is cronbox's command line, not a module of the host's (or another package) by that name."""
+    path = os.environ.pop("CRONBOX_RUN_ACK", "")
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as ack:
+                ack.write(f"{os.getpid()} {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}\n")
+        except OSError:
+            pass  # the script then says this run was not cronbox's: the log folder is not writable either
 
 
 def _never_fail_on_encoding() -> None:
