@@ -27,7 +27,7 @@ def host_metadata() -> MetaData:
 
 def readme_env_py(connection, target_metadata) -> dict:
     """What the README's env.py lines pass to context.configure()."""
-    snippet = next(s for s in readme_snippets() if "cronbox.cron.schema" in s)
+    snippet = next(s for s in readme_snippets() if "alembic_include_name" in s)
     configured: dict = {}
     context = SimpleNamespace(configure=lambda **options: configured.update(options))
     exec(compile(snippet, "README.md", "exec"),
