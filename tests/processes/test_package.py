@@ -21,7 +21,8 @@ import pytest
 
 from cronbox.outbox.core.migrate import SCHEMA_HEAD
 from cronbox.outbox.core.settings import NO_APP_ROOT
-from tests.package_helpers import CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env
+from tests.package_helpers import (CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env,
+                                   pip_env)
 
 pytestmark = pytest.mark.timeout(900)  # the first test waits for the build
 
@@ -401,3 +402,35 @@ def test_pip_install_of_a_git_checkout_leaves_git_status_clean(tmp_path):
     status = subprocess.run([*git, "status", "--porcelain", "--ignored"], capture_output=True, text=True, check=True)
     assert status.stdout == ""
     assert _tree(checkout, skip=(".git",)) == before
+
+
+def test_an_editable_install_imports_the_same_one_name(tmp_path):
+    """`pip install -e` of a checkout: setuptools maps `cronbox` to the checkout's cronbox/, whose links
+    lead on to outbox/, storage/ and cron/. The same names as in the checkout and the wheel, and no other
+    top-level name (issue 26). The venv borrows this one's dependencies through a .pth file."""
+    source = tmp_path / "checkout"
+    shutil.copytree(CHECKOUT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "borrowed-dependencies.pth").write_text(ours + "\n")
+    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(source)],
+                               capture_output=True, text=True, timeout=600, env=pip_env())
+    assert installed.returncode == 0, installed.stderr
+    probe = ("import importlib.util, cronbox, cronbox.outbox.core.clock, cronbox.cron.cli, cronbox.storage.format\n"
+             "print(cronbox.__file__)\n"
+             "print([n for n in ('outbox', 'storage', 'cron') if importlib.util.find_spec(n)])\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.run([str(python), "-c", probe], cwd=str(home), env=installed_env(home), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(source / "cronbox" / "__init__.py"), "[]"]
+    for command in ([str(python), "-m", "cronbox", "--help"], [str(venv / "bin" / "cronbox"), "--help"]):
+        shown = subprocess.run(command, cwd=str(home), env=installed_env(home), capture_output=True, text=True,
+                               timeout=120)
+        assert shown.returncode == 0 and "Usage: " in shown.stdout, shown.stderr
