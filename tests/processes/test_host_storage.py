@@ -117,7 +117,7 @@ def test_outside_an_app_context_a_host_process_refuses_in_one_line(host, tmp_pat
     calls = {"put": "storage.put(None, io.BytesIO(b'x'), filename='a', content_type='text/plain', owner='p:1')",
              "grant": "storage.grant(None, 'f' * 32, 'p:1')", "signed_url": "storage.signed_url('g' * 32)",
              "open_file": "storage.open_file(None, 'f' * 32)", "current": "storage.current()"}
-    code = ("import io, storage\n" + OUTSIDE[case] +
+    code = ("import io\nfrom cronbox import storage\n" + OUTSIDE[case] +
             f"try:\n    {calls[call]}\nexcept storage.NoAppContext as exc:\n    print('error:', exc)\n")
     extra = {"CRONBOX_APP": "clinic:create_app"} if case == "cronbox-app-env" else {}
     proc = host.python(code, **extra)
