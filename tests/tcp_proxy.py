@@ -161,7 +161,6 @@ class TcpProxy:
                 if budget is not None and self.cut_budget == 0:
                     self.cut_budget = None
                     self._cut_after_passing(source, sink, pair)
-                    self.cut()  # and any other connection open now
                     return
         except OSError:
             pass
@@ -176,7 +175,11 @@ class TcpProxy:
         something not yet read here, and an RST makes the server's kernel drop what the server had
         not read yet: the bytes "passed" would never have arrived (seen under load)."""
         with self._lock:
-            self._pairs = [p for p in self._pairs if p[0] is not client]
+            others = [p for p in self._pairs if p[0] is not client]
+            self._pairs = []
+        for other_client, other_server in others:  # every other connection open now dies too, first: a
+            _close(other_client)                   # client reconnecting after this cut must not be cut
+            _close(other_server)
         pair["draining"] = True  # _downstream reads the server to its end, then closes it
         try:
             server.shutdown(socket.SHUT_WR)
