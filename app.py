@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Flask
 
 from cronbox import Cronbox
-from outbox.core.settings import Settings, load_settings
+from cronbox.outbox.core.settings import Settings, load_settings
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -3,7 +3,7 @@
 #
 #   * * * * * /home/USER/app/artisan_via_cron.sh tick
 #
-# Runs `python -m cron ARGS...` from the app folder (this script's folder, symlinks followed) with the
+# Runs `python -m cronbox ARGS...` from the app folder (this script's folder, symlinks followed) with the
 # app's Python and CRONBOX_APP_ROOT set to that folder, and appends the run to
 # <instance>/logs/cron-YYYY-MM-DD.log (UTC): a start line, the command's output, an exit line. Prints nothing when the command succeeds, so cron mails nothing,
 # and exactly one line when it fails, so cron mails the owner; exits with the command's exit code.
@@ -240,6 +240,13 @@ printf '%s [%s] start: %s (python: %s)\n' "$(stamp)" "$$" "$cmdline" "$py" >>"$l
 # Python finds the app (its .env, CRONBOX_APP's package) here, not in cron's working directory ($HOME).
 CRONBOX_APP_ROOT=$app
 export CRONBOX_APP_ROOT
+# cronbox's command line writes this file as it starts (cronbox.cron.cli.script): a run that ends
+# without it was not cronbox's (not installed for this Python, or another `cronbox` first on its path),
+# and fails loudly below even if it exited 0.
+ack=$logs/.cronbox-run-$$
+rm -f -- "$ack"
+CRONBOX_RUN_ACK=$ack
+export CRONBOX_RUN_ACK
 started=$(date -u +%s)
 
 # A SIGTERM/SIGINT/SIGHUP sent to the process group also reaches Python, which finishes its current
@@ -252,11 +259,11 @@ trap 'signal=${signal:-HUP}' HUP
 
 if [ -t 1 ]; then
     # Run by hand in a terminal (cPanel Terminal): show the output there instead of hiding it.
-    "$py" -m cron "$@"
+    "$py" -m cronbox "$@"
     code=$?
     out="(output shown on the terminal)"
 else
-    out=$("$py" -m cron "$@" 2>&1)
+    out=$("$py" -m cronbox "$@" 2>&1)
     code=$?
 fi
 
@@ -271,6 +278,10 @@ fi
 printf '%s [%s] exit %s: %s (%ss%s)\n' "$(stamp)" "$$" "$code" "$cmdline" "$took" \
     "${signal:+, got SIG$signal}" >>"$log"
 
+if [ "$code" -eq 0 ] && ! [ -f "$ack" ]; then
+    fail 1 "$cmdline: '$py -m cronbox' exited 0 but is not cronbox's command line (is cronbox installed for this Python, with no other 'cronbox' module before it on the path?)"
+fi
+rm -f -- "$ack"
 if [ "$code" -ne 0 ] && ! [ -t 1 ]; then
     # The reason: cronbox's own one-line "error: ..." if there is one, else the last line (the
     # exception of a traceback, or the tick's summary).

@@ -37,10 +37,10 @@ from bench import handlers
 from bench.bench_outbox import Target, child_env
 from bench.bench_queue import bulk_dispatch
 from bench.report import write_section
-from outbox.core.settings import load_settings
-from outbox.engine.admission import Admission
-from outbox.engine.budget import Budget
-from outbox.queue.models import Job
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.admission import Admission
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.queue.models import Job
 
 CALLS = 100_000  # per loop; 5 loops on and 5 off
 
@@ -53,7 +53,7 @@ def work(t: Target, admission: str) -> float:
     # worker forked straight from this large process inherits its peak RSS in ru_maxrss, and its
     # profiles then read the peak from /proc/self/status (outbox.core.resources.PeakProbe), ~15 us
     # more per job than a worker cron starts pays.
-    proc = subprocess.run(["/bin/sh", "-c", '"$0" "$@"; exit $?', sys.executable, "-m", "cron", "queue", "work",
+    proc = subprocess.run(["/bin/sh", "-c", '"$0" "$@"; exit $?', sys.executable, "-m", "cronbox", "queue", "work",
                            "--queue", "bench", "--stop-when-empty", "--max-time", "600", "--memory", "1024"],
                           env={**child_env(t), "CRONBOX_ADMISSION": admission}, cwd="/", capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -31,13 +31,13 @@ from sqlalchemy.engine import Engine
 
 from bench.bench_outbox import Target
 from bench.report import write_section
-from cron.operator.models import OperatorAction
-from cron.scheduling.models import OnceRequest
-from outbox.core import clock
-from outbox.engine.models import Heartbeat
-from outbox.events.models import Delivery, OutboxEvent
-from outbox.queue.models import Job
-from storage.models import AuditEntry, Grant, SealedFile
+from cronbox.cron.operator.models import OperatorAction
+from cronbox.cron.scheduling.models import OnceRequest
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.events.models import Delivery, OutboxEvent
+from cronbox.outbox.queue.models import Job
+from cronbox.storage.models import AuditEntry, Grant, SealedFile
 
 BATCH = 5000
 SLOW_MS = 100.0

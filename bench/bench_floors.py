@@ -4,7 +4,7 @@
         [--section record|dispatch|drain|relay|forward|consume ...] [--rounds 3] [--amqp amqp://guest:guest@127.0.0.1:5672/]
 
 cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
-dispatch in the host's own SQLAlchemy Session, `python -m cron tick --no-linger`, `queue work
+dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-linger`, `queue work
 --stop-when-empty` and `amqp consume --max-messages N` as subprocesses timed start to exit
 (floor_host.py). Each floor (floor_sql.py, floor_amqp.py) is the same statements and messages through
 SQLAlchemy and py-amqp's public calls, as a subprocess timed the same way, with no cronbox. The two

@@ -19,12 +19,12 @@ from sqlalchemy import event, text
 
 from bench.bench_outbox import Target
 from bench.report import write_section
-from outbox.core.settings import load_settings
-from outbox.engine.budget import Budget
-from outbox.engine.registry import Registry
-from outbox.engine.runtime import Runtime
-from outbox.queue.jobs import job
-from outbox.queue.worker import Worker
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.worker import Worker
 
 KINDS = ("plain", "group", "budget")
 

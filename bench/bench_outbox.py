@@ -22,15 +22,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-import outbox
+from cronbox import outbox
 from bench import handlers
 from bench.report import write_section
-from outbox.core.migrate import upgrade
-from outbox.core.settings import load_settings
-from outbox.engine.budget import Budget
-from outbox.engine.models import Heartbeat
-from outbox.engine.runtime import Runtime
-from outbox.events.relay import Relay
+from cronbox.outbox.core.migrate import upgrade
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events.relay import Relay
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,7 +239,7 @@ def child_env(t: Target) -> dict:
 
 def latency(t: Target, n: int) -> tuple[float, float]:
     """commit -> consumer, p50/p99 seconds, events spread over ~10 s while one tick lingers."""
-    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], env=child_env(t),
+    tick = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "20"], env=child_env(t),
                             cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
     for _ in range(n):
@@ -258,7 +258,7 @@ def tick_rss(t: Target, n: int) -> tuple[int, float]:
     """Peak RSS (MiB) of one tick relaying n events to the writing consumer, and its wall time."""
     bulk_record(t, "bench.write", n)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cron", "tick", "--no-linger", "--max-time", "300"],
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "tick", "--no-linger", "--max-time", "300"],
                           env=child_env(t), cwd="/", capture_output=True, text=True)
     took = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr
@@ -271,7 +271,7 @@ def empty_tick(t: Target, runs: int = 7) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "cron", "tick", "--no-linger"], env=child_env(t), cwd="/",
+        proc = subprocess.run([sys.executable, "-m", "cronbox", "tick", "--no-linger"], env=child_env(t), cwd="/",
                               capture_output=True, text=True)
         times.append(time.perf_counter() - started)
         assert proc.returncode == 0, proc.stderr

@@ -24,7 +24,7 @@ from bench import handlers
 from bench.bench_outbox import Target, child_env
 from bench.bench_queue import bulk_dispatch, prepare_counter
 from bench.report import write_section
-from outbox.queue.models import Job
+from cronbox.outbox.queue.models import Job
 
 WORKERS = (1, 2, 4)
 
@@ -35,7 +35,7 @@ def drain(t: Target, n: int, workers: int) -> dict:
     bulk_dispatch(t, handlers.job_bump, n)
     t.runtime.engine.dispose()
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cron", "queue", "work", "--queue", "bench", "--stop-when-empty",
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "queue", "work", "--queue", "bench", "--stop-when-empty",
                            "--workers", str(workers)], env=child_env(t), cwd="/", capture_output=True, text=True)
     wall = time.perf_counter() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -23,7 +23,7 @@ from sqlalchemy import func, select, text
 from bench import handlers
 from bench.bench_outbox import APP_ROOT, Target, child_env, group_peers, group_table
 from bench.report import write_section
-from outbox.queue.models import Job
+from cronbox.outbox.queue.models import Job
 
 
 def prepare_counter() -> None:
@@ -54,7 +54,7 @@ def drain(t: Target, handler, n: int, workers: int) -> dict:
     bulk_dispatch(t, handler, n)
     env = child_env(t)
     started = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "cron", "queue", "work", "--queue", "bench",
+    procs = [subprocess.Popen([sys.executable, "-m", "cronbox", "queue", "work", "--queue", "bench",
                                "--stop-when-empty"], env=env, cwd="/", stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(workers)]
     peaks = []

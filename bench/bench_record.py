@@ -37,12 +37,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import NullPool
 
-import outbox
+from cronbox import outbox
 from bench.report import write_section
-from outbox.core.migrate import upgrade
-from outbox.core.settings import load_settings
-from outbox.engine.registry import Registry
-from outbox.engine.runtime import Runtime
+from cronbox.outbox.core.migrate import upgrade
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.engine.runtime import Runtime
 
 
 class Base(DeclarativeBase):

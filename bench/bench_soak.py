@@ -5,7 +5,7 @@
 
 Time is frozen (outbox.core.clock) and advanced by 24 h / --ticks-per-day before each tick; before each
 tick the share of events and jobs for that slice of the day is recorded and dispatched (in
-transactions of 500). Each tick is `run_tick(..., linger=False)`: the code path `python -m cron
+transactions of 500). Each tick is `run_tick(..., linger=False)`: the code path `python -m cronbox
 tick` takes, lock, scheduler (the daily `cronbox.prune`, hourly sweep, 5-minute health check), relay
 and worker. Retention windows are 2-30 days, so after 30 simulated days every cronbox_* table should
 stop growing; this prints per day: RSS, rows per table, warnings/errors logged, and checks that
@@ -22,17 +22,17 @@ from datetime import datetime
 
 from sqlalchemy import func, inspect, select, text
 
-import outbox
+from cronbox import outbox
 from bench import handlers
 from bench.bench_outbox import Target
 from bench.report import write_section
-from cron.cli import main
-from cron.scheduling.tick import run_tick
-from outbox.core import clock
-from outbox.core.logs import configure_logging
-from outbox.events.models import Delivery
-from outbox.queue.models import Job
-from outbox.core.resources import rss_kb
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.logs import configure_logging
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.core.resources import rss_kb
 
 START = datetime(2026, 1, 1, 0, 5)  # five past midnight UTC: the first tick is in day 1's prune slot
 BATCH = 500

@@ -93,11 +93,11 @@ def make_plaintext(path: Path, size: int) -> None:
 # --- cases, each run in a child process ------------------------------------------------------------
 
 def case_ceiling() -> dict:
-    """The AEAD calls alone on 64 KiB chunks: PyNaCl's AES-GCM binding (libsodium) and `storage.ciphers`'
+    """The AEAD calls alone on 64 KiB chunks: PyNaCl's AES-GCM binding (libsodium) and `cronbox.storage.ciphers`'
     (OpenSSL's AES-GCM through `cryptography`, libsodium's XChaCha20-Poly1305 through PyNaCl)."""
     import nacl.bindings as b
 
-    from storage.ciphers import AES_256_GCM, XCHACHA20_POLY1305, ChunkCipher
+    from cronbox.storage.ciphers import AES_256_GCM, XCHACHA20_POLY1305, ChunkCipher
 
     key, nonce, ad, chunk = os.urandom(32), os.urandom(12), os.urandom(45), os.urandom(64 * 1024)
     rounds = 4000
@@ -119,12 +119,12 @@ def case_ceiling() -> dict:
 
 
 def case_aead(algorithm: str, size: str) -> dict:
-    """The AEAD alone (`storage.ciphers`) on as many 64 KiB chunks as the file has (at least 64 MiB' worth).
+    """The AEAD alone (`cronbox.storage.ciphers`) on as many 64 KiB chunks as the file has (at least 64 MiB' worth).
 
     Timed in the same rounds as the copy and the seal, so the bound is made of rates measured
     under the same load as the seal it is compared with.
     """
-    from storage import ciphers
+    from cronbox.storage import ciphers
 
     code = ciphers.CODES[algorithm]
     cipher = ciphers.ChunkCipher(code, os.urandom(32))
@@ -146,8 +146,8 @@ def _write_all(sink, view) -> None:
 
 def case_seal(src: str, dst: str, algorithm: str, sync: str) -> dict:
     """Sealer.fill_from: plaintext file -> sealed file, straight into the chunk buffers."""
-    from storage import ciphers
-    from storage.format import Sealer
+    from cronbox.storage import ciphers
+    from cronbox.storage.format import Sealer
 
     file_id, data_key = bytes.fromhex(Path(dst).stem), bytes.fromhex(Path(dst).suffix[1:])
 
@@ -165,7 +165,7 @@ def case_seal(src: str, dst: str, algorithm: str, sync: str) -> dict:
 
 def case_open(src: str, dst: str, sync: str) -> dict:
     """SealedReader: sealed file -> plaintext file, each chunk authenticated, written chunk by chunk."""
-    from storage.format import SealedReader
+    from cronbox.storage.format import SealedReader
 
     file_id, data_key = bytes.fromhex(Path(src).stem), bytes.fromhex(Path(src).suffix[1:])
 
@@ -205,7 +205,7 @@ def case_serve(instance: str, plaintext: str) -> None:
     from werkzeug.serving import make_server
 
     from app import create_app
-    from outbox.core.settings import load_settings
+    from cronbox.outbox.core.settings import load_settings
 
     app = create_app(load_settings(environ={"CRONBOX_INSTANCE": instance, "PATH": os.environ.get("PATH", "")}))
     app.add_url_rule("/plain", "plain", lambda: send_file(plaintext, mimetype="application/octet-stream"))
@@ -216,10 +216,10 @@ def case_serve(instance: str, plaintext: str) -> None:
 
 def case_prepare(instance: str, plaintext: str) -> dict:
     """Seal the plaintext into the instance and return a signed link to it."""
-    from outbox.core.migrate import upgrade
-    from outbox.core.settings import load_settings
-    from outbox.engine.runtime import Runtime
-    import storage
+    from cronbox.outbox.core.migrate import upgrade
+    from cronbox.outbox.core.settings import load_settings
+    from cronbox.outbox.engine.runtime import Runtime
+    from cronbox import storage
 
     settings = load_settings(environ={"CRONBOX_INSTANCE": instance})
     runtime = Runtime(settings)
@@ -416,8 +416,8 @@ def markdown(results: dict, command: str) -> str:
     if results["openssl_16k"]:
         lines.append(f"| `openssl speed -evp aes-256-gcm -bytes 16384` | {results['openssl_16k']:,.0f} |")
     lines += [f"| PyNaCl `crypto_aead_aes256gcm_encrypt` (libsodium) | {ceiling['pynacl_public_aes']:,.0f} |",
-              f"| OpenSSL AES-256-GCM through `cryptography` (`storage.ciphers`) | {ceiling['cipher_aes']:,.0f} |",
-              f"| libsodium XChaCha20-Poly1305 through PyNaCl (`storage.ciphers`) | {ceiling['cipher_xchacha']:,.0f} |",
+              f"| OpenSSL AES-256-GCM through `cryptography` (`cronbox.storage.ciphers`) | {ceiling['cipher_aes']:,.0f} |",
+              f"| libsodium XChaCha20-Poly1305 through PyNaCl (`cronbox.storage.ciphers`) | {ceiling['cipher_xchacha']:,.0f} |",
               "", "File to file: `Sealer.fill_from` (plaintext file to sealed file) and `SealedReader` (sealed "
               "file to plaintext file, every chunk authenticated), against a plain 64 KiB copy of the same file. "
               "*cache*: the writes stay in the page cache; *fsync*: the file is made durable, as production does. "
@@ -428,7 +428,7 @@ def markdown(results: dict, command: str) -> str:
               "",
               "The *bound* is what doing that same copy and the AEAD one after the other would reach, "
               "1 / (1/copy + 1/AEAD): a process on a shared host gets no second core to overlap them "
-              "(Passenger forbids background threads). Its *AEAD* is `storage.ciphers`' call on as many chunks as "
+              "(Passenger forbids background threads). Its *AEAD* is `cronbox.storage.ciphers`' call on as many chunks as "
               "the file has (at least 64 MiB' worth), timed in the same rounds as the copy and the seal "
               "(the machine's load changes within a run: a ceiling timed once, on a quiet minute, made a bound "
               "no seal timed on a loaded one could meet). "

@@ -44,7 +44,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 seen = collections.Counter()
 event.listen(Engine, "before_cursor_execute", lambda conn, cur, statement, *a: seen.update([statement.split()[0].upper()]))
-from cron.cli import main
+from cronbox.cron.cli import main
 code = main(["tick", "--no-linger"])
 print(json.dumps({"code": code, "statements": sum(seen.values()), "kinds": seen}))
 """
@@ -88,15 +88,15 @@ def main() -> None:
                 "CLINIC_DATABASE_URL": url, "SECRET_KEY": "bench"}
     py = sys.executable
     try:
-        subprocess.run([py, "-m", "cron", "migrate"], env=env, cwd="/", check=True, capture_output=True)
-        subprocess.run([py, "-m", "cron", "tick", "--no-linger"], env=env, cwd="/", check=True,
+        subprocess.run([py, "-m", "cronbox", "migrate"], env=env, cwd="/", check=True, capture_output=True)
+        subprocess.run([py, "-m", "cronbox", "tick", "--no-linger"], env=env, cwd="/", check=True,
                        capture_output=True)  # the built-in tasks' first runs: later ticks are quiet
         counted = json.loads(subprocess.run([py, "-c", COUNT], env=env, cwd="/", check=True, capture_output=True,
                                             text=True).stdout.strip().splitlines()[-1])
         cases = {
             "floor": [py, "-c", FLOOR],
-            "tick": [py, "-m", "cron", "tick", "--no-linger"],
-            "queue work": [py, "-m", "cron", "queue", "work", "--stop-when-empty"],
+            "tick": [py, "-m", "cronbox", "tick", "--no-linger"],
+            "queue work": [py, "-m", "cronbox", "queue", "work", "--stop-when-empty"],
         }
         try:
             run(cases["tick"], host_env)
@@ -143,7 +143,7 @@ loading installed packages' bytecode, never paid; they now run with the bytecode
 
 Instructions (callgrind, PYTHONHASHSEED=0: the same count whatever the machine's load; same pass,
 2026-12-01 late): floor 1.332 G; tick 1.898 G (1.43×) on the previous code, 1.631 G (1.22×) now;
-`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cron` loaded the command tree
+`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cronbox` loaded the command tree
 and the command's own module with the cyclic collector off, then froze what loaded (start-up makes a
 few hundred thousand long-lived objects and no garbage, and the collections walking them were ~6% of
 even the floor's instructions); issue 25 took that out again (cronbox tunes no part of the process it

@@ -8,7 +8,7 @@ import os
 
 from sqlalchemy import text
 
-import outbox
+from cronbox import outbox
 from common import bump  # bench/peers/common.py: the peer harness's job body
 
 # One row through ctx.session, committed with the ack (floor_sql.ROW_INSERT is the same statement).

@@ -1,5 +1,5 @@
 """cronbox as a user runs it, from the tree under test: a fresh database migrated by
-`python -m cron migrate`, and `tick`, `queue work` and `amqp consume` subprocesses timed start to exit.
+`python -m cronbox migrate`, and `tick`, `queue work` and `amqp consume` subprocesses timed start to exit.
 
 The parent (bench_floors) imports this module without cronbox. Run as a program, with the tree first
 on sys.path, it is the host side of record/dispatch and the seeding of events and jobs, through
@@ -45,7 +45,7 @@ def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
 
 
 class Target:
-    """A fresh database (SQLite file or MariaDB schema) migrated by the tree's own `python -m cron migrate`."""
+    """A fresh database (SQLite file or MariaDB schema) migrated by the tree's own `python -m cronbox migrate`."""
 
     def __init__(self, tree: str, mysql_url: str | None, extra_env: dict | None = None):
         self.tree = str(Path(tree).resolve())
@@ -72,8 +72,8 @@ class Target:
         self.tables = [t for t in TABLES if t in inspect(self.engine).get_table_names()]
 
     def cron(self, args: list[str], **kw) -> dict:
-        """`python -m cron ARGS` as the README's cron line runs it, from the tree's directory."""
-        return run([sys.executable, "-m", "cron", *args], self.env, **kw)
+        """`python -m cronbox ARGS` as the README's cron line runs it, from the tree's directory."""
+        return run([sys.executable, "-m", "cronbox", *args], self.env, **kw)
 
     def host(self, args: list[str]) -> dict:
         """This module as a program (record, dispatch, seeding) in the tree."""
@@ -115,7 +115,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
     from sqlalchemy.orm import Session
 
     import floor_handlers
-    import outbox
+    from cronbox import outbox
     from floor_sql import cpu_seconds, engine_for
 
     engine = engine_for(url)

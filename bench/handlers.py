@@ -5,7 +5,7 @@ import time
 
 from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, insert
 
-import outbox
+from cronbox import outbox
 
 metadata = MetaData()
 rows = Table("bench_rows", metadata, Column("id", Integer, primary_key=True), Column("event_id", Integer),

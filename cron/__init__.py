@@ -1,1 +1,1 @@
-"""The cronbox command line: `python -m cron COMMAND`, `flask --app app cron COMMAND`, artisan_via_cron.sh."""
+"""The cronbox command line: `python -m cronbox COMMAND`, `flask --app app cron COMMAND`, artisan_via_cron.sh."""

@@ -1,7 +1,8 @@
-"""`python -m cron`: the process cron starts (tick, queue work, ...). The interpreter runs with its
-defaults (the cyclic collector on, nothing frozen): cronbox tunes no part of the process it runs in."""
+"""`python -m cron`, the spelling before 0.7: cronbox's command line is `python -m cronbox` now (or the
+`cronbox` script). Run from a checkout, where the folder `cron/` is still importable by that name, this
+says so in one line, as a cron mail would show it, instead of running. Nothing is imported from it."""
 import sys
 
-from cron.cli import script
-
-sys.exit(script())
+sys.stderr.write("error: `python -m cron` is `python -m cronbox` since cronbox 0.7 "
+                 "(README, \"Upgrading to 0.7\")\n")
+sys.exit(2)

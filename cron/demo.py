@@ -18,8 +18,8 @@ from decimal import Decimal
 from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, Numeric, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-import outbox
-from outbox.core import clock
+from cronbox import outbox
+from cronbox.outbox.core import clock
 
 
 class DemoBase(DeclarativeBase):

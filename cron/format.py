@@ -5,9 +5,9 @@ from datetime import datetime
 
 import click
 
-from outbox.core import paging
-from outbox.core.durations import parse_duration
-from outbox.core.text import clean_text
+from cronbox.outbox.core import paging
+from cronbox.outbox.core.durations import parse_duration
+from cronbox.outbox.core.text import clean_text
 
 
 def age(since: datetime | None, now: datetime) -> str:

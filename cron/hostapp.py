@@ -16,10 +16,10 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from outbox.core.errors import SettingsError
-from outbox.core.settings import find_app_root
-from outbox.core.text import describe
-from outbox.engine.runtime import Runtime, open_runtime
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import find_app_root
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.engine.runtime import Runtime, open_runtime
 
 FACTORY_NAMES = ("create_app", "make_app")
 APP_NAMES = ("app", "application")

@@ -6,22 +6,22 @@ scheduling and operator tables do (outbox never imports cron).
 
 It also draws the line between cronbox's tables and the host app's in a shared database: every
 table whose name starts with `cronbox_` (the version table `cronbox_alembic_version` too) is
-cronbox's, migrated by `python -m cron migrate`. `migrations/env.py` compares only those; the
+cronbox's, migrated by `python -m cronbox migrate`. `migrations/env.py` compares only those; the
 host's own Alembic env.py passes `include_name` (or `include_object`) so that its
 `--autogenerate` leaves them alone instead of proposing to drop them. The prefix, not this
 metadata's list, decides: a table an older or newer cronbox has is still cronbox's.
 """
 from __future__ import annotations
 
-import cron.operator.models  # noqa: F401
-import cron.scheduling.models  # noqa: F401
-import outbox.channels.models  # noqa: F401
-from outbox.core.migrate import VERSION_TABLE
-from outbox.core.models import Base
-import outbox.engine.models  # noqa: F401
-import outbox.events.models  # noqa: F401
-import outbox.queue.models  # noqa: F401
-import storage.models  # noqa: F401
+import cronbox.cron.operator.models  # noqa: F401
+import cronbox.cron.scheduling.models  # noqa: F401
+import cronbox.outbox.channels.models  # noqa: F401
+from cronbox.outbox.core.migrate import VERSION_TABLE
+from cronbox.outbox.core.models import Base
+import cronbox.outbox.engine.models  # noqa: F401
+import cronbox.outbox.events.models  # noqa: F401
+import cronbox.outbox.queue.models  # noqa: F401
+import cronbox.storage.models  # noqa: F401
 
 metadata = Base.metadata
 PREFIX = "cronbox_"

@@ -1,19 +1,95 @@
-"""cronbox inside a Flask app: the extension and what a host's own routes use.
+"""cronbox: reliable events, background jobs and sealed files for a Flask app, run from cron.
 
-    from cronbox import Cronbox, seal_upload, sealed_upload_route, UploadRefused, upload_csrf_token
+The public API, all importable from here:
 
-`Cronbox().init_app(app, db=db)` mounts the parts (sealed downloads and uploads under /files,
-/health, the web-cron endpoint, the operator console under /ops), each a blueprint that can be
-switched off or moved; see cronbox.extension. Domain code records events with `outbox.record`
-and files with `storage.put`, as in the standalone app.
+    from cronbox import Cronbox, record, consumer, job, RetryLater
+
+    cronbox = Cronbox()                      # in your factory: cronbox.init_app(app, db=db)
+
+    @consumer("appointment.paid", name="clinic.receipt")
+    def receipt(event, ctx): ...             # run by the cron tick, at least once
+
+    record(db.session, "appointment.paid", {"id": 7})   # in your transaction
+
+- the extension: `Cronbox`;
+- events: `record`, `consumer`, `forward` (to RabbitMQ), `Event`, `Context`;
+- jobs: `job`, and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
+- periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
+- errors: `CronboxError` (the root of cronbox's own), `RetryLater`, `PermanentFailure`;
+- sealed files in your routes: `seal_upload`, `sealed_upload_route`, `upload_csrf_token`,
+  `UploadRefused`, `BodyAlreadyRead`, `CsrfNotChecked`; the app's sealed storage is the
+  subpackage `cronbox.storage` (`put`, `grant`, `signed_url`, `revoke`, `open_file`);
+- Alembic in your app: `alembic_include_name`, `alembic_include_object`.
+
+Two more subpackages are documented, for what an app rarely needs: `cronbox.outbox` (settings,
+the runtime) and `cronbox.cron` (the command line). Every other module is internal: its names may
+change in any release.
 """
 from __future__ import annotations
 
-from .extension import Cronbox
-from .hostauth import upload_csrf_token
-from .state import CronboxState, state
-from .hostcsrf import CsrfNotChecked
-from .uploads import BodyAlreadyRead, UploadRefused, seal_upload, sealed_upload_route
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-__all__ = ["BodyAlreadyRead", "Cronbox", "CsrfNotChecked", "CronboxState", "UploadRefused", "seal_upload", "sealed_upload_route", "state",
-           "upload_csrf_token"]
+if TYPE_CHECKING:
+    from .cron.schema import include_name as alembic_include_name
+    from .cron.schema import include_object as alembic_include_object
+    from .cron.scheduling import schedule  # the module: @schedule.every(...), @schedule.cron(...)
+    from .extension import Cronbox
+    from .hostauth import upload_csrf_token
+    from .hostcsrf import CsrfNotChecked
+    from .outbox.channels.jobs import notify, send_email, send_sms, send_webhook
+    from .outbox.core.errors import CronboxError, PermanentFailure, RetryLater
+    from .outbox.engine.context import Context, Event
+    from .outbox.events.consumers import consumer
+    from .outbox.events.forward import forward
+    from .outbox.events.record import record
+    from .outbox.queue.jobs import job
+    from .uploads import BodyAlreadyRead, UploadRefused, seal_upload, sealed_upload_route
+
+# Each public name: the module that defines it, and its name there (None: the module itself). Imported on first use (PEP 562):
+# every cronbox process imports this package first (`python -m cronbox tick`, `import cronbox.outbox`),
+# and a tick has no use for Flask, which the web parts import (~17 MB and a tenth of a second).
+# An app's state (`cronbox.state.state(app)`) is internal, and not here: `state` is also that module's name.
+_EXPORTS = {
+    "Cronbox": (".extension", "Cronbox"),
+    "record": (".outbox.events.record", "record"),
+    "consumer": (".outbox.events.consumers", "consumer"),
+    "forward": (".outbox.events.forward", "forward"),
+    "Event": (".outbox.engine.context", "Event"),
+    "Context": (".outbox.engine.context", "Context"),
+    "job": (".outbox.queue.jobs", "job"),
+    "send_sms": (".outbox.channels.jobs", "send_sms"),
+    "send_email": (".outbox.channels.jobs", "send_email"),
+    "send_webhook": (".outbox.channels.jobs", "send_webhook"),
+    "notify": (".outbox.channels.jobs", "notify"),
+    "schedule": (".cron.scheduling.schedule", None),  # the module itself
+    "CronboxError": (".outbox.core.errors", "CronboxError"),
+    "RetryLater": (".outbox.core.errors", "RetryLater"),
+    "PermanentFailure": (".outbox.core.errors", "PermanentFailure"),
+    "seal_upload": (".uploads", "seal_upload"),
+    "sealed_upload_route": (".uploads", "sealed_upload_route"),
+    "upload_csrf_token": (".hostauth", "upload_csrf_token"),
+    "UploadRefused": (".uploads", "UploadRefused"),
+    "BodyAlreadyRead": (".uploads", "BodyAlreadyRead"),
+    "CsrfNotChecked": (".hostcsrf", "CsrfNotChecked"),
+    "alembic_include_name": (".cron.schema", "include_name"),
+    "alembic_include_object": (".cron.schema", "include_object"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'cronbox' has no attribute {name!r}") from None
+    value = import_module(module, __name__)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -15,7 +15,7 @@ import re
 import unicodedata
 from urllib.parse import quote
 
-from outbox.core.text import UNSHOWABLE
+from cronbox.outbox.core.text import UNSHOWABLE
 
 MAX_NAME = 150
 FALLBACK = "download"

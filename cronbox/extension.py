@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from dotenv import dotenv_values
 from flask import Flask, Request, current_app, has_app_context
 
-from outbox.core.errors import SettingsError
-from outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
-import storage as sealed_storage
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
+from cronbox import storage as sealed_storage
 
 from .state import PARTS, CronboxState
 
 if TYPE_CHECKING:
-    from storage.service import Storage  # loaded on first use (libsodium), as cronbox.state does
+    from cronbox.storage.service import Storage  # loaded on first use (libsodium), as cronbox.state does
 
 HOOKS = ("console_operator", "console_login_url", "console_logout_url", "upload_operator")  # cronbox.hostauth
 
@@ -97,7 +97,7 @@ class Cronbox:
         app.extensions["cronbox"] = state
         sealed_storage.mark_hosted()  # module-level storage.* outside an app context now refuses (whose keys?)
         _register_parts(app, state)
-        from cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
+        from cronbox.cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
 
         if "cron" not in app.cli.commands:
             app.cli.add_command(cron_cli, "cron")
@@ -185,9 +185,9 @@ def _parts(settings: Settings) -> dict[str, str]:
 
 
 def _register_parts(app: Flask, state: CronboxState) -> None:
-    from cron.format import age
+    from cronbox.cron.format import age
 
-    from cron.scheduling.metrics import window_seconds
+    from cronbox.cron.scheduling.metrics import window_seconds
 
     from . import files, health, metrics, ops, webcron  # here: they import cronbox.state, which is ready now
 

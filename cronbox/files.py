@@ -30,15 +30,15 @@ from flask import Blueprint, Flask, Request, Response, current_app, jsonify, req
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
-from outbox.core import clock
-from outbox.core.settings import Settings
-from outbox.core.transactions import in_transaction
-import storage as sealed_storage
-from storage import audit, grants, refusals
-from storage.errors import GrantInvalid, IntegrityError, UnknownKey
-from storage.keys import check_key_folder
-from storage.service import OpenedFile
-from storage.tokens import TokenRefused
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox import storage as sealed_storage
+from cronbox.storage import audit, grants, refusals
+from cronbox.storage.errors import GrantInvalid, IntegrityError, UnknownKey
+from cronbox.storage.keys import check_key_folder
+from cronbox.storage.service import OpenedFile
+from cronbox.storage.tokens import TokenRefused
 
 from . import hostauth
 from .state import runtime

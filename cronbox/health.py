@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
-from cron.scheduling.health import FAIL, ORDER, backlog_status, run_checks
+from cronbox.cron.scheduling.health import FAIL, ORDER, backlog_status, run_checks
 from cronbox.auth import bearer_matches
 from cronbox.state import state
-from outbox.core import clock
+from cronbox.outbox.core import clock
 
 bp = Blueprint("health", __name__)
 BACKLOG_SECONDS = 30

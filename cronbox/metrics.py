@@ -12,7 +12,7 @@ import logging
 from flask import Blueprint, Response, abort, request
 from sqlalchemy.exc import DBAPIError
 
-from cron.scheduling import metrics
+from cronbox.cron.scheduling import metrics
 from cronbox.auth import bearer_matches
 from cronbox.state import state
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from flask import Flask, current_app
 
-from outbox.core.settings import Settings
-from outbox.engine.runtime import Runtime, load_handlers, open_runtime
+from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.engine.runtime import Runtime, load_handlers, open_runtime
 
 PARTS = ("files", "health", "metrics", "webcron", "ops")
 
@@ -69,7 +69,7 @@ class CronboxState:
         """This app's sealed storage, on its runtime and the settings init_app resolved (its instance
         folder's keys): what `cronbox.storage` and, in this app's context, the module-level `storage.*` use."""
         if self._storage is None:
-            from storage.service import Storage  # here: libsodium and cryptography load only when files are used
+            from cronbox.storage.service import Storage  # here: libsodium and cryptography load only when files are used
 
             runtime = self.runtime
             with self._lock:

@@ -31,9 +31,9 @@ from sqlalchemy.orm import Session
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 from werkzeug.wsgi import LimitedStream
 
-from storage import audit
-from storage.errors import StorageError, TooLarge
-from storage.service import Sealed, Storage, owner_text
+from cronbox.storage import audit
+from cronbox.storage.errors import StorageError, TooLarge
+from cronbox.storage.service import Sealed, Storage, owner_text
 
 from . import formstream, hostcsrf
 from .client import client_ip

@@ -21,13 +21,13 @@ import math
 
 from flask import Blueprint, abort, jsonify
 
-from cron.cli import main as run_command
-from cron.scheduling.tick import run_tick
-from outbox.core import clock
-from outbox.core.errors import CronboxError
-from outbox.core.text import clean_text
-from outbox.core.transactions import in_transaction
-from outbox.queue.ratelimit import at_most_every
+from cronbox.cron.cli import main as run_command
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.queue.ratelimit import at_most_every
 from cronbox.state import runtime, state
 from cronbox.auth import bearer_matches
 from cronbox.hostcsrf import exempt_from_host_csrf

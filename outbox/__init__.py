@@ -1,6 +1,6 @@
 """cronbox's outbox: events written in your transaction, delivered in-process by a cron tick.
 
-    import outbox
+    from cronbox import outbox
 
     @outbox.consumer("appointment.paid", name="notify_patient")
     def notify(event, ctx):
@@ -10,10 +10,10 @@
         session.add(payment)
         outbox.record(session, "appointment.paid", {"id": 7}, key="appointment:7")
 """
-from outbox.engine.context import Context, Event
-from outbox.events.consumers import consumer
-from outbox.events.forward import forward
-from outbox.core.errors import (
+from cronbox.outbox.engine.context import Context, Event
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.forward import forward
+from cronbox.outbox.core.errors import (
     CronboxError,
     HandlerTimeout,
     PayloadError,
@@ -22,11 +22,11 @@ from outbox.core.errors import (
     RetryLater,
     SettingsError,
 )
-from outbox.core.settings import Settings, load_settings
-from outbox.engine.runtime import Runtime, open_runtime
-from outbox.events.record import record
-from outbox.queue.jobs import job
-from outbox.queue.pauses import ChannelPaused
+from cronbox.outbox.core.settings import Settings, load_settings
+from cronbox.outbox.engine.runtime import Runtime, open_runtime
+from cronbox.outbox.events.record import record
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.pauses import ChannelPaused
 
 __all__ = [
     "ChannelPaused",

@@ -1,6 +1,6 @@
 """cronbox's sealed storage: PHI encrypted before it touches the disk, served by short-lived signed links.
 
-    import storage
+    from cronbox import storage
 
     with sessions.begin() as session:                         # your transaction
         file_id = storage.put(session, upload_stream, filename="scan.pdf",
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.core.settings import Settings, load_settings
+from cronbox.outbox.core.settings import Settings, load_settings
 
-from outbox.core.engines import make_engine, session_factory
+from cronbox.outbox.core.engines import make_engine, session_factory
 
 # Every error the functions below raise (README, "Sealed files", says which and the HTTP answer for each).
 from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NoAppContext, NotFound,

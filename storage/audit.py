@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from outbox.core import clock, paging
+from cronbox.outbox.core import clock, paging
 
 from .models import AuditEntry, Grant
 

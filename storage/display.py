@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from outbox.core.text import UNSHOWABLE
+from cronbox.outbox.core.text import UNSHOWABLE
 
 _UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")
 

@@ -5,7 +5,7 @@ maps them to status codes (never a 500 for a client's mistake).
 """
 from __future__ import annotations
 
-from outbox.core.errors import CronboxError
+from cronbox.outbox.core.errors import CronboxError
 
 
 class StorageError(CronboxError):

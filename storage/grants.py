@@ -32,9 +32,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core import paging
-from outbox.core.sql import insert_ignore
-from outbox.queue.ratelimit import client_key
+from cronbox.outbox.core import paging
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.queue.ratelimit import client_key
 
 from .errors import GrantInvalid
 from .models import Grant, GrantUse, SealedFile

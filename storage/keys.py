@@ -35,7 +35,7 @@ from pathlib import Path
 
 import filelock
 
-from outbox.core.settings import Settings
+from cronbox.outbox.core.settings import Settings
 
 from .errors import IntegrityError, KeyFolderError, UnknownKey
 from .format import KEY_ID, MAX_SEQUENCE, is_master_key_id

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Callable
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.core import clock
-from outbox.core.faults import crash_point
-from outbox.core.settings import Settings
-from outbox.core.transactions import in_transaction
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.core.transactions import in_transaction
 
 from . import audit, grants, refusals
 from .errors import IntegrityError, UnknownKey

@@ -19,7 +19,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, ExactString, Id, UtcDateTime
+from cronbox.outbox.core.models import Base, ExactString, Id, UtcDateTime
 
 FileId = ExactString(32)  # random hex, but compared as an identity all the same
 

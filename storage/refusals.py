@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.sql import starts_with
-from outbox.queue.models import RateWindow
-from outbox.queue.ratelimit import RateLimit, client_key
+from cronbox.outbox.core.sql import starts_with
+from cronbox.outbox.queue.models import RateWindow
+from cronbox.outbox.queue.ratelimit import RateLimit, client_key
 
 from . import audit
 

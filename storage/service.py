@@ -20,9 +20,9 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.core import clock
-from outbox.core.settings import Settings
-from outbox.core.transactions import in_transaction
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.core.transactions import in_transaction
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from itsdangerous import BadPayload, BadSignature, SignatureExpired, TimestampSigner, URLSafeTimedSerializer
 
-from outbox.core import clock
+from cronbox.outbox.core import clock
 
 SALT_DOWNLOAD = "cronbox.files.download.v1"
 MAX_TOKEN_LENGTH = 512

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from outbox.core.settings import Settings
+from cronbox.outbox.core.settings import Settings
 
 from .errors import IntegrityError, KeyFolderError, NotFound
 

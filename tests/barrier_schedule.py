@@ -5,8 +5,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from cron.scheduling.schedule import run_task
-from outbox.engine.runtime import open_runtime
+from cronbox.cron.scheduling.schedule import run_task
+from cronbox.outbox.engine.runtime import open_runtime
 import tests.handlers.tasks  # noqa: F401
 
 ready_dir, go_file, slot = Path(sys.argv[1]), Path(sys.argv[2]), datetime.fromisoformat(sys.argv[3])

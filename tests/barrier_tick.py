@@ -9,7 +9,7 @@ from pathlib import Path
 
 ready_dir, go_file, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 
-from cron.cli import main  # noqa: E402  (import everything before the barrier)
+from cronbox.cron.cli import main  # noqa: E402  (import everything before the barrier)
 
 (ready_dir / str(os.getpid())).write_text("ready")
 deadline = time.monotonic() + 60

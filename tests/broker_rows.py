@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from outbox.events import inbox
-from outbox.events.models import InboxEntry, Redelivery
+from cronbox.outbox.events import inbox
+from cronbox.outbox.events.models import InboxEntry, Redelivery
 
 INBOX = InboxEntry.__table__
 REDELIVERIES = Redelivery.__table__

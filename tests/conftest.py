@@ -23,10 +23,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from outbox.core.migrate import upgrade
-from outbox.core.settings import load_settings
-from outbox.engine.runtime import Runtime
-from outbox.engine.registry import Registry
+from cronbox.outbox.core.migrate import upgrade
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.engine.registry import Registry
 
 APP_ROOT = Path(__file__).resolve().parent.parent
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL")
@@ -231,9 +231,9 @@ def child_env(env: dict[str, str], **extra: str) -> dict[str, str]:
 
 def run_cli(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120,
             input_text: str | None = None, **extra: str):
-    """Run `python -m cron ARGS` as cron would: another working directory, our settings only."""
+    """Run `python -m cronbox ARGS` as cron would: another working directory, our settings only."""
     return subprocess.run(
-        [sys.executable, "-m", "cron", *args],
+        [sys.executable, "-m", "cronbox", *args],
         env=child_env(env, **extra), cwd=str(cwd or Path("/")), capture_output=True, text=True, timeout=timeout,
         input=input_text if input_text is not None else "",
     )
@@ -241,7 +241,7 @@ def run_cli(env: dict[str, str], *args: str, cwd: Path | None = None, timeout: f
 
 def start_cli(env: dict[str, str], *args: str, cwd: Path | None = None, **extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "cron", *args],
+        [sys.executable, "-m", "cronbox", *args],
         env=child_env(env, **extra), cwd=str(cwd or Path("/")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )

@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 
 from app import create_app
-from cron.operator import credentials
-from outbox.core.settings import load_settings
-from outbox.engine.registry import DEFAULT, Registry
+from cronbox.cron.operator import credentials
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.registry import DEFAULT, Registry
 from tests.registries import copy_of
 
 PASSWORD = "correct horse battery staple"

@@ -6,12 +6,12 @@ import time
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
-from cron.cli import cli
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events import deliveries as delivery_store
-from outbox.events.models import Delivery, OutboxEvent
-from outbox.events.relay import Relay
+from cronbox.cron.cli import cli
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events import deliveries as delivery_store
+from cronbox.outbox.events.models import Delivery, OutboxEvent
+from cronbox.outbox.events.relay import Relay
 
 
 def relay(runtime, *, max_time: float = 30, batch_size: int = 100):

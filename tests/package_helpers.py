@@ -30,7 +30,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-PACKAGES = ("outbox", "storage", "cron", "cronbox")
+PACKAGES = ("outbox", "storage", "cron", "cronbox")  # the source folders; installed, all of them are `cronbox`
 BUILD_INPUTS = ("pyproject.toml", "build_backend.py", "MANIFEST.in", "README.md", "artisan_via_cron.sh", "requirements.txt")
 # A checkout's working files that are never part of it (.gitignore's, plus git's own).
 NOT_SOURCES = (".git", ".venv", "venv", "instance", "test-artifacts", "build", "dist", "__pycache__", "*.pyc",

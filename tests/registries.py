@@ -6,7 +6,7 @@ a handler's module (its rows must wait, never die).
 """
 from __future__ import annotations
 
-from outbox.engine.registry import Registry
+from cronbox.outbox.engine.registry import Registry
 
 
 def copy_of(registry: Registry, *, leaving_out: frozenset[str] | set[str] = frozenset()) -> Registry:

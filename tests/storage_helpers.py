@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from outbox.core.transactions import in_transaction
-import storage
-from storage.format import CHUNK_SIZE, SEALED_CHUNK
-from storage.models import SealedFile
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox import storage
+from cronbox.storage.format import CHUNK_SIZE, SEALED_CHUNK
+from cronbox.storage.models import SealedFile
 
 
 def put(st, data: bytes, *, name: str = "scan.pdf", content_type: str = "application/pdf",

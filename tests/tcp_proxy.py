@@ -160,17 +160,38 @@ class TcpProxy:
                     sink.sendall(data)
                 if budget is not None and self.cut_budget == 0:
                     self.cut_budget = None
-                    self.cut()
+                    self._cut_after_passing(source, sink, pair)
                     return
         except OSError:
             pass
         finally:
             _close(source)
-            _close(sink)
+            if not pair.get("draining"):
+                _close(sink)
+
+    def _cut_after_passing(self, client: socket.socket, server: socket.socket, pair: dict) -> None:
+        """The client's connection dies now; the server gets every byte passed, then an orderly end of
+        stream. Closing the server's socket at once would send an RST if the server had answered
+        something not yet read here, and an RST makes the server's kernel drop what the server had
+        not read yet: the bytes "passed" would never have arrived (seen under load)."""
+        with self._lock:
+            others = [p for p in self._pairs if p[0] is not client]
+            self._pairs = []
+        for other_client, other_server in others:  # every other connection open now dies too, first: a
+            _close(other_client)                   # client reconnecting after this cut must not be cut
+            _close(other_server)
+        pair["draining"] = True  # _downstream reads the server to its end, then closes it
+        try:
+            server.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        _close(client)
 
     def _downstream(self, source: socket.socket, sink: socket.socket, pair: dict) -> None:
         try:
             while data := source.recv(65536):
+                if pair.get("draining"):
+                    continue  # cut after passing: read to the server's end, pass nothing
                 if not self.amqp:
                     if not (self.muted or pair["muted"]):
                         sink.sendall(data)
@@ -180,10 +201,21 @@ class TcpProxy:
                         if not (self.muted or pair["muted"]):
                             sink.sendall(raw)
         except OSError:
-            pass
+            if pair.get("draining"):
+                self._drain(source)
         finally:
             _close(source)
             _close(sink)
+
+    @staticmethod
+    def _drain(server: socket.socket) -> None:
+        """Read what the server still sends until it closes its side (or 10 s): then ours closes cleanly."""
+        server.settimeout(10)
+        try:
+            while server.recv(65536):
+                pass
+        except OSError:
+            pass
 
     def _client_frames(self, pair: dict, data: bytes) -> None:
         for kind, payload, _raw in pair["upstream"].feed(data):

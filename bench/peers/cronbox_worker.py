@@ -1,9 +1,9 @@
-"""`python -m cron ...` from CRONBOX_TREE (the harness only puts this folder on the path)."""
+"""`python -m cronbox ...` from CRONBOX_TREE (the harness only puts this folder on the path)."""
 import os
 import runpy
 import sys
 
 sys.path.insert(0, os.environ.get("CRONBOX_TREE")
                 or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.argv[0] = "cron"
-runpy.run_module("cron", run_name="__main__", alter_sys=True)
+sys.argv[0] = "cronbox"
+runpy.run_module("cronbox", run_name="__main__", alter_sys=True)

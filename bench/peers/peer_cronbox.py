@@ -2,7 +2,7 @@
 
 cronbox is imported from CRONBOX_TREE (default: this repository), first on sys.path, so two trees
 compare in one harness (`CRONBOX_TREE=/work/wt/before bench/peers/run_peers.sh`). Only its public
-surface is used: `python -m cron migrate` and `queue work`, and the job's `.dispatch()` in the host's own
+surface is used: `python -m cronbox migrate` and `queue work`, and the job's `.dispatch()` in the host's own
 SQLAlchemy Session. The queue lives in its own database (`cronbox_peerbench`, created and migrated by
 reset()); the job body is the harness's counter bump in `test`, like every peer.
 """
@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.abspath(os.environ.get("CRONBOX_TREE") or os.path.dirname(os.path.dirname(HERE)))
 if TREE not in sys.path:
     sys.path.insert(0, TREE)
-os.environ["CRONBOX_TREE"] = TREE  # cronbox_worker.py starts `python -m cron` from the same tree
+os.environ["CRONBOX_TREE"] = TREE  # cronbox_worker.py starts `python -m cronbox` from the same tree
 
 STORE = os.environ.get("CRONBOX_PEER_STORE", "mysql")
 if STORE == "sqlite":
@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 import common  # noqa: E402
-import outbox  # noqa: E402
+from cronbox import outbox  # noqa: E402
 
 
 @outbox.job("bench", name="bench.bump", tries=3, timeout=30)
@@ -41,7 +41,7 @@ _engine = None
 
 
 def engine():
-    """The host's own engine on cronbox's database, migrated by the tree's `python -m cron migrate`."""
+    """The host's own engine on cronbox's database, migrated by the tree's `python -m cronbox migrate`."""
     global _engine
     if _engine is None:
         url = os.environ["DATABASE_URL"]
@@ -51,7 +51,7 @@ def engine():
             name = url.rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
             with pymysql.connect(host="127.0.0.1", user="root", password="", ssl_disabled=True) as conn:
                 conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
-        subprocess.run([sys.executable, "-m", "cron", "migrate"], check=True, stdout=subprocess.DEVNULL,
+        subprocess.run([sys.executable, "-m", "cronbox", "migrate"], check=True, stdout=subprocess.DEVNULL,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([TREE, HERE])))
         _engine = create_engine(url, connect_args={"timeout": 30} if STORE == "sqlite" else {"ssl_disabled": True})
     return _engine

@@ -5,7 +5,7 @@
 #   NS="5000 20000" RUNS=3 PEERS="huey_sqlite rq_simple" ./run_peers.sh
 #   CRONBOX_TREE=/work/wt/before TREE_LABEL=before PEERS="cronbox huey_mysql" WRITE_DOC=0 ./run_peers.sh
 #
-# CRONBOX_TREE: the cronbox tree the cronbox peers import and run (`python -m cron`) from, default this
+# CRONBOX_TREE: the cronbox tree the cronbox peers import and run (`python -m cronbox`) from, default this
 # repository; TREE_LABEL names it in the table (cronbox@before). WRITE_DOC=0 leaves docs/benchmarks.md.
 #
 # Needs MariaDB on 127.0.0.1:3306 (root, no password, db `test`) and Redis on

@@ -5,14 +5,14 @@ import re
 
 import click
 
-from cron.commands.base import CommandFailed, CommandGroup, runtime
-from cron.format import table
-from outbox.core import clock
-from outbox.core.errors import UnknownIds
-from outbox.core.text import UNSHOWABLE, clean_text
-from outbox.engine.budget import Budget
-from outbox.events import queues
-from outbox.events.broker import NO_URL, parse_url
+from cronbox.cron.commands.base import CommandFailed, CommandGroup, runtime
+from cronbox.cron.format import table
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import UnknownIds
+from cronbox.outbox.core.text import UNSHOWABLE, clean_text
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events import queues
+from cronbox.outbox.events.broker import NO_URL, parse_url
 
 amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), and its dead queue.")
 
@@ -71,7 +71,7 @@ def _address(rt):
 @click.pass_context
 def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartbeat, max_redeliveries):
     """Run the consumers registered for each message's type; SIGTERM finishes the message, then exits 0."""
-    from outbox.events.consume import QueueConsumer  # py-amqp: only for the amqp commands
+    from cronbox.outbox.events.consume import QueueConsumer  # py-amqp: only for the amqp commands
 
     rt = runtime()
     address = _address(rt)
@@ -92,7 +92,7 @@ def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartb
 @click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True)
 def dead(queue, limit):
     """List the messages parked in QUEUE.dead (they stay there)."""
-    from outbox.events.parked import DeadQueue
+    from cronbox.outbox.events.parked import DeadQueue
 
     with DeadQueue(_address(runtime(migrate=False)), queue) as dq:
         rows, total = dq.list(limit)
@@ -113,7 +113,7 @@ def retry_dead(queue, message_ids, all_):
     """Move parked messages back to QUEUE with their attempts reset."""
     if bool(message_ids) == bool(all_):
         raise click.UsageError("give --message-id ID (repeatable) or --all (not both)")
-    from outbox.events.parked import DeadQueue
+    from cronbox.outbox.events.parked import DeadQueue
 
     with DeadQueue(_address(runtime(migrate=False)), queue) as dq:
         moved, unknown = dq.move_back(None if all_ else list(dict.fromkeys(message_ids)))

@@ -4,7 +4,7 @@ Exit codes: 0 ok (also "skipped: already running"), 1 failure, 2 usage error.
 User mistakes and unreachable databases print one line, never a traceback;
 unexpected errors print one line and leave the traceback in the log.
 
-Command modules import this, never `cron.cli`: the root group imports them (explicitly, in
+Command modules import this, never `cronbox.cron.cli`: the root group imports them (explicitly, in
 `cron/cli.py`), and a command that runs other command lines (`tick`, `once run`) takes the tree
 from its click context (`command_runner()`).
 """
@@ -18,15 +18,15 @@ from functools import partial
 import click
 from sqlalchemy.exc import DBAPIError
 
-from cron.hostapp import current_host_app
-from outbox.core.db_errors import is_unreachable
-from outbox.core.errors import CronboxError
-from outbox.core.text import describe
-from outbox.engine.runtime import Runtime, open_runtime
-import storage as sealed_storage
+from cronbox.cron.hostapp import current_host_app
+from cronbox.outbox.core.db_errors import is_unreachable
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.engine.runtime import Runtime, open_runtime
+from cronbox import storage as sealed_storage
 
 log = logging.getLogger("cronbox")
-PROG = "python -m cron"
+PROG = "python -m cronbox"
 
 
 class CommandFailed(click.ClickException):

@@ -9,20 +9,20 @@ from decimal import Decimal
 
 import click
 
-from cron.commands.base import runtime
-from outbox.core.transactions import in_transaction
+from cronbox.cron.commands.base import runtime
+from cronbox.outbox.core.transactions import in_transaction
 
 
 @click.command()
 @click.option("--count", type=click.IntRange(min=1, max=10000), default=3, show_default=True)
 def demo(count):
     """Record example paid appointments (payment + escrow written synchronously, events in the outbox)."""
-    from cron import demo as domain  # here, not at the top: see the module's docstring
+    from cronbox.cron import demo as domain  # here, not at the top: see the module's docstring
     rt = runtime()
     domain.create_tables(rt.engine)
     for number in range(count):
         in_transaction(rt.sessions, lambda s: domain.pay_appointment(
             s, clinic=f"clinic-{number % 3 + 1}", amount=Decimal("120.00") + number))
     click.echo(f"demo: {count} paid appointments recorded; {count} appointment.paid events are in the outbox")
-    if "cron.demo" not in rt.settings.handlers:
+    if "cronbox.cron.demo" not in rt.settings.handlers:
         click.echo("note: CRONBOX_HANDLERS does not include cron.demo, so a tick will not deliver them")

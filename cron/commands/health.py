@@ -5,9 +5,9 @@ import json
 
 import click
 
-from cron.commands.base import runtime
-from cron.format import table
-from cron.scheduling.health import FAIL, run_checks
+from cronbox.cron.commands.base import runtime
+from cronbox.cron.format import table
+from cronbox.cron.scheduling.health import FAIL, run_checks
 
 
 @click.command()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from cron.commands.base import CommandFailed
+from cronbox.cron.commands.base import CommandFailed
 
 SCRIPT = "artisan_via_cron.sh"
 MODE = 0o755
@@ -25,7 +25,7 @@ MODE = 0o755
 def packaged_script() -> bytes:
     """The script as this cronbox ships it (a symlink to the top-level one in a checkout)."""
     try:
-        return resources.files("cron").joinpath(SCRIPT).read_bytes()
+        return resources.files("cronbox.cron").joinpath(SCRIPT).read_bytes()
     except OSError as exc:
         raise CommandFailed(f"this cronbox has no {SCRIPT} ({exc.strerror}); reinstall it") from exc
 

@@ -1,8 +1,8 @@
 import click
 
-from cron.commands.base import runtime
-from outbox.core import sqlite_files
-from outbox.core.migrate import upgrade
+from cronbox.cron.commands.base import runtime
+from cronbox.outbox.core import sqlite_files
+from cronbox.outbox.core.migrate import upgrade
 
 
 @click.command()

@@ -5,11 +5,11 @@ import json
 
 import click
 
-from cron.commands.base import CommandGroup, command_runner, runtime
-from cron.format import age, table
-from cron.scheduling import once as once_requests
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
+from cronbox.cron.commands.base import CommandGroup, command_runner, runtime
+from cronbox.cron.format import age, table
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
 
 
 @click.group(cls=CommandGroup)

@@ -13,10 +13,10 @@ import sys
 import click
 from sqlalchemy.exc import DBAPIError
 
-from cron.commands.base import CommandFailed, CommandGroup, runtime
-from cron.operator import actions, credentials, sessions, throttle
-from outbox.core.errors import CronboxError
-from outbox.core.transactions import in_transaction
+from cronbox.cron.commands.base import CommandFailed, CommandGroup, runtime
+from cronbox.cron.operator import actions, credentials, sessions, throttle
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.transactions import in_transaction
 
 ops = CommandGroup("ops", help="The operator console's password and sessions.")
 

@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import CommandGroup, runtime
-from cron.format import Duration, PageCursor, age, never_fits_lines, table
-from cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
-from outbox.core import clock
-from outbox.core.errors import UnknownIds
-from outbox.core.lock_wait import run_lock_waits
-from outbox.core.transactions import in_transaction
-from outbox.engine import profiles
-from outbox.engine.admission import time_headroom
-from outbox.engine.budget import Budget
-from outbox.engine.run_loop import record_run, run_loop
-from outbox.events import deliveries
-from outbox.events.relay import Relay
+from cronbox.cron.commands.base import CommandGroup, runtime
+from cronbox.cron.format import Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import UnknownIds
+from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import profiles
+from cronbox.outbox.engine.admission import time_headroom
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.run_loop import record_run, run_loop
+from cronbox.outbox.events import deliveries
+from cronbox.outbox.events.relay import Relay
 
 outbox = CommandGroup("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
 

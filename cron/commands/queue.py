@@ -3,21 +3,21 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import CommandGroup, runtime
-from cron.format import DURATION, Duration, PageCursor, age, never_fits_lines, table
-from cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
-from outbox.core import clock
-from outbox.core.errors import UnknownIds
-from outbox.core.lock_wait import run_lock_waits
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat, profiles
-from outbox.engine.admission import time_headroom
-from outbox.engine.budget import Budget
-from outbox.engine.run_loop import record_run, run_loop, start_within
-from outbox.queue import groups, jobstore, pauses
-from outbox.queue.jobs import QUEUE_NAME
-from outbox.queue.pool import Pool, PoolRefused, check_budget
-from outbox.queue.worker import Worker
+from cronbox.cron.commands.base import CommandGroup, runtime
+from cronbox.cron.format import DURATION, Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import UnknownIds
+from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat, profiles
+from cronbox.outbox.engine.admission import time_headroom
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.run_loop import record_run, run_loop, start_within
+from cronbox.outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.queue.jobs import QUEUE_NAME
+from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
+from cronbox.outbox.queue.worker import Worker
 
 queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
 

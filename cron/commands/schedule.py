@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import click
 
-from cron.commands.base import CommandGroup, runtime
-from cron.format import table
-from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
-from cron.scheduling import schedule as scheduler
-from outbox.core import clock
+from cronbox.cron.commands.base import CommandGroup, runtime
+from cronbox.cron.format import table
+from cronbox.cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cronbox.cron.scheduling import schedule as scheduler
+from cronbox.outbox.core import clock
 
 
 @click.group(cls=CommandGroup)

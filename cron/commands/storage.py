@@ -8,17 +8,17 @@ from pathlib import Path
 import click
 from sqlalchemy import func, select
 
-from cron.commands.base import CommandFailed, CommandGroup, runtime
-from cron.format import DURATION, Duration, table
-from outbox.core.errors import UnknownIds
-from outbox.core.transactions import in_transaction
-import storage as sealed_storage
-from storage import audit as file_audit
-from storage import keys as file_keys
-from storage import maintenance
-from storage.display import shown
-from storage.models import SealedFile
-from storage.service import Storage
+from cronbox.cron.commands.base import CommandFailed, CommandGroup, runtime
+from cronbox.cron.format import DURATION, Duration, table
+from cronbox.outbox.core.errors import UnknownIds
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox import storage as sealed_storage
+from cronbox.storage import audit as file_audit
+from cronbox.storage import keys as file_keys
+from cronbox.storage import maintenance
+from cronbox.storage.display import shown
+from cronbox.storage.models import SealedFile
+from cronbox.storage.service import Storage
 
 storage = CommandGroup("storage",
                        help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")

@@ -1,8 +1,8 @@
 import click
 
-from cron.commands.base import command_runner, runtime
-from cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
-from outbox.events.forward import is_forward
+from cronbox.cron.commands.base import command_runner, runtime
+from cronbox.cron.scheduling.tick import DEFAULT_MAX_TIME, DEFAULT_MEMORY_MB, run_tick
+from cronbox.outbox.events.forward import is_forward
 
 
 @click.command()
@@ -20,7 +20,7 @@ def tick(ctx, max_time, no_linger, memory):
                       linger=not no_linger, memory_mb=memory)
     click.echo(report.summary())
     if not report.skipped and any(is_forward(c) for c in rt.consumers.all()):
-        from cron.scheduling.health import forward_warning  # only after the tick's own work, only for forwarders
+        from cronbox.cron.scheduling.health import forward_warning  # only after the tick's own work, only for forwarders
 
         warning = forward_warning(rt)
         if warning:

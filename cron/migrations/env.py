@@ -5,8 +5,8 @@ ours: the host app shares the database and may have its own Alembic history.
 """
 from alembic import context
 
-from cron.schema import is_cronbox_table, metadata
-from outbox.core.migrate import VERSION_TABLE
+from cronbox.cron.schema import is_cronbox_table, metadata
+from cronbox.outbox.core.migrate import VERSION_TABLE
 
 config = context.config
 target_metadata = metadata

@@ -13,8 +13,8 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cron.operator.models import OperatorAction
-from outbox.core import clock, paging
+from cronbox.cron.operator.models import OperatorAction
+from cronbox.outbox.core import clock, paging
 
 log_ = logging.getLogger("cronbox")
 OPERATOR = "operator"  # one operator: the password is the identity

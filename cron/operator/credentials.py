@@ -23,8 +23,8 @@ from pathlib import Path
 
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from outbox.core.errors import CronboxError
-from outbox.core.settings import Settings
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, ExactString, Id, UtcDateTime
+from cronbox.outbox.core.models import Base, ExactString, Id, UtcDateTime
 
 
 OPS_SESSION_IDLE = timedelta(hours=2)  # a console session ends after this long without a request...

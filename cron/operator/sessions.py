@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from cron.operator.models import OPS_SESSION_ABSOLUTE as ABSOLUTE
-from cron.operator.models import OPS_SESSION_IDLE as IDLE
-from cron.operator.models import OperatorSession
+from cronbox.cron.operator.models import OPS_SESSION_ABSOLUTE as ABSOLUTE
+from cronbox.cron.operator.models import OPS_SESSION_IDLE as IDLE
+from cronbox.cron.operator.models import OperatorSession
 
 TOUCH_EVERY = timedelta(minutes=1)
 

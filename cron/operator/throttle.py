@@ -23,9 +23,9 @@ from datetime import datetime
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from outbox.core.sql import starts_with
-from outbox.queue.models import RateWindow
-from outbox.queue.ratelimit import RateLimit, at_most_every, client_key
+from cronbox.outbox.core.sql import starts_with
+from cronbox.outbox.queue.models import RateWindow
+from cronbox.outbox.queue.ratelimit import RateLimit, at_most_every, client_key
 
 PER_CLIENT = (5, 15 * 60)  # tries per window (seconds)
 OVERALL = (50, 15 * 60)  # tries by everyone per window, beyond which failed clients are paced

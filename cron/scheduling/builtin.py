@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from cron.scheduling import schedule
-import outbox.channels  # noqa: F401  (the alert jobs must be registered in every tick)
+from cronbox.cron.scheduling import schedule
+import cronbox.outbox.channels  # noqa: F401  (the alert jobs must be registered in every tick)
 
 log = logging.getLogger("cronbox")
 SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commit its file's row
@@ -19,7 +19,7 @@ SWEEP_GRACE = timedelta(hours=24)  # a slow caller's transaction may still commi
 
 @schedule.every(days=1, name="cronbox.prune")  # at 00:00 UTC
 def prune(ctx):
-    from cron.scheduling.retention import prune_all
+    from cronbox.cron.scheduling.retention import prune_all
 
     counts = prune_all(ctx.runtime)
     log.info("prune: %s", ", ".join(f"{n} {what}" for what, n in counts.items()))
@@ -30,8 +30,8 @@ def storage_sweep(ctx):
     if not ctx.settings.sealed_dir.exists():
         return  # nothing was ever sealed here: no orphans, grants or audit rows
     # Files and rows only: no keys, no ciphers (libsodium) and no token signer are loaded for it.
-    from storage.maintenance import Sweepable, sweep
-    from storage.vault import Vault
+    from cronbox.storage.maintenance import Sweepable, sweep
+    from cronbox.storage.vault import Vault
 
     settings = ctx.runtime.settings
     result = sweep(Sweepable(settings, ctx.runtime.sessions, Vault(settings)), grace=SWEEP_GRACE.total_seconds())
@@ -41,7 +41,7 @@ def storage_sweep(ctx):
 
 @schedule.every(minutes=5, name="cronbox.health")
 def health(ctx):
-    from cron.scheduling.health import alert_on, run_checks
+    from cronbox.cron.scheduling.health import alert_on, run_checks
 
     report = run_checks(ctx.runtime)
     sent = alert_on(ctx.runtime, report)

@@ -17,18 +17,18 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from cron.scheduling.models import AlertState
-from outbox.core import clock, sqlite_files
-from outbox.core.errors import SettingsError
-from outbox.core.logs import log_text
-from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
-from outbox.core.sql import insert_ignore
-from outbox.core.text import clean_text
-from outbox.engine import heartbeat
-from outbox.engine.models import Heartbeat
-from outbox.events import deliveries
-from outbox.events.forward import is_forward
-from outbox.queue import jobstore, pauses
+from cronbox.cron.scheduling.models import AlertState
+from cronbox.outbox.core import clock, sqlite_files
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.events import deliveries
+from cronbox.outbox.events.forward import is_forward
+from cronbox.outbox.queue import jobstore, pauses
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 ORDER = {OK: 0, WARN: 1, FAIL: 2}
@@ -226,7 +226,7 @@ def forward_warning(runtime) -> str | None:
         return None
     _grade_, failing, seconds = max(found, key=lambda f: f[2])
     more = f" (and {len(found) - 1} more targets)" if len(found) > 1 else ""
-    return f"warning: {describe_failing(failing, seconds)}{more}; see `python -m cron health`"
+    return f"warning: {describe_failing(failing, seconds)}{more}; see `python -m cronbox health`"
 
 
 def _forward_checks(session, runtime, now: datetime) -> list[Check]:
@@ -337,7 +337,7 @@ def _key_checks(settings) -> list[Check]:
 def alert_on(runtime, report: Report) -> list[str]:
     """Tell the operator about failing checks (at most once an hour each) and about recoveries.
     Returns what was sent ("fail:<check>", "ok:<check>")."""
-    from outbox.channels.jobs import admin_alert  # imported here: it registers the channel jobs
+    from cronbox.outbox.channels.jobs import admin_alert  # imported here: it registers the channel jobs
 
     now = report.checked_at
     sent: list[str] = []

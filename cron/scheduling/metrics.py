@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.events import deliveries
-from outbox.queue import groups, jobstore
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.events import deliveries
+from cronbox.outbox.queue import groups, jobstore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_WINDOW = 3600.0

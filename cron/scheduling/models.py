@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 
 class ScheduleRun(Base):

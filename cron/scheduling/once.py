@@ -6,7 +6,7 @@ Requests come from:
   garbage included, is recorded and moved to run-once/archive/);
 - `once add COMMAND...`, or the operator console.
 Only an allow-list of commands runs, never a shell: the argument list goes to
-the same command line `python -m cron` has, in this process, with the tick's
+the same command line `python -m cronbox` has, in this process, with the tick's
 runtime (and lock connection), under the command's own lock.
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from cron.scheduling.models import OnceRequest
-from outbox.core import clock, paging
-from outbox.core.transactions import in_transaction
-from outbox.engine.budget import Budget
+from cronbox.cron.scheduling.models import OnceRequest
+from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.budget import Budget
 
 log = logging.getLogger("cronbox")
 Q = OnceRequest.__table__
@@ -67,12 +67,12 @@ def allowed(argv: list[str]) -> str | None:
 
 
 def parse(text: str) -> tuple[list[str] | None, str | None]:
-    """A command line as the operator would type it, minus a leading `python -m cron` or script name."""
+    """A command line as the operator would type it, minus a leading `python -m cronbox` or script name."""
     try:
         argv = shlex.split(text, comments=True)
     except ValueError as exc:
         return None, f"cannot parse the command: {exc}"
-    for prefix in (["python", "-m", "cron"], ["python3", "-m", "cron"], ["./artisan_via_cron.sh"],
+    for prefix in (["python", "-m", "cronbox"], ["python3", "-m", "cronbox"], ["./artisan_via_cron.sh"],
                    ["artisan_via_cron.sh"]):
         if argv[:len(prefix)] == prefix:
             argv = argv[len(prefix):]
@@ -200,7 +200,7 @@ def claim_next(session: Session) -> tuple[int, list[str]] | None:
 
 
 # Runs a command line in this process: `run_command(argv, runtime=...)` -> exit code. The command
-# tree is handed in by whoever starts the run (`cron.cli.main`, or the root group of the command
+# tree is handed in by whoever starts the run (`cronbox.cron.cli.main`, or the root group of the command
 # being run): the tree contains `once run` and `tick`, so importing it from here would be a cycle.
 CommandRunner = Callable[..., int]
 

@@ -26,14 +26,14 @@ from datetime import timedelta
 
 from sqlalchemy import delete, select
 
-from cron.operator.models import OPS_SESSION_IDLE, OperatorAction, OperatorSession
-from outbox.channels.models import Notification, SendAttempt
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.events import deliveries, inbox, redeliveries
-from outbox.queue import jobstore, ratelimit
-from outbox.queue.models import FAILED, DONE as JOB_DONE
+from cronbox.cron.operator.models import OPS_SESSION_IDLE, OperatorAction, OperatorSession
+from cronbox.outbox.channels.models import Notification, SendAttempt
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.events import deliveries, inbox, redeliveries
+from cronbox.outbox.queue import jobstore, ratelimit
+from cronbox.outbox.queue.models import FAILED, DONE as JOB_DONE
 
 BATCH = 500
 OUTBOX_KEPT = timedelta(days=7)
@@ -96,7 +96,7 @@ def flush_failed(rt, older_than: float | None) -> int:
 
 
 def prune_ops(rt) -> dict[str, int]:
-    from cron.scheduling import once, schedule  # here: both import the command line, which imports this module
+    from cronbox.cron.scheduling import once, schedule  # here: both import the command line, which imports this module
 
     now = clock.utcnow()
     before = now - OPS_KEPT

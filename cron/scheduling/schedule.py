@@ -1,6 +1,6 @@
 """Periodic tasks run by the tick, each at most once per slot.
 
-    from cron.scheduling import schedule
+    from cronbox.cron.scheduling import schedule
 
     @schedule.every(minutes=5)
     def refresh_rates(ctx): ...
@@ -30,16 +30,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import delete, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from cron.scheduling.models import ScheduleRun
-from outbox.core import clock
-from outbox.core.errors import RegistrationError
-from outbox.core.logs import log_text
-from outbox.core.sql import insert_ignore
-from outbox.core.transactions import in_transaction
-from outbox.engine.budget import Budget
-from outbox.engine.handler_call import Outcome, call_handler
-from outbox.engine.registry import DEFAULT, Registry
-from outbox.events.record import new_trace_id
+from cronbox.cron.scheduling.models import ScheduleRun
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.handler_call import Outcome, call_handler
+from cronbox.outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.events.record import new_trace_id
 
 log = logging.getLogger("cronbox")
 R = ScheduleRun.__table__

@@ -6,23 +6,23 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
-from cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
-from cron.scheduling.schedule import Scheduler
-from outbox.core import clock
-from outbox.core.errors import SchemaError, SettingsError
-from outbox.core.lock_wait import run_lock_waits
-from outbox.core.resources import peak_rss_kb
-from outbox.core.transactions import in_transaction
-from outbox.engine.admission import time_headroom
-from outbox.engine.budget import Budget
-from outbox.engine.run_loop import RunResult, record_run, run_loop, start_within
-from outbox.engine.runtime import Runtime
-from outbox.events import deliveries
-from outbox.events.relay import Relay
-from outbox.queue import jobstore
-from outbox.queue.pool import PoolRefused, TickDrain, check_budget, tick_workers
-from outbox.queue.worker import Worker
+from cronbox.cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cronbox.cron.scheduling.once import CommandRunner, OnceStage, migrate_from_file
+from cronbox.cron.scheduling.schedule import Scheduler
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SchemaError, SettingsError
+from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.resources import peak_rss_kb
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.admission import time_headroom
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.run_loop import RunResult, record_run, run_loop, start_within
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events import deliveries
+from cronbox.outbox.events.relay import Relay
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.pool import PoolRefused, TickDrain, check_budget, tick_workers
+from cronbox.outbox.queue.worker import Worker
 
 log = logging.getLogger("cronbox")
 
@@ -79,7 +79,7 @@ def _check_schema(runtime: Runtime, run_command: CommandRunner) -> None:
 
 def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = DEFAULT_MAX_TIME,
              linger: bool = True, memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
-    """One tick. `run_command` runs the one-off requests' command lines (`cron.cli.main`)."""
+    """One tick. `run_command` runs the one-off requests' command lines (`cronbox.cron.cli.main`)."""
     workers = tick_workers(runtime.settings)
     if workers > 1:
         try:  # on MySQL the tick's lock has a connection of its own

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from outbox.engine import heartbeat
+from cronbox.outbox.engine import heartbeat
 
 MINUTES = 24 * 60
 HEIGHT = 100  # SVG units of each panel

@@ -15,16 +15,16 @@ from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from cron.operator import actions, credentials, sessions
-from outbox.core import clock
-from outbox.core.errors import SchemaError
-from outbox.core.transactions import in_transaction
+from cronbox.cron.operator import actions, credentials, sessions
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SchemaError
+from cronbox.outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 from cronbox import formstream, hostauth
 from cronbox.client import client_ip
 
 from . import bp, cookie, csrf
-from outbox.core.paging import MAX_ID, BadCursor
+from cronbox.outbox.core.paging import MAX_ID, BadCursor
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")

@@ -10,9 +10,9 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from outbox.channels.models import SendAttempt
-from outbox.core import clock
-from outbox.core.logs import mask_phone
+from cronbox.outbox.channels.models import SendAttempt
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.logs import mask_phone
 
 A = SendAttempt.__table__
 

@@ -20,8 +20,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from outbox.core.errors import SettingsError
-from outbox.queue.ratelimit import RateLimit
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.queue.ratelimit import RateLimit
 
 SMS_DRIVERS = ("log", "kavenegar", "twilio")
 MAIL_DRIVERS = ("smtp", "log")

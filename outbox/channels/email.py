@@ -14,12 +14,12 @@ import ssl
 from email.message import EmailMessage
 from email.utils import formatdate
 
-from outbox.core.errors import PermanentFailure
-from outbox.queue.pauses import ChannelPaused
+from cronbox.outbox.core.errors import PermanentFailure
+from cronbox.outbox.queue.pauses import ChannelPaused
 
-from outbox.channels import attempts
-from outbox.channels.config import ChannelConfig
-from outbox.channels.errors import OutcomeUnknown, SendFailed
+from cronbox.outbox.channels import attempts
+from cronbox.outbox.channels.config import ChannelConfig
+from cronbox.outbox.channels.errors import OutcomeUnknown, SendFailed
 
 log = logging.getLogger("cronbox")
 CHANNEL = "mail"

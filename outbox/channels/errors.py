@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from outbox.core.errors import PermanentFailure
+from cronbox.outbox.core.errors import PermanentFailure
 
 
 class SendFailed(Exception):

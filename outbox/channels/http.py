@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
-from outbox.channels.errors import OutcomeUnknown, SendFailed
+from cronbox.outbox.channels.errors import OutcomeUnknown, SendFailed
 
 MAX_BODY = 64 * 1024  # bytes of an answer's body read at most
 

@@ -17,14 +17,14 @@ import socket
 
 from sqlalchemy.orm import Session
 
-from outbox.channels.config import channel_config
-from outbox.channels.errors import UnknownAfterLookup
-from outbox.channels.models import Notification
-from outbox.core import clock
-from outbox.core.errors import PermanentFailure
-from outbox.core.sql import insert_ignore
-from outbox.engine.registry import DEFAULT
-from outbox.queue.jobs import job
+from cronbox.outbox.channels.config import channel_config
+from cronbox.outbox.channels.errors import UnknownAfterLookup
+from cronbox.outbox.channels.models import Notification
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PermanentFailure
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.engine.registry import DEFAULT
+from cronbox.outbox.queue.jobs import job
 
 log = logging.getLogger("cronbox")
 
@@ -44,7 +44,7 @@ def send_sms(payload, ctx):
     """payload: {"to": "+98912...", "text": "..."}"""
     to = _text(payload, "to", limit=32)
     text = _text(payload, "text", limit=1600)
-    from outbox.channels import sms
+    from cronbox.outbox.channels import sms
 
     try:
         sms.driver_for(channel_config(ctx.settings)).send(ctx, to, text)
@@ -61,7 +61,7 @@ def send_sms(payload, ctx):
      rate_limit=lambda settings: channel_config(settings).mail_rate)
 def send_email(payload, ctx):
     """payload: {"to": "a@b.c", "subject": "...", "text": "...", "html": optional}"""
-    from outbox.channels import email
+    from cronbox.outbox.channels import email
 
     email.send(channel_config(ctx.settings), ctx, to=_text(payload, "to", limit=254),
                subject=_text(payload, "subject", limit=255), text=_text(payload, "text", limit=1_000_000),
@@ -75,7 +75,7 @@ def send_webhook(payload, ctx):
     if not isinstance(payload, dict) or not isinstance(payload.get("recovery"), bool):
         raise PermanentFailure("payload must be an alert: check, status, message, time, host, recovery")
     fields = {name: _text(payload, name, limit=4000) for name in ("check", "status", "message", "time", "host")}
-    from outbox.channels import webhook
+    from cronbox.outbox.channels import webhook
 
     webhook.send(channel_config(ctx.settings), ctx, {**fields, "recovery": payload["recovery"]})
 

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-from outbox.core.errors import PermanentFailure, RetryLater
-from outbox.queue.pauses import ChannelPaused
+from cronbox.outbox.core.errors import PermanentFailure, RetryLater
+from cronbox.outbox.queue.pauses import ChannelPaused
 
-from outbox.channels import attempts, http
-from outbox.channels.config import ChannelConfig
-from outbox.channels.errors import OutcomeUnknown, SendFailed, UnknownAfterLookup
+from cronbox.outbox.channels import attempts, http
+from cronbox.outbox.channels.config import ChannelConfig
+from cronbox.outbox.channels.errors import OutcomeUnknown, SendFailed, UnknownAfterLookup
 
 log = logging.getLogger("cronbox")
 CHANNEL = "sms"

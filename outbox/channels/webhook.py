@@ -21,13 +21,13 @@ import logging
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from outbox.core import clock
-from outbox.core.errors import PermanentFailure, RetryLater
-from outbox.queue.pauses import ChannelPaused
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PermanentFailure, RetryLater
+from cronbox.outbox.queue.pauses import ChannelPaused
 
-from outbox.channels import attempts, http
-from outbox.channels.config import ChannelConfig
-from outbox.channels.errors import OutcomeUnknown, SendFailed
+from cronbox.outbox.channels import attempts, http
+from cronbox.outbox.channels.config import ChannelConfig
+from cronbox.outbox.channels.errors import OutcomeUnknown, SendFailed
 
 log = logging.getLogger("cronbox")
 CHANNEL = "webhook"

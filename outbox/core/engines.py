@@ -25,9 +25,9 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from outbox.core import sqlite_files
-from outbox.core.lock_wait import SQLITE_BUSY_MS, restore_on_return
-from outbox.core.settings import Settings
+from cronbox.outbox.core import sqlite_files
+from cronbox.outbox.core.lock_wait import SQLITE_BUSY_MS, restore_on_return
+from cronbox.outbox.core.settings import Settings
 
 CRON_WAIT_TIMEOUT = 3600  # seconds; see _session_setup
 

@@ -21,11 +21,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from outbox.core import clock
-from outbox.core.db_errors import is_connection_lost
-from outbox.core.errors import LockLost
-from outbox.core.server import database_name, is_mysql
-from outbox.core.settings import Settings
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.errors import LockLost
+from cronbox.outbox.core.server import database_name, is_mysql
+from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 

@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from outbox.core.errors import SchemaError
-from outbox.core.settings import Settings
+from cronbox.outbox.core.errors import SchemaError
+from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 
@@ -21,7 +21,7 @@ SCHEMA_HEAD = "0011_drop_flights"
 VERSION_TABLE = "cronbox_alembic_version"
 # The scripts are package data of `cron`, whose schema module assembles every family's tables for them;
 # named as a package resource (found in a checkout and in site-packages alike), not imported from here.
-SCRIPT_LOCATION = "cron:migrations"
+SCRIPT_LOCATION = "cronbox.cron:migrations"
 
 
 def alembic_config(settings: Settings, connection=None):
@@ -82,5 +82,5 @@ def ensure_schema(settings: Settings, engine: Engine, lock_factory) -> None:
             lock.release()
         return
     if revision is None:
-        raise SchemaError("the cronbox tables do not exist yet: run `python -m cron migrate`")
-    raise SchemaError(f"the database schema is at {revision}, this code needs {SCHEMA_HEAD}: run `python -m cron migrate`")
+        raise SchemaError("the cronbox tables do not exist yet: run `python -m cronbox migrate`")
+    raise SchemaError(f"the database schema is at {revision}, this code needs {SCHEMA_HEAD}: run `python -m cronbox migrate`")

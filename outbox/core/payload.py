@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 
-from outbox.core.errors import PayloadError
+from cronbox.outbox.core.errors import PayloadError
 
 _ALLOWED = "str, int, float, bool, None, list, dict with str keys"
 # One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.

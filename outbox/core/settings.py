@@ -4,7 +4,7 @@ Flask app, its `app.config["CRONBOX_*"]`, passed in as `overrides`).
 Cron on a shared host starts us with a bare environment and `$HOME` as the
 working directory, so nothing here may depend on either. The app root is, in order:
 CRONBOX_APP_ROOT (artisan_via_cron.sh exports its own folder); the working directory when it holds artisan_via_cron.sh (which runs
-from its own folder; `python -m cron install-script` puts a copy into a host app's); this
+from its own folder; `python -m cronbox install-script` puts a copy into a host app's); this
 checkout when cronbox runs from one (the standalone app); the working directory when it holds
 a .env. Every relative path is resolved against it. An
 installed cronbox with none of them, and no DATABASE_URL or CRONBOX_APP either,
@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 
-from outbox.core.durations import parse_duration
-from outbox.core.errors import SettingsError
+from cronbox.outbox.core.durations import parse_duration
+from cronbox.outbox.core.errors import SettingsError
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # outbox/core/settings.py -> the checkout (or site-packages)
 ROOT_MARKERS = ("artisan_via_cron.sh", ".env")
@@ -165,7 +165,7 @@ def find_app_root(environ: Mapping[str, str] | None = None) -> Path | None:
     return None
 
 
-NO_APP_ROOT = ("no app root: run from the folder holding artisan_via_cron.sh (`python -m cron install-script DIR` "
+NO_APP_ROOT = ("no app root: run from the folder holding artisan_via_cron.sh (`python -m cronbox install-script DIR` "
                "puts one there), or set CRONBOX_APP_ROOT, CRONBOX_APP=module:factory or DATABASE_URL")
 
 

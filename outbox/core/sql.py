@@ -42,7 +42,7 @@ def starts_with(column, prefix: str):
 
     Not LIKE: SQLite's LIKE folds ASCII case ('OPS-LOGIN:x' LIKE 'ops-login:%'), and `_`/`%` in a
     prefix are wildcards. Both backends order these columns by bytes (SQLite's BINARY collation,
-    VARBINARY on MySQL: `outbox.core.models.ExactString`), so [prefix, prefix with its last character
+    VARBINARY on MySQL: `cronbox.outbox.core.models.ExactString`), so [prefix, prefix with its last character
     raised) holds exactly the strings that begin with it."""
     if not prefix:
         raise ValueError("an empty prefix")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from outbox.core.errors import SignalInterrupt
+from cronbox.outbox.core.errors import SignalInterrupt
 
 UNSHOWABLE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # a regex character class body
 ERROR_MAX = 1000  # the last_error columns

@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.core.db_errors import DEADLOCK, is_lock_conflict, mysql_error_code
+from cronbox.outbox.core.db_errors import DEADLOCK, is_lock_conflict, mysql_error_code
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")

@@ -34,12 +34,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
-from outbox.core.resources import PROBE, PeakProbe
-from outbox.engine.budget import DEFAULT_TIME_HEADROOM
-from outbox.engine.profiles import Book, ProfileSettings
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
+from cronbox.outbox.core.resources import PROBE, PeakProbe
+from cronbox.outbox.engine.budget import DEFAULT_TIME_HEADROOM
+from cronbox.outbox.engine.profiles import Book, ProfileSettings
 
 log = logging.getLogger("cronbox")
 

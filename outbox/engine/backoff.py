@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from outbox.core.errors import RegistrationError
+from cronbox.outbox.core.errors import RegistrationError
 
 DEFAULT_CAP = 900.0  # 15 minutes
 JITTER = 0.2

@@ -10,8 +10,8 @@ never holds leases on work it cannot reach.
 """
 from __future__ import annotations
 
-from outbox.core import clock
-from outbox.core.resources import PROBE
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.resources import PROBE
 
 DEFAULT_TIME_HEADROOM = 2.0  # seconds kept free at the end of --max-time (CRONBOX_ADMISSION_TIME_HEADROOM)
 HEADROOM_SHARE = 0.1  # ... but never more than this share of --max-time (a 3 s run keeps 0.3 s)

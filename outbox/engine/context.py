@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Transaction
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox.core.text import describe
+from cronbox.outbox.core.text import describe
 
 
 @dataclass(frozen=True)

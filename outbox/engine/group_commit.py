@@ -21,13 +21,13 @@ from typing import Callable
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox.core import clock
-from outbox.core.db_errors import DEADLOCK, mysql_error_code
-from outbox.core.faults import crash_point
-from outbox.core.logs import log_text
-from outbox.core.text import describe
-from outbox.engine.context import Context
-from outbox.engine.handler_call import ERROR, TIMEOUT, Outcome
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import DEADLOCK, mysql_error_code
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.engine.context import Context
+from cronbox.outbox.engine.handler_call import ERROR, TIMEOUT, Outcome
 
 log = logging.getLogger("cronbox")
 

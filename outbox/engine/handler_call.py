@@ -26,9 +26,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
-from outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater, SignalInterrupt
-from outbox.core.text import clean_text, describe
-from outbox.engine.handler_process import SignalDispositions, flush_std_streams, leave_if_forked
+from cronbox.outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater, SignalInterrupt
+from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.engine.handler_process import SignalDispositions, flush_std_streams, leave_if_forked
 
 OK, RETRY_LATER, PERMANENT, ERROR, TIMEOUT = "ok", "retry-later", "permanent", "error", "timeout"
 TRACE_MAX = 8000

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 
-from outbox.core.logs import log_text
+from cronbox.outbox.core.logs import log_text
 
 log = logging.getLogger("cronbox")
 

@@ -11,9 +11,9 @@ import socket
 
 from sqlalchemy import delete, func, or_, select, update
 
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
-from outbox.engine.models import Heartbeat
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.models import Heartbeat
 
 H = Heartbeat.__table__
 

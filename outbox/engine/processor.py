@@ -37,19 +37,19 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from outbox.core import clock
-from outbox.core.db_errors import is_connection_lost, is_lock_conflict
-from outbox.core.engines import session_factory
-from outbox.core.faults import crash_point
-from outbox.core.lock_wait import bound_lock_wait, lock_wait_error
-from outbox.core.logs import log_text
-from outbox.core.text import ascii_text, describe
-from outbox.core.transactions import in_transaction
-from outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
-from outbox.engine.budget import Budget
-from outbox.engine.context import Context
-from outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
-from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
+from cronbox.outbox.core.engines import session_factory
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.lock_wait import bound_lock_wait, lock_wait_error
+from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.text import ascii_text, describe
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.admission import NEVER_FITS_DELAY, Admission, Verdict
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.context import Context
+from cronbox.outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
+from cronbox.outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
 
 log = logging.getLogger("cronbox")
 

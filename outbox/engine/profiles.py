@@ -26,10 +26,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.transactions import in_transaction
-from outbox.engine.models import HandlerProfile
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.models import HandlerProfile
 
 log = logging.getLogger("cronbox")
 

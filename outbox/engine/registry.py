@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
-from outbox.core.errors import RegistrationError
+from cronbox.outbox.core.errors import RegistrationError
 
 T = TypeVar("T")
 

@@ -17,14 +17,14 @@ from typing import Callable
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from outbox.core import clock
-from outbox.core.db_errors import is_connection_lost, is_lock_conflict
-from outbox.core.errors import LockLost
-from outbox.core.lock_wait import run_lock_waits
-from outbox.core.locks import RunLock
-from outbox.core.text import describe
-from outbox.engine import heartbeat
-from outbox.engine.budget import Budget
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
+from cronbox.outbox.core.errors import LockLost
+from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.locks import RunLock
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.budget import Budget
 
 log = logging.getLogger("cronbox")
 

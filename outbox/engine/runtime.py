@@ -13,15 +13,15 @@ from typing import Any, Callable, ContextManager, Iterable
 
 from sqlalchemy.engine import Engine
 
-from outbox.core.engines import make_engine, session_factory
-from outbox.core.errors import HandlerImportError, SettingsError
-from outbox.core.locks import RunLock, run_lock
-from outbox.core.logs import configure_logging
-from outbox.core.migrate import ensure_schema
-from outbox.core.server import is_mysql, server_version, supports_skip_locked
-from outbox.core.settings import Settings, load_settings
-from outbox.engine import claim as claiming
-from outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.core.engines import make_engine, session_factory
+from cronbox.outbox.core.errors import HandlerImportError, SettingsError
+from cronbox.outbox.core.locks import RunLock, run_lock
+from cronbox.outbox.core.logs import configure_logging
+from cronbox.outbox.core.migrate import ensure_schema
+from cronbox.outbox.core.server import is_mysql, server_version, supports_skip_locked
+from cronbox.outbox.core.settings import Settings, load_settings
+from cronbox.outbox.engine import claim as claiming
+from cronbox.outbox.engine.registry import DEFAULT, Registry
 
 log = logging.getLogger("cronbox")
 

@@ -36,10 +36,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 if TYPE_CHECKING:
     import amqp
 
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.faults import crash_point
-from outbox.core.text import describe
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.text import describe
 
 log = logging.getLogger("cronbox")
 

@@ -1,4 +1,4 @@
-"""Running the registered consumers off a RabbitMQ queue: `python -m cron amqp consume --queue Q`.
+"""Running the registered consumers off a RabbitMQ queue: `python -m cronbox amqp consume --queue Q`.
 
 Per message (the relay's forward targets publish them: outbox.events.forward.message_properties):
 1. check it (outbox.events.incoming): a body over MAX_BODY bytes, no or an oversized message_id, no
@@ -45,23 +45,23 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
 
-from outbox.core import clock
-from outbox.core.db_errors import is_connection_lost
-from outbox.core.engines import session_factory
-from outbox.core.faults import crash_point
-from outbox.core.logs import log_text
-from outbox.core.text import clean_text, describe
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.engine.budget import Budget
-from outbox.engine.context import Context
-from outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
-from outbox.engine.run_loop import RunResult, StopSignals
-from outbox.events import inbox, placement, queues, redeliveries
-from outbox.events.broker import BrokerAddress
-from outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
-from outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
-from outbox.events.unreadable import RAW_PROPERTIES, Unreadable
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.engines import session_factory
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.context import Context
+from cronbox.outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.run_loop import RunResult, StopSignals
+from cronbox.outbox.events import inbox, placement, queues, redeliveries
+from cronbox.outbox.events.broker import BrokerAddress
+from cronbox.outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from cronbox.outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
+from cronbox.outbox.events.unreadable import RAW_PROPERTIES, Unreadable
 
 log = logging.getLogger("cronbox")
 

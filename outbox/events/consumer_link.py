@@ -9,13 +9,13 @@ from collections import deque
 
 import amqp
 
-from outbox.core import clock
-from outbox.core.errors import CronboxError
-from outbox.core.faults import crash_point
-from outbox.core.text import describe
-from outbox.events import queues
-from outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
-from outbox.events.unreadable import UnreadableFrames
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.events import queues
+from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
+from cronbox.outbox.events.unreadable import UnreadableFrames
 
 CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from outbox.core.errors import RegistrationError
-from outbox.engine.backoff import Backoff
-from outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.backoff import Backoff
+from cronbox.outbox.engine.registry import DEFAULT, Registry
 
 MAX_NAME = 191
 DEFAULT_BACKOFF = 5.0

@@ -18,13 +18,13 @@ from typing import NamedTuple
 from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from outbox.core import paging
-from outbox.core.sql import insert_ignore
-from outbox.core.text import ERROR_MAX
-from outbox.engine.claim import claim
-from outbox.engine.registry import Consumers
-from outbox.events.placement import runs_in_tick
-from outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
+from cronbox.outbox.core import paging
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.text import ERROR_MAX
+from cronbox.outbox.engine.claim import claim
+from cronbox.outbox.engine.registry import Consumers
+from cronbox.outbox.events.placement import runs_in_tick
+from cronbox.outbox.events.models import DEAD, DONE, HOLDING, PENDING, SKIPPED, Delivery, OutboxEvent
 
 D = Delivery.__table__
 E = OutboxEvent.__table__

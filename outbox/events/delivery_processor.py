@@ -13,15 +13,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Callable
 
-from outbox.core import clock
-from outbox.core.faults import crash_point
-from outbox.core.payload import load_payload
-from outbox.core.text import clean_text
-from outbox.engine.budget import Budget
-from outbox.engine.context import Context, Event
-from outbox.engine.handler_call import Outcome
-from outbox.engine.processor import Processor
-from outbox.events import deliveries
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.context import Context, Event
+from cronbox.outbox.engine.handler_call import Outcome
+from cronbox.outbox.engine.processor import Processor
+from cronbox.outbox.events import deliveries
 
 
 class DeliveryProcessor(Processor):

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import timezone
 from typing import Callable
 
-from outbox.core.errors import RegistrationError
-from outbox.engine.backoff import Backoff
-from outbox.events.broker import Outgoing
-from outbox.engine.registry import DEFAULT, Registry
-from outbox.events.consumers import MAX_NAME
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.backoff import Backoff
+from cronbox.outbox.events.broker import Outgoing
+from cronbox.outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.events.consumers import MAX_NAME
 
 FORWARD_MAX_ATTEMPTS = 25  # with the default backoff (5 s doubling, capped at 15 min): about five hours
 FORWARD_TIMEOUT = 30.0  # seconds a batch may take from the first publish to the last confirm

@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import logging
 
-from outbox.core import clock
-from outbox.core.faults import crash_point
-from outbox.core.payload import load_payload
-from outbox.core.text import describe
-from outbox.engine.budget import Budget
-from outbox.engine.context import Event
-from outbox.engine.handler_call import ERROR, Outcome
-from outbox.events.broker import Broker, Outgoing
-from outbox.events.delivery_processor import DeliveryProcessor
-from outbox.events.deliveries import Claimed
-from outbox.events.forward import ForwardTarget, message_of
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.context import Event
+from cronbox.outbox.engine.handler_call import ERROR, Outcome
+from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.events.delivery_processor import DeliveryProcessor
+from cronbox.outbox.events.deliveries import Claimed
+from cronbox.outbox.events.forward import ForwardTarget, message_of
 
 log = logging.getLogger("cronbox")
 

@@ -1,6 +1,6 @@
 """The inbox: which broker messages each consumer has already handled.
 
-A consumer run off a broker (`python -m cron amqp consume`) gets every message at least once: the
+A consumer run off a broker (`python -m cronbox amqp consume`) gets every message at least once: the
 broker redelivers what was not acked, and the relay republishes what it could not see confirmed.
 `take_first()` writes the (consumer, message_id) row in the consumer's own transaction, before the
 handler runs: committed with the handler's writes, or rolled back with them. A second copy of the
@@ -24,8 +24,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from outbox.core.sql import delete_oldest
-from outbox.events.models import InboxEntry
+from cronbox.outbox.core.sql import delete_oldest
+from cronbox.outbox.events.models import InboxEntry
 
 T = InboxEntry.__table__
 MAX_MESSAGE_ID = 191  # the column; a longer message id is a bad message, parked

@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from outbox.core import clock
-from outbox.core.text import clean_text
-from outbox.engine.context import Event
-from outbox.events import inbox, queues
-from outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
-from outbox.events.placement import runs_off_broker
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.engine.context import Event
+from cronbox.outbox.events import inbox, queues
+from cronbox.outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
+from cronbox.outbox.events.placement import runs_off_broker
 
 MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
 

@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 # Statuses of a delivery. `pending` covers new, retrying and leased (claim_token set).
 PENDING, DONE, DEAD, SKIPPED = "pending", "done", "dead", "skipped"

@@ -17,8 +17,8 @@ run in the tick (and forward targets), so no delivery row waits for a broker-onl
 """
 from __future__ import annotations
 
-from outbox.core.errors import RegistrationError
-from outbox.events.forward import is_forward
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.events.forward import is_forward
 
 TICK, BROKER, BOTH = "tick", "broker", "both"
 PLACES = (TICK, BROKER, BOTH)

@@ -1,6 +1,6 @@
 """The queues a broker consumer uses beside its own, and the parked messages' read model.
 
-For a queue Q (`python -m cron amqp consume --queue Q`):
+For a queue Q (`python -m cronbox amqp consume --queue Q`):
 
 - `Q.retry.<ms>ms`: one durable queue per retry delay, with `x-message-ttl` = that delay and
   `x-dead-letter-exchange` "" + `x-dead-letter-routing-key` Q. A failed message is republished there
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from outbox.core.text import clean_text
-from outbox.engine.backoff import Backoff
-from outbox.events.forward import KEY_HEADER, TYPE_HEADER
+from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.engine.backoff import Backoff
+from cronbox.outbox.events.forward import KEY_HEADER, TYPE_HEADER
 
 ATTEMPTS = "x-cronbox-attempts"
 REASON = "x-cronbox-reason"

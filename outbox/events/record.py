@@ -9,10 +9,10 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox.core import clock
-from outbox.core.errors import PayloadError
-from outbox.core.payload import dump_payload
-from outbox.events.models import OutboxEvent
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.events.models import OutboxEvent
 
 MAX_TEXT = 191
 # Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the

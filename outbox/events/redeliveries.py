@@ -23,8 +23,8 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.sql import delete_oldest, insert_ignore
-from outbox.events.models import Redelivery
+from cronbox.outbox.core.sql import delete_oldest, insert_ignore
+from cronbox.outbox.events.models import Redelivery
 
 T = Redelivery.__table__
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from outbox.core import clock
-from outbox.core.faults import crash_point
-from outbox.engine.budget import Budget
-from outbox.events import deliveries, placement
-from outbox.events.broker import Broker
-from outbox.events.delivery_processor import DeliveryProcessor
-from outbox.events.forward import is_forward
-from outbox.events.forwarder import Forwarder
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events import deliveries, placement
+from cronbox.outbox.events.broker import Broker
+from cronbox.outbox.events.delivery_processor import DeliveryProcessor
+from cronbox.outbox.events.forward import is_forward
+from cronbox.outbox.events.forwarder import Forwarder
 
 log = logging.getLogger("cronbox")
 

@@ -30,11 +30,11 @@ from datetime import datetime
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.errors import RegistrationError, SettingsError
-from outbox.core.sql import insert_ignore
-from outbox.queue import jobstore
-from outbox.queue.models import ConcurrencyGroupSlot, RateWindow
-from outbox.queue.ratelimit import RateLimit
+from cronbox.outbox.core.errors import RegistrationError, SettingsError
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.models import ConcurrencyGroupSlot, RateWindow
+from cronbox.outbox.queue.ratelimit import RateLimit
 
 S = ConcurrencyGroupSlot.__table__
 R = RateWindow.__table__

@@ -17,16 +17,16 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox.core import clock
-from outbox.core.errors import PayloadError, RegistrationError
-from outbox.core.payload import dump_payload
-from outbox.core.sql import insert_ignore
-from outbox.engine.backoff import Backoff
-from outbox.engine.registry import DEFAULT, Jobs, Registry
-from outbox.events.record import connection_of, new_trace_id
-from outbox.queue import groups
-from outbox.queue.models import READY, Job
-from outbox.queue.ratelimit import RateLimit
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PayloadError, RegistrationError
+from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.engine.backoff import Backoff
+from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
+from cronbox.outbox.events.record import connection_of, new_trace_id
+from cronbox.outbox.queue import groups
+from cronbox.outbox.queue.models import READY, Job
+from cronbox.outbox.queue.ratelimit import RateLimit
 
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")

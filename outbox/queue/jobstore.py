@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, bindparam, case, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core import paging
-from outbox.core.text import ERROR_MAX
-from outbox.engine.claim import claim
-from outbox.engine.registry import Jobs
-from outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
+from cronbox.outbox.core import paging
+from cronbox.outbox.core.text import ERROR_MAX
+from cronbox.outbox.engine.claim import claim
+from cronbox.outbox.engine.registry import Jobs
+from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
 

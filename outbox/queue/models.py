@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
 
 # Job statuses. `available_at` is when a job may be claimed: its due time while
 # ready, its lease expiry while reserved, NULL once finished. Claims read one

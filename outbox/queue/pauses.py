@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.errors import RetryLater
-from outbox.core.sql import insert_ignore
-from outbox.engine.registry import Jobs
-from outbox.queue import jobstore
-from outbox.queue.models import ChannelPause
+from cronbox.outbox.core.errors import RetryLater
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.engine.registry import Jobs
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.models import ChannelPause
 
 log = logging.getLogger("cronbox")
 P = ChannelPause.__table__

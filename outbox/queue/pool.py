@@ -27,21 +27,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from outbox.core import clock
-from outbox.core.faults import crash_point
-from outbox.core.lock_wait import run_lock_waits
-from outbox.core.locks import RunLock
-from outbox.core.resources import rss_kb, rss_kb_of
-from outbox.core.settings import Settings
-from outbox.core.text import describe
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.engine.admission import time_headroom
-from outbox.engine.budget import Budget
-from outbox.engine.handler_process import flush_std_streams
-from outbox.engine.run_loop import RunResult, StopSignals, record_run, run_loop
-from outbox.queue import jobstore
-from outbox.queue.worker import Worker
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.faults import crash_point
+from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.locks import RunLock
+from cronbox.outbox.core.resources import rss_kb, rss_kb_of
+from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.core.text import describe
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.admission import time_headroom
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.handler_process import flush_std_streams
+from cronbox.outbox.engine.run_loop import RunResult, StopSignals, record_run, run_loop
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.worker import Worker
 
 log = logging.getLogger("cronbox")
 

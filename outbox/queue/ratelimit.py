@@ -17,9 +17,9 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from outbox.core.errors import RegistrationError
-from outbox.core.sql import insert_ignore
-from outbox.queue.models import RateWindow
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.queue.models import RateWindow
 
 R = RateWindow.__table__
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smh])\s*$")

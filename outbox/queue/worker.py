@@ -16,15 +16,15 @@ import time
 from datetime import datetime, timedelta
 from typing import Callable
 
-from outbox.core import clock
-from outbox.core.errors import CronboxError
-from outbox.core.payload import load_payload
-from outbox.engine.budget import Budget
-from outbox.engine.context import Context
-from outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
-from outbox.engine.processor import Processor
-from outbox.engine.registry import Jobs
-from outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.context import Context
+from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
+from cronbox.outbox.engine.processor import Processor
+from cronbox.outbox.engine.registry import Jobs
+from cronbox.outbox.queue import groups, jobstore, pauses
 
 log = logging.getLogger("cronbox")
 # A pool child's empty claim while due jobs exist (a sibling's claim holds their rows): look again

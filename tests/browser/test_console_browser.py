@@ -1,5 +1,5 @@
 """The operator console in a real browser: Debian's chromium driven by Playwright, against the app served
-over real HTTP on loopback, with real ticks (`python -m cron tick` subprocesses) in between.
+over real HTTP on loopback, with real ticks (`python -m cronbox tick` subprocesses) in between.
 
 Screenshots of every page are saved under test-artifacts/console/<backend>/ (CRONBOX_TEST_ARTIFACTS
 moves them). Without chromium the test skips with the reason; in CI (CI=1) that is a failure.
@@ -17,14 +17,14 @@ import pytest
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
-from outbox.core import clock
-from outbox.core.migrate import SCHEMA_HEAD
-from outbox.queue.models import Job
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.migrate import SCHEMA_HEAD
+from cronbox.outbox.queue.models import Job
 from tests.conftest import APP_ROOT, run_cli
 from tests.console_helpers import PASSWORD, make_app
 from tests.handlers import jobs as test_jobs
 from tests.processes.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
-from cron.operator import credentials
+from cronbox.cron.operator import credentials
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")

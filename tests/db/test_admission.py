@@ -10,19 +10,19 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import event, select
 
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.memlimit import cgroup_paths
-from outbox.core.resources import PROBE
-from outbox.core.settings import load_settings
-from outbox.engine import profiles
-from outbox.engine.admission import NEVER_FITS_DELAY, Admission
-from outbox.engine.budget import Budget
-from outbox.engine.models import HandlerProfile, Heartbeat
-from outbox.engine.runtime import Runtime
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.memlimit import cgroup_paths
+from cronbox.outbox.core.resources import PROBE
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine import profiles
+from cronbox.outbox.engine.admission import NEVER_FITS_DELAY, Admission
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.models import HandlerProfile, Heartbeat
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
 from tests.helpers import invoke
 
 MiB = 2 ** 20
@@ -316,7 +316,7 @@ def test_one_rss_reading_between_two_handlers_serves_the_budget_and_admission(ma
     rt = make_runtime(CRONBOX_ADMISSION_MEMORY_HEADROOM="8", CRONBOX_CGROUP_ROOT="/nonexistent",
                       CRONBOX_LVE_LIST="/nonexistent")
     probe = CountingProbe(100 * 1024)
-    monkeypatch.setattr("outbox.engine.budget.PROBE", probe)
+    monkeypatch.setattr("cronbox.outbox.engine.budget.PROBE", probe)
     admission = Admission("job", rt.settings)
     admission.book.add("mid", 0.01, 20 * 1024)  # grows 20 MB
     budget = Budget(max_time=None, memory_mb=200)

@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from cron.scheduling import once as once_requests
-from outbox.channels import send_sms
-from outbox.core import clock
-from outbox.queue import pauses
-from outbox.queue.models import ChannelPause
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.outbox.channels import send_sms
+from cronbox.outbox.core import clock
+from cronbox.outbox.queue import pauses
+from cronbox.outbox.queue.models import ChannelPause
 from tests.conftest import ONE_MYSQL_MODE
 from tests.db.test_channels import T0, dispatch_sms, job, make_runtime, work
 from tests.helpers import invoke

@@ -9,16 +9,16 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
-from outbox.channels import notify, send_email, send_sms
-from outbox.channels.jobs import add_notification
-from outbox.channels.models import Notification, SendAttempt
-from outbox.core import clock
-from outbox.core.settings import load_settings
-from outbox.engine.budget import Budget
-from outbox.engine.runtime import Runtime
-from outbox.engine.registry import DEFAULT
-from outbox.queue.models import ChannelPause, Job
-from outbox.queue.worker import Worker
+from cronbox.outbox.channels import notify, send_email, send_sms
+from cronbox.outbox.channels.jobs import add_notification
+from cronbox.outbox.channels.models import Notification, SendAttempt
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.engine.registry import DEFAULT
+from cronbox.outbox.queue.models import ChannelPause, Job
+from cronbox.outbox.queue.worker import Worker
 from tests.conftest import ONE_MYSQL_MODE
 from tests.fake_providers import API_KEY, SHAPES, measured, wait_for, TWILIO_SID, TWILIO_TOKEN, Providers
 from tests.registries import copy_of
@@ -392,8 +392,8 @@ def test_mail_log_driver_sends_nothing_and_records_a_masked_attempt(env, runtime
 
 
 def test_mail_driver_setting(env):
-    from outbox.channels.config import channel_config
-    from outbox.core.errors import SettingsError
+    from cronbox.outbox.channels.config import channel_config
+    from cronbox.outbox.core.errors import SettingsError
 
     def driver(**extra):
         return channel_config(load_settings(environ={**env, **extra})).mail_driver

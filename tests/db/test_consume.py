@@ -12,15 +12,15 @@ import amqp
 import pytest
 from sqlalchemy import func, select
 
-import outbox
-from outbox.engine.budget import Budget
-from outbox.engine.models import Heartbeat
-from outbox.events import inbox, queues
-from outbox.events.broker import parse_url
-from outbox.events.consume import QueueConsumer
-from outbox.events.consumer_link import SetupError
-from outbox.events.incoming import MAX_BODY
-from outbox.events.parked import DeadQueue
+from cronbox import outbox
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.events import inbox, queues
+from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.events.consume import QueueConsumer
+from cronbox.outbox.events.consumer_link import SetupError
+from cronbox.outbox.events.incoming import MAX_BODY
+from cronbox.outbox.events.parked import DeadQueue
 from tests.broker_rows import inbox_count, inbox_has
 from tests.db.test_hostile_handlers import SESSION_CASES
 from tests.handlers import hostile

@@ -13,10 +13,10 @@ import amqp
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from outbox.events import queues
-from outbox.events.broker import parse_url
-from outbox.events.parked import DeadQueue
-from outbox.events.unreadable import RAW_PROPERTIES
+from cronbox.outbox.events import queues
+from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.events.parked import DeadQueue
+from cronbox.outbox.events.unreadable import RAW_PROPERTIES
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 from tests.rabbit import HOST, PORT
 

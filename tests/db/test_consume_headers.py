@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from outbox.events import queues
+from cronbox.outbox.events import queues
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from cron.scheduling import health, retention
-from outbox.core import clock
-from outbox.core.settings import load_settings
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
-from outbox.events import redeliveries
+from cronbox.cron.scheduling import health, retention
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.engine.heartbeat import BEAT_SECONDS, STALE_BEATS
+from cronbox.outbox.events import redeliveries
 from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, redelivery_times
 from tests.conftest import APP_ROOT, child_env
 
@@ -70,9 +70,9 @@ def test_a_sigkilled_consumer_process_fails_health(runtime, env):
     """A real process writes its row and beats as `amqp consume` does, then is SIGKILLed (no
     finish): once STALE_BEATS beats are missed, health fails with its pid."""
     script = ("import sys, time\n"
-              "from outbox.core.settings import load_settings\n"
-              "from outbox.engine.runtime import Runtime\n"
-              "from outbox.engine import heartbeat\n"
+              "from cronbox.outbox.core.settings import load_settings\n"
+              "from cronbox.outbox.engine.runtime import Runtime\n"
+              "from cronbox.outbox.engine import heartbeat\n"
               "rt = Runtime(load_settings())\n"
               "row = heartbeat.start(rt.sessions, 'amqp consume', detail='lab', beats=True)\n"
               "heartbeat.beat(rt.sessions, row, delivered=1)\n"

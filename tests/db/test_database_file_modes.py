@@ -68,7 +68,7 @@ def web_health(root: Path):
 
 
 def host_cron(root: Path, *args: str):
-    return subprocess.run([sys.executable, "-m", "cron", *args], cwd=str(root.parent), env=host_env(root),
+    return subprocess.run([sys.executable, "-m", "cronbox", *args], cwd=str(root.parent), env=host_env(root),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -165,7 +165,7 @@ def test_another_owners_file_is_left_as_it_is_with_a_warning(env, usual_umask):
 def test_migrate_and_health_leave_the_umask_alone(env, usual_umask):
     from click.testing import CliRunner
 
-    from cron.cli import cli
+    from cronbox.cron.cli import cli
 
     assert CliRunner().invoke(cli, ["migrate"], env=env).exit_code == 0
     CliRunner().invoke(cli, ["health"], env=env)
@@ -175,6 +175,6 @@ def test_migrate_and_health_leave_the_umask_alone(env, usual_umask):
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "mysql+pymysql://u@localhost/db",
                                  "sqlite:///file:x?mode=memory&uri=true"])
 def test_databases_without_a_file_of_ours_have_no_file_check(url):
-    from cron.scheduling.health import _database_file_checks
+    from cronbox.cron.scheduling.health import _database_file_checks
 
     assert _database_file_checks(url) == []

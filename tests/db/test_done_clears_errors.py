@@ -8,13 +8,13 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
-import outbox
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events.consumers import consumer
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
 from tests.helpers import deliveries, invoke, relay
 
 T0 = datetime(2026, 12, 2, 12, 0, 0)

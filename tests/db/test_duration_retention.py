@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, select
 
-from cron.operator.models import OperatorAction
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.transactions import in_transaction
-from storage import audit, maintenance
-from storage.models import AuditEntry
+from cronbox.cron.operator.models import OperatorAction
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.storage import audit, maintenance
+from cronbox.storage.models import AuditEntry
 from tests.conftest import run_cli
 from tests.helpers import invoke
 from tests.storage_helpers import store  # noqa: F401  (fixture)
@@ -70,7 +70,7 @@ def test_a_sweep_with_settings_below_the_floor_made_in_code_deletes_nothing(runt
     short = maintenance.Sweepable(replace(runtime.settings, audit_retention_days=30), runtime.sessions, store.vault)
     with pytest.raises(SettingsError, match="below its floor"):
         maintenance.sweep(short, grace=86400)
-    from cron.scheduling.retention import prune_all
+    from cronbox.cron.scheduling.retention import prune_all
 
     with pytest.raises(SettingsError, match="below its floor"):
         prune_all(SimpleNamespace(settings=short.settings, sessions=runtime.sessions))

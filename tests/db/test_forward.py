@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import outbox
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.engine.runtime import Runtime
-from outbox.events import deliveries as store
-from outbox.events.relay import Relay
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events import deliveries as store
+from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy

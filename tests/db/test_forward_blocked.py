@@ -14,12 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import outbox
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events.broker import Broker, Outgoing
-from outbox.events.forward import message_of
-from outbox.events.relay import Relay
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.events.forward import message_of
+from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy

@@ -10,12 +10,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import outbox
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.engine.run_loop import run_loop
-from outbox.events.broker import Broker, Outgoing
-from outbox.events.relay import Relay
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.run_loop import run_loop
+from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import rabbitmqctl, url
 from tests.tcp_proxy import TcpProxy

@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import outbox
-from cron.scheduling import health
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events.relay import Relay
+from cronbox import outbox
+from cronbox.cron.scheduling import health
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.relay import Relay
 from tests.conftest import run_cli
 from tests.rabbit import url
 

@@ -12,16 +12,16 @@ from datetime import datetime
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, event, func, insert, select, text, update
 
-import outbox
-from outbox.core import clock
-from outbox.core.errors import RegistrationError
-from outbox.engine.budget import Budget
-from outbox.engine.registry import Registry
-from outbox.engine.runtime import Runtime
-from outbox.events.consumers import consumer
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
 from tests.helpers import deliveries, relay
 
 T0 = datetime(2026, 12, 1, 12, 0, 0)
@@ -311,8 +311,8 @@ def test_grouped_is_refused_where_it_cannot_hold():
         job("q", grouped=True, channel="sms", registry=registry)
     with pytest.raises(RegistrationError, match="channel= or rate_limit="):
         job("q", grouped=True, rate_limit="5/s", registry=registry)
-    from outbox.channels import jobs as channel_jobs  # noqa: F401 (registers them) the built-in channels never opt in
-    from outbox.engine.registry import DEFAULT
+    from cronbox.outbox.channels import jobs as channel_jobs  # noqa: F401 (registers them) the built-in channels never opt in
+    from cronbox.outbox.engine.registry import DEFAULT
 
     channels = [DEFAULT.jobs.get(name) for name in ("cronbox.sms", "cronbox.email", "cronbox.notify")]
     assert all(h is not None and not h.grouped for h in channels)
@@ -399,7 +399,7 @@ def test_a_dropped_connection_loses_the_group_and_its_members_succeed_alone(runt
 
 
 def test_an_interrupt_mid_group_commits_nothing_and_refunds_every_attempt(runtime, registry, tables):
-    from outbox.core.errors import SignalInterrupt
+    from cronbox.outbox.core.errors import SignalInterrupt
 
     @consumer("g", name="grouped", grouped=True, registry=registry)
     def grouped(event, ctx):

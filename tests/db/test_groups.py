@@ -9,15 +9,15 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from outbox.core import clock
-from outbox.core.errors import PayloadError
-from outbox.core.transactions import in_transaction
-from outbox.engine.budget import Budget
-from outbox.engine.runtime import Runtime
-from outbox.queue import groups
-from outbox.queue.jobs import job
-from outbox.queue.models import ConcurrencyGroupSlot, Job
-from outbox.queue.worker import Worker
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.queue import groups
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import ConcurrencyGroupSlot, Job
+from cronbox.outbox.queue.worker import Worker
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 
@@ -247,7 +247,7 @@ def test_group_budget_and_slot_are_taken_together_or_not_at_all(runtime, registr
 
 
 def test_registration_and_dispatch_refuse_bad_groups_and_costs(runtime, registry):
-    from outbox.core.errors import RegistrationError
+    from cronbox.outbox.core.errors import RegistrationError
 
     def register(**kwargs):
         return job("q", name=f"j{len(registry.jobs.all())}", registry=registry, **kwargs)(lambda p, c: None)

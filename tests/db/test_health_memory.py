@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from cron.scheduling import health
-from outbox.core.memlimit import cgroup_paths
-from outbox.core.settings import load_settings
-from outbox.engine.runtime import Runtime
+from cronbox.cron.scheduling import health
+from cronbox.outbox.core.memlimit import cgroup_paths
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.runtime import Runtime
 from tests.conftest import ONE_MYSQL_MODE
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)

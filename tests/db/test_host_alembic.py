@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Column, Integer, MetaData, String, Table, inspect
 
-from cron import schema
+from cronbox.cron import schema
 from tests.conftest import ONE_MYSQL_MODE
 from tests.db.test_readme import readme_snippets
 
@@ -27,7 +27,7 @@ def host_metadata() -> MetaData:
 
 def readme_env_py(connection, target_metadata) -> dict:
     """What the README's env.py lines pass to context.configure()."""
-    snippet = next(s for s in readme_snippets() if "cron.schema" in s)
+    snippet = next(s for s in readme_snippets() if "alembic_include_name" in s)
     configured: dict = {}
     context = SimpleNamespace(configure=lambda **options: configured.update(options))
     exec(compile(snippet, "README.md", "exec"),
@@ -73,7 +73,7 @@ def test_the_hosts_autogenerate_proposes_nothing_for_cronbox_tables(runtime):
 
 def test_the_filter_also_drops_cronbox_tables_a_host_metadata_carries(runtime):
     """A host that imported cronbox's models onto its own metadata (or shares its Base) is not offered
-    to create or alter them either: they are migrated by `python -m cron migrate`."""
+    to create or alter them either: they are migrated by `python -m cronbox migrate`."""
     metadata = host_metadata()
     for table in schema.metadata.tables.values():
         table.to_metadata(metadata)

@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert, select
 
-from cron.cli import main
-from cron.scheduling.tick import run_tick
-import outbox
-from outbox.core import clock
-from outbox.core.logs import LOGGER, DailyFileHandler, UtcFormatter
-from outbox.core.payload import load_payload
-from outbox.engine.budget import Budget
-from outbox.events.consumers import consumer
-from outbox.events.models import Delivery, OutboxEvent
-from outbox.events.relay import Relay
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.logs import LOGGER, DailyFileHandler, UtcFormatter
+from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.models import Delivery, OutboxEvent
+from cronbox.outbox.events.relay import Relay
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
 from tests.conftest import run_cli
 from tests.handlers import hostile
 

@@ -12,16 +12,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Integer, UniqueConstraint, func, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-import outbox
-from cron.schema import metadata
-from outbox.core import clock
-from outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
-from outbox.core.sql import starts_with
-from outbox.events import redeliveries
-from outbox.events.consumers import consumer
-from outbox.queue.jobs import job
-from outbox.queue.models import RateWindow
-from outbox.queue.ratelimit import RateLimit
+from cronbox import outbox
+from cronbox.cron.schema import metadata
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
+from cronbox.outbox.core.sql import starts_with
+from cronbox.outbox.events import redeliveries
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import RateWindow
+from cronbox.outbox.queue.ratelimit import RateLimit
 from tests.broker_rows import inbox_count, inbox_has, redelivery_times, take
 from tests.conftest import ONE_MYSQL_MODE
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401 (fixtures)
@@ -117,7 +117,7 @@ class Rows:
 
 def test_the_list_names_every_identity_column_of_the_models():
     """The models' identity type and this list agree (a new identity column is added to both)."""
-    from outbox.core.models import ExactString
+    from cronbox.outbox.core.models import ExactString
     assert {(t.name, c.name) for t in metadata.tables.values() for c in t.columns
             if isinstance(c.type, ExactString)} == set(IDENTITY_COLUMNS)
 
@@ -325,8 +325,8 @@ def test_starts_with_is_a_byte_exact_prefix(runtime, prefix, matching, others):
 def test_ops_unlock_and_the_refusal_sweep_leave_buckets_differing_only_by_case_alone(runtime):
     """A host's own RateLimit('OPS-LOGIN:partner') or 'Files-Refused:...' is not the console's login
     throttle nor the download refusals' counter (SQLite's LIKE took them for those)."""
-    from cron.operator import throttle
-    from storage import refusals
+    from cronbox.cron.operator import throttle
+    from cronbox.storage import refusals
 
     now = clock.utcnow()
     theirs = [RateLimit("OPS-LOGIN:partner", 5, 60), RateLimit("Files-Refused:partner", 5, 60)]

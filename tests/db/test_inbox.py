@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from outbox.core import clock
-from outbox.events import inbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.events import inbox
 from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, take
 
 

@@ -9,14 +9,14 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import DateTime, Integer, String, Text, column, func, insert, inspect, select, table, update
 
-import outbox
-from outbox.core import clock
-from outbox.core.errors import SchemaError
-from outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
-from outbox.engine.budget import Budget
-from outbox.engine.runtime import Runtime
-from outbox.events.models import OutboxEvent
-from outbox.events.relay import Relay
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SchemaError
+from cronbox.outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events.models import OutboxEvent
+from cronbox.outbox.events.relay import Relay
 from tests.conftest import ONE_MYSQL_MODE
 from tests.helpers import deliveries
 
@@ -51,7 +51,7 @@ def test_fresh_database_on_first_use(settings, database):
     runtime = Runtime(settings)
     try:
         if database.is_mysql:
-            with pytest.raises(SchemaError, match="run `python -m cron migrate`"):
+            with pytest.raises(SchemaError, match="run `python -m cronbox migrate`"):
                 runtime.ensure_schema()
         else:
             runtime.ensure_schema()  # SQLite: migrated automatically

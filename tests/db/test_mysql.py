@@ -15,12 +15,12 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
-import outbox
-from outbox.core.engines import make_engine
-from outbox.core.transactions import in_transaction
-from outbox.core import clock
-from outbox.core.locks import CONFIRMED_FOR, lock_name
-from outbox.events.consumers import consumer
+from cronbox import outbox
+from cronbox.outbox.core.engines import make_engine
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.locks import CONFIRMED_FOR, lock_name
+from cronbox.outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries, kill_connection, relay
@@ -111,7 +111,7 @@ def tick_env(env, runtime):
 
 
 def _start_tick(tick_env, *args):
-    return subprocess.Popen([sys.executable, "-m", "cron", "tick", *args], env=child_env(tick_env), cwd="/",
+    return subprocess.Popen([sys.executable, "-m", "cronbox", "tick", *args], env=child_env(tick_env), cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -212,7 +212,7 @@ def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_conne
 
 def test_lock_wait_timeouts_are_retried(runtime):
     """1205 (lock wait timeout) inside in_transaction is retried, then succeeds once the lock is free."""
-    from outbox.engine.models import Heartbeat
+    from cronbox.outbox.engine.models import Heartbeat
 
     with runtime.sessions.begin() as session:
         session.execute(insert(Heartbeat).values(command="x", host="h", pid=1, started_at=text("NOW(6)"),
@@ -253,12 +253,12 @@ def test_lock_conflicts_are_retried_a_bounded_number_of_times(runtime):
 def test_a_one_off_migrate_inside_the_tick_needs_no_third_connection(runtime, tick_env, limited_user):
     """The command's lock is taken on the tick's lock connection: with max_user_connections=2 a
     third connection would be refused (1226) and the request would fail."""
-    from cron.scheduling import once
+    from cronbox.cron.scheduling import once
 
     user, url = limited_user
     with runtime.sessions.begin() as session:
         once.add(session, ["migrate"], source="cli")
-    proc = subprocess.run([sys.executable, "-m", "cron", "tick", "--no-linger"],
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "tick", "--no-linger"],
                           env=child_env({**tick_env, "DATABASE_URL": url}), cwd="/", capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -274,7 +274,7 @@ def test_a_migrate_request_file_lets_a_tick_bring_the_schema_up_first(env, datab
     from tests.db.test_ops import write_cmd
 
     proc = run_cli(env, "tick", "--no-linger")
-    assert proc.returncode == 1 and "run `python -m cron migrate`" in proc.stderr
+    assert proc.returncode == 1 and "run `python -m cronbox migrate`" in proc.stderr
     inbox = tmp_path / "instance" / "run-once"
     write_cmd(inbox, "deploy.cmd", b"migrate\n")
     proc = run_cli(env, "tick", "--no-linger")
@@ -297,7 +297,7 @@ def test_a_handler_longer_than_the_servers_wait_timeout_keeps_the_work_connectio
     with runtime.sessions.begin() as session:
         for n in range(2):
             test_jobs.slow.job.dispatch(session, {"n": n})
-    proc = subprocess.run([sys.executable, "-m", "cron", "queue", "work", "--stop-when-empty"],
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "queue", "work", "--stop-when-empty"],
                           env=child_env({**tick_env, "CRONBOX_HANDLERS": "tests.handlers.jobs", "TEST_SLEEP": "3",
                                          "TEST_RUNS_DIR": str(runs)}),
                           cwd="/", capture_output=True, text=True, timeout=60)
@@ -314,7 +314,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_at_checkout_and_a_bus
     """The idle ping (outbox/core/engines.py): back-to-back transactions pay no ping round trip; a
     connection the server killed while it sat in the pool is found dead before the caller's
     transaction and replaced, so the caller never sees the disconnect."""
-    from outbox.core import engines
+    from cronbox.outbox.core import engines
     engine = make_engine(settings, role="web")
     pings = []
     real_ping = engine.dialect.do_ping

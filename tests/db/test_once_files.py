@@ -11,9 +11,9 @@ import time
 import pytest
 from sqlalchemy import select
 
-from cron.cli import main
-from cron.scheduling import once
-from cron.scheduling.models import OnceRequest
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling import once
+from cronbox.cron.scheduling.models import OnceRequest
 from tests.conftest import ONE_MYSQL_MODE
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)

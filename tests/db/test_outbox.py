@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
-import outbox
-from outbox.core import clock
-from outbox.core.errors import PayloadError
-from outbox.engine.runtime import Runtime
-from outbox.events.consumers import consumer
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events.consumers import consumer
 from tests.helpers import count_events, deliveries, fan_out, invoke, relay
 from tests.registries import copy_of
 
@@ -76,7 +76,7 @@ def test_record_on_a_core_connection_commits_or_rolls_back_with_it(runtime, regi
 def test_record_never_flushes_the_callers_pending_objects(runtime):
     """record() writes on the session's connection at once (its id is known), but leaves the
     caller's pending objects pending: they flush when the caller says so, or at its commit."""
-    from outbox.events.models import OutboxEvent
+    from cronbox.outbox.events.models import OutboxEvent
     with runtime.sessions() as session:
         pending = OutboxEvent(type="by-hand", payload="{}", trace_id="t", created_at=T0, available_at=T0)
         session.add(pending)
@@ -93,7 +93,7 @@ def test_record_stores_times_as_sqlalchemy_would_and_its_statement_is_seen_by_th
     times are stored as SQLAlchemy stores them (on SQLite '12:00:00.000000' at a whole second, where
     the sqlite3 module's own adapter would write '12:00:00'), so the event is found by its time."""
     from sqlalchemy import event as sa_event
-    from outbox.events.models import OutboxEvent
+    from cronbox.outbox.events.models import OutboxEvent
     seen = []
 
     def listener(conn, cursor, statement, parameters, context, executemany):
@@ -345,7 +345,7 @@ def test_event_for_a_type_without_consumers_is_fanned_out_and_prunable(runtime, 
 
 
 def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, env, monkeypatch):
-    from cron.scheduling import retention
+    from cronbox.cron.scheduling import retention
 
     monkeypatch.setattr(retention, "BATCH", 3)
     consumer("x", name="ok", registry=registry)(lambda event, ctx: None)
@@ -374,7 +374,7 @@ def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, e
 
 def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effects_table):
     """A consumer that outlives its lease while another run re-claims the delivery must not apply twice."""
-    from outbox.events import deliveries as store
+    from cronbox.outbox.events import deliveries as store
 
     @consumer("slow", name="slow", registry=registry)
     def slow(event, ctx):
@@ -416,8 +416,8 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
     run must notice before starting it (its lease can't be extended) and leave it to the other.
     The handlers move a frozen clock rather than sleep: a sleep's real time on a loaded machine
     would let the second item's lease run out as well."""
-    from outbox.engine.runtime import Runtime
-    from outbox.engine.registry import Registry
+    from cronbox.outbox.engine.runtime import Runtime
+    from cronbox.outbox.engine.registry import Registry
 
     runs = []
     other_registry = Registry()
@@ -448,8 +448,8 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
 def test_blocked_keys_read_from_the_waiting_side(runtime):
     """Key a: a dead holder, then a retrying one (holds too), then a fresh one; key b: dead, nothing behind
     it (blocks nothing); key c: only fresh work. Counted and listed as the holders see it."""
-    from outbox.events import deliveries as store
-    from outbox.events.models import Delivery, OutboxEvent
+    from cronbox.outbox.events import deliveries as store
+    from cronbox.outbox.events.models import Delivery, OutboxEvent
 
     now = clock.utcnow()
     rows = [("a", "dead", 3), ("a", "pending", 1), ("a", "pending", 0), ("b", "dead", 3), ("c", "pending", 0),

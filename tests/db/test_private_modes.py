@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from cron.scheduling import health
-from outbox.core.settings import load_settings
-from outbox.engine.runtime import Runtime
+from cronbox.cron.scheduling import health
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.runtime import Runtime
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)

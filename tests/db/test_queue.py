@@ -7,17 +7,17 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import func, insert, select
 
-import outbox
-from outbox.channels.models import Notification
-from outbox.core import clock
-from outbox.core.errors import PayloadError
-from outbox.engine.budget import Budget
-from outbox.engine.runtime import Runtime
-from outbox.events.consumers import consumer
-from outbox.engine.registry import Registry
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
+from cronbox import outbox
+from cronbox.outbox.channels.models import Notification
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
 from tests.helpers import invoke, relay
 
 T0 = datetime(2026, 11, 30, 12, 0, 0)
@@ -402,8 +402,8 @@ def test_idempotency_keys_stay_unique_when_pruned_ids_come_back(rt, jobs):
 
 def test_the_backlog_counts_in_one_statement_what_the_relay_and_the_worker_could_do_now(rt, jobs):
     """The tick's heartbeat backlog: unfanned events, due pending deliveries and due jobs, one statement."""
-    from outbox.events import deliveries
-    from outbox.queue import jobstore
+    from cronbox.outbox.events import deliveries
+    from cronbox.outbox.queue import jobstore
 
     @job("mail", name="mail", registry=jobs)
     def mail(payload, ctx):

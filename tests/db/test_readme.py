@@ -25,19 +25,20 @@ from flask_wtf.csrf import generate_csrf
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import registry as mapper_registry
 
-import outbox
-import storage
-from cron.scheduling import schedule
-from cron.scheduling.models import ScheduleRun
-from cron.scheduling.schedule import Scheduler
-from outbox.core import clock
-from outbox.engine.budget import Budget
-from outbox.events.models import OutboxEvent as Event
-from outbox.events.models import Delivery
-from outbox.events.relay import Relay
-from outbox.queue.models import Job
-from outbox.queue.worker import Worker
-from storage.models import SealedFile
+import cronbox
+from cronbox import outbox
+from cronbox import storage
+from cronbox.cron.scheduling import schedule
+from cronbox.cron.scheduling.models import ScheduleRun
+from cronbox.cron.scheduling.schedule import Scheduler
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.models import OutboxEvent as Event
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.events.relay import Relay
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
+from cronbox.storage.models import SealedFile
 from tests.conftest import APP_ROOT, child_env, run_cli
 from cronbox import Cronbox
 
@@ -53,7 +54,7 @@ def all_snippets() -> list[str]:
 
 
 # Snippets run by a test of their own (below), each named by a line only it has.
-OWN_TESTS = ("from clinic import cronbox, db", "from cron.scheduling import schedule")
+OWN_TESTS = ("from clinic import cronbox, db", "from cronbox import record, schedule")
 
 
 def readme_snippets() -> list[str]:
@@ -107,7 +108,7 @@ def app_models():
 def test_the_readme_has_the_snippets_this_test_runs():
     snippets = readme_snippets()
     assert len(snippets) == 9
-    assert "outbox.record(" in snippets[0] and "outbox.forward(" in snippets[1] and ".dispatch(" in snippets[2]
+    assert "    record(" in snippets[0] and "\nforward(" in snippets[1] and ".dispatch(" in snippets[2]
     assert "send_sms.dispatch" in snippets[3] and "storage.put(" in snippets[4]
     assert "seal_upload(" in snippets[5]
     assert "include_name" in snippets[6]  # the host's env.py lines: run by test_host_alembic.py
@@ -128,6 +129,8 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
     monkeypatch.setattr(outbox, "consumer", partial(outbox.consumer, registry=registry))
     monkeypatch.setattr(outbox, "forward", partial(outbox.forward, registry=registry))
     monkeypatch.setattr(outbox, "job", partial(outbox.job, registry=registry))
+    for name in ("consumer", "forward", "job"):  # the README's own spelling: from cronbox import consumer
+        monkeypatch.setattr(cronbox, name, getattr(outbox, name))
     storage.configure(replace(settings, base_url="https://clinic.example"), runtime.sessions)
     namespace = {"Session": runtime.sessions, "payment": Payment("120.00"), "Notification": Notification,
                  "request": SimpleNamespace(stream=io.BytesIO(b"%PDF-1.7 a scan" * 1000))}
@@ -244,7 +247,7 @@ def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, m
     multiples and `cron` in its time zone."""
     monkeypatch.setattr(schedule, "every", partial(schedule.every, registry=registry))
     monkeypatch.setattr(schedule, "cron", partial(schedule.cron, registry=registry))
-    exec(compile(snippet_with("from cron.scheduling import schedule"), "README.md", "exec"), {})
+    exec(compile(snippet_with("from cronbox import record, schedule"), "README.md", "exec"), {})
     assert {t.name: t.describe() for t in registry.tasks.all()} == {
         "clinic.reminders": "every 15m", "clinic.settle_escrow": "cron 0 3 * * * (Asia/Tehran)"}
 
@@ -267,7 +270,7 @@ def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, m
 def test_schedule_list_and_run_show_and_run_the_readmes_tasks(env, runtime, tmp_path):
     """The snippet as a CRONBOX_HANDLERS module: `schedule list` shows its tasks, `schedule run NAME`
     runs one now."""
-    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cron.scheduling import schedule"))
+    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cronbox import record, schedule"))
     extra = {"CRONBOX_HANDLERS": "readme_tasks", "PYTHONPATH": f"{APP_ROOT}:{tmp_path}"}
     listed = run_cli(env, "schedule", "list", **extra)
     assert listed.returncode == 0, listed.stderr

@@ -7,7 +7,7 @@ import math
 
 from sqlalchemy import text
 
-from outbox.core.lock_wait import LOCK_WAIT_SLICE, run_lock_waits
+from cronbox.outbox.core.lock_wait import LOCK_WAIT_SLICE, run_lock_waits
 
 
 def session_wait(runtime) -> float:

@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from outbox.core import clock
-from outbox.core.engines import make_engine, session_factory
-from outbox.core.transactions import in_transaction
-import storage
-from storage import grants, keys, maintenance
-from storage.errors import GrantInvalid, IntegrityError, NotFound, StorageError, UnknownKey
-from storage.format import CHUNK_SIZE
-from storage.models import AuditEntry, Grant, GrantUse, SealedFile
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.engines import make_engine, session_factory
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox import storage
+from cronbox.storage import grants, keys, maintenance
+from cronbox.storage.errors import GrantInvalid, IntegrityError, NotFound, StorageError, UnknownKey
+from cronbox.storage.format import CHUNK_SIZE
+from cronbox.storage.models import AuditEntry, Grant, GrantUse, SealedFile
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.storage_helpers import files_under, flip_byte, grant, put, read, row, sealed_path, store  # noqa: F401
 

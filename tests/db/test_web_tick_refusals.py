@@ -13,10 +13,10 @@ import pytest
 from flask import Flask, got_request_exception, jsonify
 
 from cronbox import Cronbox
-from outbox.core.settings import load_settings
-from outbox.engine.registry import Registry
-from outbox.events.consumers import consumer
-from outbox.events.forward import forward
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.forward import forward
 from tests.conftest import ONE_MYSQL_MODE
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)

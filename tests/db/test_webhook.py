@@ -12,18 +12,18 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from cron.scheduling import health
-from outbox.channels import admin_alert, webhook
-from outbox.channels.config import channel_config
-from outbox.channels.models import SendAttempt
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.settings import load_settings
-from outbox.engine.budget import Budget
-from outbox.engine.registry import DEFAULT
-from outbox.engine.runtime import Runtime
-from outbox.queue.models import ChannelPause, Job
-from outbox.queue.worker import Worker
+from cronbox.cron.scheduling import health
+from cronbox.outbox.channels import admin_alert, webhook
+from cronbox.outbox.channels.config import channel_config
+from cronbox.outbox.channels.models import SendAttempt
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.registry import DEFAULT
+from cronbox.outbox.engine.runtime import Runtime
+from cronbox.outbox.queue.models import ChannelPause, Job
+from cronbox.outbox.queue.worker import Worker
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE
 from tests.fake_providers import SHAPES, WebhookReceiver, measured, wait_for
 from tests.registries import copy_of

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-import outbox
+from cronbox import outbox
 
 
 def _mark(name: str) -> None:

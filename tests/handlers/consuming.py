@@ -19,8 +19,8 @@ from pathlib import Path
 
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
-import outbox
-from outbox.core.faults import crash_point
+from cronbox import outbox
+from cronbox.outbox.core.faults import crash_point
 
 metadata = MetaData()
 consumed = Table("test_consumed", metadata, Column("id", Integer, primary_key=True),

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
-import outbox
-from outbox.core.faults import crash_point
+from cronbox import outbox
+from cronbox.outbox.core.faults import crash_point
 
 metadata = MetaData()
 effects = Table("test_effects", metadata, Column("id", Integer, primary_key=True),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-import outbox
+from cronbox import outbox
 from tests.handlers.effects import effects
 
 _calls = {"consumer": 0, "job": 0}

@@ -11,8 +11,8 @@ import multiprocessing
 import os
 import sys
 
-import outbox
-from cron.scheduling import schedule
+from cronbox import outbox
+from cronbox.cron.scheduling import schedule
 
 # case -> the exit code of the child ending that way
 CHILD_CASES = {

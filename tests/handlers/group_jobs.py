@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-import outbox
+from cronbox import outbox
 
 
 @outbox.job("gq", name="group.block", timeout=60, concurrency_group="gslots", concurrency_limit=1)

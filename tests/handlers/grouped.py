@@ -7,8 +7,8 @@ import time
 
 from sqlalchemy import insert
 
-import outbox
-from outbox.core.faults import crash_point
+from cronbox import outbox
+from cronbox.outbox.core.faults import crash_point
 from tests.handlers.effects import effects
 
 

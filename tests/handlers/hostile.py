@@ -13,11 +13,11 @@ import sys
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import registry
 
-from outbox.engine.registry import Registry
-from outbox.events.consumers import consumer
-from outbox.core.errors import PermanentFailure, RetryLater
-from outbox.queue.jobs import job
-from outbox.queue.pauses import ChannelPaused
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.core.errors import PermanentFailure, RetryLater
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.pauses import ChannelPaused
 
 metadata = MetaData()
 rows = Table("hostile_rows", metadata, Column("id", Integer, primary_key=True), Column("tag", String(64)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import insert
 
-import outbox
+from cronbox import outbox
 from tests.handlers.effects import effects, wait_for_release
 
 

@@ -7,7 +7,7 @@ import os
 
 from sqlalchemy import insert
 
-import outbox
+from cronbox import outbox
 from tests.handlers.consuming import consumed
 
 outbox.forward("placed.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="placed.forward",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, Table, insert, text
 
-import outbox
+from cronbox import outbox
 
 metadata = MetaData()
 done = Table("test_pool_done", metadata, Column("n", Integer, primary_key=True, autoincrement=False),

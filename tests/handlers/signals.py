@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import signal
 
-import outbox
-from cron.scheduling import schedule
+from cronbox import outbox
+from cronbox.cron.scheduling import schedule
 from tests.handlers.effects import wait_for_release
 
 

@@ -1,7 +1,7 @@
 """A scheduled task for the race test: appends "<pid>" to TEST_TASK_FILE each time it runs."""
 import os
 
-from cron.scheduling import schedule
+from cronbox.cron.scheduling import schedule
 
 
 @schedule.every(minutes=5, name="tests.race")

@@ -9,8 +9,8 @@ import os
 import threading
 import time
 
-import outbox
-from cron.scheduling import schedule
+from cronbox import outbox
+from cronbox.cron.scheduling import schedule
 
 
 def start_sleeper(n) -> None:

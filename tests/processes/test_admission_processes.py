@@ -1,4 +1,4 @@
-"""Admission in real `python -m cron queue work` processes: a 60 MB handler under --memory 96 once its
+"""Admission in real `python -m cronbox queue work` processes: a 60 MB handler under --memory 96 once its
 profile exists, and a job whose profile does not fit the rest of --max-time."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 from sqlalchemy import select, update
 
-from outbox.core import clock
-from outbox.engine.models import HandlerProfile
-from outbox.queue.models import Job
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.models import HandlerProfile
+from cronbox.outbox.queue.models import Job
 from tests.conftest import run_cli
 from tests.handlers import admission_jobs
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-import outbox
+from cronbox import outbox
 from tests.conftest import APP_ROOT
 from tests.handlers.effects import metadata as effects_metadata
 
 SCRIPT = APP_ROOT / "artisan_via_cron.sh"
 BARE_PATH = "/usr/bin:/bin"
 # The script exports CRONBOX_APP_ROOT (this app folder), where Python then finds the handler modules too.
-LINKED = ("outbox", "storage", "cron", "cronbox", "app.py", "tests")
+LINKED = ("cronbox", "app.py", "tests")  # cronbox/'s own links lead on to outbox/, storage/ and cron/
 # What the script needs from PATH besides a Python (the no-Python test runs with only these).
 TOOLS = ("readlink", "sed", "tail", "date", "mkdir", "find", "rm", "sort", "tr", "grep", "head")
 sqlite_only = pytest.mark.backends("sqlite")
@@ -55,7 +55,8 @@ class App:
         if works:
             body += (f'printf "%s\\n" "{label} $*" >>{ran}\n'
                      f'[ "$1" = -m ] && printf "%s\\0" "$@" >{argv}\n'
-                     + (f'exec {shlex.quote(sys.executable)} "$@"\n' if real else "exit 0\n"))
+                     + (f'exec {shlex.quote(sys.executable)} "$@"\n' if real
+                        else '[ -n "${CRONBOX_RUN_ACK:-}" ] && : >"$CRONBOX_RUN_ACK"\nexit 0\n'))  # "I am cronbox"
         else:
             body += "exit 1\n"  # there, executable, but it does not run (a venv whose Python was removed)
         path.write_text(body)
@@ -66,7 +67,7 @@ class App:
         """Labels of the interpreters that ran a cronbox command (not just the `import sys` probe)."""
         record = self.home / "ran.txt"
         lines = record.read_text().splitlines() if record.exists() else []
-        return [line.split(" ", 1)[0] for line in lines if " -m cron" in line]
+        return [line.split(" ", 1)[0] for line in lines if " -m cronbox" in line]
 
     def argv(self) -> list[str]:
         return (self.home / "argv.bin").read_bytes().decode().split("\0")[:-1]
@@ -213,12 +214,12 @@ def test_it_finds_its_app_folder_however_it_is_called(app, how):
         proc = subprocess.run([*bare(app, None, BARE_PATH), "/bin/sh", command, "outbox", "--help"],
                               cwd=str(cwd), capture_output=True, text=True, timeout=60)
         silent_success(proc)
-        assert "Usage: python -m cron outbox" in app.log()
+        assert "Usage: python -m cronbox outbox" in app.log()
         return
     proc = run(app, "outbox", "--help", command=command, cwd=cwd, env=env)
     silent_success(proc)
     log = app.log()
-    assert "Usage: python -m cron outbox" in log and " exit 0: outbox --help (" in log
+    assert "Usage: python -m cronbox outbox" in log and " exit 0: outbox --help (" in log
     assert not (app.elsewhere / "instance").exists() and not (app.home / "instance").exists()
 
 
@@ -410,10 +411,65 @@ def test_python_gets_the_app_folder_as_cronbox_app_root(app):
     seen = app.home / "app-root.txt"
     python = app.root / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\nprintf "%s" "$CRONBOX_APP_ROOT" >{shlex.quote(str(seen))}\nexit 0\n')
+    python.write_text(f'#!/bin/sh\nprintf "%s" "$CRONBOX_APP_ROOT" >{shlex.quote(str(seen))}\n'
+                      '[ -n "${CRONBOX_RUN_ACK:-}" ] && : >"$CRONBOX_RUN_ACK"\nexit 0\n')
     python.chmod(0o755)
     silent_success(run(app, "tick", env={"CRONBOX_APP_ROOT": "/somewhere/else"}))
     assert seen.read_text() == str(app.root)  # the folder whose .env the script read, symlinks resolved
+
+
+# --- what runs is cronbox's, or a loud failure ---------------------------------------------------
+
+SHADOWS = {  # what a host app may have at its root, each written to exit 0 if it were ever run
+    "cron.py": "cron.py", "cron": "cron/__main__.py", "storage.py": "storage.py", "storage": "storage/__init__.py",
+    "outbox.py": "outbox.py", "outbox": "outbox/__init__.py",
+}
+
+
+def shadow(folder: Path, name: str) -> None:
+    path = folder / SHADOWS[name]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name == "__main__.py":
+        (path.parent / "__init__.py").write_text("")
+    path.write_text("import sys\nprint('the host\\'s own module ran')\nsys.exit(0)\n")
+
+
+@sqlite_only
+@pytest.mark.parametrize("where", ["root", "pythonpath"])
+def test_the_hosts_cron_storage_and_outbox_modules_never_take_cronboxs_place(app, env, runtime, tmp_path, where):
+    """Before 0.7 the script ran `python -m cron`, and a host's cron.py at its root ran instead, exit 0:
+    nothing relayed, no mail. Now it runs `-m cronbox`, whatever the host has by those names, in its
+    root or on PYTHONPATH."""
+    app.python(".venv/bin/python", "venv")
+    folder = app.root if where == "root" else tmp_path / "on-path"
+    for name in ("cron.py", "storage.py", "outbox.py"):
+        shadow(folder, name)
+    other = tmp_path / "packages"
+    for name in ("cron", "storage", "outbox"):
+        shadow(other, name)
+    extra = {"PYTHONPATH": f"{folder}:{other}"} if where == "pythonpath" else {"PYTHONPATH": str(other)}
+    proc = run(app, "tick", "--no-linger", env={**env, **extra})
+    silent_success(proc)
+    log = app.log(Path(env["CRONBOX_INSTANCE"]))
+    assert "tick: " in log and "the host's own module ran" not in log
+
+
+@pytest.mark.parametrize("impostor", ["a cronbox.py at the app root", "a Python without cronbox's command line"])
+def test_a_command_that_is_not_cronboxs_fails_loudly_even_with_exit_0(app, impostor):
+    if impostor.startswith("a cronbox.py"):
+        app.python(".venv/bin/python", "venv")
+        (app.root / "cronbox").unlink()  # the app root's link to the checkout's cronbox, replaced by the host's
+        (app.root / "cronbox.py").write_text("print('not cronbox')\n")
+    else:
+        python = app.root / ".venv" / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text("#!/bin/sh\nexit 0\n")  # an interpreter that runs something else and says nothing
+        python.chmod(0o755)
+    proc = run(app, "tick")
+    line = one_line_failure(proc, 1)
+    assert "tick: '" in line and "-m cronbox' exited 0 but is not cronbox's command line" in line
+    assert " exit 0: tick (" in app.log()  # the log has the run as it happened, then the failure
+    assert "is not cronbox's command line" in app.log()
 
 
 # --- arguments, exit codes, the log --------------------------------------------------------------
@@ -426,7 +482,7 @@ def test_arguments_pass_through_intact(app):
     (app.root / "a file").write_text("a glob must not expand to me")
     proc = run(app, "outbox", "retry", *ODD_ARGS)
     line = one_line_failure(proc, 2)
-    assert app.argv() == ["-m", "cron", "outbox", "retry", *ODD_ARGS]
+    assert app.argv() == ["-m", "cronbox", "outbox", "retry", *ODD_ARGS]
     # The log shows the command as it would be typed again, quoting what needs it.
     typed = "outbox retry 'a b' 'it'\\''s' 'say \"hi\"' '' '*' '$HOME' '`id`' --all -"
     assert f"] start: {typed} (python: " in app.log()
@@ -440,7 +496,7 @@ def test_a_crontab_line_with_quotes(app):
     line = f"""{shlex.quote(str(app.script))} outbox retry 'a b' "it's" '' '*' --all"""
     proc = cron_line(app, line)
     assert one_line_failure(proc, 2)
-    assert app.argv() == ["-m", "cron", "outbox", "retry", "a b", "it's", "", "*", "--all"]
+    assert app.argv() == ["-m", "cronbox", "outbox", "retry", "a b", "it's", "", "*", "--all"]
 
 
 def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
@@ -448,7 +504,7 @@ def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
     proc = run(app, "nosuch")
     line = one_line_failure(proc, 2)
     assert line in {f"artisan_via_cron.sh: nosuch failed with exit 2: error: No such command 'nosuch'. "
-                    f"(see `python -m cron --help`) (log: {app.root}/instance/logs/{name})" for name in todays_logs()}
+                    f"(see `python -m cronbox --help`) (log: {app.root}/instance/logs/{name})" for name in todays_logs()}
     log = app.log()
     assert "error: No such command 'nosuch'." in log and " exit 2: nosuch (" in log
     # The script made the instance folder: private, as the health check wants it.
@@ -456,7 +512,7 @@ def test_a_usage_error_is_one_line_with_its_code_and_the_log(app):
 
 
 def test_a_missing_command_is_one_line(app):
-    """`python -m cron` alone prints its help, then one error line: the mail gets that line only."""
+    """`python -m cronbox` alone prints its help, then one error line: the mail gets that line only."""
     app.python(".venv/bin/python", "venv")
     line = one_line_failure(run(app), 2)
     assert "(no command) failed with exit 2: error: no command given" in line
@@ -527,7 +583,7 @@ def test_by_hand_in_a_terminal_the_output_is_shown(app):
         shown += chunk
     os.close(master)
     assert proc.wait(timeout=60) == 0
-    assert b"Usage: python -m cron outbox" in shown
+    assert b"Usage: python -m cronbox outbox" in shown
     log = app.log()
     assert "(output shown on the terminal)" in log and " exit 0: outbox --help (" in log
 

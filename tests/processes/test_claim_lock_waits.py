@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url, select, text
 
-import outbox
-from outbox.engine.models import Heartbeat
-from outbox.engine.registry import Registry
-from outbox.events.models import Delivery
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
+from cronbox import outbox
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
 from tests.conftest import run_cli, start_cli
 from tests.helpers import fan_out
 

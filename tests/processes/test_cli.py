@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from outbox.core.migrate import SCHEMA_HEAD
+from cronbox.outbox.core.migrate import SCHEMA_HEAD
 from tests.conftest import APP_ROOT, ONE_MYSQL_MODE, child_env, run_cli
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
@@ -22,7 +22,7 @@ def one_line_error(proc) -> str:
 
 @pytest.mark.parametrize("args, code, message", [
     (["nosuch"], 2, "No such command 'nosuch'"),
-    (["tick", "--bogus"], 2, "No such option '--bogus'. (see `python -m cron tick --help`)"),
+    (["tick", "--bogus"], 2, "No such option '--bogus'. (see `python -m cronbox tick --help`)"),
     (["tick", "--max-time", "soon"], 2, "'soon' is not a valid float"),
     (["outbox", "retry"], 2, "give delivery ids or --all"),
     (["outbox", "retry", "7", "--all"], 2, "give delivery ids or --all"),
@@ -66,7 +66,7 @@ def test_bad_setting(env):
 def test_log_lines_go_to_stderr_only_when_asked(env, runtime, settings):
     """CRONBOX_LOG_STDERR=on (a systemd unit's journal) writes each log line to stderr as well as to
     the day's file; by default (cron, which mails stderr) nothing but errors reaches stderr."""
-    env = {**env, "CRONBOX_HANDLERS": "cron.demo"}
+    env = {**env, "CRONBOX_HANDLERS": "cronbox.cron.demo"}
     assert run_cli(env, "demo", "--count", "1").returncode == 0
     quiet = run_cli(env, "tick", "--no-linger")
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
@@ -96,7 +96,7 @@ def test_tick_from_any_working_directory_uses_the_app_roots_dotenv(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", "from outbox.core.settings import load_settings, CHECKOUT;"
+    proc = subprocess.run([sys.executable, "-c", "from cronbox.outbox.core.settings import load_settings, CHECKOUT;"
                            "s = load_settings(); print(s.app_root == CHECKOUT, s.instance)"],
                           env={k: v for k, v in child_env({}).items() if not k.startswith("CRONBOX")},
                           cwd=str(tmp_path), capture_output=True, text=True)
@@ -127,7 +127,7 @@ def test_migrate_twice_and_the_flask_mount(env, database):
 
 
 def test_demo_then_tick_delivers(env, database):
-    demo_env = {**env, "CRONBOX_HANDLERS": "cron.demo"}
+    demo_env = {**env, "CRONBOX_HANDLERS": "cronbox.cron.demo"}
     if database.is_mysql:
         assert run_cli(demo_env, "migrate").returncode == 0
     proc = run_cli(demo_env, "demo", "--count", "2")
@@ -138,11 +138,11 @@ def test_demo_then_tick_delivers(env, database):
 
 DEMO_CONSUMERS = ("demo.clinic_receipt", "demo.notify_patient")
 APP_CONSUMERS = ("import sys, app; rt = app.application.extensions['cronbox'].runtime; "
-                 "print(sorted(rt.consumers.names()), 'cron.demo' in sys.modules)")
+                 "print(sorted(rt.consumers.names()), 'cronbox.cron.demo' in sys.modules)")
 
 
 @pytest.mark.parametrize("handlers, registered", [("", False), ("tests.handlers.effects", False),
-                                                  ("cron.demo", True)])
+                                                  ("cronbox.cron.demo", True)])
 def test_demo_consumers_exist_only_where_cron_demo_is_named(env, runtime, handlers, registered):
     """The host's `outbox status` and its Flask app build the whole command tree, `demo` included:
     that must not register the demo's consumers (they would fan out and die on the missing demo tables)."""
@@ -160,7 +160,7 @@ def test_demo_consumers_exist_only_where_cron_demo_is_named(env, runtime, handle
 def test_no_command_prints_the_help_and_exits_2(env):
     proc = run_cli(env)
     assert proc.returncode == 2 and proc.stdout.startswith("Usage:") and "Commands:" in proc.stdout
-    assert one_line_error(proc) == "error: no command given (see `python -m cron --help`)"
+    assert one_line_error(proc) == "error: no command given (see `python -m cronbox --help`)"
 
 
 LEAN = ("amqp", "vine", "flask", "jinja2", "werkzeug", "wtforms", "flask_wtf", "itsdangerous", "cryptography", "nacl")

@@ -10,7 +10,7 @@ import re
 import amqp
 import pytest
 
-from outbox.core.text import UNSHOWABLE
+from cronbox.outbox.core.text import UNSHOWABLE
 from tests.conftest import run_cli
 from tests.processes.test_consume_processes import setup  # noqa: F401  (fixture)
 

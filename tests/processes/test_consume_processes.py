@@ -1,4 +1,4 @@
-"""`python -m cron amqp consume` as a VPS runs it, against the real RabbitMQ: killed at every
+"""`python -m cronbox amqp consume` as a VPS runs it, against the real RabbitMQ: killed at every
 boundary (CRONBOX_CRASH_AT) and at random (SIGKILL), stopped by SIGTERM mid-message, its dead
 queue through the CLI, its one-line errors, and the whole path from a recorded event through a
 tick's forward target to a consumer's row."""
@@ -17,9 +17,9 @@ import amqp
 import pytest
 from sqlalchemy import func, select
 
-import outbox
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.events.models import Redelivery
+from cronbox import outbox
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.events.models import Redelivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)

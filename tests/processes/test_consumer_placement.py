@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-import outbox
-from outbox.events.models import Delivery
+from cronbox import outbox
+from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from outbox.events.models import Delivery
-from outbox.queue.models import Job
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.queue.models import Job
 from tests.conftest import MYSQL_URL, start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job

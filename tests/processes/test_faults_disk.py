@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from storage.format import CHUNK_SIZE
-from storage.models import SealedFile
+from cronbox.storage.format import CHUNK_SIZE
+from cronbox.storage.models import SealedFile
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.helpers import deliveries

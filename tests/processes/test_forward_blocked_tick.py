@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from outbox.events.models import Delivery
+from cronbox.outbox.events.models import Delivery
 from tests.processes.test_forward_processes import _tick_with_jobs, check_arrivals, finish, fwd_env, record  # noqa: F401
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy

@@ -14,9 +14,9 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import func, select
 
-import outbox
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.events.models import Delivery
+from cronbox import outbox
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers import jobs as test_jobs
 from tests.rabbit import url
@@ -94,8 +94,10 @@ def test_crash_at_every_boundary_of_the_publisher(fwd_env, runtime, rabbit, step
     duplicates = check_arrivals(rabbit.take(queue), recorded)
     if step in ("after-claim",):
         assert duplicates == 0  # nothing of the crashed batch had been published
-    if step in ("after-publish", "before-ack-commit"):
-        assert duplicates >= 1  # published (maybe confirmed), not acked: published again, same message_id
+    if step == "before-ack-commit":
+        assert duplicates >= 1  # confirmed, not acked: published again, same message_id
+    # after-publish: written, confirms not read. Copies are possible, not certain: RabbitMQ may drop
+    # publishes it had read and not yet routed when their connection dies with the process.
 
 
 def test_random_sigkills(fwd_env, runtime, rabbit):
@@ -196,5 +198,8 @@ def test_the_connection_cut_mid_batch_in_a_tick_loses_nothing_and_the_jobs_run(f
         proc, took = _tick_with_jobs(env, runtime, tmp_path, url(rabbit.vhost, proxy.port), "5")
         assert proxy.accepted == 2  # the cut, then one new connection for the retry
     assert pending(runtime) == 0  # retried after the backoff within the same tick
-    duplicates = check_arrivals(rabbit.take(queue), recorded)
-    assert duplicates >= 1  # the messages before the cut arrived, unconfirmed, and went again
+    check_arrivals(rabbit.take(queue), recorded)  # every event, in per-key order, copies identical
+    logs = "".join(p.read_text() for p in runtime.settings.logs_dir.glob("cronbox-*.log"))
+    assert "unconfirmed: connection lost" in logs  # the cut fell inside the batch, which went again
+    # Copies are possible (what the broker routed before the cut goes again) but not certain: RabbitMQ may
+    # drop publishes it had read and not yet routed when their connection dies (seen under load).

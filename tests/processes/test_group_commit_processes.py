@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
-import outbox
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.events.models import Delivery
-from outbox.queue.models import Job
+from cronbox import outbox
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.queue.models import Job
 from tests.conftest import child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.grouped import grouped_job
@@ -97,7 +97,7 @@ def test_random_sigkills_of_grouped_runs_lose_nothing(runtime, group_env):
     rng = random.Random(14)
     env = child_env({**group_env, "TEST_SLEEP": "0.01"})
     for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], env=env, cwd="/",
+        proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "20"], env=env, cwd="/",
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.6, 1.2))
         proc.send_signal(signal.SIGKILL)

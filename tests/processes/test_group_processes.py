@@ -7,12 +7,12 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
-from outbox.engine.registry import Registry
-from outbox.queue import groups
-from outbox.queue.jobs import job
-from outbox.queue.models import ConcurrencyGroupSlot, Job
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.queue import groups
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import ConcurrencyGroupSlot, Job
 from tests.conftest import run_cli, start_cli
 from tests.processes.test_tick import _wait_for
 

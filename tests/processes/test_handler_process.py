@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url, select, text
 
-import outbox
-from outbox.engine.registry import Registry
-from outbox.queue.jobs import job
-from outbox.queue.models import Job
+from cronbox import outbox
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import Job
 from tests.conftest import child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
@@ -98,7 +98,7 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
             dispatch(session, "sig", "signals.job", {"case": case})
         dispatch(session, "sig", "signals.block", {})
     extra = {"TEST_SIGNAL_TASK": case} if where == "task" else {}
-    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], cwd="/", text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "20"], cwd="/", text=True,
                             env=child_env(env, CRONBOX_HANDLERS="tests.handlers.signals", TEST_INSIDE_FILE=str(inside),
                                           TEST_RELEASE_FILE=str(release), **extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -195,7 +195,7 @@ def start_blocked_tick(runtime, env, tmp_path, name: str, max_time: str = "20"):
     with runtime.sessions() as session:
         job_id = session.scalar(select(Job.id))
     inside, release = tmp_path / "inside", tmp_path / "release"
-    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", max_time], cwd="/", text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", max_time], cwd="/", text=True,
                             env=child_env(env, CRONBOX_HANDLERS="tests.handlers.lockwait", TEST_INSIDE_FILE=str(inside),
                                           TEST_RELEASE_FILE=str(release)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

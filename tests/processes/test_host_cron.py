@@ -4,7 +4,7 @@ of its own), run as cron runs it.
 
 Each test copies the clinic to `$HOME/apps/clinic` (its .env and instance/ stay in the test's folder)
 and runs real processes: the host's own route records an event with `outbox.record(db.session, ...)`
-in its transaction, then `python -m cron tick` (from $HOME, CRONBOX_APP=clinic:create_app),
+in its transaction, then `python -m cronbox tick` (from $HOME, CRONBOX_APP=clinic:create_app),
 `artisan_via_cron.sh tick` under `env -i` (everything from .env), or `flask --app clinic cron tick`
 delivers it. The test reads the database through its own NullPool engine, so it holds no connection
 to the test's database while it counts the cron process's connections on MariaDB.
@@ -32,7 +32,7 @@ from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 HOSTAPP = APP_ROOT / "tests" / "hostapp"
-CRONBOX_PACKAGES = ("outbox", "storage", "cron", "cronbox")  # what a pip install would put on the path
+CRONBOX_PACKAGES = ("cronbox",)  # what a pip install would put on the path (its links lead to outbox/...)
 BARE_PATH = "/usr/bin:/bin"
 SPEC = "clinic:create_app"
 RECEIPT_ERROR = "RuntimeError: receipt for appointment {} failed on purpose"
@@ -56,8 +56,8 @@ class Host:
         return child_env({**self.env, "CRONBOX_APP": SPEC, "CRONBOX_APP_ROOT": str(self.root), **extra})
 
     def start_cron(self, *args: str, **extra: str) -> subprocess.Popen:
-        """`python -m cron ARGS` from $HOME (cron's working directory), the app named by CRONBOX_APP."""
-        return subprocess.Popen([sys.executable, "-m", "cron", *args], env=self.cron_env(**extra), cwd=str(self.home),
+        """`python -m cronbox ARGS` from $HOME (cron's working directory), the app named by CRONBOX_APP."""
+        return subprocess.Popen([sys.executable, "-m", "cronbox", *args], env=self.cron_env(**extra), cwd=str(self.home),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def cron(self, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -251,7 +251,7 @@ def _utc_in(seconds: float) -> datetime:
     return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).replace(tzinfo=None)
 
 
-# --- 1. python -m cron with CRONBOX_APP ------------------------------------------------------------
+# --- 1. python -m cronbox with CRONBOX_APP ------------------------------------------------------------
 
 def test_a_cron_tick_runs_the_hosts_consumer_in_its_app_on_one_transaction(host, request, tmp_path):
     run_scenario(host, lambda **extra: host.start_cron("tick", "--no-linger", **extra), request, tmp_path)
@@ -336,10 +336,10 @@ def test_the_hosts_commands_know_only_the_hosts_consumers(host):
     assert "clinic.summary" in listed.stdout and "demo" not in listed.stdout, listed
     probe = host.python(  # the whole command tree and the app, as a cron process builds them
         "import sys\n"
-        "from cron.cli import cli\n"
+        "from cronbox.cron.cli import cli\n"
         "from clinic import create_app\n"
         "runtime = create_app().extensions['cronbox'].runtime\n"
-        "print(sorted(runtime.consumers.names()), 'cron.demo' in sys.modules)\n")
+        "print(sorted(runtime.consumers.names()), 'cronbox.cron.demo' in sys.modules)\n")
     assert probe.stdout.split("\n")[-2] == "['clinic.receipt'] False", probe.stdout
 
 
@@ -347,7 +347,7 @@ def test_the_hosts_commands_know_only_the_hosts_consumers(host):
 
 COUNT_BUILDS = """
 import flask
-from outbox.engine import runtime as runtimes
+from cronbox.outbox.engine import runtime as runtimes
 built = {"apps": 0, "runtimes": []}
 flask_init, runtime_init = flask.Flask.__init__, runtimes.Runtime.__init__
 def count_app(self, *args, **kwargs):
@@ -363,7 +363,7 @@ flask.Flask.__init__, runtimes.Runtime.__init__ = count_app, count_runtime
 @pytest.mark.backends("sqlite")
 def test_cronbox_app_py_is_one_app_and_one_runtime_under_cronbox_app(env, runtime, tmp_path):
     code = COUNT_BUILDS + (
-        "from cron.cli import main\n"
+        "from cronbox.cron.cli import main\n"
         "code = main(['outbox', 'status'])\n"
         "import app\n"
         "print(code, built['apps'], built['runtimes'], 'application' in vars(app))\n")

@@ -138,9 +138,9 @@ before = identities(engine)
 
 result = {}
 if WITH_CRONBOX:
-    import outbox
+    from cronbox import outbox
     from cronbox import Cronbox
-    from outbox.queue.jobs import job
+    from cronbox.outbox.queue.jobs import job
 
     @job("default", name="host.note")
     def note(payload, ctx):
@@ -187,7 +187,7 @@ def run_host(env, tmp_path, host_url: str, cronbox_url: str, *, with_cronbox: bo
 
 
 def migrate(env, url: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "cron", "migrate"], env=child_env({**env, "DATABASE_URL": url}),
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "migrate"], env=child_env({**env, "DATABASE_URL": url}),
                           cwd=str(APP_ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 

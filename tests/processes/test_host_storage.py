@@ -117,7 +117,7 @@ def test_outside_an_app_context_a_host_process_refuses_in_one_line(host, tmp_pat
     calls = {"put": "storage.put(None, io.BytesIO(b'x'), filename='a', content_type='text/plain', owner='p:1')",
              "grant": "storage.grant(None, 'f' * 32, 'p:1')", "signed_url": "storage.signed_url('g' * 32)",
              "open_file": "storage.open_file(None, 'f' * 32)", "current": "storage.current()"}
-    code = ("import io, storage\n" + OUTSIDE[case] +
+    code = ("import io\nfrom cronbox import storage\n" + OUTSIDE[case] +
             f"try:\n    {calls[call]}\nexcept storage.NoAppContext as exc:\n    print('error:', exc)\n")
     extra = {"CRONBOX_APP": "clinic:create_app"} if case == "cronbox-app-env" else {}
     proc = host.python(code, **extra)
@@ -129,8 +129,8 @@ STANDALONE_JOB = '''
 import io
 import os
 
-import outbox
-import storage
+from cronbox import outbox
+from cronbox import storage
 
 
 @outbox.job("scans", name="standalone.seal")
@@ -144,7 +144,7 @@ def seal(payload, ctx):
 def test_a_standalone_jobs_storage_put_keeps_the_settings_the_command_started_with(env, runtime, registry, tmp_path):
     """Without a host app the store comes from the settings the command resolved at start: a handler that
     moves cwd, CRONBOX_INSTANCE and CRONBOX_APP_ROOT before its first storage.put() does not move it."""
-    import outbox
+    from cronbox import outbox
     from tests.conftest import APP_ROOT, run_cli
 
     away = tmp_path / "away"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from outbox.core.migrate import SCHEMA_HEAD
-from outbox.core.settings import NO_APP_ROOT
-from tests.package_helpers import CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env
+from cronbox.outbox.core.migrate import SCHEMA_HEAD
+from cronbox.outbox.core.settings import NO_APP_ROOT
+from tests.package_helpers import (CHECKOUT, NOT_SOURCES, PACKAGES, Build, installed_build, installed_env,
+                                   pip_env)
 
 pytestmark = pytest.mark.timeout(900)  # the first test waits for the build
 
@@ -40,7 +41,7 @@ def run(build: Build, *args: str, cwd: Path, home: Path, stdin: str = "", **extr
 
 
 def cron(build: Build, *args: str, cwd: Path, home: Path, **extra: str):
-    return run(build, "-m", "cron", *args, cwd=cwd, home=home, **extra)
+    return run(build, "-m", "cronbox", *args, cwd=cwd, home=home, **extra)
 
 
 def one_line_error(proc) -> str:
@@ -80,16 +81,18 @@ def normalized(name: str) -> str:
 
 
 def package_files() -> dict[str, Path]:
-    """Every file of the four packages in the checkout, by its path in a wheel."""
+    """Every file of the source folders in the checkout, by its path in a wheel: cronbox/ as itself, the
+    design card's outbox/, storage/ and cron/ as cronbox's subpackages."""
     files = {}
     for package in PACKAGES:
-        for path in (CHECKOUT / package).rglob("*"):
+        for path in (CHECKOUT / package).rglob("*"):  # not into cronbox/'s links: their folders come next
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                files[path.relative_to(CHECKOUT).as_posix()] = path
+                name = path.relative_to(CHECKOUT).as_posix()
+                files[name if package == "cronbox" else f"cronbox/{name}"] = path
     return files
 
 
-def test_wheel_holds_the_four_packages_with_their_data_and_the_real_cron_script(build):
+def test_wheel_holds_one_package_cronbox_with_its_data_and_the_real_cron_script(build):
     wheels = list(build.wheel.glob("cronbox-*.whl"))
     assert len(wheels) == 1, wheels
     with zipfile.ZipFile(wheels[0]) as wheel:
@@ -97,21 +100,21 @@ def test_wheel_holds_the_four_packages_with_their_data_and_the_real_cron_script(
         dist_info = {name.split("/")[0] for name in infos if name.split("/")[0].endswith(".dist-info")}
         assert len(dist_info) == 1
         (meta,) = dist_info
-        assert {name.split("/")[0] for name in infos} == {*PACKAGES, meta}
-        assert wheel.read(f"{meta}/top_level.txt").decode().split() == sorted(PACKAGES)
+        assert {name.split("/")[0] for name in infos} == {"cronbox", meta}
+        assert wheel.read(f"{meta}/top_level.txt").decode().split() == ["cronbox"]
         shipped = {name for name in infos if not name.startswith(meta)}
         # Every source file, template, stylesheet and migration of the packages, and nothing else.
         assert shipped == set(package_files())
         for name, path in package_files().items():
             assert wheel.read(name) == path.read_bytes(), name
-        script = infos[f"cron/{SCRIPT}"]
+        script = infos[f"cronbox/cron/{SCRIPT}"]
         mode = script.external_attr >> 16
         assert not stat.S_ISLNK(mode) and mode & 0o777 == 0o755
-        assert wheel.read(f"cron/{SCRIPT}") == (CHECKOUT / SCRIPT).read_bytes()  # the content, not a link
-        assert wheel.read(f"cron/{SCRIPT}").startswith(b"#!/bin/sh\n")
+        assert wheel.read(f"cronbox/cron/{SCRIPT}") == (CHECKOUT / SCRIPT).read_bytes()  # the content, not a link
+        assert wheel.read(f"cronbox/cron/{SCRIPT}").startswith(b"#!/bin/sh\n")
 
 
-def test_installed_distribution_is_the_four_packages_at_the_pinned_versions(build, folders):
+def test_installed_distribution_is_one_package_cronbox_at_the_pinned_versions(build, folders):
     cwd, home = folders
     probe = r"""
 import json, sysconfig
@@ -128,17 +131,18 @@ print(json.dumps({
     proc = run(build, "-c", probe, cwd=cwd, home=home)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
-    assert found["top_level"] == sorted(PACKAGES)
+    assert found["top_level"] == ["cronbox"]
     in_site_packages = [f for f in found["record"] if not f.startswith("..")]  # ../../../bin/cronbox
     tops = {f.split("/")[0] for f in in_site_packages if ".dist-info/" not in f}
-    assert tops == set(PACKAGES), tops  # no app, web, migrations, tests, bench, examples, passenger_wsgi
+    assert tops == {"cronbox"}, tops  # no outbox, storage, cron, app, web, migrations, tests, examples...
     site = Path(found["purelib"])
-    for name in ("app.py", "passenger_wsgi.py", "web", "migrations", "tests", "bench", "examples"):
+    for name in ("outbox", "storage", "cron", "app.py", "passenger_wsgi.py", "web", "migrations", "tests", "bench",
+                 "examples"):
         assert not (site / name).exists(), name
-    installed = site / "cron" / SCRIPT
+    installed = site / "cronbox" / "cron" / SCRIPT
     assert not installed.is_symlink() and installed.read_bytes() == (CHECKOUT / SCRIPT).read_bytes()
     assert installed.stat().st_mode & 0o777 == 0o755
-    assert sorted(p.name for p in (site / "cron" / "migrations" / "versions").glob("*.py"))[-1].startswith(
+    assert sorted(p.name for p in (site / "cronbox" / "cron" / "migrations" / "versions").glob("*.py"))[-1].startswith(
         SCHEMA_HEAD.split("_")[0])
 
     # requirements.txt was the constraint file of the install: each runtime pin is what got installed,
@@ -172,7 +176,7 @@ def leaf_commands(build: Build, cwd: Path, home: Path) -> dict[str, list[str]]:
     """Every command of the installed tree, with a value for each required argument."""
     walk = r"""
 import json, click
-from cron.cli import cli
+from cronbox.cron.cli import cli
 ctx = click.Context(cli)
 found = {}
 def walk(group, path):
@@ -200,7 +204,7 @@ def test_without_an_app_root_every_command_refuses_in_one_line_and_writes_nothin
 
     def attempt(name: str):
         args = [a.format(file=upload) for a in ARGUMENTS.get(name, ["1"] * len(commands[name]))]
-        return name, run(build, "-m", "cron", *name.split(), *args, cwd=cwd, home=home, stdin=STDIN.get(name, ""))
+        return name, run(build, "-m", "cronbox", *name.split(), *args, cwd=cwd, home=home, stdin=STDIN.get(name, ""))
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # one process per command, a few at a time
         results = list(pool.map(attempt, sorted(set(commands) - NEEDS_NO_APP)))
@@ -300,7 +304,7 @@ def create_app():
     return app
 '''
 
-HOST_EVENTS = '''import outbox
+HOST_EVENTS = '''from cronbox import outbox
 
 
 @outbox.consumer("greeted", name="web.log_greeting")
@@ -331,7 +335,7 @@ def test_a_host_package_named_web_runs_beside_the_installed_cronbox(build, folde
 
     # Its cron commands: CRONBOX_APP names the host's factory, from cron's $HOME.
     assert cron(build, "migrate", cwd=host, home=home, CRONBOX_APP="web:create_app").returncode == 0
-    record = ("import outbox, web; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
+    record = ("import web; from cronbox import outbox; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
               "with rt.sessions.begin() as s: outbox.record(s, 'greeted', {'who': 'Ada'})")
     recorded = run(build, "-c", record, cwd=host, home=home)
     assert recorded.returncode == 0, recorded.stderr
@@ -350,7 +354,7 @@ def test_the_standalone_checkout_keeps_its_embedded_sqlite_default(tmp_path):
     readme = (checkout / "README.md").read_text(encoding="utf-8")
     try_it = readme.split("## Try it", 1)[1]
     command = re.search(r"```sh\n(.+?)\n```", try_it, re.S).group(1)
-    assert "python -m cron demo" in command and "python -m cron tick" in command
+    assert "python -m cronbox demo" in command and "python -m cronbox tick" in command
     from tests.package_helpers import pip_env
 
     env = {**pip_env(), "HOME": str(tmp_path)}
@@ -398,3 +402,35 @@ def test_pip_install_of_a_git_checkout_leaves_git_status_clean(tmp_path):
     status = subprocess.run([*git, "status", "--porcelain", "--ignored"], capture_output=True, text=True, check=True)
     assert status.stdout == ""
     assert _tree(checkout, skip=(".git",)) == before
+
+
+def test_an_editable_install_imports_the_same_one_name(tmp_path):
+    """`pip install -e` of a checkout: setuptools maps `cronbox` to the checkout's cronbox/, whose links
+    lead on to outbox/, storage/ and cron/. The same names as in the checkout and the wheel, and no other
+    top-level name (issue 26). The venv borrows this one's dependencies through a .pth file."""
+    source = tmp_path / "checkout"
+    shutil.copytree(CHECKOUT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "borrowed-dependencies.pth").write_text(ours + "\n")
+    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(source)],
+                               capture_output=True, text=True, timeout=600, env=pip_env())
+    assert installed.returncode == 0, installed.stderr
+    probe = ("import importlib.util, cronbox, cronbox.outbox.core.clock, cronbox.cron.cli, cronbox.storage.format\n"
+             "print(cronbox.__file__)\n"
+             "print([n for n in ('outbox', 'storage', 'cron') if importlib.util.find_spec(n)])\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.run([str(python), "-c", probe], cwd=str(home), env=installed_env(home), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(source / "cronbox" / "__init__.py"), "[]"]
+    for command in ([str(python), "-m", "cronbox", "--help"], [str(venv / "bin" / "cronbox"), "--help"]):
+        shown = subprocess.run(command, cwd=str(home), env=installed_env(home), capture_output=True, text=True,
+                               timeout=120)
+        assert shown.returncode == 0 and "Usage: " in shown.stdout, shown.stderr

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from outbox.core.locks import lock_name
-from outbox.engine.models import Heartbeat
-from outbox.queue import pool
-from outbox.queue.models import Job
+from cronbox.outbox.core.locks import lock_name
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.queue import pool
+from cronbox.outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers import pool_jobs
 from tests.processes.test_tick import _wait_for
@@ -58,7 +58,7 @@ def work_rows(runtime, command: str = "work") -> list[Heartbeat]:
 
 
 def start_pool(env, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cron", "queue", "work", *args], env=child_env(env), cwd="/",
+    return subprocess.Popen([sys.executable, "-m", "cronbox", "queue", "work", *args], env=child_env(env), cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -266,7 +266,7 @@ def test_children_never_use_the_ticks_lock_connection(runtime, pool_env, mysql_a
     for first in (0, 20, 40):  # each child's first batch (20 jobs) starts with a job that holds it
         dispatch(runtime, pool_jobs.hold_long.job, [first])
         dispatch(runtime, pool_jobs.insert_once.job, range(first + 1, first + 20))
-    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--no-linger", "--memory", "512"],
+    tick = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--no-linger", "--memory", "512"],
                             env=child_env({**pool_env, "CRONBOX_TICK_WORKERS": "3"}), cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     name = lock_name(database.name, "tick")
@@ -321,7 +321,7 @@ def test_the_ticks_broker_connection_is_closed_before_its_pool_forks(runtime, po
         dispatch(runtime, pool_jobs.insert_once.job, range(first + 1, first + 20))
     env = {**pool_env, "CRONBOX_HANDLERS": f"{HANDLERS},tests.handlers.forwarding", "TEST_AMQP_EXCHANGE": exchange,
            "CRONBOX_AMQP_URL": rabbit.url, "CRONBOX_TICK_WORKERS": "2"}
-    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--no-linger", "--memory", "512"],
+    tick = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--no-linger", "--memory", "512"],
                             env=child_env(env), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: inside(pool_env, 0) is not None, "a pool child in its job")
@@ -373,7 +373,7 @@ def test_a_sigkilled_ticks_file_lock_goes_with_it_while_its_children_run(runtime
     for first in (0, 20):  # each child's first batch (20 jobs) starts with a job that holds it
         dispatch(runtime, pool_jobs.hold_long.job, [first])
         dispatch(runtime, pool_jobs.insert_once.job, range(first + 1, first + 20))
-    tick = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--no-linger", "--memory", "512"],
+    tick = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--no-linger", "--memory", "512"],
                             env=child_env({**pool_env, "CRONBOX_TICK_WORKERS": "2"}), cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock_file = settings.locks_dir / "tick.lock"

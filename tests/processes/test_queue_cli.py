@@ -6,11 +6,11 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
-from cron.cli import main
-from cron.scheduling.tick import run_tick
-from outbox.core import clock
-from outbox.engine.registry import DEFAULT, Jobs
-from outbox.queue.models import Job
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.registry import DEFAULT, Jobs
+from cronbox.outbox.queue.models import Job
 from tests.handlers import jobs as test_jobs  # noqa: F401  (registers jobs.* in the global registry)
 from tests.helpers import invoke
 from tests.processes.test_queue_processes import dispatch, job_env  # noqa: F401  (fixture)
@@ -123,13 +123,13 @@ def test_the_tick_drains_the_queues_after_the_relay(runtime, job_env):
 def test_queue_resume_as_cron_runs_it(runtime, env):
     """A real process: one line, exit 2 for a channel nothing sends through, 0 for one not paused, then a pause
     lifted (the alert and the held jobs are in tests/db/test_channel_pauses.py)."""
-    from outbox.queue import pauses
+    from cronbox.outbox.queue import pauses
     from tests.conftest import run_cli
 
     unknown = run_cli(env, "queue", "resume", "fax")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert unknown.stderr.strip().splitlines() == [
-        "error: no job sends through channel 'fax' (channels: mail, sms, webhook) (see `python -m cron queue resume --help`)"]
+        "error: no job sends through channel 'fax' (channels: mail, sms, webhook) (see `python -m cronbox queue resume --help`)"]
     quiet = run_cli(env, "queue", "resume", "mail")
     assert quiet.returncode == 0 and quiet.stdout.strip() == "queue resume: channel mail is not paused; nothing to do"
     with runtime.sessions.begin() as session:

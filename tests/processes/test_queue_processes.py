@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.engine.registry import DEFAULT, Registry
-from outbox.queue.models import Job
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
@@ -58,7 +58,7 @@ def read_runs(folder: Path) -> list[tuple[int, int, int, float, float]]:
 
 
 def start_workers(job_env, count: int, *args) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-m", "cron", "queue", "work", "--stop-when-empty", *args],
+    return [subprocess.Popen([sys.executable, "-m", "cronbox", "queue", "work", "--stop-when-empty", *args],
                              env=child_env(job_env), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(count)]
 
@@ -117,7 +117,7 @@ def test_random_sigkills_every_job_completes(runtime, job_env, tmp_path):
     rng = random.Random(7)
     env = child_env({**job_env, "TEST_SLEEP": "0.01"})
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, "-m", "cron", "queue", "work", "--stop-when-empty"], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cronbox", "queue", "work", "--stop-when-empty"], env=env,
                                 cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.6, 1.0))
         proc.send_signal(signal.SIGKILL)
@@ -220,9 +220,9 @@ def test_a_killer_job_in_a_batch_does_not_use_up_its_batch_mates(runtime, job_en
 
 
 def test_a_timeout_is_not_swallowed_by_the_handlers_own_except(runtime):
-    from outbox.engine.budget import Budget
-    from outbox.queue.jobs import job
-    from outbox.queue.worker import Worker
+    from cronbox.outbox.engine.budget import Budget
+    from cronbox.outbox.queue.jobs import job
+    from cronbox.outbox.queue.worker import Worker
 
     registry = Registry()
 

@@ -109,7 +109,7 @@ def test_the_standalone_instance_is_instance_in_the_app_root(tmp_path):
     root.mkdir()
     (root / ".env").write_text("CRONBOX_HANDLERS=\n")
     env = child_env({"CRONBOX_APP_ROOT": str(root)})
-    proc = subprocess.run([sys.executable, "-m", "cron", "tick", "--no-linger"], env=env, cwd=str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "cronbox", "tick", "--no-linger"], env=env, cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (root / "instance" / "cronbox.db").is_file()

@@ -1,4 +1,4 @@
-"""`python -m cron storage ...` through real processes: the happy path, one-line errors, unsafe keys."""
+"""`python -m cronbox storage ...` through real processes: the happy path, one-line errors, unsafe keys."""
 from __future__ import annotations
 
 import os
@@ -6,8 +6,8 @@ import os
 import pytest
 
 from app import create_app
-from outbox.core.settings import load_settings
-from storage.errors import KeyFolderError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.storage.errors import KeyFolderError
 from tests.conftest import ONE_MYSQL_MODE, run_cli
 from tests.processes.test_cli import one_line_error
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from cron.cli import main
-from cron.scheduling.models import ScheduleRun
-from cron.scheduling.tick import run_tick
-import outbox
-from outbox.core.faults import CRASH_EXIT_CODE
-from outbox.engine.models import Heartbeat
-from outbox.events.consumers import consumer
-from outbox.events.models import Delivery
+from cronbox.cron.cli import main
+from cronbox.cron.scheduling.models import ScheduleRun
+from cronbox.cron.scheduling.tick import run_tick
+from cronbox import outbox
+from cronbox.outbox.core.faults import CRASH_EXIT_CODE
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.helpers import deliveries
@@ -89,7 +89,7 @@ def test_random_sigkills_lose_nothing(runtime, tick_env, tmp_path):
     rng = random.Random(42)
     env = child_env({**tick_env, "TEST_SLEEP": "0.01"})
     for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "20"], env=env, cwd="/",
+        proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "20"], env=env, cwd="/",
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.6, 1.2))
         proc.send_signal(signal.SIGKILL)
@@ -205,7 +205,7 @@ def test_max_time_stops_claiming_and_releases_unstarted_leases(runtime, registry
 def test_sigterm_finishes_the_current_handler_and_exits_zero(runtime, tick_env, tmp_path):
     record(runtime, "block", 1)
     inside, release = tmp_path / "inside", tmp_path / "release"
-    proc = subprocess.Popen([sys.executable, "-m", "cron", "tick", "--max-time", "30"],
+    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "30"],
                             env=child_env({**tick_env, "TEST_INSIDE_FILE": str(inside),
                                            "TEST_RELEASE_FILE": str(release)}),
                             cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.core.settings import CHECKOUT, find_app_root, is_checkout, load_settings
+from cronbox.outbox.core.settings import CHECKOUT, find_app_root, is_checkout, load_settings
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from outbox.core import clock
-from outbox.engine.models import Heartbeat
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
 from cronbox.ops import chart
 

@@ -5,10 +5,10 @@ from datetime import datetime
 
 import pytest
 
-from outbox.core.settings import load_settings
+from cronbox.outbox.core.settings import load_settings
 from tests.conftest import run_cli
-from cron.operator import credentials
-from outbox.core import paging
+from cronbox.cron.operator import credentials
+from cronbox.outbox.core import paging
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_ops_commands_set_password_and_setup_token(env, runtime):
 def test_throttle_counts_ipv6_clients_per_64_and_unlock_clears_it(runtime):
     from datetime import datetime as dt
 
-    from cron.operator import throttle
+    from cronbox.cron.operator import throttle
 
     assert throttle.client_key("2001:db8:1:2:aaaa::1") == throttle.client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
     assert throttle.client_key("::ffff:203.0.113.9") == "203.0.113.9" and throttle.client_key(None) == "-"

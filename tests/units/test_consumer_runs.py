@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import outbox
-from outbox.core.errors import RegistrationError
-from outbox.engine.registry import Registry
-from outbox.events import placement
+from cronbox import outbox
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events import placement
 
 
 @pytest.mark.parametrize("runs", ["", "Tick", "process", 1, True, ["tick"]])

@@ -107,8 +107,8 @@ class MySQL8Auth:
 CLIENT = """
 import sys
 import pymysql
-from outbox.core.engines import make_engine
-from outbox.core.settings import load_settings
+from cronbox.outbox.core.engines import make_engine
+from cronbox.outbox.core.settings import load_settings
 make_engine(load_settings(environ={"CRONBOX_HANDLERS": ""}), url="mysql+pymysql://u:p@127.0.0.1:1/x")
 connection = pymysql.connect(host="127.0.0.1", port=int(sys.argv[1]), user="u", password=sys.argv[2],
                              database="x", connect_timeout=10)

@@ -12,9 +12,9 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
 from cronbox import Cronbox
-from outbox.core.durations import parse_duration
-from outbox.core.errors import SettingsError
-from outbox.core.settings import AUDIT_RETENTION_FLOOR_DAYS, MODULE_DURATIONS, load_settings
+from cronbox.outbox.core.durations import parse_duration
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import AUDIT_RETENTION_FLOOR_DAYS, MODULE_DURATIONS, load_settings
 from tests.conftest import APP_ROOT
 
 # Every setting that takes a duration with a unit, and a value each one accepts.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import outbox
+from cronbox import outbox
 from amqp.exceptions import ChannelError
 from amqp import Message
-from outbox.core.errors import RegistrationError, SettingsError
-from outbox.engine.registry import Registry
-from outbox.events.broker import Batch, Broker, parse_url
+from cronbox.outbox.core.errors import RegistrationError, SettingsError
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events.broker import Batch, Broker, parse_url
 
 
 def test_patterns_match_event_types_and_plain_consumers_stay_exact():

@@ -5,9 +5,9 @@ from datetime import datetime
 
 import pytest
 
-from outbox.core.errors import SettingsError
-from outbox.core.settings import load_settings
-from outbox.queue import groups
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.queue import groups
 
 
 def settings(**raw):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from outbox.engine.handler_call import call_handler
+from cronbox.outbox.engine.handler_call import call_handler
 
 
 @pytest.mark.parametrize("leave,code", [(lambda: None, 0), (lambda: sys.exit(5), 5), (lambda: sys.exit("bye"), 1),

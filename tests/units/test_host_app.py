@@ -8,11 +8,11 @@ import re
 import pytest
 from sqlalchemy import Column, Index, Integer, MetaData, Table
 
-import storage
-from cron import schema
-from outbox.core.errors import SettingsError
-from outbox.core.settings import load_settings
-from storage import errors
+from cronbox import storage
+from cronbox.cron import schema
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.storage import errors
 from tests.conftest import APP_ROOT
 
 
@@ -105,7 +105,7 @@ def test_the_alembic_filter_leaves_every_cronbox_table_and_what_is_on_it():
 
 def test_cronbox_app_comes_from_the_environment_then_the_app_roots_dotenv(tmp_path):
     """As every setting: set in the environment (even blank, which means unset) it wins over .env."""
-    from cron.hostapp import app_spec
+    from cronbox.cron.hostapp import app_spec
 
     (tmp_path / ".env").write_text("CRONBOX_APP = 'clinic:create_app'  # the host\n")
     root = {"CRONBOX_APP_ROOT": str(tmp_path)}

@@ -1,11 +1,12 @@
-"""Imports point one way (outbox <- storage <- cron <- cronbox <- app.py) and no module cycles.
+"""Imports point one way (cronbox.outbox <- cronbox.storage <- cronbox.cron <- the rest of cronbox <- app.py)
+and no module cycles.
 
 Every project module is parsed (not imported), so an import inside a function counts as much as
 one at the top: a lazy import that closes a cycle only hides it until someone calls that function.
 A submodule importing names from one of its own packages (`from . import bp` in `cronbox/ops/guard.py`)
 is exempt: with its package importing it in turn (`outbox/__init__.py` exposing `outbox.record`) that
-pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cron.cli`
-importing `cron.commands`, whose modules import `cron.cli`, runs half-initialised modules.
+pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cronbox.cron.cli`
+importing `cronbox.cron.commands`, whose modules import `cronbox.cron.cli`, runs half-initialised modules.
 """
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # The layers, lowest first: a module may import its own layer and the ones below it, never above.
-LAYERS = ["outbox", "storage", "cron", "cronbox", "app"]
+LAYERS = ["cronbox.outbox", "cronbox.storage", "cronbox.cron", "cronbox", "app"]
 SOURCES = ["outbox", "storage", "cron", "cronbox", "app.py", "passenger_wsgi.py"]  # cron/ holds migrations/
+SUBPACKAGES = ("outbox", "storage", "cron")  # folders at the top of the checkout, cronbox.* once installed
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in SUBPACKAGES:
+        parts.insert(0, "cronbox")
     return ".".join(parts)
 
 
@@ -81,10 +85,13 @@ def exempt(importer: str, imported: str) -> bool:
 
 
 def layer(module: str) -> int | None:
-    top = module.split(".")[0]
-    if top == "passenger_wsgi":
+    parts = module.split(".")
+    if parts[0] == "passenger_wsgi":
         return LAYERS.index("app")
-    return LAYERS.index(top) if top in LAYERS else None
+    for name in (".".join(parts[:2]), parts[0]):
+        if name in LAYERS:
+            return LAYERS.index(name)
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +104,21 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_parser_sees_imports_inside_functions_and_relative_ones(graph, tmp_path):
     # Guards the test itself: if these edges vanished, every check below would pass vacuously.
-    assert "cron.scheduling.health" in graph["cron.commands.tick"]  # imported inside tick()
+    assert "cronbox.cron.scheduling.health" in graph["cronbox.cron.commands.tick"]  # imported inside tick()
     assert len(graph) > 60
     module = tmp_path / "probe.py"
     module.write_text("from . import clock\n"
-                      "def later():\n    from outbox.events import relay\n    import storage.vault as v\n")
-    known = {"outbox.core.clock", "outbox.events", "outbox.events.relay", "storage", "storage.vault"}
-    assert imported_modules("outbox.core.probe", module, known) == {"outbox.core.clock", "outbox.events.relay",
-                                                                    "storage.vault"}
+                      "def later():\n    from cronbox.outbox.events import relay\n    import cronbox.storage.vault as v\n")
+    known = {"cronbox.outbox.core.clock", "cronbox.outbox.events", "cronbox.outbox.events.relay", "cronbox.storage",
+             "cronbox.storage.vault"}
+    assert imported_modules("cronbox.outbox.core.probe", module, known) == {
+        "cronbox.outbox.core.clock", "cronbox.outbox.events.relay", "cronbox.storage.vault"}
 
 
 def test_imports_point_one_way(graph):
     against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
                      if layer(a) is not None and layer(b) is not None and layer(b) > layer(a))
-    assert against == [], "imports against outbox <- storage <- cron <- cronbox <- app.py:\n" + "\n".join(against)
+    assert against == [], "imports against cronbox.outbox <- .storage <- .cron <- cronbox <- app.py:\n" + "\n".join(against)
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -168,3 +176,19 @@ def test_no_import_cycles(graph):
 def test_cycle_finder_finds_a_ring():
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_nothing_imports_the_folders_by_their_own_names():
+    """outbox/, storage/ and cron/ are importable only as cronbox.outbox, cronbox.storage and cronbox.cron
+    once installed (issue 26: one name in site-packages). A checkout still has them at its root, where
+    `import outbox` would work, load a second copy of every module, and then fail in the wheel."""
+    offenders = []
+    paths = [p for f in ("outbox", "storage", "cron", "cronbox", "tests", "bench", "examples")
+             for p in sorted((ROOT / f).rglob("*.py"))] + [ROOT / "app.py", ROOT / "passenger_wsgi.py"]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                          if name.split(".")[0] in SUBPACKAGES]
+    assert offenders == []

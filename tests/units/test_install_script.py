@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cron.commands.install_script import cron_line
+from cronbox.cron.commands.install_script import cron_line
 
 APP = Path("/home/u/clinic")
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from sqlalchemy import create_engine
 
-from outbox.core.lock_wait import LOCK_WAIT_SLICE, bound_lock_wait
+from cronbox.outbox.core.lock_wait import LOCK_WAIT_SLICE, bound_lock_wait
 
 
 @pytest.mark.parametrize("remaining,expected", [(math.inf, LOCK_WAIT_SLICE), (3600.0, LOCK_WAIT_SLICE),

@@ -9,9 +9,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from cron.scheduling import health
-from outbox.core.memlimit import cgroup_paths, memory_limit
-from outbox.core.settings import load_settings
+from cronbox.cron.scheduling import health
+from cronbox.outbox.core.memlimit import cgroup_paths, memory_limit
+from cronbox.outbox.core.settings import load_settings
 
 MiB = 2 ** 20
 GROUPS = cgroup_paths("/proc/self/cgroup")
@@ -109,7 +109,7 @@ def test_a_bad_threshold_is_a_warning_saying_which_setting(tmp_path, name, value
 
 
 PEAK_CHILD = """
-from outbox.core.resources import PROBE, PeakProbe, peak_rss_kb
+from cronbox.outbox.core.resources import PROBE, PeakProbe, peak_rss_kb
 probe = PeakProbe()
 for mb in (60, 10):
     before = PROBE.rss_kb()
@@ -145,7 +145,7 @@ def run_as_cron_does(script: str) -> list[str]:
 
 
 OWN_PEAK_CHILD = """
-from outbox.core.resources import PROBE, PeakProbe
+from cronbox.outbox.core.resources import PROBE, PeakProbe
 probe = PeakProbe()
 PROBE.rss_kb()  # its file opened before the loop
 for mb in (30, 5):
@@ -170,7 +170,7 @@ def test_the_reset_gives_the_rss_it_reset_the_mark_to():
 
 FORK_CHILD = """
 import os
-from outbox.core.resources import PROBE, PeakProbe
+from cronbox.outbox.core.resources import PROBE, PeakProbe
 probe = PeakProbe()
 probe.start()
 parent = PROBE.rss_kb()

@@ -6,8 +6,8 @@ import re
 import textwrap
 from functools import partial
 
-from cron.scheduling import schedule
-from outbox.engine.registry import Registry
+from cronbox.cron.scheduling import schedule
+from cronbox.outbox.engine.registry import Registry
 
 
 def test_the_schedule_docstring_example_runs_and_registers_its_tasks(monkeypatch):

@@ -11,10 +11,10 @@ import struct
 
 import pytest
 
-from storage import keys
-from storage.ciphers import CODES, seal_once, XCHACHA20_POLY1305
-from storage.errors import IntegrityError, KeyFolderError, UnknownKey
-from storage.format import CHUNK_SIZE, metadata_key, open_meta, payload_key
+from cronbox.storage import keys
+from cronbox.storage.ciphers import CODES, seal_once, XCHACHA20_POLY1305
+from cronbox.storage.errors import IntegrityError, KeyFolderError, UnknownKey
+from cronbox.storage.format import CHUNK_SIZE, metadata_key, open_meta, payload_key
 from tests.units.test_sealed_spec_reader import KEY, _key_folder, _settings
 from tests.vectors import make_vectors
 
@@ -111,6 +111,6 @@ def test_metadata_as_a_writer_makes_it_opens():
                                       INPUTS["file_id"][:8] + "-" + INPUTS["file_id"][8:], "{" + INPUTS["file_id"] + "}",
                                       INPUTS["file_id"][:-1], INPUTS["file_id"] + "0", None])
 def test_a_file_id_has_one_spelling(spelling):
-    from storage.vault import valid_id
+    from cronbox.storage.vault import valid_id
 
     assert valid_id(INPUTS["file_id"]) and not valid_id(spelling)

@@ -304,8 +304,8 @@ KEY_TEXTS = {
 
 @pytest.mark.parametrize("text, valid", KEY_TEXTS.values(), ids=KEY_TEXTS.keys())
 def test_key_file_text_rules_and_cronbox_applies_them(tmp_path, text, valid):
-    from storage import keys
-    from storage.errors import KeyFolderError
+    from cronbox.storage import keys
+    from cronbox.storage.errors import KeyFolderError
 
     if valid:
         assert base64.urlsafe_b64encode(parse_key_text(text)).rstrip(b"=") == text.strip()
@@ -331,7 +331,7 @@ KEY = base64.urlsafe_b64encode(bytes(32)).rstrip(b"=") + b"\n"
     (["enc-0001-0a0b0c0d", "sig-0007-00000000", "enc-000000003-00000000"], "enc-000000003-00000000"),
 ])
 def test_the_active_key_rule_and_cronbox_picks_the_same(tmp_path, names, active):
-    from storage import keys
+    from cronbox.storage import keys
 
     folder = _key_folder(tmp_path, {f"{name}.key": KEY for name in names} | {".keys.lock": b"",
                                                                                ".enc-0001-x.tmp": b"junk"})
@@ -342,8 +342,8 @@ def test_the_active_key_rule_and_cronbox_picks_the_same(tmp_path, names, active)
 @pytest.mark.parametrize("name", ["enc-1-0a0b0c0d.key", "master.key", "enc-0001-0A0B0C0D.key",
                                   "enc-0001-0a0b0c0d0e.key", "enc-0000000001-0a0b0c0d.key", "ENC-0001-0a0b0c0d.key"])
 def test_misnamed_key_files_are_refused_not_skipped_and_cronbox_refuses_them(tmp_path, name):
-    from storage import keys
-    from storage.errors import KeyFolderError
+    from cronbox.storage import keys
+    from cronbox.storage.errors import KeyFolderError
 
     folder = _key_folder(tmp_path, {"enc-0001-00000000.key": KEY, name: KEY})
     with pytest.raises(ValueError):
@@ -353,8 +353,8 @@ def test_misnamed_key_files_are_refused_not_skipped_and_cronbox_refuses_them(tmp
 
 
 def test_the_key_ids_and_files_cronbox_makes_follow_the_rule_and_fit_the_column(tmp_path):
-    from storage import keys
-    from storage.models import SealedFile
+    from cronbox.storage import keys
+    from cronbox.storage.models import SealedFile
 
     settings = _settings(tmp_path, tmp_path / "keys")
     made = [keys.load(settings).active.id] + [keys.new_key(settings, keys.ENCRYPTION) for _ in range(3)]
@@ -369,8 +369,8 @@ def test_the_key_ids_and_files_cronbox_makes_follow_the_rule_and_fit_the_column(
 
 
 def test_cronbox_wraps_only_under_ids_of_the_rule():
-    from storage.errors import IntegrityError
-    from storage.format import unwrap_key, wrap_key
+    from cronbox.storage.errors import IntegrityError
+    from cronbox.storage.format import unwrap_key, wrap_key
 
     file_id, key = bytes(16), bytes(32)
     for bad in ("enc-0001-aaaa", "sig-0001-0a0b0c0d", "x" * 40, "", "enc-0001-0a0b0c0d "):
@@ -393,7 +393,7 @@ def _key_folder(tmp_path: Path, files: dict[str, bytes]) -> Path:
 
 
 def _settings(tmp_path: Path, folder: Path):
-    from outbox.core.settings import load_settings
+    from cronbox.outbox.core.settings import load_settings
 
     return load_settings(app_root=tmp_path, environ={"CRONBOX_INSTANCE": str(tmp_path / "instance"),
                                                      "CRONBOX_KEYS": str(folder)})

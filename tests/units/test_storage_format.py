@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from storage import ciphers
-from storage.errors import IntegrityError
-from storage.format import (
+from cronbox.storage import ciphers
+from cronbox.storage.errors import IntegrityError
+from cronbox.storage.format import (
     CHUNK_SIZE,
     SEALED_CHUNK,
     SealedReader,

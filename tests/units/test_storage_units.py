@@ -8,10 +8,10 @@ import pytest
 from flask import Flask, request
 from hypothesis import given, strategies as st
 
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.core.settings import load_settings
-from storage.tokens import Tokens, TokenRefused
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.settings import load_settings
+from cronbox.storage.tokens import Tokens, TokenRefused
 from cronbox.client import client_ip
 from cronbox.disposition import clean_name, content_disposition, content_type
 from cronbox.ranges import plan

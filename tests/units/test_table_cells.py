@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from cron.format import table
-from outbox.core.text import UNSHOWABLE
+from cronbox.cron.format import table
+from cronbox.outbox.core.text import UNSHOWABLE
 
 NASTY = ["\r", "\n", "\r\nid  forged row", "\x1b[2J", "\x1b]0;t\x07", "\x00", "\x7f", "\x85", "\x9b", "\u2028",
          "\u2029", "\u202e", "\u2066", "\u061c", "\udcff"]

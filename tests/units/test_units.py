@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.core.durations import parse_duration
-from outbox.core.errors import PayloadError, RegistrationError, SettingsError
-from outbox.core.locks import lock_name
-from outbox.core.payload import dump_payload, load_payload
-from outbox.core.server import supports_skip_locked
-from outbox.core.settings import load_settings
-from outbox.engine.backoff import Backoff
+from cronbox.outbox.core.durations import parse_duration
+from cronbox.outbox.core.errors import PayloadError, RegistrationError, SettingsError
+from cronbox.outbox.core.locks import lock_name
+from cronbox.outbox.core.payload import dump_payload, load_payload
+from cronbox.outbox.core.server import supports_skip_locked
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.engine.backoff import Backoff
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -133,8 +133,8 @@ def test_bad_settings_say_which_and_why(tmp_path, name, value, message):
 def test_handler_error_texts_escape_controls_and_bidi_marks(char):
     """A handler's error read in a log or the console must not be reordered or cut by what it carries
     (`pay\u202egnp.exe` would read as `payexe.png`): the same characters storage.display replaces."""
-    from outbox.core.text import clean_text
-    from storage.display import has_unshowable
+    from cronbox.outbox.core.text import clean_text
+    from cronbox.storage.display import has_unshowable
 
     one_line = clean_text(f"pay{char}gnp.exe")
     traceback = clean_text(f"File x\n  line{char}\n", one_line=False)

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from storage import ciphers, keys  # noqa: E402
-from storage.format import (  # noqa: E402
+from cronbox.storage import ciphers, keys  # noqa: E402
+from cronbox.storage.format import (  # noqa: E402
     CHUNK_SIZE,
     SEALED_CHUNK,
     Sealer,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from flask import Flask
 
-import storage
+from cronbox import storage
 from cronbox import Cronbox
-from storage.service import Storage
+from cronbox.storage.service import Storage
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 

@@ -14,26 +14,26 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import func, select
 
-from cron.cli import main
-from cron.operator.models import OperatorAction, OperatorSession
-from cron.scheduling import once as once_requests
-from cron.scheduling.models import OnceRequest
-import outbox
-import outbox.channels
-from outbox.core import clock
-from outbox.engine.models import HandlerProfile, Heartbeat
-from outbox.engine.profiles import epoch
-from outbox.events.consumers import consumer
-from outbox.events.models import Delivery
-from outbox.queue import pauses
-from outbox.queue.models import ChannelPause, Job
-from storage import audit
-from storage.models import AuditEntry, Grant, SealedFile
+from cronbox.cron.cli import main
+from cronbox.cron.operator.models import OperatorAction, OperatorSession
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.cron.scheduling.models import OnceRequest
+from cronbox import outbox
+import cronbox.outbox.channels
+from cronbox.outbox.core import clock
+from cronbox.outbox.engine.models import HandlerProfile, Heartbeat
+from cronbox.outbox.engine.profiles import epoch
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.models import Delivery
+from cronbox.outbox.queue import pauses
+from cronbox.outbox.queue.models import ChannelPause, Job
+from cronbox.storage import audit
+from cronbox.storage.models import AuditEntry, Grant, SealedFile
 from tests.web.test_host_uploads import FORM, form, part
 from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app, upload_form
 from tests.helpers import relay
-from cron.operator import credentials
-from cron.operator import throttle
+from cronbox.cron.operator import credentials
+from cronbox.cron.operator import throttle
 
 # The console does not care how jobs are claimed: one MariaDB mode is enough here.
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
@@ -363,9 +363,9 @@ def test_outbox_retry_and_skip_one_or_all(operator, runtime, registry):
 # ---- queues ---------------------------------------------------------------------------------
 
 def test_retried_from_the_console_then_done_shows_no_error_on_its_pages(operator, runtime, registry):
-    from outbox.engine.budget import Budget
-    from outbox.queue.jobs import job
-    from outbox.queue.worker import Worker
+    from cronbox.outbox.engine.budget import Budget
+    from cronbox.outbox.queue.jobs import job
+    from cronbox.outbox.queue.worker import Worker
 
     tries: dict[str, int] = {}
 
@@ -444,8 +444,8 @@ def test_queue_retry_forget_and_flush(operator, runtime):
 
 
 def test_the_queues_page_shows_concurrency_groups_and_cost_budgets(runtime, env):
-    from outbox.queue import groups
-    from outbox.queue.jobs import job
+    from cronbox.outbox.queue import groups
+    from cronbox.outbox.queue.jobs import job
 
     app = make_app(env, runtime, CRONBOX_QUEUE_BUDGETS="sms=50/m")
     try:
@@ -507,7 +507,7 @@ def test_schedule_run_now_and_one_off_requests(operator, runtime):
     assert "cronbox.health will run at the next tick" in flashed(response, operator)
     assert operator.post("/ops/schedule/run", {"task": "no.such.task"}).status_code == 400
 
-    assert "is pending" in flashed(operator.post("/ops/once", {"command": "python -m cron migrate"}), operator)
+    assert "is pending" in flashed(operator.post("/ops/once", {"command": "python -m cronbox migrate"}), operator)
     refused = flashed(operator.post("/ops/once", {"command": "demo --count 5"}), operator)
     assert "Not queued" in refused and "not allowed" in refused
     assert "Not queued" in flashed(operator.post("/ops/once", {"command": "migrate 'unclosed"}), operator)
@@ -643,7 +643,7 @@ def test_every_action_lands_in_the_activity_page(operator, runtime):
 
 
 def test_retention_prunes_ended_sessions_and_old_actions(app, runtime):
-    from cron.scheduling.retention import prune_ops
+    from cronbox.cron.scheduling.retention import prune_ops
 
     with clock.frozen(T0):
         logged_in(app)  # one session, two actions (setup, and its login)
@@ -740,7 +740,7 @@ def test_a_password_changed_elsewhere_ends_older_sessions(operator):
 def test_two_column_pages_walk_every_row_once_even_with_ties(operator, runtime):
     """Failed jobs and dead deliveries page on (time, id) newest first; 130 rows, many failing in the
     same microsecond, must each appear exactly once across the pages (MariaDB forces the index)."""
-    from outbox.events.models import OutboxEvent
+    from cronbox.outbox.events.models import OutboxEvent
 
     moments = [T0 + timedelta(seconds=n // 7) for n in range(130)]  # seven rows share each time: pages split them
     with runtime.sessions.begin() as session:

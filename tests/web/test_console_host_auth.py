@@ -22,13 +22,13 @@ from flask_login import LoginManager, UserMixin, current_user, login_user, logou
 from sqlalchemy import select
 
 from cronbox.ops import guard
-from outbox.core import clock
+from cronbox.outbox.core import clock
 
 import cronbox
-from cron.operator.models import OperatorAction, OperatorSession
+from cronbox.cron.operator.models import OperatorAction, OperatorSession
 from cronbox import Cronbox
-from outbox.core.settings import load_settings
-from storage.models import AuditEntry, SealedFile
+from cronbox.outbox.core.settings import load_settings
+from cronbox.storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.console_helpers import CSRF, GET_PAGES, csrf_token, upload_form
 from tests.web.test_console import dead_deliveries, delivery_status

@@ -22,10 +22,10 @@ from flask_wtf.csrf import CSRFProtect, generate_csrf
 from itsdangerous import URLSafeTimedSerializer
 from sqlalchemy import func, select
 
-from cron.operator.models import OperatorSession
-from cron.scheduling.models import OnceRequest
-from storage import keys
-from outbox.core.settings import load_settings
+from cronbox.cron.operator.models import OperatorSession
+from cronbox.cron.scheduling.models import OnceRequest
+from cronbox.storage import keys
+from cronbox.outbox.core.settings import load_settings
 from tests.conftest import ONE_MYSQL_MODE
 from tests.console_helpers import PASSWORD, Operator, csrf_token, upload_form
 from cronbox import Cronbox

@@ -12,11 +12,12 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-import outbox
-from cronbox import Cronbox, state
-from outbox.core.errors import SettingsError
-from outbox.core.migrate import upgrade
-from outbox.events.models import OutboxEvent
+from cronbox import outbox
+from cronbox import Cronbox
+from cronbox.state import state
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.migrate import upgrade
+from cronbox.outbox.events.models import OutboxEvent
 
 pytestmark = pytest.mark.backends("sqlite", "mysql")
 

@@ -16,10 +16,10 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String, event, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-import outbox
+from cronbox import outbox
 from cronbox import Cronbox
-from outbox.engine.context import HandlerSession
-from outbox.events.consumers import consumer
+from cronbox.outbox.engine.context import HandlerSession
+from cronbox.outbox.events.consumers import consumer
 from tests.helpers import deliveries, relay
 
 

@@ -13,8 +13,8 @@ from flask import Flask, jsonify, request
 from sqlalchemy import func, select
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-import storage
-from storage.models import AuditEntry, SealedFile
+from cronbox import storage
+from cronbox.storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.write_watch import writes  # noqa: F401  (the fixture)
 from tests.storage_helpers import files_under

@@ -10,13 +10,13 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from prometheus_client.parser import text_string_to_metric_families
 
-from cron.scheduling import metrics
+from cronbox.cron.scheduling import metrics
 from cronbox import Cronbox
-from outbox.core import clock
-from outbox.core.errors import SettingsError
-from outbox.engine.models import Heartbeat
-from outbox.events.models import DEAD, PENDING, Delivery, OutboxEvent
-from outbox.queue.models import FAILED, READY, RESERVED, Job
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.engine.models import Heartbeat
+from cronbox.outbox.events.models import DEAD, PENDING, Delivery, OutboxEvent
+from cronbox.outbox.queue.models import FAILED, READY, RESERVED, Job
 from tests.conftest import ONE_MYSQL_MODE
 from tests.console_helpers import make_app
 
@@ -118,8 +118,8 @@ def test_standalone_metrics_parse_and_match_what_was_seeded(env, runtime):
 
 
 def test_group_slot_use_and_budgets_parse(env, runtime):
-    from outbox.queue import groups
-    from outbox.queue.jobs import job
+    from cronbox.outbox.queue import groups
+    from cronbox.outbox.queue.jobs import job
 
     app = make_app(env, runtime, CRONBOX_METRICS_TOKEN=TOKEN, CRONBOX_GROUP_BUDGETS="providers=100/m",
                    CRONBOX_QUEUE_BUDGETS="sms=5/10s")
@@ -208,7 +208,7 @@ def test_a_window_setting_changes_what_is_summed(env, runtime):
 
 def test_database_down_is_a_503_line(tmp_path):
     from app import create_app
-    from outbox.core.settings import load_settings
+    from cronbox.outbox.core.settings import load_settings
 
     settings = load_settings(environ={"DATABASE_URL": "mysql+pymysql://root:@127.0.0.1:9/none",
                                       "CRONBOX_INSTANCE": str(tmp_path / "instance"), "CRONBOX_HANDLERS": "",

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from storage.format import CHUNK_SIZE, SEALED_CHUNK
-from storage.models import AuditEntry, SealedFile
+from cronbox.storage.format import CHUNK_SIZE, SEALED_CHUNK
+from cronbox.storage.models import AuditEntry, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import flip_byte, grant, put, sealed_path
 from tests.web.test_storage_streaming import Server, _wait_for, app, private_tmp  # noqa: F401  (fixtures)

@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import select
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from outbox.core import clock
-from storage import grants, maintenance, refusals
-from storage.errors import StorageError
-from storage.format import CHUNK_SIZE
-from storage.models import AuditEntry, Grant, SealedFile
+from cronbox.outbox.core import clock
+from cronbox.storage import grants, maintenance, refusals
+from cronbox.storage.errors import StorageError
+from cronbox.storage.format import CHUNK_SIZE
+from cronbox.storage.models import AuditEntry, Grant, SealedFile
 from tests.conftest import ONE_MYSQL_MODE
 from tests.helpers import invoke
 from tests.storage_helpers import files_under, flip_byte, grant, put, sealed_path
@@ -325,7 +325,7 @@ def test_file_names_in_the_console_are_neutralised_like_a_download(runtime, env)
             file_id = put(st, b"x", name=name)
             grant(st, file_id)
         with runtime.sessions.begin() as session:  # a row written before subjects were checked
-            from storage import audit
+            from cronbox.storage import audit
             audit.record(session, "redeem", "granted", subject="user:\u202e7", detail="by \x1b[2Jx")
         page = operator.get("/ops/files").get_data(as_text=True)
     finally:
@@ -345,7 +345,7 @@ def test_subjects_and_owners_with_control_or_bidi_characters_are_refused(store, 
     with pytest.raises(StorageError):
         put(store, b"x", owner=subject)
     with store.sessions.begin() as session:  # older rows: shown neutralised by the command line
-        from storage import audit
+        from cronbox.storage import audit
         audit.record(session, "redeem", "granted", file_id=file_id, subject=subject)
     listed = invoke(env, "storage", "audit", "--file", file_id)
     assert listed.exit_code == 0 and "user:_7" in listed.output

@@ -12,14 +12,14 @@ from sqlalchemy import select
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app import create_app
-from outbox.core import clock
-from outbox.core.settings import load_settings
-from outbox.core.transactions import in_transaction
-import storage
-from storage import keys, maintenance
-from storage.format import CHUNK_SIZE
-from storage.models import AuditEntry, Grant
-from storage.tokens import Tokens
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.settings import load_settings
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox import storage
+from cronbox.storage import keys, maintenance
+from cronbox.storage.format import CHUNK_SIZE
+from cronbox.storage.models import AuditEntry, Grant
+from cronbox.storage.tokens import Tokens
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under, grant, put, sealed_path
 

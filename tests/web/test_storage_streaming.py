@@ -19,9 +19,9 @@ import pytest
 from werkzeug.serving import make_server
 
 from app import create_app
-from outbox.core.settings import load_settings
-from storage.format import CHUNK_SIZE
-from storage.models import AuditEntry
+from cronbox.outbox.core.settings import load_settings
+from cronbox.storage.format import CHUNK_SIZE
+from cronbox.storage.models import AuditEntry
 from tests.conftest import ONE_MYSQL_MODE
 from tests.storage_helpers import files_under, flip_byte, grant, put
 
@@ -204,7 +204,7 @@ def test_a_corrupt_middle_chunk_aborts_the_connection_after_the_good_bytes(app):
     [entry] = _serve_entries(store)
     assert (entry.outcome, entry.bytes_sent) == ("integrity", 2 * CHUNK_SIZE)
     with store.sessions() as session:
-        from storage.models import SealedFile
+        from cronbox.storage.models import SealedFile
 
         assert "chunk 2" in session.get(SealedFile, file_id).integrity_error
 

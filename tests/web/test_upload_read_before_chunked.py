@@ -122,7 +122,7 @@ def test_an_empty_upload_is_refused_with_a_400(kind, chunked, limit, runtime, wr
 @pytest.mark.parametrize("kind", ["raw", "multipart"])
 def test_post_files_refuses_an_empty_upload_too(kind, chunked, runtime, env, writes):
     from app import create_app
-    from outbox.core.settings import load_settings
+    from cronbox.outbox.core.settings import load_settings
 
     app = create_app(load_settings(environ={**env, "CRONBOX_UPLOAD_TOKEN": "up-token"}))
     app.extensions["cronbox"].use_runtime(runtime)

@@ -14,7 +14,7 @@ PAD binary ones are per server (MariaDB 10.2+ `utf8mb4_nopad_bin`, MySQL 8.0.17+
 `utf8mb4_0900_bin`) and MySQL 5.7 has none. VARBINARY compares bytes, unpadded, on every server we
 support. A column of n characters becomes VARBINARY(4n), so each value (its UTF-8 bytes, which is
 what MODIFY converts utf8mb4 text to) still fits, and the longest key, 2 x 764 bytes, stays under
-InnoDB's 3072-byte limit. The models say the same through `outbox.core.models.ExactString`.
+InnoDB's 3072-byte limit. The models say the same through `cronbox.outbox.core.models.ExactString`.
 
 One ALTER per table (one table copy, indexes and keys kept), nullability as the database has it.
 The two foreign keys between file and grant ids are dropped around it: MySQL refuses to change

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from flask import render_template, request
 
-from cron.operator import actions
-from outbox.core import paging
-from outbox.core.transactions import in_transaction
+from cronbox.cron.operator import actions
+from cronbox.outbox.core import paging
+from cronbox.outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp

@@ -5,9 +5,9 @@ import logging
 
 from flask import Response, redirect, render_template, request, url_for
 
-from cron.operator import credentials, sessions, throttle
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
+from cronbox.cron.operator import credentials, sessions, throttle
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp, cookie

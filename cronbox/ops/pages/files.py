@@ -13,11 +13,11 @@ from datetime import datetime
 
 from flask import abort, current_app, render_template, request
 
-from outbox.core import clock, paging
-from outbox.core.transactions import in_transaction
-from storage import audit, grants
-from storage.display import shown
-from storage.errors import StorageError
+from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.storage import audit, grants
+from cronbox.storage.display import shown
+from cronbox.storage.errors import StorageError
 from cronbox.state import runtime
 from cronbox.disposition import clean_name
 

@@ -5,9 +5,9 @@ import json
 
 from flask import abort, render_template, request
 
-from cron.scheduling import once as once_requests
-from outbox.core import clock, paging
-from outbox.core.transactions import in_transaction
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.transactions import in_transaction
 from cronbox.state import runtime
 
 from .. import bp

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from flask import render_template, request
 
-from outbox.core import clock, paging
-from outbox.core.transactions import in_transaction
-from outbox.events import deliveries
+from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.events import deliveries
 from cronbox.state import runtime
 
 from .. import bp

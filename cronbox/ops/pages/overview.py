@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from flask import render_template
 
-from cron.scheduling.health import run_checks
-from outbox.core import clock
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat
-from outbox.events import deliveries
-from outbox.queue import jobstore
+from cronbox.cron.scheduling.health import run_checks
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat
+from cronbox.outbox.events import deliveries
+from cronbox.outbox.queue import jobstore
 from cronbox.state import runtime
 
 from .. import bp, chart

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import abort, render_template, request
 
-from cron.scheduling import once as once_requests
-from outbox.core import clock, paging
-from outbox.core.transactions import in_transaction
-from outbox.engine import heartbeat, profiles
-from outbox.queue import groups, jobstore, pauses
-from outbox.queue.jobs import QUEUE_NAME
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.engine import heartbeat, profiles
+from cronbox.outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.state import runtime
 
 from .. import bp

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from flask import abort, render_template, request
 
-from cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
-from cron.scheduling import once as once_requests
-from cron.scheduling import schedule as scheduler
-from outbox.core import clock
+from cronbox.cron.scheduling import builtin  # noqa: F401  (registers the built-in tasks)
+from cronbox.cron.scheduling import once as once_requests
+from cronbox.cron.scheduling import schedule as scheduler
+from cronbox.outbox.core import clock
 from cronbox.state import runtime
 
 from .. import bp

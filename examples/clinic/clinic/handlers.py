@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from flask import current_app
 
-import outbox
-from outbox.channels import send_email, send_sms
+from cronbox import consumer, send_email, send_sms
 
 from .models import Appointment, Payment, Receipt, db
 
 
-@outbox.consumer("appointment.paid", name="clinic.receipt")
+@consumer("appointment.paid", name="clinic.receipt")
 def send_receipt(event, ctx):
     appointment = Appointment.query.filter_by(id=event.payload["appointment_id"]).one()
     payment = db.session.get(Payment, event.payload["payment_id"])

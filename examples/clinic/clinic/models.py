@@ -1,5 +1,5 @@
 """The clinic's own tables. cronbox's tables (all `cronbox_*`) live in the same database but are
-migrated by cronbox (`python -m cron migrate`), never by `db.create_all()` or the clinic's Alembic."""
+migrated by cronbox (`python -m cronbox migrate`), never by `db.create_all()` or the clinic's Alembic."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

@@ -12,11 +12,10 @@ from decimal import Decimal, InvalidOperation
 from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select
 
-import outbox
-from cronbox import UploadRefused, seal_upload, sealed_upload_route
+from cronbox import UploadRefused, record, seal_upload, sealed_upload_route
 from cronbox.client import client_ip
-from storage import audit
-from storage.models import SealedFile
+from cronbox.storage import audit
+from cronbox.storage.models import SealedFile
 
 from . import cronbox
 from .models import Appointment, Patient, Payment, db
@@ -54,8 +53,8 @@ def pay(appointment_id: int):
     appointment.status = "paid"
     db.session.add(payment)
     db.session.flush()  # the payment's id, for the event
-    outbox.record(db.session, "appointment.paid", {"appointment_id": appointment.id, "payment_id": payment.id},
-                  key=f"appointment:{appointment.id}")
+    record(db.session, "appointment.paid", {"appointment_id": appointment.id, "payment_id": payment.id},
+           key=f"appointment:{appointment.id}")
     db.session.commit()
     return jsonify(payment=payment.id, reference=payment.reference), 201
 

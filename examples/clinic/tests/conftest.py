@@ -1,4 +1,4 @@
-"""The clinic's tests: its routes through Flask's test client, its cron line as a real `python -m cron`
+"""The clinic's tests: its routes through Flask's test client, its cron line as a real `python -m cronbox`
 subprocess, on SQLite and (with TEST_MYSQL_URL) on MariaDB in a database of their own.
 
 They run against whichever cronbox is importable: the installed package (as a user has it), or the
@@ -76,11 +76,11 @@ def clinic_env(monkeypatch, tmp_path, database_url, instance):
 
 
 def cron(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m cron ARGS` as the cron line runs it: another process, started from an unrelated folder."""
+    """`python -m cronbox ARGS` as the cron line runs it: another process, started from an unrelated folder."""
     env = dict(os.environ)
     if env.get("PYTHONPATH"):  # quick runs from the checkout: keep it valid from another folder
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in env["PYTHONPATH"].split(os.pathsep) if p)
-    return subprocess.run([sys.executable, "-m", "cron", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cronbox", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -109,7 +109,7 @@ def upgrade_clinic() -> None:
 
 @pytest.fixture
 def migrated(clinic_env, run_cron):
-    """cronbox's tables by `python -m cron migrate` (a cron line), the clinic's by its own Alembic."""
+    """cronbox's tables by `python -m cronbox migrate` (a cron line), the clinic's by its own Alembic."""
     run_cron("migrate")
     upgrade_clinic()
 

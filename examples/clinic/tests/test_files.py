@@ -93,7 +93,7 @@ def sealed_files(files) -> list[Path]:
 
 def rows(app) -> int:
     from clinic.models import db
-    from storage.models import SealedFile
+    from cronbox.storage.models import SealedFile
 
     with app.app_context():
         return db.session.scalar(select(func.count()).select_from(SealedFile))
@@ -101,7 +101,7 @@ def rows(app) -> int:
 
 def read_back(app, files, file_id: str) -> bytes:
     from clinic.models import db
-    from storage.models import SealedFile
+    from cronbox.storage.models import SealedFile
 
     with app.app_context():
         opened = files.open(db.session.get(SealedFile, file_id))

@@ -1,4 +1,4 @@
-"""A payment is written in the request; the tick (a real `python -m cron tick` with CRONBOX_APP) runs the
+"""A payment is written in the request; the tick (a real `python -m cronbox tick` with CRONBOX_APP) runs the
 clinic's consumer inside the clinic's app, which writes the receipt and queues an SMS and an e-mail,
 sent by the log drivers in the same tick. Everything happens once."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ def count(model, *where) -> int:
 
 def test_a_payment_is_followed_by_a_receipt_an_sms_and_an_email_from_one_tick(app, booked, run_cron, instance):
     from clinic.models import Appointment, Payment, Receipt, db
-    from outbox.channels.models import SendAttempt
-    from outbox.events.models import Delivery, OutboxEvent
-    from outbox.queue.models import Job
+    from cronbox.outbox.channels.models import SendAttempt
+    from cronbox.outbox.events.models import Delivery, OutboxEvent
+    from cronbox.outbox.queue.models import Job
 
     _patient, appointment = booked
     client = app.test_client()
@@ -53,7 +53,7 @@ def test_a_payment_is_followed_by_a_receipt_an_sms_and_an_email_from_one_tick(ap
 
 def test_a_refused_payment_records_nothing(app, booked):
     from clinic.models import Payment
-    from outbox.events.models import OutboxEvent
+    from cronbox.outbox.events.models import OutboxEvent
 
     _patient, appointment = booked
     client = app.test_client()

@@ -19,12 +19,12 @@ from flask import current_app
 from sqlalchemy import text
 
 import clinic
-import outbox
-import storage
+from cronbox import outbox
+from cronbox import storage
 import web
 from clinic import db  # the factory has returned by now: cronbox imports handlers after it
 from clinic.models import Appointment, Note
-from cron.scheduling import schedule
+from cronbox.cron.scheduling import schedule
 
 if clinic.factories_running:
     raise ImportError("clinic.handlers was imported while create_app() was still running")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, jsonify, request
 
-import outbox
-import storage
+from cronbox import outbox
+from cronbox import storage
 from clinic import db
 from clinic.models import Appointment, Payment
 

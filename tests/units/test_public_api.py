@@ -1,0 +1,64 @@
+"""cronbox's public API is what `cronbox` itself exports (issue 26): each name resolves to the object
+the docs describe, and importing cronbox (every process does, a tick included) loads no Flask."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import cronbox
+from tests.conftest import APP_ROOT, child_env
+
+PUBLIC = {
+    "Cronbox": "cronbox.extension", "record": "cronbox.outbox.events.record",
+    "consumer": "cronbox.outbox.events.consumers", "forward": "cronbox.outbox.events.forward",
+    "Event": "cronbox.outbox.engine.context", "Context": "cronbox.outbox.engine.context",
+    "job": "cronbox.outbox.queue.jobs", "send_sms": "cronbox.outbox.channels.jobs",
+    "send_email": "cronbox.outbox.channels.jobs", "send_webhook": "cronbox.outbox.channels.jobs",
+    "notify": "cronbox.outbox.channels.jobs", "CronboxError": "cronbox.outbox.core.errors",
+    "RetryLater": "cronbox.outbox.core.errors", "PermanentFailure": "cronbox.outbox.core.errors",
+    "seal_upload": "cronbox.uploads", "sealed_upload_route": "cronbox.uploads",
+    "upload_csrf_token": "cronbox.hostauth", "UploadRefused": "cronbox.uploads",
+    "BodyAlreadyRead": "cronbox.uploads", "CsrfNotChecked": "cronbox.hostcsrf",
+    "alembic_include_name": "cronbox.cron.schema", "alembic_include_object": "cronbox.cron.schema",
+}
+
+
+def test_all_is_the_documented_api():
+    assert sorted(cronbox.__all__) == sorted([*PUBLIC, "schedule"])
+    assert set(cronbox.__all__) <= set(dir(cronbox))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_each_name_is_the_object_its_module_defines(name):
+    value = getattr(cronbox, name)
+    assert value.__module__ == PUBLIC[name]
+
+
+def test_schedule_is_the_module_of_the_decorators():
+    from cronbox.cron.scheduling import schedule
+    assert cronbox.schedule is schedule and callable(schedule.every) and callable(schedule.cron)
+
+
+def test_a_handlers_signals_are_not_cronboxs_errors():
+    """RetryLater and PermanentFailure are what a handler raises to say how its attempt ended;
+    CronboxError is the root of what cronbox itself raises (bad settings, a lost lock...)."""
+    for signal in (cronbox.RetryLater, cronbox.PermanentFailure):
+        assert issubclass(signal, Exception) and not issubclass(signal, cronbox.CronboxError)
+    from cronbox.outbox.core.errors import LockLost, SettingsError
+    assert issubclass(SettingsError, cronbox.CronboxError) and issubclass(LockLost, cronbox.CronboxError)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'recordd'"):
+        cronbox.recordd  # noqa: B018
+
+
+def test_importing_cronbox_and_its_command_line_loads_no_flask():
+    code = ("import sys, cronbox, cronbox.cron.cli, cronbox.outbox, cronbox.storage; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'werkzeug')))")
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env({}), cwd=str(APP_ROOT), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
