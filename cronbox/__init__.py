@@ -17,8 +17,9 @@ The public API, all importable from here:
 - periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
 - errors: `CronboxError` (the root of cronbox's own), `RetryLater`, `PermanentFailure`;
 - sealed files in your routes: `seal_upload`, `sealed_upload_route`, `upload_csrf_token`,
-  `UploadRefused`, `BodyAlreadyRead`, `CsrfNotChecked`; the app's sealed storage is the
-  subpackage `cronbox.storage` (`put`, `grant`, `signed_url`, `revoke`, `open_file`);
+  `UploadRefused`, `BodyAlreadyRead`, `CsrfNotChecked`, and `request_client()` (who the audit
+  names); the app's sealed storage is your extension's `storage` (`put`, `owner`, `grant`,
+  `signed_url`, `revoke`, `open_file`), and outside an app the subpackage `cronbox.storage`;
 - Alembic in your app: `alembic_include_name`, `alembic_include_object`.
 
 Two more subpackages are documented, for what an app rarely needs: `cronbox.outbox` (settings,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from .outbox.events.forward import forward
     from .outbox.events.record import record
     from .outbox.queue.jobs import job
-    from .uploads import BodyAlreadyRead, UploadRefused, seal_upload, sealed_upload_route
+    from .uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
 # Each public name: the module that defines it, and its name there (None: the module itself). Imported on first use (PEP 562):
 # every cronbox process imports this package first (`python -m cronbox tick`, `import cronbox.outbox`),
@@ -69,6 +70,7 @@ _EXPORTS = {
     "seal_upload": (".uploads", "seal_upload"),
     "sealed_upload_route": (".uploads", "sealed_upload_route"),
     "upload_csrf_token": (".hostauth", "upload_csrf_token"),
+    "request_client": (".uploads", "request_client"),
     "UploadRefused": (".uploads", "UploadRefused"),
     "BodyAlreadyRead": (".uploads", "BodyAlreadyRead"),
     "CsrfNotChecked": (".hostcsrf", "CsrfNotChecked"),

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from flask import Request
 
+from cronbox.storage import audit
+
 
 def _forwarded(request: Request, header: str, trusted_proxies: int) -> str | None:
     """The value the outermost trusted proxy wrote into `header`, or None."""
@@ -33,6 +35,12 @@ def client_ip(request: Request, trusted_proxies: int) -> str | None:
         except ValueError:
             pass
     return request.remote_addr
+
+
+def audit_client(request: Request, trusted_proxies: int) -> audit.Client:
+    """Who the audit trail names for `request`: its client IP as far as the proxies are trusted, and its
+    User-Agent."""
+    return audit.Client(client_ip(request, trusted_proxies), request.headers.get("User-Agent"))
 
 
 def is_https(request: Request, trusted_proxies: int) -> bool:

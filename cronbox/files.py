@@ -44,10 +44,9 @@ from . import hostauth
 from .state import runtime
 from .auth import bearer_matches
 from .hostcsrf import exempt_from_host_csrf
-from .client import client_ip
 from .disposition import content_disposition, content_type
 from .ranges import plan
-from .uploads import UploadRefused, receive, record, storage_for_app
+from .uploads import UploadRefused, receive, record, request_client, storage_for_app
 
 log = logging.getLogger("cronbox")
 bp = Blueprint("files", __name__)
@@ -69,11 +68,6 @@ UNAVAILABLE = _PAGE.format(title="File unavailable", text="This file cannot be s
 
 def _page(body: str, status: int) -> Response:
     return Response(body, status=status, mimetype="text/html")
-
-
-def _client() -> audit.Client:
-    return audit.Client(client_ip(request, storage_for_app().settings.trusted_proxies),
-                        request.headers.get("User-Agent"))
 
 
 def _audit(sessions, action: str, outcome: str, **fields) -> None:
@@ -185,7 +179,7 @@ class DownloadBody:
 def download(token: str):
     st = storage_for_app()
     sessions = runtime().sessions
-    client = _client()
+    client = request_client()
     method = request.method
     try:
         claims = st.tokens().verify(token)
@@ -343,7 +337,7 @@ def sealed_upload(principal: str, reply: Callable[[str | None, str | None, int],
     def refuse(message: str, status: int) -> Response:
         return reply(None, message, status) if reply else _json_error(message, status)
 
-    client = _client()
+    client = request_client()
     try:
         received = receive(st, request)
     except UploadRefused as refused:

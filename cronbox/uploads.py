@@ -36,7 +36,7 @@ from cronbox.storage.errors import StorageError, TooLarge
 from cronbox.storage.service import Sealed, Storage, owner_text
 
 from . import formstream, hostcsrf
-from .client import client_ip
+from .client import audit_client
 from .state import state
 
 log = logging.getLogger("cronbox")
@@ -105,6 +105,13 @@ class SealedUpload:
 def storage_for_app() -> Storage:
     """The Storage of the current app's cronbox (RuntimeError when Cronbox().init_app was not called)."""
     return state().storage
+
+
+def request_client() -> audit.Client:
+    """The current request's client as the audit trail names it (its IP through the app's
+    CRONBOX_TRUSTED_PROXIES, its User-Agent): give it as `client=` to the app's sealed storage
+    (`signed_url`, `revoke`) from your own routes, so the entry says who asked."""
+    return audit_client(current_request, storage_for_app().settings.trusted_proxies)
 
 
 def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field: str = "owner") -> Received:
@@ -193,7 +200,7 @@ def seal_upload(request: Request | None = None, *, session: Session, owner: str 
     st = storage if storage is not None else storage_for_app()
     received = receive(st, req, owner=owner, owner_field=owner_field)
     if client is None:
-        client = audit.Client(client_ip(req, st.settings.trusted_proxies), req.headers.get("User-Agent"))
+        client = audit_client(req, st.settings.trusted_proxies)
     file_id = record(st, session, received, client=client, actor=actor)
     return SealedUpload(file_id, received.sealed.size, received.fields, received.filename, received.content_type)
 

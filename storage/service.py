@@ -242,6 +242,12 @@ class Storage:
             raise NotFound(f"no file {file_id}")
         return self.open(row)
 
+    def owner(self, session: Session, file_id: str) -> str | None:
+        """Whom a sealed file belongs to (the `owner` it was put or uploaded with), None if there is no
+        such file: what a route checks before it grants access to someone asking for it."""
+        row = session.get(SealedFile, file_id) if valid_id(file_id) else None
+        return row.owner if row is not None else None
+
     def describe(self, row: SealedFile) -> tuple[str, str]:
         """(original file name, content type), unsealed."""
         return open_meta(self.data_key(row), bytes.fromhex(row.id), row.meta)

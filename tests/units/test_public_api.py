@@ -19,7 +19,7 @@ PUBLIC = {
     "notify": "cronbox.outbox.channels.jobs", "CronboxError": "cronbox.outbox.core.errors",
     "RetryLater": "cronbox.outbox.core.errors", "PermanentFailure": "cronbox.outbox.core.errors",
     "seal_upload": "cronbox.uploads", "sealed_upload_route": "cronbox.uploads",
-    "upload_csrf_token": "cronbox.hostauth", "UploadRefused": "cronbox.uploads",
+    "upload_csrf_token": "cronbox.hostauth", "request_client": "cronbox.uploads", "UploadRefused": "cronbox.uploads",
     "BodyAlreadyRead": "cronbox.uploads", "CsrfNotChecked": "cronbox.hostcsrf",
     "alembic_include_name": "cronbox.cron.schema", "alembic_include_object": "cronbox.cron.schema",
 }
@@ -62,3 +62,35 @@ def test_importing_cronbox_and_its_command_line_loads_no_flask():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+EXAMPLE_APP = [p for folder in ("clinic", "migrations") for p in sorted((APP_ROOT / "examples" / "clinic" / folder).rglob("*.py"))]
+
+
+def cronbox_imports(path) -> list[str]:
+    """Every name `path` takes from cronbox, as `module.name` (or the module, for `import cronbox.x`)."""
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "cronbox":
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "cronbox"]
+    return found
+
+
+def test_the_example_app_imports_public_names_only():
+    """examples/clinic's app and its Alembic env (what a user copies) use `cronbox`'s own names and its
+    documented subpackage `cronbox.storage`, nothing internal. Its tests read cronbox's tables through
+    the models, as a test may."""
+    assert len(EXAMPLE_APP) >= 5
+    allowed = {f"cronbox.{name}" for name in cronbox.__all__} | {"cronbox.storage"}
+    used = {f"{path.relative_to(APP_ROOT)}: {name}" for path in EXAMPLE_APP for name in cronbox_imports(path)}
+    assert used, "the check sees the example's imports"
+    assert {u for u in used if u.split(": ")[1] not in allowed} == set()
+
+
+def test_the_check_sees_an_internal_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from cronbox.client import client_ip\nimport cronbox.storage.audit\nfrom cronbox import Cronbox\n")
+    assert cronbox_imports(probe) == ["cronbox.client.client_ip", "cronbox.storage.audit", "cronbox.Cronbox"]

@@ -22,10 +22,10 @@ from cronbox.storage.service import Storage
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 
-def host_app(runtime, root: Path, name: str) -> tuple[Flask, Cronbox]:
+def host_app(runtime, root: Path, name: str, **config) -> tuple[Flask, Cronbox]:
     """A host app with its own root and instance folder, on the test's database."""
     app = Flask(name, root_path=str(root), instance_path=str(root / "instance"))
-    app.config.update(CRONBOX_DATABASE_URL=runtime.settings.database_url, CRONBOX_APP_ROOT=str(root))
+    app.config.update(CRONBOX_DATABASE_URL=runtime.settings.database_url, CRONBOX_APP_ROOT=str(root), **config)
     cronbox = Cronbox()
     cronbox.init_app(app).use_runtime(runtime)
     return app, cronbox
@@ -122,3 +122,38 @@ def test_cronbox_storage_takes_the_module_level_calls_arguments(name):
     for parameter in module_level.values():
         assert parameter.name in method and method[parameter.name].kind == parameter.kind, parameter
         assert method[parameter.name].default == parameter.default, parameter
+
+
+def test_a_host_route_checks_the_owner_and_names_who_asked_in_the_audit(runtime, tmp_path):
+    """What examples/clinic's link route does with public names only: `owner()` before granting (None
+    for no such file, or a malformed id), and `request_client()` as the client of the audited link:
+    the proxy's X-Forwarded-For as far as CRONBOX_TRUSTED_PROXIES trusts it, and the User-Agent."""
+    from flask import abort, jsonify
+    from sqlalchemy import select
+
+    from cronbox import request_client
+    from cronbox.storage.models import AuditEntry
+
+    app, cronbox = host_app(runtime, tmp_path / "host", "host", CRONBOX_TRUSTED_PROXIES="1")
+
+    @app.post("/patients/<int:patient>/files/<file_id>/link")
+    def link(patient: int, file_id: str):
+        with runtime.sessions.begin() as session:
+            if cronbox.storage.owner(session, file_id) != f"patient:{patient}":
+                abort(404)
+            grant = cronbox.storage.grant(session, file_id, f"patient:{patient}")
+            url = cronbox.storage.signed_url(grant, session=session, client=request_client())
+        return jsonify(url=url)
+
+    with runtime.sessions.begin() as session, app.app_context():
+        file_id = cronbox.storage.put(session, io.BytesIO(b"scan"), filename="s.pdf", content_type="application/pdf",
+                                      owner="patient:7")
+    client = app.test_client()
+    headers = {"X-Forwarded-For": "203.0.113.9, 198.51.100.1", "User-Agent": "clinic-desk/1.0"}
+    assert client.post(f"/patients/8/files/{file_id}/link", headers=headers).status_code == 404
+    assert client.post("/patients/7/files/not-an-id/link", headers=headers).status_code == 404
+    assert client.post(f"/patients/7/files/{'0' * 32}/link", headers=headers).status_code == 404
+    assert client.post(f"/patients/7/files/{file_id}/link", headers=headers).status_code == 200
+    with runtime.sessions() as session:
+        issued = session.scalars(select(AuditEntry).where(AuditEntry.action == "issue")).all()
+    assert [(e.client_ip, e.user_agent) for e in issued] == [("198.51.100.1", "clinic-desk/1.0")]

@@ -12,10 +12,7 @@ from decimal import Decimal, InvalidOperation
 from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select
 
-from cronbox import UploadRefused, record, seal_upload, sealed_upload_route
-from cronbox.client import client_ip
-from cronbox.storage import audit
-from cronbox.storage.models import SealedFile
+from cronbox import UploadRefused, record, request_client, seal_upload, sealed_upload_route
 
 from . import cronbox
 from .models import Appointment, Patient, Payment, db
@@ -76,12 +73,11 @@ def upload_scan(patient_id: int):
 @bp.post("/patients/<int:patient_id>/scans/<file_id>/link")
 def scan_link(patient_id: int, file_id: str):
     """An absolute link of five minutes (on CRONBOX_BASE_URL), for at most three downloads in a day."""
-    row = db.session.get(SealedFile, file_id)
-    if row is None or row.owner != f"patient:{patient_id}":
-        abort(404)
     files = cronbox.storage  # this app's sealed storage, as db.session is its session
+    if files.owner(db.session, file_id) != f"patient:{patient_id}":
+        abort(404)
     grant = files.grant(db.session, file_id, f"patient:{patient_id}", expires_in=86400, max_uses=3)
-    who = audit.Client(client_ip(request, files.settings.trusted_proxies), request.headers.get("User-Agent"))
-    url = files.signed_url(grant, ttl=300, session=db.session, client=who, absolute=True)  # audited as issued
+    url = files.signed_url(grant, ttl=300, session=db.session, client=request_client(),  # audited: who asked
+                           absolute=True)
     db.session.commit()  # the grant and its audit entry
     return jsonify(url=url), 201
