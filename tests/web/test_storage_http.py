@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import os
 import string
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
@@ -166,7 +166,7 @@ def test_tampered_tokens_are_a_plain_404(client, store, file_id):
 
 
 def test_expired_links_get_410_and_a_short_page(client, store, file_id):
-    with clock.frozen(datetime.utcnow()):
+    with clock.frozen(clock.utcnow()):
         url = store.signed_url(grant(store, file_id, expires_in=86400), ttl=60)
         clock.advance(59)
         assert get(client, url).status_code == 200
@@ -181,7 +181,7 @@ def test_expired_links_get_410_and_a_short_page(client, store, file_id):
 
 def test_future_dated_tokens_are_404(client, store, file_id):
     g = grant(store, file_id, expires_in=86400)
-    with clock.frozen(datetime.utcnow() + timedelta(hours=2)):
+    with clock.frozen(clock.utcnow() + timedelta(hours=2)):
         url = store.signed_url(g)
     response = get(client, url)
     assert response.status_code == 404
