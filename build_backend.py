@@ -20,7 +20,7 @@ from setuptools.build_meta import (  # noqa: F401  (editable installs build in p
     build_editable, get_requires_for_build_editable, prepare_metadata_for_build_editable,
 )
 
-NOT_BUILT = (".git", ".venv", ".venv-newest", "venv", "instance", ".env", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
+NOT_BUILT = (".git", ".venv", "venv", "instance", ".env", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
              ".pytest_cache", ".hypothesis", "test-artifacts")
 
 
