@@ -69,9 +69,13 @@ EXAMPLE_APP = [p for folder in ("clinic", "migrations") for p in sorted((APP_ROO
 
 def cronbox_imports(path) -> list[str]:
     """Every name `path` takes from cronbox, as `module.name` (or the module, for `import cronbox.x`)."""
+    return cronbox_imports_in(path.read_text(encoding="utf-8"))
+
+
+def cronbox_imports_in(source: str) -> list[str]:
     import ast
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "cronbox":
             found += [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -94,3 +98,20 @@ def test_the_check_sees_an_internal_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from cronbox.client import client_ip\nimport cronbox.storage.audit\nfrom cronbox import Cronbox\n")
     assert cronbox_imports(probe) == ["cronbox.client.client_ip", "cronbox.storage.audit", "cronbox.Cronbox"]
+
+
+def test_the_readmes_python_blocks_import_public_names_only():
+    """The README teaches the public API: every `cronbox` import in its Python blocks (those that parse
+    alone; an abridged excerpt starts indented) is a name of `cronbox.__all__` or `cronbox.storage`."""
+    import re
+
+    readme = (APP_ROOT / "README.md").read_text(encoding="utf-8")
+    used = []
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        try:
+            used += cronbox_imports_in(block)
+        except SyntaxError:
+            continue
+    allowed = {f"cronbox.{name}" for name in cronbox.__all__} | {"cronbox.storage"}
+    assert len(used) >= 10, used
+    assert sorted(set(used) - allowed) == []
