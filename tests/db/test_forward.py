@@ -374,6 +374,18 @@ def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, r
         e: ("done", None) for e in [retried, *fresh]}
 
 
+def run_until_it_raises(runtime, relay, consumers) -> dict[str, list[tuple[str, int, bool]]]:
+    """Run `relay` into the RuntimeError the test arranged, close it, and give each consumer's deliveries
+    as (status, attempts, still leased)."""
+    try:
+        with pytest.raises(RuntimeError):
+            relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    return {name: [(d.status, d.attempts, d.claim_token is not None) for d in deliveries(runtime, consumer=name)]
+            for name in consumers}
+
+
 def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliveries(runtime, registry, rabbit,
                                                                                      monkeypatch):
     """A failure after target a's batch (its ack fails: the database gone for a moment) ends the run;
@@ -396,13 +408,7 @@ def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliver
         raise RuntimeError("ack failed")
 
     monkeypatch.setattr(relay.processor, "ack_now", ack_fails)
-    try:
-        with pytest.raises(RuntimeError):
-            relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
-    state = {name: [(d.status, d.attempts, d.claim_token is not None) for d in deliveries(runtime, consumer=name)]
-             for name in ("a", "b", "local")}
+    state = run_until_it_raises(runtime, relay, ("a", "b", "local"))
     assert state["local"] == [("pending", 0, False)] * 3
     assert state["b"] == [("pending", 0, False)] * 3
     assert state["a"] == [("pending", 1, True)] * 3
@@ -424,12 +430,6 @@ def test_an_error_while_a_target_fails_gives_back_the_later_targets_deliveries(r
         raise RuntimeError("database gone")
 
     monkeypatch.setattr(relay.processor, "failed", failure_not_written)
-    try:
-        with pytest.raises(RuntimeError):
-            relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
-    state = {name: [(d.status, d.attempts, d.claim_token is not None) for d in deliveries(runtime, consumer=name)]
-             for name in ("a", "b")}
+    state = run_until_it_raises(runtime, relay, ("a", "b"))
     assert state["b"] == [("pending", 0, False)] * 3
     assert state["a"] == [("pending", 1, True)] * 3

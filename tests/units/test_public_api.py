@@ -115,3 +115,24 @@ def test_the_readmes_python_blocks_import_public_names_only():
     allowed = {f"cronbox.{name}" for name in cronbox.__all__} | {"cronbox.storage"}
     assert len(used) >= 10, used
     assert sorted(set(used) - allowed) == []
+
+
+def test_the_type_checkers_imports_are_the_lazy_table():
+    """cronbox/__init__.py names each export twice: in `_EXPORTS` (loaded on first use) and under
+    `if TYPE_CHECKING:` (what a type checker and an editor see). Both must say the same thing."""
+    import ast
+    from importlib.util import find_spec
+
+    tree = ast.parse((APP_ROOT / "cronbox" / "__init__.py").read_text(encoding="utf-8"))
+    [guarded] = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING"]
+    seen = {}
+    for node in guarded.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names:
+            module = f".{node.module}"
+            try:  # `schedule`: the module itself
+                is_module = find_spec(f"cronbox{module}.{alias.name}") is not None
+            except ModuleNotFoundError:  # the parent is a module, not a package: a name in it
+                is_module = False
+            seen[alias.asname or alias.name] = (f"{module}.{alias.name}", None) if is_module else (module, alias.name)
+    assert seen == cronbox._EXPORTS
