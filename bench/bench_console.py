@@ -466,10 +466,10 @@ def main() -> None:
 
     labels = list(results)
     first = results[labels[0]]["pages"]
-    table = ("| page | " + " | ".join(f"{l} median | {l} p95" for l in labels) + " |\n|---|"
+    table = ("| page | " + " | ".join(f"{label} median | {label} p95" for label in labels) + " |\n|---|"
              + "---:|---:|" * len(labels) + "\n")
     for page_label, r in first.items():
-        cells = " | ".join("{median:.1f} | {p95:.1f}".format(**results[l]["pages"][page_label]) for l in labels)
+        cells = " | ".join("{median:.1f} | {p95:.1f}".format(**results[label]["pages"][page_label]) for label in labels)
         table += f"| {page_label} (`{r['path'].split('?')[0]}`) | {cells} |\n"
     print("\n" + table)
     counts = results[labels[0]]["counts"]

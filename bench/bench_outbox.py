@@ -322,7 +322,7 @@ def group_table(results: dict, what: str, n: int) -> str:
     ]
     table = f"| {n:,} items, one run | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
     for title, key in rows:
-        table += f"| {title} | " + " | ".join(f"{results[l][key]:,.0f}" for l in labels) + " |\n"
+        table += f"| {title} | " + " | ".join(f"{results[label][key]:,.0f}" for label in labels) + " |\n"
     for title, key, peer in (("grouped ÷ hand-written loop (target ≥ 3)", "grouped", "hand"),
                              ("grouped ÷ single-commit ceiling (target ≥ 1)", "grouped", "ceiling"),
                              ("grouped ÷ the group's statements alone", "grouped", "driver_group"),
@@ -332,7 +332,7 @@ def group_table(results: dict, what: str, n: int) -> str:
                              ("grouped ÷ through SQLAlchemy", "grouped", "session_group"),
                              ("grouped ÷ ungrouped", "grouped", "ungrouped"),
                              ("ungrouped ÷ hand-written loop", "ungrouped", "hand")):
-        table += f"| {title} | " + " | ".join(f"{results[l][key] / results[l][peer]:.2f}×" for l in labels) + " |\n"
+        table += f"| {title} | " + " | ".join(f"{results[label][key] / results[label][peer]:.2f}×" for label in labels) + " |\n"
     return table
 
 
@@ -381,17 +381,17 @@ def main() -> None:
     rows = [
         ("record, one event per transaction (events/s)", "record", "{:,.0f}"),
         (f"relay to a no-op consumer, {args.events:,} events (deliveries/s)", "relay_noop", "{:,.0f}"),
-        (f"relay to a consumer writing one row (deliveries/s)", "relay_write", "{:,.0f}"),
+        ("relay to a consumer writing one row (deliveries/s)", "relay_write", "{:,.0f}"),
         ("commit → consumer latency p50, lingering tick (s)", "p50", "{:.2f}"),
         ("commit → consumer latency p99 (s)", "p99", "{:.2f}"),
         (f"peak RSS of a tick relaying {args.events:,} events (MiB)", "rss", "{:.1f}"),
-        (f"wall time of that tick, process start to exit (s)", "tick_wall", "{:.2f}"),
+        ("wall time of that tick, process start to exit (s)", "tick_wall", "{:.2f}"),
         ("wall time of an empty tick, process start to exit (s, median of 7)", "empty", "{:.2f}"),
     ]
     labels = list(results)
     table = "| measure | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
     for title, key, fmt in rows:
-        table += f"| {title} | " + " | ".join(fmt.format(results[l][key]) for l in labels) + " |\n"
+        table += f"| {title} | " + " | ".join(fmt.format(results[label][key]) for label in labels) + " |\n"
     print(table)
     write_section("outbox", "Outbox", command, table + NOTES)
 

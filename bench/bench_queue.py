@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pymysql
 from sqlalchemy import func, select, text
 
 from bench import handlers
-from bench.bench_outbox import APP_ROOT, Target, child_env, group_peers, group_table
+from bench.bench_outbox import Target, child_env, group_peers, group_table
 from bench.report import write_section
 from cronbox.outbox.queue.models import Job
 

@@ -235,7 +235,7 @@ def measure(t: Target, n: int, rounds: int) -> tuple[dict, dict, dict]:
     counts = {(row, case): Counter() for row, case, _ in cases}
     clock = time.perf_counter
     order = random.Random(14)
-    for r in range(rounds):
+    for _r in range(rounds):
         t.reset()
         spent = dict.fromkeys(times, 0.0)
         for i in range(n):

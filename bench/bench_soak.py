@@ -26,7 +26,7 @@ from cronbox import outbox
 from bench import handlers
 from bench.bench_outbox import Target
 from bench.report import write_section
-from cronbox.cron.cli import main
+from cronbox.cron.cli import main as cronbox_main  # what a tick runs one-off requests with
 from cronbox.cron.scheduling.tick import run_tick
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.logs import configure_logging
@@ -97,7 +97,7 @@ def soak(t: Target, *, events: int, jobs: int, days: int, ticks_per_day: int) ->
                 n = day * ticks_per_day + tick
                 add_work(t, per_tick_events[n], per_tick_jobs[n], serial)
                 serial += per_tick_events[n] + per_tick_jobs[n]
-                report = run_tick(t.runtime, run_command=main, max_time=50, linger=False, memory_mb=None)
+                report = run_tick(t.runtime, run_command=cronbox_main, max_time=50, linger=False, memory_mb=None)
                 exits.add(report.exit_code)
                 clock.advance(slot)
             rows = table_rows(t)

@@ -93,7 +93,7 @@ def record(engine, n: int, t: MetaData) -> None:
 def dispatch(engine, n: int, t: MetaData) -> None:
     jobs = t.tables["cronbox_jobs"]
     insert = jobs.insert()
-    for i in range(n):
+    for _i in range(n):
         now = utcnow()
         with Session(engine) as s, s.begin():
             s.connection().execute(insert, row_of(jobs, {"queue": "bench", "handler": "fl.bump", "payload": "null",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import cronbox.cron.operator.models  # noqa: F401
 import cronbox.cron.scheduling.models  # noqa: F401
 import cronbox.outbox.channels.models  # noqa: F401
-from cronbox.outbox.core.migrate import VERSION_TABLE
 from cronbox.outbox.core.models import Base
 import cronbox.outbox.engine.models  # noqa: F401
 import cronbox.outbox.events.models  # noqa: F401
@@ -28,7 +27,7 @@ PREFIX = "cronbox_"
 
 
 def is_cronbox_table(name: str | None) -> bool:
-    return bool(name) and name.startswith(PREFIX)
+    return name is not None and name.startswith(PREFIX)
 
 
 def include_name(name, type_, parent_names) -> bool:

@@ -78,11 +78,11 @@ class Cronbox:
         of `cronbox.upload_csrf_token()`, besides the upload bearer token."""
         if "cronbox" in app.extensions:
             raise RuntimeError("cronbox is already set up on this app (init_app called twice)")
-        given = {"console_operator": console_operator, "console_login_url": console_login_url,
-                 "console_logout_url": console_logout_url, "upload_operator": upload_operator}
-        given = {name: value if value is not None else self._hooks.get(name) for name, value in given.items()}
-        console_operator, console_login_url = given["console_operator"], given["console_login_url"]
-        console_logout_url, upload_operator = given["console_logout_url"], given["upload_operator"]
+        hooks = self._hooks  # Cronbox(...)'s, for what this call leaves unsaid
+        console_operator = console_operator if console_operator is not None else hooks.get("console_operator")
+        console_login_url = console_login_url if console_login_url is not None else hooks.get("console_login_url")
+        console_logout_url = console_logout_url if console_logout_url is not None else hooks.get("console_logout_url")
+        upload_operator = upload_operator if upload_operator is not None else hooks.get("upload_operator")
         for name, hook in (("console_operator", console_operator), ("upload_operator", upload_operator)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be a function of the request")

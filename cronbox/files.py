@@ -33,7 +33,6 @@ from werkzeug.routing import PathConverter
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.settings import Settings
 from cronbox.outbox.core.transactions import in_transaction
-from cronbox import storage as sealed_storage
 from cronbox.storage import audit, grants, refusals
 from cronbox.storage.errors import GrantInvalid, IntegrityError, UnknownKey
 from cronbox.storage.keys import check_key_folder

@@ -4,12 +4,15 @@ The runtime (engine, sessions, handlers) and the sealed storage are built on fir
 `init_app`: a cron process hands in its own one-connection runtime before anything asks
 (cronbox.hosting), and a web process opens its small pool only when a request needs it. Handler
 modules (CRONBOX_HANDLERS) are imported on that first use too, after the host's factory returned,
-so they may import the host's models and `db` without an import cycle.
+so they may import the host's models and `db` without an import cycle. The app's runtime then runs
+only what those modules own (outbox.engine.registry.HandlerModules): two apps in one process, each
+with its own CRONBOX_HANDLERS, never run each other's consumers, jobs or tasks.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +20,11 @@ from typing import Any
 from flask import Flask, current_app
 
 from cronbox.outbox.core.settings import Settings
+from cronbox.outbox.engine.registry import DEFAULT, HandlerModules, module_of
 from cronbox.outbox.engine.runtime import Runtime, load_handlers, open_runtime
 
 PARTS = ("files", "health", "metrics", "webcron", "ops")
+log = logging.getLogger("cronbox")
 
 
 @dataclass
@@ -52,7 +57,7 @@ class CronboxState:
                     runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
                     runtime.host_engines = lambda: host_engines(self.app, self.db)
                     try:
-                        load_handlers(self.settings)
+                        self._load_handlers(runtime)
                     except BaseException:
                         runtime.dispose()
                         raise
@@ -91,8 +96,25 @@ class CronboxState:
         runtime.handler_scope = HostScope(self.app, self.db)
         runtime.host_engines = lambda: host_engines(self.app, self.db)  # a pool's children drop their pools too
         self.use_runtime(runtime)
-        load_handlers(self.settings)
+        modules = self._load_handlers(runtime)
         close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened
+        if modules is None:
+            return
+        for kind, item in DEFAULT.declarations():  # a cron process builds one app: what it leaves out is a mistake
+            if not modules.own(item):
+                log.warning("not run by this app: %s %s is declared in %s, which CRONBOX_HANDLERS (%s) neither "
+                            "names nor imports", kind, item.name, module_of(item) or "?",
+                            ",".join(modules.names) or "empty")
+
+    def _load_handlers(self, runtime: Runtime) -> HandlerModules | None:
+        """Import CRONBOX_HANDLERS and give `runtime` what they own rather than the whole process's
+        DEFAULT; a runtime that came with a registry of its own (Runtime(registry=...)) keeps it."""
+        load_handlers(self.settings)
+        if runtime.registry is not DEFAULT:
+            return None
+        modules = HandlerModules(self.settings.handlers)
+        runtime.registry = DEFAULT.owned_by(modules)
+        return modules
 
     def checked_runtime(self) -> Runtime:
         """The runtime, after migrating a fresh embedded SQLite database once (MySQL: `cron migrate`)."""

@@ -23,17 +23,17 @@ import logging
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
 from urllib.parse import unquote
 
 from flask import Request, request as current_request
-from sqlalchemy.orm import Session
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 from werkzeug.wsgi import LimitedStream
 
 from cronbox.storage import audit
 from cronbox.storage.errors import StorageError, TooLarge
 from cronbox.storage.service import Sealed, Storage, owner_text
+from cronbox.outbox.core.session_types import AnySession
 
 from . import formstream, hostcsrf
 from .client import audit_client
@@ -73,11 +73,11 @@ class UploadRefused(HTTPException):
 
     @property
     def status(self) -> int:
-        return self.code
+        return self.code or 400
 
     @property
     def message(self) -> str:
-        return self.description
+        return self.description or ""
 
 
 @dataclass(frozen=True)
@@ -178,12 +178,12 @@ def sealed_upload_route(view: View | None = None, *, csrf=None):
 
         if csrf is not None:
             csrf.exempt(receiving)
-        return receiving
+        return cast(View, receiving)
 
     return decorate(view) if view is not None else decorate
 
 
-def seal_upload(request: Request | None = None, *, session: Session, owner: str | None = None,
+def seal_upload(request: Request | None = None, *, session: AnySession, owner: str | None = None,
                 owner_field: str = "owner", storage: Storage | None = None, client: audit.Client | None = None,
                 actor: str | None = None) -> SealedUpload:
     """Seal the current request's upload while it streams and add its row to `session` (not committed).
@@ -194,7 +194,8 @@ def seal_upload(request: Request | None = None, *, session: Session, owner: str 
     disk before its row, and `storage sweep` removes a file whose row has not
     committed after an hour (a rollback leaves just such an orphan).
     """
-    req = request if request is not None else current_request._get_current_object()
+    # The request object behind Flask's proxy (LocalProxy's documented method; typed as the Request).
+    req = request if request is not None else current_request._get_current_object()  # type: ignore[attr-defined]
     _refuse_a_read_body(req)  # the likelier mistake first: its message says what read the body
     hostcsrf.refuse_unchecked(req)
     st = storage if storage is not None else storage_for_app()
@@ -205,7 +206,7 @@ def seal_upload(request: Request | None = None, *, session: Session, owner: str 
     return SealedUpload(file_id, received.sealed.size, received.fields, received.filename, received.content_type)
 
 
-def record(st: Storage, session: Session, received: Received, *, client: audit.Client, actor: str | None) -> str:
+def record(st: Storage, session: AnySession, received: Received, *, client: audit.Client, actor: str | None) -> str:
     """Add the received file's row (and its audit entry) to `session`; the sealed file is removed if that fails."""
     try:
         return st.add(session, received.sealed, owner=received.owner, client=client, actor=actor)
@@ -325,4 +326,4 @@ def _receive_form(st: Storage, req: Request, limit: int, owner: str | None, owne
     except BaseException:
         writer.discard()
         raise
-    return Received(sealed, owner, {name: fields.get(name) for name in fields}, writer.filename, writer.content_type)
+    return Received(sealed, owner, {name: fields[name] for name in fields}, writer.filename, writer.content_type)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cronbox.outbox.core.settings import Settings, load_settings
 
 from cronbox.outbox.core.engines import make_engine, session_factory
+from cronbox.outbox.core.session_types import AnySession
 
 # Every error the functions below raise (README, "Sealed files", says which and the HTTP answer for each).
 from .errors import (BaseUrlMissing, GrantInvalid, IntegrityError, KeyFolderError, NoAppContext, NotFound,
@@ -111,17 +112,17 @@ def _app_storage() -> Storage | None:
     return None if state is None else state.storage
 
 
-def put(session: Session, stream, *, filename: str, content_type: str, owner: str) -> str:
+def put(session: AnySession, stream, *, filename: str, content_type: str, owner: str) -> str:
     """Seal `stream` (read to its end, constant memory) and add its row to `session`; returns the file id."""
     return current().put(session, stream, filename=filename, content_type=content_type, owner=owner)
 
 
-def grant(session: Session, file_id: str, subject: str, *, expires_in: float = 3600, max_uses: int | None = None) -> str:
+def grant(session: AnySession, file_id: str, subject: str, *, expires_in: float = 3600, max_uses: int | None = None) -> str:
     """Let `subject` download `file_id` for `expires_in` seconds, at most `max_uses` times; returns the grant id."""
     return current().grant(session, file_id, subject, expires_in=expires_in, max_uses=max_uses)
 
 
-def revoke(session: Session, grant_id: str) -> bool:
+def revoke(session: AnySession, grant_id: str) -> bool:
     return current().revoke(session, grant_id)
 
 
@@ -131,7 +132,7 @@ def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None,
     return current().signed_url(grant_id, ttl, session=session, absolute=absolute)
 
 
-def open_file(session: Session, file_id: str) -> OpenedFile:
+def open_file(session: AnySession, file_id: str) -> OpenedFile:
     """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
     return current().open_file(session, file_id)
 

@@ -16,6 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.session_types import AnySession
 
 from .models import AuditEntry, Grant
 
@@ -39,7 +40,7 @@ def _cut(text: str | None, length: int) -> str | None:
     return None if text is None else text[:length]
 
 
-def record(session: Session, action: str, outcome: str, *, status: int | None = None, file_id: str | None = None,
+def record(session: AnySession, action: str, outcome: str, *, status: int | None = None, file_id: str | None = None,
            grant_id: str | None = None, subject: str | None = None, jti: str | None = None,
            byte_range: tuple[int, int] | None = None, bytes_sent: int | None = None, client: Client | None = None,
            detail: str | None = None) -> AuditEntry:

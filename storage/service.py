@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.settings import Settings
 from cronbox.outbox.core.transactions import in_transaction
+from cronbox.outbox.core.session_types import AnySession
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable
@@ -193,7 +194,7 @@ class Storage:
             writer.fill_from(stream)
             return writer.finish()
 
-    def add(self, session: Session, sealed: Sealed, *, owner: str, client: audit.Client = audit.CLI,
+    def add(self, session: AnySession, sealed: Sealed, *, owner: str, client: audit.Client = audit.CLI,
             actor: str | None = None) -> str:
         """Record a sealed file in the caller's session (not committed here); returns its id.
 
@@ -213,14 +214,14 @@ class Storage:
         """Remove a sealed file whose row will not be committed (sweep would, later)."""
         self.vault.remove(sealed.file_id)
 
-    def put(self, session: Session, stream, *, filename: str, content_type: str, owner: str) -> str:
+    def put(self, session: AnySession, stream, *, filename: str, content_type: str, owner: str) -> str:
         owner_text(owner)
         sealed = self.seal(stream, filename=filename, content_type=content_type)
         return self.add(session, sealed, owner=owner)
 
     # --- reading -----------------------------------------------------------------------------
 
-    def names(self, session: Session, file_ids: set[str], *, client: audit.Client, actor: str) -> dict[str, str | None]:
+    def names(self, session: AnySession, file_ids: set[str], *, client: audit.Client, actor: str) -> dict[str, str | None]:
         """Original names of these files, unsealed; None for one whose metadata cannot be opened.
 
         A name can be PHI ("HIV test.pdf"): each one unsealed is audited ("show-name", by `actor`
@@ -235,14 +236,14 @@ class Storage:
                          file_id=row.id, subject=row.owner, client=client, detail=f"by {actor}")
         return names
 
-    def open_file(self, session: Session, file_id: str) -> OpenedFile:
+    def open_file(self, session: AnySession, file_id: str) -> OpenedFile:
         """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
         row = session.get(SealedFile, file_id) if valid_id(file_id) else None
         if row is None:
             raise NotFound(f"no file {file_id}")
         return self.open(row)
 
-    def owner(self, session: Session, file_id: str) -> str | None:
+    def owner(self, session: AnySession, file_id: str) -> str | None:
         """Whom a sealed file belongs to (the `owner` it was put or uploaded with), None if there is no
         such file: what a route checks before it grants access to someone asking for it."""
         row = session.get(SealedFile, file_id) if valid_id(file_id) else None
@@ -286,7 +287,7 @@ class Storage:
         if error is not None:
             log.error("storage: integrity error in file %s: %s", file_id, error)
 
-        def work(session: Session) -> None:
+        def work(session: AnySession) -> None:
             row = session.get(SealedFile, file_id)
             if row is not None:
                 row.integrity_error = None if error is None else error[:255]
@@ -298,7 +299,7 @@ class Storage:
 
     # --- grants and links --------------------------------------------------------------------
 
-    def grant(self, session: Session, file_id: str, subject: str, *, expires_in: float = 3600,
+    def grant(self, session: AnySession, file_id: str, subject: str, *, expires_in: float = 3600,
               max_uses: int | None = None) -> str:
         _text(subject, "the subject", 191)
         if not 1 <= expires_in <= grants.MAX_EXPIRES_IN:
@@ -315,7 +316,7 @@ class Storage:
                      detail=f"expires_in={int(expires_in)}s max_uses={max_uses}")
         return grant.id
 
-    def revoke(self, session: Session, grant_id: str, *, client: audit.Client = audit.CLI,
+    def revoke(self, session: AnySession, grant_id: str, *, client: audit.Client = audit.CLI,
                actor: str | None = None) -> bool:
         """Revoke a grant; False if it was already revoked. Links already issued stop working at once.
         `actor` names who revoked it (the console's operator) for the audit entry."""

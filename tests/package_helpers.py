@@ -34,7 +34,7 @@ PACKAGES = ("outbox", "storage", "cron", "cronbox")  # the source folders; insta
 BUILD_INPUTS = ("pyproject.toml", "build_backend.py", "MANIFEST.in", "README.md", "artisan_via_cron.sh", "requirements.txt")
 # A checkout's working files that are never part of it (.gitignore's, plus git's own).
 NOT_SOURCES = (".git", ".venv", "venv", "instance", "test-artifacts", "build", "dist", "__pycache__", "*.pyc",
-               "*.egg-info", ".pytest_cache", ".hypothesis", ".env")
+               "*.egg-info", ".pytest_cache", ".hypothesis", ".env", ".mypy_cache", ".ruff_cache")
 PREFIX = "cronbox-test-venv-"
 STALE_AFTER = 2 * 86400  # other source states' builds older than this are removed
 BUILD_TIMEOUT = 900

@@ -24,10 +24,10 @@ import re
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Any, Callable, Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import delete, select, tuple_, update
+from sqlalchemy import Table, delete, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from cronbox.cron.scheduling.models import ScheduleRun
@@ -42,7 +42,7 @@ from cronbox.outbox.engine.registry import DEFAULT, Registry
 from cronbox.outbox.events.record import new_trace_id
 
 log = logging.getLogger("cronbox")
-R = ScheduleRun.__table__
+R = cast(Table, ScheduleRun.__table__)
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 EPOCH = datetime(1970, 1, 1)
 
@@ -59,7 +59,7 @@ class Task:
     def describe(self) -> str:
         if self.cron is not None:
             return f"cron {self.cron}" + (f" ({self.tz})" if self.tz else " (UTC)")
-        return f"every {_human(self.every_seconds)}"
+        return f"every {_human(self.every_seconds or 0)}"
 
     def slot(self, now: datetime) -> datetime:
         """The latest scheduled instant at or before `now` (naive UTC in, naive UTC out)."""
@@ -97,7 +97,7 @@ def every(*, minutes: int = 0, hours: int = 0, days: int = 0, name: str | None =
     seconds = minutes * 60 + hours * 3600 + days * 86400
     if seconds < 60 or any(not isinstance(v, int) or v < 0 for v in (minutes, hours, days)):
         raise RegistrationError("schedule.every needs whole minutes, hours or days adding up to at least 1 minute")
-    return _register(lambda fn_name: Task(fn_name, None, every_seconds=seconds, timeout=timeout), name, registry)
+    return _register(lambda task_name, fn: Task(task_name, fn, every_seconds=seconds, timeout=timeout), name, registry)
 
 
 def cron(expression: str, *, tz: str | None = None, name: str | None = None, timeout: float = 600,
@@ -112,19 +112,26 @@ def cron(expression: str, *, tz: str | None = None, name: str | None = None, tim
             ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError):
             raise RegistrationError(f"{tz!r} is not a known time zone (use an IANA name like Asia/Tehran)") from None
-    return _register(lambda fn_name: Task(fn_name, None, cron=expression, tz=tz, timeout=timeout), name, registry)
+    return _register(lambda task_name, fn: Task(task_name, fn, cron=expression, tz=tz, timeout=timeout), name, registry)
 
 
-def _register(make: Callable[[str], Task], name: str | None, registry: Registry | None):
-    def decorate(fn: Callable) -> Callable:
+class TaskFunction(Protocol):
+    """A function `@schedule.every` or `@schedule.cron` registered: called as before, knows its name."""
+    task_name: str
+
+    def __call__(self, ctx: Any, /) -> Any: ...
+
+
+def _register(make: Callable[[str, Callable[..., Any]], Task], name: str | None,
+              registry: Registry | None) -> Callable[[Callable[..., Any]], TaskFunction]:
+    def decorate(fn: Callable[..., Any]) -> TaskFunction:
         task_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if not NAME.match(task_name):
             raise RegistrationError(f"task name {task_name!r} must be 1-100 letters, digits, or _ . : -")
-        template = make(task_name)
-        (registry or DEFAULT).tasks.add(Task(task_name, fn, template.every_seconds, template.cron, template.tz,
-                                     template.timeout))
-        fn.task_name = task_name
-        return fn
+        (registry or DEFAULT).tasks.add(make(task_name, fn))
+        registered = cast(TaskFunction, fn)
+        registered.task_name = task_name
+        return registered
 
     return decorate
 

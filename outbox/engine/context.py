@@ -205,8 +205,10 @@ class Context:
         """Begin the attempt's transaction now, before the handler runs: the broker consumer writes
         its inbox row in it first (outbox.events.consume)."""
         self.session  # noqa: B018  (builds the attempt's HandlerTransaction)
-        self._transaction.begin()
-        return self._transaction
+        transaction = self._transaction
+        assert transaction is not None  # self.session made it
+        transaction.begin()
+        return transaction
 
     def commit_now(self) -> None:
         """Commit what ctx.session wrote so far for good, now, without waiting for the ack: for records

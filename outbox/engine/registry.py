@@ -1,7 +1,11 @@
 """What a process's handler modules registered: consumers, jobs, periodic tasks, pause listeners.
 
-The decorators (`@outbox.consumer`, `@outbox.job`, `@schedule.every`, ...) add to `DEFAULT`
-unless given `registry=`; a Runtime uses `DEFAULT` unless given another. Tests build their own
+The decorators (`@cronbox.consumer`, `@cronbox.job`, `@schedule.every`, ...) add to `DEFAULT`
+unless given `registry=`: it holds every declaration the process imported, from whichever module.
+A standalone Runtime uses `DEFAULT` as it is (one app per process). A host app does not: two Flask
+apps in one process must not run each other's handlers, so each app's runtime gets
+`DEFAULT.owned_by(its CRONBOX_HANDLERS modules)`, a live view holding what those modules define
+or import, plus cronbox's built-ins (`HandlerModules` says the rule). Tests build their own
 `Registry()` (or a copy of what the imported modules registered in `DEFAULT`, made through its
 public calls: tests/registries.py) and never touch the default's contents.
 
@@ -11,38 +15,64 @@ again, or run as __main__) is allowed; two functions under one name are a Regist
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import sys
+from types import ModuleType
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from cronbox.outbox.core.errors import RegistrationError
 
-T = TypeVar("T")
+class Declaration(Protocol):
+    """What a registry holds: a consumer, job handler, scheduled task or forward target."""
+    name: str
+    fn: Callable[..., Any] | None
+
+
+T = TypeVar("T", bound=Declaration)
+
+# cronbox's own declarations (the channels' jobs and pause listener, the built-in scheduled tasks):
+# every app runs them, whichever module imported them first.
+BUILTIN_MODULES = frozenset({"cronbox.outbox.channels.jobs", "cronbox.cron.scheduling.builtin"})
 
 
 class Named(Generic[T]):
-    """Items with a `name` and a function `fn`, in registration order."""
+    """Items with a `name` and a function `fn`, in registration order.
 
-    def __init__(self, kind: str):
+    With a `source` (an app's view of DEFAULT, Registry.owned_by) it also holds the source's items
+    that `keep` accepts, read live, so a built-in module imported later still shows; what is added
+    to the view itself stays the view's own."""
+
+    def __init__(self, kind: str, source: Named[T] | None = None, keep: Callable[[Any], bool] | None = None):
         self.kind = kind  # "consumer", "job", "scheduled task": for error messages
         self._by_name: dict[str, T] = {}
+        self._source = source
+        self._keep: Callable[[Any], bool] = keep or (lambda item: True)
 
     def add(self, item: T) -> None:
-        existing = self._by_name.get(item.name)
+        existing = self.get(item.name)
         if existing is not None and _origin(existing) != _origin(item):
             raise RegistrationError(f"two {self.kind}s are named {item.name!r}; give one an explicit name=")
         self._by_name[item.name] = item
 
     def get(self, name: str) -> T | None:
-        return self._by_name.get(name)
+        item = self._by_name.get(name)
+        if item is None and self._source is not None:
+            item = self._source.get(name)
+            if item is not None and not self._keep(item):
+                return None
+        return item
 
     def names(self) -> list[str]:
-        return sorted(self._by_name)
+        return sorted(item.name for item in self.in_order())
 
     def all(self) -> list[T]:
-        return [self._by_name[n] for n in self.names()]
+        return sorted(self.in_order(), key=lambda item: item.name)
 
     def in_order(self) -> list[T]:
-        """In the order first registered."""
-        return list(self._by_name.values())
+        """In the order first registered (a view: its source's kept items, then its own)."""
+        if self._source is None:
+            return list(self._by_name.values())
+        kept = [item for item in self._source.in_order() if item.name not in self._by_name and self._keep(item)]
+        return kept + list(self._by_name.values())
 
 
 
@@ -64,16 +94,68 @@ PauseListener = Callable[..., None]
 
 
 class Registry:
-    def __init__(self):
-        self.consumers: Consumers = Consumers("consumer")
-        self.jobs: Jobs = Jobs("job")
-        self.tasks: Named = Named("scheduled task")
-        self.pause_listeners: list[PauseListener] = []
+    def __init__(self, source: Registry | None = None, keep: Callable[[Any], bool] | None = None):
+        """Empty, or (`source` and `keep`: Registry.owned_by) a live view of `source`'s kept items."""
+        self.consumers: Consumers = Consumers("consumer", source.consumers if source else None, keep)
+        self.jobs: Jobs = Jobs("job", source.jobs if source else None, keep)
+        self.tasks: Named = Named("scheduled task", source.tasks if source else None, keep)
+        self._source = source
+        self._pause_listeners: list[PauseListener] = []
+
+    @property
+    def pause_listeners(self) -> list[PauseListener]:
+        """The source's (cronbox's channel alert registers there), then this registry's own."""
+        inherited = self._source.pause_listeners if self._source is not None else []
+        return inherited + [fn for fn in self._pause_listeners if fn not in inherited]
 
     def on_channel_pause(self, listener: PauseListener) -> PauseListener:
-        if listener not in self.pause_listeners:
-            self.pause_listeners.append(listener)
+        if listener not in self._pause_listeners:
+            self._pause_listeners.append(listener)
         return listener
+
+    def owned_by(self, modules: HandlerModules) -> Registry:
+        """A host app's registry: a live view of this one holding what `modules` own."""
+        return Registry(self, modules.own)
+
+    def declarations(self) -> list[tuple[str, Any]]:
+        """(kind, item) for every consumer, job and scheduled task, in that order."""
+        return [(named.kind, item) for named in (self.consumers, self.jobs, self.tasks) for item in named.in_order()]
+
+
+class HandlerModules:
+    """Which declarations belong to an app: the ones its CRONBOX_HANDLERS modules own.
+
+    A module owns what is defined in it or in a module under it (`clinic.handlers` owns
+    `clinic.handlers.sms`), and what it imports: a decorated function or a `forward()` target
+    bound to one of its names (`from clinic.jobs import remind`), or the whole module it imports
+    (`from clinic import jobs`). cronbox's built-ins (BUILTIN_MODULES) belong to every app.
+    Read once, after the modules were imported (cronbox.state)."""
+
+    def __init__(self, names: Iterable[str]):
+        self.names = tuple(names)
+        modules = [sys.modules[name] for name in self.names if name in sys.modules]
+        self._imported = {id(value) for module in modules for value in vars(module).values()}
+        self._owned: dict[int, tuple[Any, bool]] = {}  # id -> (declaration, owned): kept, so ids stay its
+
+    def own(self, item: Any) -> bool:
+        known = self._owned.get(id(item))
+        if known is None:
+            known = self._owned[id(item)] = (item, self._decide(item))
+        return known[1]
+
+    def _decide(self, item: Any) -> bool:
+        home = module_of(item)
+        if home in BUILTIN_MODULES or any(home == name or home.startswith(name + ".") for name in self.names):
+            return True
+        declared = item.fn if item.fn is not None else item
+        module = sys.modules.get(home)
+        return id(declared) in self._imported or (isinstance(module, ModuleType) and id(module) in self._imported)
+
+
+def module_of(item: Any) -> str:
+    """The module that declared `item`: its function's, or (a forward target) the one calling forward()."""
+    declared = getattr(item, "module", None)
+    return declared or getattr(item.fn, "__module__", None) or ""
 
 
 def _origin(item) -> tuple:

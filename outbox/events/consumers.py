@@ -7,7 +7,7 @@ for anything you will keep.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol, cast
 
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.backoff import Backoff
@@ -32,8 +32,16 @@ class Consumer:
         return event_type == self.event_type
 
 
+class ConsumerFunction(Protocol):
+    """A function `@consumer` registered: called as before, and knows its registered name."""
+    consumer_name: str
+
+    def __call__(self, event: Any, ctx: Any, /) -> Any: ...
+
+
 def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
-             timeout: float = 30, grouped: bool = False, runs: str | None = None, registry: Registry | None = None):
+             timeout: float = 30, grouped: bool = False, runs: str | None = None,
+             registry: Registry | None = None) -> Callable[[Callable[..., Any]], ConsumerFunction]:
     """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
     each gets its own delivery rows, retries and dead state.
 
@@ -59,14 +67,15 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         raise RegistrationError(f'runs must be "tick", "broker" or "both", not {runs!r}')
     policy = Backoff.of(backoff)
 
-    def register(fn: Callable) -> Callable:
+    def register(fn: Callable[..., Any]) -> ConsumerFunction:
         consumer_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if len(consumer_name) > MAX_NAME:
             raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {MAX_NAME} characters")
         (registry or DEFAULT).consumers.add(
             Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped, runs)
         )
-        fn.consumer_name = consumer_name
-        return fn
+        registered = cast(ConsumerFunction, fn)
+        registered.consumer_name = consumer_name
+        return registered
 
     return register

@@ -17,6 +17,7 @@ id again; the event's random trace id makes it unique for good.
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Callable
@@ -57,6 +58,7 @@ class ForwardTarget:
     backoff: Backoff
     timeout: float
     fn: Callable | None = None  # nothing to call: the relay publishes instead
+    module: str | None = None  # the module that called forward(): which app owns it (outbox.engine.registry)
 
     @property
     def origin(self) -> tuple:
@@ -90,8 +92,10 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
     target_name = name or f"amqp:{exchange}:{event_type}"
     if len(target_name) > MAX_NAME:
         raise RegistrationError(f"forward name {target_name[:40]!r}... is longer than {MAX_NAME} characters")
+    caller = inspect.currentframe()
+    module = caller.f_back.f_globals.get("__name__") if caller is not None and caller.f_back is not None else None
     target = ForwardTarget(target_name, event_type, Target(exchange, routing_key), max_attempts,
-                           Backoff.of(backoff), float(timeout))
+                           Backoff.of(backoff), float(timeout), module=module)
     (registry or DEFAULT).consumers.add(target)
     return target
 

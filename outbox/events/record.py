@@ -4,20 +4,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import insert
+from sqlalchemy import Table, insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload
 from cronbox.outbox.events.models import OutboxEvent
+from cronbox.outbox.core.session_types import Transactional
 
 MAX_TEXT = 191
 # Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the
 # engine's compiled cache: each call only binds the row's values.
-_INSERT = insert(OutboxEvent.__table__)
+_INSERT = insert(cast(Table, OutboxEvent.__table__))
 
 
 def new_trace_id() -> str:
@@ -37,7 +38,7 @@ class RecordedEvent:
     available_at: datetime
 
 
-def connection_of(session: Session | Connection, model=OutboxEvent) -> Connection:
+def connection_of(session: Transactional, model=OutboxEvent) -> Connection:
     """The connection of the caller's transaction: a Connection as it is, a Session's (or a
     Flask-SQLAlchemy scoped session's) for `model`'s table (a host's binds decide, as they would
     for a flush), begun if it was not. Never a flush: the caller's pending objects stay as they are."""
@@ -46,7 +47,7 @@ def connection_of(session: Session | Connection, model=OutboxEvent) -> Connectio
     return session.connection(bind_arguments={"mapper": model})
 
 
-def record(session: Session | Connection, type: str, payload, *, key: str | None = None,
+def record(session: Transactional, type: str, payload, *, key: str | None = None,
            delay: float | timedelta = 0) -> RecordedEvent:
     """Insert an event in the caller's transaction: it commits with the business rows or not at all.
 
@@ -66,7 +67,8 @@ def record(session: Session | Connection, type: str, payload, *, key: str | None
         raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
     body = dump_payload(payload)
     now = clock.utcnow()
-    row = {"type": type, "key": key, "payload": body, "trace_id": new_trace_id(), "created_at": now,
-           "available_at": now + timedelta(seconds=seconds) if seconds else now}
-    event_id = connection_of(session).execute(_INSERT, row).inserted_primary_key[0]
-    return RecordedEvent(event_id, type, key, body, row["trace_id"], now, row["available_at"])
+    trace_id, available_at = new_trace_id(), now + timedelta(seconds=seconds) if seconds else now
+    row = {"type": type, "key": key, "payload": body, "trace_id": trace_id, "created_at": now,
+           "available_at": available_at}
+    event_id = connection_of(session).execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]
+    return RecordedEvent(event_id, type, key, body, trace_id, now, available_at)

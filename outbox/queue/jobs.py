@@ -11,11 +11,9 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable, Protocol, cast
 
-from sqlalchemy import insert
-from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, insert
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
@@ -27,10 +25,11 @@ from cronbox.outbox.events.record import connection_of, new_trace_id
 from cronbox.outbox.queue import groups
 from cronbox.outbox.queue.models import READY, Job
 from cronbox.outbox.queue.ratelimit import RateLimit
+from cronbox.outbox.core.session_types import Transactional
 
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-J = Job.__table__
+J = cast(Table, Job.__table__)
 # Built once; SQLAlchemy compiles it once per dialect and keeps it in the engine's compiled cache.
 _INSERT = insert(J)
 
@@ -57,7 +56,7 @@ class JobHandler:
     def max_attempts(self) -> int:
         return self.tries
 
-    def dispatch(self, session: Session | Connection, payload=None, *, delay: float | timedelta = 0,
+    def dispatch(self, session: Transactional, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None, concurrency_group: str | None = None,
                  cost: int | None = None) -> int | None:
         """Add this job to the caller's transaction (a Session, scoped session or Core Connection,
@@ -101,7 +100,7 @@ class JobHandler:
         }
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
-            return connection.execute(_INSERT, row).inserted_primary_key[0]
+            return connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
         result = insert_ignore(connection, J, row)
         if result.rowcount == 0:
             return None
@@ -116,10 +115,26 @@ def _stored_key(handler: str, key: str) -> str:
     return f"{handler[:100]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
+class Dispatch(Protocol):
+    def __call__(self, session: Transactional, payload: Any = None, *, delay: float | timedelta = 0,
+                 unique_key: str | None = None, concurrency_group: str | None = None,
+                 cost: int | None = None) -> int | None: ...
+
+
+class JobFunction(Protocol):
+    """A function `@job` registered: called as before, plus `.dispatch(session, payload)` and `.job`."""
+    dispatch: Dispatch
+    job: JobHandler
+
+    def __call__(self, payload: Any, ctx: Any, /) -> Any: ...
+
+
 def job(queue: str = "default", *, name: str | None = None, tries: int = 5, backoff=5, timeout: float = 30,
-        unique: bool = False, retry_until: float | timedelta | None = None, rate_limit: str | RateLimit | None = None,
+        unique: bool = False, retry_until: float | timedelta | None = None,
+        rate_limit: str | RateLimit | Callable[[Any], RateLimit | None] | None = None,
         channel: str | None = None, grouped: bool = False, concurrency_group: str | None = None,
-        concurrency_limit: int | None = None, cost: int = 1, registry: Registry | None = None):
+        concurrency_limit: int | None = None, cost: int = 1,
+        registry: Registry | None = None) -> Callable[[Callable[..., Any]], JobFunction]:
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
     backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
@@ -165,7 +180,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
         raise RegistrationError("rate_limit must be like '10/s', a RateLimit, or a function of the settings")
 
-    def register(fn: Callable) -> Callable:
+    def register(fn: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if len(job_name) > MAX_NAME - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
@@ -178,8 +193,9 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel,
                              grouped, concurrency_group, concurrency_limit, cost, jobs)
         jobs.add(handler)
-        fn.dispatch = handler.dispatch
-        fn.job = handler
-        return fn
+        registered = cast(JobFunction, fn)
+        registered.dispatch = handler.dispatch
+        registered.job = handler
+        return registered
 
     return register

@@ -41,7 +41,7 @@ def test_no_consume_runs_no_check(runtime):
 def test_a_consumer_that_stops_beating_fails_one_that_ended_with_an_error_warns(runtime):
     with clock.frozen(T0):
         alive = heartbeat.start(runtime.sessions, "amqp consume", detail="orders", beats=True)
-        killed = heartbeat.start(runtime.sessions, "amqp consume", detail="lab", beats=True)
+        heartbeat.start(runtime.sessions, "amqp consume", detail="lab", beats=True)
         crashed = heartbeat.start(runtime.sessions, "amqp consume", detail="billing", beats=True)
         heartbeat.finish(runtime.sessions, crashed, outcome="error", error="ConnectionError: broker gone")
         clean = heartbeat.start(runtime.sessions, "amqp consume", detail="audit", beats=True)

@@ -251,7 +251,7 @@ def test_the_newest_selector_virtualenv_wins(app, tmp_path, home_is_a_symlink):
     proc = run(app, "--help", env={"HOME": str(home)})
     silent_success(proc)
     assert app.ran() == ["3.11"]
-    assert start_line(app.log()).endswith(f"/virtualenv/apps/my app/3.11/bin/python)")
+    assert start_line(app.log()).endswith("/virtualenv/apps/my app/3.11/bin/python)")
 
 
 def test_a_broken_newest_selector_version_falls_back_to_the_next(app):

@@ -192,7 +192,7 @@ def test_sigterm_mid_message_finishes_commits_acks_and_exits_0(setup, runtime, r
     # The prefetched second message was never started: back in the queue, unacked, not lost.
     assert [m.properties["message_id"] for m in rabbit.take(queue)] == [second]
     log = "".join(p.read_text() for p in (tmp_path / "instance" / "logs").glob("*.log"))
-    line = next(l for l in log.splitlines() if "outcome=done" in l)
+    line = next(entry for entry in log.splitlines() if "outcome=done" in entry)
     assert "trace=trace1" in line and "consumers=consume.a:done,consume.b:done" in line and '"n"' not in line
 
 

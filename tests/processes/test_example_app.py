@@ -23,10 +23,10 @@ import pytest
 from filelock import FileLock, Timeout
 
 from tests.conftest import APP_ROOT
+from tests.package_helpers import BUILD_INPUTS  # one list of what a build reads
 
 EXAMPLE = APP_ROOT / "examples" / "clinic"
 PACKAGES = ("outbox", "storage", "cron", "cronbox")
-from tests.package_helpers import BUILD_INPUTS  # one list of what a build reads
 EXAMPLE_REQUIREMENTS = ("requirements.txt", "requirements-test.txt")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "instance", ".env", ".pytest_cache", "build", "*.egg-info")
 TIMEOUT = 900

@@ -161,7 +161,7 @@ def test_operator_commands_see_a_forward_target_like_any_consumer(fwd_env, runti
     dead = run_cli(env, "outbox", "dead")
     assert "to-broker" in dead.stdout and "unroutable" in dead.stdout, dead.stdout
     status = run_cli(env, "outbox", "status")
-    line = next(l for l in status.stdout.splitlines() if l.startswith("to-broker"))
+    line = next(row for row in status.stdout.splitlines() if row.startswith("to-broker"))
     assert line.split()[1:5] == ["1", "1", "1", "1"], status.stdout  # pending (due, held back), dead, blocked keys
     late = rabbit.queue(exchange, "fwd.unbound", what="late")
     assert run_cli(env, "outbox", "retry", "--all").returncode == 0

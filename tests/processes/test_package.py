@@ -7,6 +7,7 @@ The venv and the wheel are built once per source state (tests/package_helpers.py
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import stat
@@ -103,6 +104,7 @@ def test_wheel_holds_one_package_cronbox_with_its_data_and_the_real_cron_script(
         assert {name.split("/")[0] for name in infos} == {"cronbox", meta}
         assert wheel.read(f"{meta}/top_level.txt").decode().split() == ["cronbox"]
         shipped = {name for name in infos if not name.startswith(meta)}
+        assert "cronbox/py.typed" in shipped  # PEP 561: type checkers read the installed package's hints
         # Every source file, template, stylesheet and migration of the packages, and nothing else.
         assert shipped == set(package_files())
         for name, path in package_files().items():
@@ -193,6 +195,28 @@ print(json.dumps(found))
     proc = run(build, "-c", walk, cwd=cwd, home=home)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def test_a_type_checker_reads_the_installed_packages_hints(build, tmp_path):
+    """mypy (the checkout's, pinned) on a user's file against the wheel installed in a fresh venv: the
+    hints come from the installed package (py.typed), so a wrong call is an error, a right one clean."""
+    user = tmp_path / "user_app.py"
+    user.write_text("from cronbox import job, record\n\n"
+                    "@job('sms', name='user.sms')\n"
+                    "def send(payload: dict, ctx: object) -> None: ...\n\n"
+                    "def dispatch(session: object) -> int | None:\n"
+                    "    return send.dispatch(session, {'to': 1}, delay='soon')\n")
+    mypy = [sys.executable, "-m", "mypy", "--no-incremental", "--python-executable", str(build.python),
+            "--config-file", os.devnull, "--follow-imports", "silent", str(user)]
+    checked = subprocess.run(mypy, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert 'Argument "delay" to "__call__" of "Dispatch" has incompatible type "str"' in checked.stdout, checked.stdout
+    assert 'Argument 1 to "__call__" of "Dispatch" has incompatible type "object"' in checked.stdout, checked.stdout
+    assert "site-packages" not in checked.stdout and "missing library stubs" not in checked.stdout, checked.stdout
+    user.write_text(user.read_text().replace("session: object", "session: 'sqlalchemy.orm.Session'")
+                    .replace("delay='soon'", "delay=5").replace("from cronbox", "import sqlalchemy.orm\nfrom cronbox"))
+    checked = subprocess.run(mypy, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_without_an_app_root_every_command_refuses_in_one_line_and_writes_nothing(build, folders, tmp_path):

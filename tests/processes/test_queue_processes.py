@@ -78,7 +78,7 @@ def test_concurrent_workers_drain_1000_jobs_without_overlap(runtime, job_env, tm
     assert unfinished(runtime) == 0
     assert sorted(n for n, *_ in runs) == list(range(1000))  # every job ran, exactly once here
     by_job = defaultdict(list)
-    for n, attempt, pid, start, end in runs:
+    for n, _attempt, _pid, start, end in runs:
         by_job[n].append((start, end))
     for intervals in by_job.values():  # no two runs of one job overlap
         intervals.sort()

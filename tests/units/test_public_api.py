@@ -136,3 +136,11 @@ def test_the_type_checkers_imports_are_the_lazy_table():
                 is_module = False
             seen[alias.asname or alias.name] = (f"{module}.{alias.name}", None) if is_module else (module, alias.name)
     assert seen == cronbox._EXPORTS
+
+
+def test_the_type_checkers_usage_file_is_valid_python_that_runs_nothing_on_import():
+    """tests/typing/public_api.py is what .ci/run's mypy checks: importable, every public name it uses real."""
+    import importlib
+
+    usage = importlib.import_module("tests.typing.public_api")
+    assert {"set_up", "handlers", "in_a_request"} <= set(vars(usage))

@@ -103,14 +103,14 @@ def test_a_request_that_moves_cwd_or_environ_still_seals_under_its_apps_keys(run
 def test_cronbox_storage_needs_an_app_it_is_set_up_on(runtime, tmp_path):
     app, cronbox = host_app(runtime, tmp_path / "clinic", "clinic")
     with pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
-        cronbox.storage
+        _ = cronbox.storage
     with Flask("other").app_context(), pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
-        cronbox.storage
+        _ = cronbox.storage
     with app.app_context():
         assert isinstance(cronbox.storage, Storage)
     other, _other_cronbox = host_app(runtime, tmp_path / "other", "other")
     with other.app_context(), pytest.raises(RuntimeError, match=r"cronbox.storage needs an app context"):
-        cronbox.storage  # another Cronbox object's app: not this one's to hand out
+        _ = cronbox.storage  # another Cronbox object's app: not this one's to hand out
 
 
 @pytest.mark.parametrize("name", ["put", "grant", "revoke", "signed_url", "open_file"])

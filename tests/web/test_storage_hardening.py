@@ -281,7 +281,7 @@ def test_unsigned_token_floods_are_counted_per_client_not_recorded_one_by_one(cl
             assert _from(client, junk[n % len(junk)], flooder) == 404
         for n in range(5):
             assert _from(client, junk[n % len(junk)], other.replace("::9", "::a")) == 404  # same /64
-        for n in range(30):  # signed by our key: every refusal recorded, whatever the flood
+        for _ in range(30):  # signed by our key: every refusal recorded, whatever the flood
             assert _from(client, revoked_url, flooder) == 404
         assert _from(client, real, flooder) == 200
         unsigned = [r for r in audit_rows(store, "redeem") if r.outcome in refusals.UNSIGNED]
@@ -293,7 +293,7 @@ def test_unsigned_token_floods_are_counted_per_client_not_recorded_one_by_one(cl
         clock.advance(refusals.WINDOW)
         assert maintenance.sweep(store, grace=maintenance.MIN_GRACE).refusals == 1
         assert maintenance.sweep(store, grace=maintenance.MIN_GRACE).refusals == 0
-        for n in range(3):  # a new window: recorded one by one again
+        for _ in range(3):  # a new window: recorded one by one again
             _from(client, junk[0], flooder)
     [counted] = [r for r in audit_rows(store, "redeem") if r.outcome == refusals.COUNTED]
     assert counted.client_ip == flooder and counted.detail.startswith("30 more ")
@@ -330,7 +330,7 @@ def test_file_names_in_the_console_are_neutralised_like_a_download(runtime, env)
         page = operator.get("/ops/files").get_data(as_text=True)
     finally:
         application.extensions["cronbox"].runtime.dispose()
-    for raw, cleaned in UNSAFE_NAMES.items():
+    for _raw, cleaned in UNSAFE_NAMES.items():
         assert cleaned in page
     for char in "\x00\x1b\x7f\x85\u061c\u200e\u200f\u2028\u2029\u202e\u2066\u2067\u2068\u2069":
         assert char not in page, repr(char)

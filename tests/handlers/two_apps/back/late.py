@@ -1,0 +1,11 @@
+"""A submodule of `back` that `back` does not import: the package prefix makes it back's."""
+from __future__ import annotations
+
+from cronbox import consumer
+
+from ..ran import note
+
+
+@consumer("visit.refunded", name="back.refund")
+def refund(event, ctx):
+    note("back.refund", event.payload)

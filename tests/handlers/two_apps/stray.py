@@ -1,0 +1,11 @@
+"""Imported by the test process, named and imported by neither app: neither runs it."""
+from __future__ import annotations
+
+from cronbox import consumer
+
+from .ran import note
+
+
+@consumer("visit.paid", name="stray.audit")
+def audit(event, ctx):
+    note("stray.audit", event.payload)

@@ -1,0 +1,68 @@
+"""The public API used as the README and examples/clinic use it, for the type checker (.ci/run runs
+mypy on this file and on `cronbox`): a change that breaks a user's typed code fails CI here.
+tests/units/test_public_api.py imports it, so it also stays valid Python; nothing runs on import."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+
+import cronbox
+from cronbox import (Context, Cronbox, Event, PermanentFailure, RetryLater, UploadRefused,
+                     alembic_include_name, alembic_include_object, consumer, forward, job, record,
+                     request_client, schedule, seal_upload, send_email, send_sms, upload_csrf_token)
+
+
+def set_up(db: SQLAlchemy) -> tuple[Flask, Cronbox]:
+    extension = Cronbox()
+    app = Flask(__name__)
+    app.config.update(CRONBOX_HANDLERS="clinic.handlers")
+    db.init_app(app)
+    extension.init_app(app, db=db, console_operator=lambda request: "staff", upload_operator=None)
+    return app, extension
+
+
+def handlers(db: SQLAlchemy) -> None:
+    @consumer("appointment.paid", name="clinic.receipt", max_attempts=5, backoff=[10, 60])
+    def send_receipt(event: Event, ctx: Context) -> None:
+        if event.payload.get("missing"):
+            raise PermanentFailure("no such appointment")
+        ctx.session.flush()
+        send_sms.dispatch(db.session, {"to": "+100", "text": "paid"})
+        send_email.dispatch(ctx.session, {"to": "a@example.org", "subject": "s", "text": "t"})
+
+    @job("reports", name="clinic.report", tries=3, unique=True, rate_limit="10/m")
+    def report(payload: dict, ctx: Context) -> None:
+        raise RetryLater(30)
+
+    @schedule.every(hours=1, name="clinic.hourly")
+    def hourly(ctx: Context) -> None:
+        report.dispatch(ctx.session, {"day": 1}, delay=timedelta(minutes=5), unique_key="day-1")
+
+    @schedule.cron("0 7 * * *", tz="Asia/Tehran")
+    def morning(ctx: Context) -> None:
+        pass
+
+    to_broker = forward("appointment.*", exchange="clinic", routing_key=lambda e: e.type)
+    names: list[str] = [send_receipt.consumer_name, report.job.name, hourly.task_name, morning.task_name,
+                        to_broker.name]
+    job_id: int | None = report.dispatch(db.session, {"day": 2})
+    del names, job_id
+
+
+def in_a_request(app: Flask, extension: Cronbox, db: SQLAlchemy) -> str:
+    with app.test_request_context():
+        event = record(db.session, "appointment.paid", {"appointment_id": 1}, key="appointment:1")
+        trace: str = event.trace_id
+        try:
+            upload = seal_upload(session=db.session, owner="patient:1", client=request_client())
+        except UploadRefused as refused:
+            return f"{refused.status} {refused.message} {trace}"
+        store = extension.storage
+        grant_id: str = store.grant(db.session, upload.file_id, "patient:1", expires_in=3600, max_uses=3)
+        db.session.commit()
+        token: str = upload_csrf_token()
+        url: str = store.signed_url(grant_id, ttl=300)
+        assert cronbox.CronboxError is not None and callable(alembic_include_name) and callable(alembic_include_object)
+        return url + token
