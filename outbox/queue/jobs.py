@@ -18,7 +18,7 @@ from sqlalchemy import Table, insert
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.payload import dump_payload
-from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
 from cronbox.outbox.events.record import connection_of, new_trace_id
@@ -101,10 +101,7 @@ class JobHandler:
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
             return connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
-        result = insert_ignore(connection, J, row)
-        if result.rowcount == 0:
-            return None
-        return result.inserted_primary_key[0]
+        return insert_ignore_id(connection, J, row)
 
 
 def _stored_key(handler: str, key: str) -> str:
