@@ -72,7 +72,7 @@ def test_each_app_holds_what_its_handler_modules_define_or_import(apps):
     assert own_names(b.consumers) == {"back.ledger", "back.refund"}
     assert own_names(f.jobs) == {"two_apps.remind"} and own_names(b.jobs) == {"two_apps.report"}
     assert own_names(f.tasks) == set() and own_names(b.tasks) == {"back.reconcile"}
-    assert [c.name for c in f.consumers.for_type("visit.paid")] == ["front.to-broker", "front.receipt"]
+    assert [c.name for c in f.consumers.for_type("two_apps.visit.paid")] == ["front.to-broker", "front.receipt"]
     assert f.consumers.get("back.ledger") is None and b.consumers.get("front.receipt") is None
     assert b.jobs.get("two_apps.remind") is None and "reports" not in f.jobs.queues()
     # ... and both hold cronbox's own: the channels' jobs and alert, the built-in tasks.
@@ -89,7 +89,7 @@ def test_each_apps_tick_runs_its_own_consumers_and_jobs_in_its_own_context(apps)
     (front, front_db), (back, back_db) = apps
     for app, db, amount in ((front, front_db, 1), (back, back_db, 2)):
         with app.app_context():
-            record(db.session, "visit.paid", {"amount": amount})
+            record(db.session, "two_apps.visit.paid", {"amount": amount})
             if app is front:
                 from tests.handlers.two_apps.shared_jobs import remind
 

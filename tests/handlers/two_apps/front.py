@@ -6,10 +6,9 @@ from cronbox import consumer, forward
 from .ran import note
 from .shared_jobs import remind  # noqa: F401  (owned by import: this app runs it)
 
-# back.ledger (runs unsaid) also takes visit.paid: refused in one registry, fine in two apps.
-to_broker = forward("visit.*", exchange="front", name="front.to-broker")
+to_broker = forward("two_apps.visit.*", exchange="front", name="front.to-broker")
 
 
-@consumer("visit.paid", name="front.receipt", runs="tick")  # its events are forwarded too
+@consumer("two_apps.visit.paid", name="front.receipt", runs="tick")  # its events are forwarded too
 def receipt(event, ctx):
     note("front.receipt", event.payload)

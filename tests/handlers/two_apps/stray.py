@@ -6,6 +6,6 @@ from cronbox import consumer
 from .ran import note
 
 
-@consumer("visit.paid", name="stray.audit")
+@consumer("two_apps.visit.paid", name="stray.audit", runs="tick")
 def audit(event, ctx):
     note("stray.audit", event.payload)

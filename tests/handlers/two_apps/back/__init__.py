@@ -8,7 +8,7 @@ from .. import reports  # noqa: F401  (owned by import: this app runs its jobs)
 from ..ran import note
 
 
-@consumer("visit.paid", name="back.ledger")
+@consumer("two_apps.visit.paid", name="back.ledger", runs="tick")
 def ledger(event, ctx):
     note("back.ledger", event.payload)
 

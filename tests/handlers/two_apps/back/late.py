@@ -6,6 +6,6 @@ from cronbox import consumer
 from ..ran import note
 
 
-@consumer("visit.refunded", name="back.refund")
+@consumer("two_apps.visit.refunded", name="back.refund", runs="tick")
 def refund(event, ctx):
     note("back.refund", event.payload)
