@@ -72,6 +72,8 @@ class JobHandler:
             raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
         if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
             raise PayloadError("unique_key must be a non-empty string")
+        if unique_key is not None and "\x00" in unique_key:  # PostgreSQL stores no NUL in text: none does
+            raise PayloadError("unique_key must not contain NUL characters")
         if concurrency_group is not None:
             groups.check_group(concurrency_group, None, error=PayloadError)
             if self.grouped:

@@ -200,3 +200,77 @@ def test_a_listener_on_a_lock_connection_listens_again_after_the_lock_is_taken_b
     assert listener.wait(10)  # LISTEN was sent again on the new one
     writer.join()
     lock.release()
+
+
+# --- a lingering worker and tick, as cron starts them ------------------------------------------------
+
+def _wait_until(condition, timeout: float = 20, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _done(runtime) -> list[int]:
+    from cronbox.outbox.queue.models import Job
+
+    with runtime.sessions() as session:
+        return sorted(row.id for row in session.scalars(select(Job).where(Job.status == "done")))
+
+
+def test_a_lingering_worker_whose_listening_connection_is_dropped_loses_no_job(runtime, env, tmp_path,
+                                                                               postgres_admin):
+    """The worker listens on a connection of its own; terminated, it goes on by polling, says so in one
+    log line, listens again on a new connection, and every job dispatched meanwhile is done."""
+    from tests.conftest import start_cli
+    from tests.handlers import jobs as test_jobs
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    worker = start_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.jobs", "TEST_RUNS_DIR": str(runs)},
+                       "queue", "work", "--max-time", "30")
+    try:
+        _wait_until(lambda: _listening_pids(postgres_admin, runtime), what="the worker's LISTEN")
+        (first,) = _listening_pids(postgres_admin, runtime)
+        with runtime.sessions.begin() as session:
+            before = test_jobs.record_run.dispatch(session, {"n": 1})
+        _wait_until(lambda: before in _done(runtime), what="the job dispatched while it listened")
+        terminate(postgres_admin, first)
+        with runtime.sessions.begin() as session:
+            during = test_jobs.record_run.dispatch(session, {"n": 2})
+        _wait_until(lambda: during in _done(runtime), what="the job dispatched after the drop (by polling)")
+        _wait_until(lambda: _listening_pids(postgres_admin, runtime) - {first}, what="a new LISTEN")
+        with runtime.sessions.begin() as session:
+            after = test_jobs.record_run.dispatch(session, {"n": 3})
+        _wait_until(lambda: after in _done(runtime), what="the job dispatched once it listened again")
+    finally:
+        worker.terminate()
+        out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    log = "".join(p.read_text() for p in (tmp_path / "instance" / "logs").glob("*.log"))
+    assert "polling until it is back" in log
+    assert not _listening_pids(postgres_admin, runtime)  # closed with the run
+
+
+def test_a_lingering_tick_listens_on_its_lock_connection_and_delivers(runtime, env, tmp_path, postgres_admin):
+    from tests.conftest import start_cli
+    from tests.handlers.effects import effects, metadata as effects_metadata
+
+    effects_metadata.create_all(runtime.engine)
+    tick = start_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.effects",
+                      "TEST_EFFECTS_FILE": str(tmp_path / "effects.txt")}, "tick", "--max-time", "20")
+    try:
+        _wait_until(lambda: _listening_pids(postgres_admin, runtime), what="the tick's LISTEN")
+        with postgres_admin.connect() as connection:  # the one connection that listens holds the tick's lock
+            (holder,) = connection.execute(text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = :db)"), {"db": runtime.engine.url.database}).all()
+        assert {holder[0]} == _listening_pids(postgres_admin, runtime)
+        with runtime.sessions.begin() as session:
+            event = record(session, "work", {})
+        with runtime.engine.connect() as connection:
+            _wait_until(lambda: connection.execute(select(effects.c.event_id).where(
+                effects.c.consumer == "effects.db")).scalars().all() == [event.id], what="the consumer's write")
+    finally:
+        tick.terminate()
+        tick.communicate(timeout=60)
