@@ -65,14 +65,20 @@ def postgres_admin():
         _postgres_unavailable("TEST_POSTGRES_URL is not set")
     from cronbox.outbox.core.engines import engine_url
 
-    engine = create_engine(engine_url(POSTGRES_URL), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    engine = _reachable(engine_url(POSTGRES_URL), _postgres_unavailable, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+def _reachable(url: str, unavailable, **engine_args):
+    """A server-level engine on `url` that answered a SELECT 1; else `unavailable(reason)`."""
+    engine = create_engine(url, poolclass=NullPool, **engine_args)
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:
-        _postgres_unavailable(f"{make_url(POSTGRES_URL).render_as_string(hide_password=True)} unreachable: {exc}")
-    yield engine
-    engine.dispose()
+        unavailable(f"{make_url(url).render_as_string(hide_password=True)} unreachable: {exc}")
+    return engine
 
 
 def postgres_url(name: str) -> str:
@@ -104,12 +110,7 @@ def mysql_admin():
     """A server-level engine for creating and dropping test databases."""
     if not MYSQL_URL:
         _unavailable("TEST_MYSQL_URL is not set")
-    engine = create_engine(MYSQL_URL, poolclass=NullPool, connect_args={"ssl_disabled": True})
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-    except Exception as exc:
-        _unavailable(f"{make_url(MYSQL_URL).render_as_string(hide_password=True)} unreachable: {exc}")
+    engine = _reachable(MYSQL_URL, _unavailable, connect_args={"ssl_disabled": True})
     yield engine
     engine.dispose()
 

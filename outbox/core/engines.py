@@ -145,6 +145,20 @@ def _ping_when_idle(engine: Engine) -> None:
     event.listen(engine, "checkout", checkout)
 
 
+def _server_engine(settings: Settings, url: str, role: str, connect_args: dict) -> Engine:
+    """What both servers' engines share: READ COMMITTED, the pool of the role, recycling, and (but a
+    lock's connection) the clean-return and ping-when-idle listeners; a web pool's connections get
+    their lock-wait default back on return."""
+    engine = create_engine(url, connect_args=connect_args, pool_recycle=settings.pool_recycle,
+                           isolation_level="READ COMMITTED", **_pool_args(role))
+    if role != "lock":
+        _track_cleanliness(engine)
+        _ping_when_idle(engine)
+    if role == "web":
+        event.listen(engine, "reset", restore_on_return)
+    return engine
+
+
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
     if settings.mysql_tls == "off":
@@ -155,19 +169,7 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
         connect_args.update(ssl_verify_cert=True, ssl_verify_identity=True)
     else:
         connect_args.update(ssl_ca=settings.mysql_tls, ssl_verify_cert=True, ssl_verify_identity=True)
-    engine = create_engine(
-        url,
-        connect_args=connect_args,
-        pool_recycle=settings.pool_recycle,
-        isolation_level="READ COMMITTED",
-        **_pool_args(role),
-    )
-
-    if role != "lock":
-        _track_cleanliness(engine)
-        _ping_when_idle(engine)
-    if role == "web":
-        event.listen(engine, "reset", restore_on_return)
+    engine = _server_engine(settings, url, role, connect_args)
 
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
@@ -187,18 +189,8 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
 
 def _postgresql_engine(settings: Settings, url: str, role: str) -> Engine:
     _require_psycopg()
-    engine = create_engine(
-        url,
-        connect_args={"connect_timeout": 10, "application_name": "cronbox", **KEEPALIVES},
-        pool_recycle=settings.pool_recycle,
-        isolation_level="READ COMMITTED",
-        **_pool_args(role),
-    )
-    if role != "lock":
-        _track_cleanliness(engine)
-        _ping_when_idle(engine)
-    if role == "web":
-        event.listen(engine, "reset", restore_on_return)
+    engine = _server_engine(settings, url, role,
+                            {"connect_timeout": 10, "application_name": "cronbox", **KEEPALIVES})
 
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
