@@ -25,6 +25,7 @@ from sqlalchemy.pool import NullPool
 from cronbox import outbox
 from bench import handlers
 from bench.report import write_section
+from cronbox.outbox.core.engines import engine_url
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.core.settings import load_settings
 from cronbox.outbox.engine.budget import Budget
@@ -36,13 +37,19 @@ APP_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Target:
-    """A fresh database (SQLite file or MariaDB schema) with cronbox migrated in it."""
+    """A fresh database (SQLite file, MariaDB schema or PostgreSQL database) with cronbox migrated in it."""
 
     def __init__(self, label: str, mysql_url: str | None):
         self.label = label
         self.folder = Path(tempfile.mkdtemp(prefix="cronbox-bench-"))
         self.admin = None
-        if mysql_url:
+        if mysql_url and mysql_url.startswith("postgres"):  # the same for a PostgreSQL server URL
+            self.name = f"cronbox_bench_{secrets.token_hex(4)}"
+            self.admin = create_engine(engine_url(mysql_url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+            with self.admin.connect() as c:
+                c.execute(text(f"CREATE DATABASE {self.name}"))
+            self.url = make_url(engine_url(mysql_url)).set(database=self.name).render_as_string(hide_password=False)
+        elif mysql_url:
             self.name = f"cronbox_bench_{secrets.token_hex(4)}"
             self.admin = create_engine(mysql_url, poolclass=NullPool, connect_args={"ssl_disabled": True})
             with self.admin.connect() as c:
@@ -68,8 +75,9 @@ class Target:
     def close(self):
         self.runtime.dispose()
         if self.admin is not None:
+            force = " WITH (FORCE)" if self.admin.dialect.name == "postgresql" else ""
             with self.admin.connect() as c:
-                c.execute(text(f"DROP DATABASE {self.name}"))
+                c.execute(text(f"DROP DATABASE {self.name}{force}"))
             self.admin.dispose()
 
 

@@ -1,10 +1,12 @@
-"""Fixtures: every database test runs on SQLite and on MariaDB (both claim paths).
+"""Fixtures: every database test runs on SQLite, on MariaDB (both claim paths) and on PostgreSQL.
 
-MariaDB tests need TEST_MYSQL_URL (e.g. mysql+pymysql://root:@127.0.0.1/test).
-Without it, or with the server unreachable, they are skipped with the reason
-shown in the summary (-rs); with CRONBOX_REQUIRE_MYSQL=1 (as in CI) that is a
-failure instead. Each test gets its own database `cronbox_test_<random>`,
-dropped afterwards: nothing assumes `test` is empty.
+MariaDB tests need TEST_MYSQL_URL (e.g. mysql+pymysql://root:@127.0.0.1/test), PostgreSQL tests
+TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/postgres). Without it, or with the
+server unreachable, they are skipped with the reason shown in the summary (-rs); with
+CRONBOX_REQUIRE_MYSQL=1 / CRONBOX_REQUIRE_POSTGRES=1 (as in CI) that is a failure instead. Each
+test gets its own database `cronbox_test_<random>`, dropped afterwards: nothing assumes `test` is
+empty. On PostgreSQL the `runtime` fixture makes it a copy of a template database the real
+migrations made once per session (CREATE DATABASE ... TEMPLATE), dropped at the session's end.
 """
 from __future__ import annotations
 
@@ -31,10 +33,13 @@ from cronbox.outbox.engine.registry import Registry
 APP_ROOT = Path(__file__).resolve().parent.parent
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL")
 REQUIRE_MYSQL = os.environ.get("CRONBOX_REQUIRE_MYSQL") == "1"
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL")
+REQUIRE_POSTGRES = os.environ.get("CRONBOX_REQUIRE_POSTGRES") == "1"
 
-BACKENDS = ["sqlite", "mysql-skip-locked", "mysql-token"]
+BACKENDS = ["sqlite", "mysql-skip-locked", "mysql-token", "postgresql"]
 MYSQL_BACKENDS = ["mysql-skip-locked", "mysql-token"]
-ONE_MYSQL_MODE = ["sqlite", "mysql-skip-locked"]  # for modules where the claim mode changes nothing
+# For modules where MariaDB's claim mode changes nothing: each backend once.
+ONE_MYSQL_MODE = ["sqlite", "mysql-skip-locked", "postgresql"]
 
 hypothesis_settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 hypothesis_settings.register_profile("dev", deadline=None)
@@ -47,17 +52,65 @@ def _unavailable(reason: str):
     pytest.skip(f"MariaDB tests skipped: {reason}")
 
 
+def _postgres_unavailable(reason: str):
+    if REQUIRE_POSTGRES:
+        pytest.fail(f"PostgreSQL required (CRONBOX_REQUIRE_POSTGRES=1) but {reason}")
+    pytest.skip(f"PostgreSQL tests skipped: {reason}")
+
+
+@pytest.fixture(scope="session")
+def postgres_admin():
+    """A server-level engine (autocommit: CREATE/DROP DATABASE) for the test databases."""
+    if not POSTGRES_URL:
+        _postgres_unavailable("TEST_POSTGRES_URL is not set")
+    from cronbox.outbox.core.engines import engine_url
+
+    engine = _reachable(engine_url(POSTGRES_URL), _postgres_unavailable, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+def _reachable(url: str, unavailable, **engine_args):
+    """A server-level engine on `url` that answered a SELECT 1; else `unavailable(reason)`."""
+    engine = create_engine(url, poolclass=NullPool, **engine_args)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:
+        unavailable(f"{make_url(url).render_as_string(hide_password=True)} unreachable: {exc}")
+    return engine
+
+
+def postgres_url(name: str) -> str:
+    from cronbox.outbox.core.engines import engine_url
+
+    return make_url(engine_url(POSTGRES_URL)).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_admin, tmp_path_factory) -> str:
+    """A database the real migrations made once per session (per xdist worker); tests copy it."""
+    name = f"cronbox_tmpl_{secrets.token_hex(6)}"
+    with postgres_admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        settings = load_settings(environ={"DATABASE_URL": postgres_url(name), "CRONBOX_HANDLERS": "",
+                                          "CRONBOX_INSTANCE": str(tmp_path_factory.mktemp("schema-template"))})
+        rt = Runtime(settings)
+        upgrade(settings, rt.engine)
+        rt.dispose()
+        yield name
+    finally:
+        with postgres_admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
 @pytest.fixture(scope="session")
 def mysql_admin():
     """A server-level engine for creating and dropping test databases."""
     if not MYSQL_URL:
         _unavailable("TEST_MYSQL_URL is not set")
-    engine = create_engine(MYSQL_URL, poolclass=NullPool, connect_args={"ssl_disabled": True})
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-    except Exception as exc:
-        _unavailable(f"{make_url(MYSQL_URL).render_as_string(hide_password=True)} unreachable: {exc}")
+    engine = _reachable(MYSQL_URL, _unavailable, connect_args={"ssl_disabled": True})
     yield engine
     engine.dispose()
 
@@ -72,6 +125,14 @@ class Database:
     @property
     def is_mysql(self) -> bool:
         return self.backend.startswith("mysql")
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.backend == "postgresql"
+
+    @property
+    def is_server(self) -> bool:
+        return self.backend != "sqlite"
 
 
 def pytest_generate_tests(metafunc):
@@ -121,6 +182,17 @@ def server_settings_lock(tmp_path_factory) -> ServerSettingsLock:
 def database(backend, tmp_path, request):
     if backend == "sqlite":
         yield Database(backend, f"sqlite:///{tmp_path / 'instance' / 'cronbox.db'}", "auto")
+        return
+    if backend == "postgresql":
+        admin = request.getfixturevalue("postgres_admin")
+        name = f"cronbox_test_{secrets.token_hex(6)}"
+        with admin.connect() as connection:
+            connection.execute(text(f"CREATE DATABASE {name}"))
+        try:
+            yield Database(backend, postgres_url(name), "auto", name)
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         return
     admin = request.getfixturevalue("mysql_admin")
     lock = request.getfixturevalue("server_settings_lock")
@@ -202,7 +274,14 @@ def runtime(settings, registry, database, request):
     The schema is copied from a per-session template the real migrations made (test_migrations.py
     runs them on each backend too): Alembic on every test cost about 0.6 s a test on MariaDB.
     """
-    if database.is_mysql:
+    if database.is_postgresql:
+        # The empty database made again as a copy of the template (nothing has connected to it yet).
+        template = request.getfixturevalue("postgres_template")
+        with request.getfixturevalue("postgres_admin").connect() as connection:
+            connection.execute(text(f"DROP DATABASE {database.name}"))
+            connection.execute(text(f"CREATE DATABASE {database.name} TEMPLATE {template}"))
+        rt = Runtime(settings, registry=registry)
+    elif database.is_mysql:
         rt = Runtime(settings, registry=registry)
         with rt.engine.begin() as connection:
             connection.execute(text("SET FOREIGN_KEY_CHECKS = 0"))

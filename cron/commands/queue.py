@@ -9,6 +9,7 @@ from cronbox.cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_q
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.notify import own_listener
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import heartbeat, profiles
 from cronbox.outbox.engine.admission import time_headroom
@@ -68,11 +69,18 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
     started = clock.monotonic()
     result = start_within(rt.engine, budget, rt.ensure_schema, "the schema check")
     if result is None:
-        with run_lock_waits(rt.engine, budget.remaining):
-            result = record_run(rt.sessions, "work",
-                                lambda: run_loop([worker.run], budget, linger=not (stop_when_empty or once),
-                                                 poll=sleep),
-                                lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
+        linger = not (stop_when_empty or once)
+        # PostgreSQL: a lingering worker listens on a connection of its own (outbox.core.notify).
+        listening = own_listener(rt.lock_engine) if linger else None
+        listener, stop_listening = listening if listening is not None else (None, lambda: None)
+        try:
+            with run_lock_waits(rt.engine, budget.remaining):
+                result = record_run(rt.sessions, "work",
+                                    lambda: run_loop([worker.run], budget, linger=linger, poll=sleep,
+                                                     listener=listener),
+                                    lambda: {"jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up})
+        finally:
+            stop_listening()
     s = worker.stats
     ran = s.done + s.retried + s.gave_up + s.lease_lost
     click.echo(f"queue work: {ran} jobs ({s.done} done, {s.retried} retried, {s.gave_up} failed, {s.deferred} "

@@ -34,7 +34,7 @@ from cronbox.cron.scheduling.models import ScheduleRun
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.core.logs import log_text
-from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.handler_call import Outcome, call_handler
@@ -168,9 +168,8 @@ class TaskContext:
 
 def claim_slot(session: Session, task: Task, slot: datetime, now: datetime) -> int | None:
     """Insert the (task, slot) row; its id if we won the slot, None if someone else has it."""
-    result = insert_ignore(session, R, {"task": task.name, "slot": slot, "status": "running", "started_at": now,
-                                        "host": socket.gethostname()[:255], "pid": os.getpid()})
-    return result.inserted_primary_key[0] if result.rowcount == 1 else None
+    return insert_ignore_id(session, R, {"task": task.name, "slot": slot, "status": "running", "started_at": now,
+                                         "host": socket.gethostname()[:255], "pid": os.getpid()})
 
 
 def run_task(runtime, task: Task, slot: datetime) -> str | None:

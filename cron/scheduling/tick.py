@@ -12,6 +12,7 @@ from cronbox.cron.scheduling.schedule import Scheduler
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import SchemaError, SettingsError
 from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.notify import Listener
 from cronbox.outbox.core.resources import peak_rss_kb
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.admission import time_headroom
@@ -83,7 +84,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
     workers = tick_workers(runtime.settings)
     if workers > 1:
         try:  # on MySQL the tick's lock has a connection of its own
-            check_budget(runtime.settings, workers, lock_connection=runtime.is_mysql, what="CRONBOX_TICK_WORKERS")
+            check_budget(runtime.settings, workers, lock_connection=runtime.is_server, what="CRONBOX_TICK_WORKERS")
         except PoolRefused as exc:
             raise SettingsError(str(exc)) from None
     # The lock connection idles while one handler or task runs: its wait_timeout must outlast the
@@ -116,12 +117,15 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
                     "jobs_done": worker.stats.done, "jobs_failed": worker.stats.gave_up,
                     "backlog": backlog, "peak_rss_kb": peak_rss_kb()}
 
+        # PostgreSQL: the lingering tick waits on its lock connection for NOTIFY (outbox.core.notify).
+        listener = Listener(lambda: lock.connection) if runtime.is_postgresql else None
         if blocked is not None:
             result = blocked
         else:
             with run_lock_waits(runtime.engine, budget.remaining):
                 result = record_run(runtime.sessions, "tick",
-                                    lambda: run_loop(stages, budget, linger=linger, lock=lock), counts)
+                                    lambda: run_loop(stages, budget, linger=linger, lock=lock, listener=listener),
+                                    counts)
         report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
                             once=once, drain=drain, seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())

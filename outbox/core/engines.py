@@ -8,24 +8,31 @@
   wait_timeout, because idle connections are killed.
   Cron processes get a pool of exactly one connection, no overflow: the account
   may have max_user_connections as low as 3.
+- PostgreSQL (psycopg 3, the `cronbox[postgresql]` extra): READ COMMITTED (the server's default,
+  set anyway: a role or database may default to another), every session in UTC, TCP keepalives so a
+  dead peer is noticed, the same pools, ping-when-idle and cleanliness tracking as MySQL. Whatever
+  driver the host's URL names (`postgresql://`, `postgres://`, `postgresql+psycopg2://`), cronbox's
+  own engines use psycopg 3 (`engine_url`): one driver to test, binary wheels so cPanel needs no
+  compiler, and the host's engine keeps its own driver for `record(db.session, ...)`.
 - SQLite (the embedded default): WAL, busy_timeout, and BEGIN IMMEDIATE for
   every transaction, so a reader never has to upgrade to a writer halfway (that
   fails at once with "database is locked" instead of waiting).
 
-The driver (PyMySQL) and the dialect are used as they come: nothing here changes a module, a
-class or a dialect's methods, so a host app's engines in the same process behave as without cronbox.
+The drivers (PyMySQL, psycopg) and the dialects are used as they come: nothing here changes a module,
+a class or a dialect's methods, so a host app's engines in the same process behave as without cronbox.
 """
 from __future__ import annotations
 
 import time
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from cronbox.outbox.core import sqlite_files
+from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.lock_wait import SQLITE_BUSY_MS, restore_on_return
 from cronbox.outbox.core.settings import Settings
 
@@ -34,10 +41,33 @@ CRON_WAIT_TIMEOUT = 3600  # seconds; see _session_setup
 
 def make_engine(settings: Settings, *, role: str = "cron", url: str | None = None) -> Engine:
     """role: "cron" (one pooled connection), "web" (small pool) or "lock" (no pool: one dedicated connection)."""
-    url = url or settings.database_url
+    url = engine_url(url or settings.database_url)
     if url.startswith("sqlite"):
         return _sqlite_engine(settings, url, role)
+    if url.startswith("postgresql"):
+        return _postgresql_engine(settings, url, role)
     return _mysql_engine(settings, url, role)
+
+
+POSTGRESQL_SCHEMES = ("postgresql", "postgres")
+PSYCOPG = "postgresql+psycopg"
+
+
+def engine_url(url: str) -> str:
+    """The URL cronbox's own engines connect with: a PostgreSQL URL with any driver (or none) gets
+    psycopg 3; the rest as given."""
+    scheme = url.split(":", 1)[0]
+    if scheme.split("+", 1)[0] not in POSTGRESQL_SCHEMES or scheme == PSYCOPG:
+        return url
+    return make_url(url).set(drivername=PSYCOPG).render_as_string(hide_password=False)
+
+
+def _require_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401  (the dialect imports it too; asked here for a one-line answer)
+    except ImportError:
+        raise SettingsError("a PostgreSQL DATABASE_URL needs psycopg 3: pip install 'cronbox[postgresql]' "
+                            "(or psycopg[binary])") from None
 
 
 def _pool_args(role: str) -> dict:
@@ -115,6 +145,20 @@ def _ping_when_idle(engine: Engine) -> None:
     event.listen(engine, "checkout", checkout)
 
 
+def _server_engine(settings: Settings, url: str, role: str, connect_args: dict) -> Engine:
+    """What both servers' engines share: READ COMMITTED, the pool of the role, recycling, and (but a
+    lock's connection) the clean-return and ping-when-idle listeners; a web pool's connections get
+    their lock-wait default back on return."""
+    engine = create_engine(url, connect_args=connect_args, pool_recycle=settings.pool_recycle,
+                           isolation_level="READ COMMITTED", **_pool_args(role))
+    if role != "lock":
+        _track_cleanliness(engine)
+        _ping_when_idle(engine)
+    if role == "web":
+        event.listen(engine, "reset", restore_on_return)
+    return engine
+
+
 def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
     connect_args: dict = {"charset": "utf8mb4", "connect_timeout": 10}
     if settings.mysql_tls == "off":
@@ -125,19 +169,7 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
         connect_args.update(ssl_verify_cert=True, ssl_verify_identity=True)
     else:
         connect_args.update(ssl_ca=settings.mysql_tls, ssl_verify_cert=True, ssl_verify_identity=True)
-    engine = create_engine(
-        url,
-        connect_args=connect_args,
-        pool_recycle=settings.pool_recycle,
-        isolation_level="READ COMMITTED",
-        **_pool_args(role),
-    )
-
-    if role != "lock":
-        _track_cleanliness(engine)
-        _ping_when_idle(engine)
-    if role == "web":
-        event.listen(engine, "reset", restore_on_return)
+    engine = _server_engine(settings, url, role, connect_args)
 
     @event.listens_for(engine, "connect")
     def _session_setup(dbapi_connection, _record):
@@ -148,6 +180,28 @@ def _mysql_engine(settings: Settings, url: str, role: str) -> Engine:
                 # network must not find it closed by a host's 20 s wait_timeout (its ack would be
                 # lost and the work repeated). Cron processes are short-lived: nothing stays open.
                 cursor.execute(f"SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, {CRON_WAIT_TIMEOUT})")
+
+    return engine
+
+
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def _postgresql_engine(settings: Settings, url: str, role: str) -> Engine:
+    _require_psycopg()
+    engine = _server_engine(settings, url, role,
+                            {"connect_timeout": 10, "application_name": "cronbox", **KEEPALIVES})
+
+    @event.listens_for(engine, "connect")
+    def _session_setup(dbapi_connection, _record):
+        # SET outside a transaction (psycopg otherwise opens one, and a rollback would undo it):
+        # SQLAlchemy's documented recipe for per-connection settings.
+        dbapi_connection.autocommit = True
+        try:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET TIME ZONE 'UTC'")
+        finally:
+            dbapi_connection.autocommit = False
 
     return engine
 

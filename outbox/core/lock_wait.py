@@ -41,8 +41,8 @@ _BOUND = "cronbox_lock_wait"  # the bound set on a DB-API connection, in its poo
 
 def bound_lock_wait(connection: Connection, remaining: float) -> int:
     """Let a statement on `connection` wait at most LOCK_WAIT_SLICE seconds for a lock, and no longer
-    than `remaining` (at least 1 s: both servers count whole seconds here). Returns the bound."""
-    return _bound(connection.connection, connection.info, connection.dialect.name, remaining)
+    than `remaining` (at least 1 s: the servers count whole seconds here). Returns the bound."""
+    return _bound(connection.connection.dbapi_connection, connection.info, connection.dialect.name, remaining)
 
 
 @contextmanager
@@ -72,18 +72,35 @@ def run_lock_waits(engine: Engine, remaining: Callable[[], float]) -> Iterator[N
 def _bound(dbapi_connection, info: dict, dialect: str, remaining: float) -> int:
     seconds = LOCK_WAIT_SLICE if remaining >= LOCK_WAIT_SLICE else max(1, math.ceil(remaining))  # inf: no --max-time
     if info.get(_BOUND) != seconds:
-        _set(dbapi_connection, dialect, seconds)
-        info[_BOUND] = seconds
+        if _set(dbapi_connection, dialect, seconds):
+            info[_BOUND] = seconds
     return seconds
 
 
 def restore_on_return(dbapi_connection, record, reset_state) -> None:
     """A pool "reset" listener (web engines): a connection a run bounded gets its default wait back."""
     if record.info.pop(_BOUND, None) is not None and not reset_state.terminate_only:
-        _set(dbapi_connection, "sqlite" if _is_sqlite(dbapi_connection) else "mysql", None)
+        _set(dbapi_connection, _dialect_of(dbapi_connection), None)
 
 
-def _set(dbapi_connection, dialect: str, seconds: int | None) -> None:
+def _set(dbapi_connection, dialect: str, seconds: int | None) -> bool:
+    """Send the bound; True when it holds for the connection's next transactions too.
+
+    PostgreSQL's SET is transactional: inside a transaction that then rolls back it is undone. So
+    outside a transaction the SET is committed at once; inside one (an ack after a handler's writes)
+    it is SET LOCAL, for that transaction alone, and not remembered, so the next bound is sent again."""
+    if dialect == "postgresql":
+        from psycopg.pq import TransactionStatus  # a PostgreSQL engine has loaded psycopg already
+
+        idle = dbapi_connection.info.transaction_status == TransactionStatus.IDLE
+        with dbapi_connection.cursor() as cursor:
+            if seconds is None:
+                cursor.execute("RESET lock_timeout")
+            else:
+                cursor.execute(f"SET {'' if idle else 'LOCAL '}lock_timeout = '{int(seconds)}s'")
+        if idle:
+            dbapi_connection.commit()
+        return idle
     cursor = dbapi_connection.cursor()
     try:
         if dialect == "sqlite":
@@ -95,10 +112,12 @@ def _set(dbapi_connection, dialect: str, seconds: int | None) -> None:
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {value}, lock_wait_timeout = {value}")
     finally:
         cursor.close()
+    return True
 
 
-def _is_sqlite(dbapi_connection) -> bool:
-    return type(dbapi_connection).__module__.startswith("sqlite3")
+def _dialect_of(dbapi_connection) -> str:
+    module = type(dbapi_connection).__module__
+    return "sqlite" if module.startswith("sqlite3") else "postgresql" if module.startswith("psycopg") else "mysql"
 
 
 def lock_wait_error(what: str, waited: float) -> str:

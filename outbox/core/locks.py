@@ -7,6 +7,13 @@ when the connection dies, including when it idles past wait_timeout, so the
 lock connection raises its own SESSION wait_timeout above the run's length and
 the run checks `IS_USED_LOCK(name) = CONNECTION_ID()` before each batch.
 
+PostgreSQL: a session-level advisory lock, `pg_try_advisory_lock(key)`, the same way: a dedicated
+connection in autocommit (a session lock outlives transactions; a transaction-level one would end
+with the first commit), released by the server when that connection ends, checked before each batch
+in `pg_locks` (ours: this backend's pid). The key is a 64-bit hash of the same name; advisory locks
+are per database, so other tenants cannot collide. Idle connections are not closed by default
+(idle_session_timeout, 14+, is 0), and TCP keepalives (outbox.core.engines) notice a dead peer.
+
 SQLite: an flock()-based file lock in <instance>/locks/; the kernel releases it
 when the process dies, even under SIGKILL.
 """
@@ -24,7 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.errors import LockLost
-from cronbox.outbox.core.server import database_name, is_mysql
+from cronbox.outbox.core.server import database_name, is_mysql, is_postgresql
 from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
@@ -48,10 +55,10 @@ def lock_name(database: str, purpose: str) -> str:
     return f"cronbox-{digest}:{purpose}"[:MAX_LOCK_NAME]
 
 
-class MySQLLock:
-    """GET_LOCK on its own connection, or on a borrowed one: a command run inside the tick takes its
-    lock on the tick's lock connection (MySQL allows several named locks per connection), so a
-    one-off `migrate` costs no third connection."""
+class ServerLock:
+    """A server's named lock on its own connection, or on a borrowed one: a command run inside the
+    tick takes its lock on the tick's lock connection (both servers allow several named locks per
+    connection), so a one-off `migrate` costs no third connection. The subclasses say the SQL."""
 
     def __init__(self, engine: Engine, purpose: str, *, hold_seconds: int, borrowed: Connection | None = None):
         self.engine = engine
@@ -63,25 +70,23 @@ class MySQLLock:
 
     def _take(self) -> bool:
         if self.borrowed is not None:
-            got = self.borrowed.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
-            self.connection = self.borrowed if got == 1 else None
-            if got == 1:
+            got = self._try(self.borrowed)
+            self.connection = self.borrowed if got else None
+            if got:
                 self._confirmed_at = clock.monotonic()
-            return got == 1
+            return got
         before = socket_descriptors()
         connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         opened = {fd: identity for fd, identity in socket_descriptors().items() if before.get(fd) != identity}
         if opened:  # a new DBAPI connection: its socket, for abandon() in a forked child
             connection.info[SOCKETS] = opened
         try:
-            # Survive long handlers and lingering: the server must not close this
-            # idle connection (and silently drop the lock) before the run ends.
-            connection.execute(text(f"SET SESSION wait_timeout = {self.hold_seconds}"))
-            got = connection.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar()
+            self._keep_alive(connection)
+            got = self._try(connection)
         except Exception:
             connection.close()
             raise
-        if got == 1:
+        if got:
             self.connection = connection
             self._confirmed_at = clock.monotonic()
             return True
@@ -97,16 +102,14 @@ class MySQLLock:
         if clock.monotonic() - self._confirmed_at < CONFIRMED_FOR:
             return True
         try:
-            owned = self.connection.execute(
-                text("SELECT IS_USED_LOCK(:name) = CONNECTION_ID()"), {"name": self.name}
-            ).scalar()
+            owned = self._owned(self.connection)
         except Exception as exc:  # killed connection, restarted server: the lock is gone with it
             log.warning("lock %s: connection lost (%s)", self.name, type(exc).__name__)
             self._discard()
             return False
-        if owned == 1:
+        if owned:
             self._confirmed_at = clock.monotonic()
-        return owned == 1
+        return owned
 
     def retake(self) -> bool:
         if self.borrowed is not None:
@@ -126,7 +129,7 @@ class MySQLLock:
         if self.connection is None:
             return
         try:
-            self.connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self.name})
+            self._give_back(self.connection)
         except Exception:
             pass  # the lock died with the connection anyway
         self._discard()
@@ -137,7 +140,7 @@ class MySQLLock:
         the socket is closed, so the lock lives and dies with the parent's connection alone, also when
         the parent is SIGKILLed while the child still runs.
 
-        PyMySQL has no public call that closes a connection's socket without sending QUIT, nor one
+        Neither driver (PyMySQL, psycopg) has a public call that closes a connection's socket without a word to the server, nor one
         that names its socket, so the socket is known by the descriptors that appeared while the
         connection was made (_take: `SOCKETS` in Connection.info, kept for the DBAPI connection's
         life) and closed here with the operating system's calls (close_socket_copies)."""
@@ -165,6 +168,61 @@ class MySQLLock:
             except Exception:
                 pass
             self.connection = None
+
+    # What each server says; `connection` is in autocommit (or the tick's borrowed lock connection).
+    def _keep_alive(self, connection: Connection) -> None:
+        raise NotImplementedError
+
+    def _try(self, connection: Connection) -> bool:
+        raise NotImplementedError
+
+    def _owned(self, connection: Connection) -> bool:
+        raise NotImplementedError
+
+    def _give_back(self, connection: Connection) -> None:
+        raise NotImplementedError
+
+
+class MySQLLock(ServerLock):
+    def _keep_alive(self, connection: Connection) -> None:
+        # Survive long handlers and lingering: the server must not close this
+        # idle connection (and silently drop the lock) before the run ends.
+        connection.execute(text(f"SET SESSION wait_timeout = {self.hold_seconds}"))
+
+    def _try(self, connection: Connection) -> bool:
+        return connection.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": self.name}).scalar() == 1
+
+    def _owned(self, connection: Connection) -> bool:
+        return connection.execute(text("SELECT IS_USED_LOCK(:name) = CONNECTION_ID()"),
+                                  {"name": self.name}).scalar() == 1
+
+    def _give_back(self, connection: Connection) -> None:
+        connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": self.name})
+
+
+class PostgresLock(ServerLock):
+    @property
+    def key(self) -> int:
+        """The name as a signed 64-bit advisory lock key."""
+        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big", signed=True)
+
+    def _keep_alive(self, connection: Connection) -> None:
+        if (connection.dialect.server_version_info or (0,)) >= (14,):  # a host may close idle sessions
+            connection.execute(text("SET idle_session_timeout = 0"))
+
+    def _try(self, connection: Connection) -> bool:
+        return connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": self.key}).scalar() is True
+
+    def _owned(self, connection: Connection) -> bool:
+        # pg_locks shows a bigint key as its high half in classid, its low half in objid, objsubid 1.
+        key = self.key & 0xFFFFFFFFFFFFFFFF
+        return connection.execute(text(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND pid = pg_backend_pid() AND objsubid = 1 AND classid::bigint = :high AND objid::bigint = :low)"
+        ), {"high": key >> 32, "low": key & 0xFFFFFFFF}).scalar() is True
+
+    def _give_back(self, connection: Connection) -> None:
+        connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self.key})
 
 
 class FileLock:
@@ -238,7 +296,7 @@ class RunLock:
 
     @property
     def connection(self) -> Connection | None:
-        """The MySQL connection holding the lock (None on SQLite)."""
+        """The server connection holding the lock (None on SQLite)."""
         return getattr(self.backend, "connection", None)
 
 
@@ -285,4 +343,6 @@ def run_lock(settings: Settings, lock_engine: Engine, purpose: str, *, hold_seco
              borrowed: Connection | None = None) -> RunLock:
     if is_mysql(lock_engine):
         return RunLock(MySQLLock(lock_engine, purpose, hold_seconds=hold_seconds, borrowed=borrowed))
+    if is_postgresql(lock_engine):
+        return RunLock(PostgresLock(lock_engine, purpose, hold_seconds=hold_seconds, borrowed=borrowed))
     return RunLock(FileLock(settings, purpose))

@@ -17,7 +17,7 @@ from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 
-SCHEMA_HEAD = "0011_drop_flights"
+SCHEMA_HEAD = "0012_postgresql"
 VERSION_TABLE = "cronbox_alembic_version"
 # The scripts are package data of `cron`, whose schema module assembles every family's tables for them;
 # named as a package resource (found in a checkout and in site-packages alike), not imported from here.
@@ -47,7 +47,8 @@ def current_revision(engine: Engine) -> str | None:
 
 def _is_missing_table(exc: DBAPIError) -> bool:
     message = str(exc.orig).lower()
-    return "no such table" in message or "doesn't exist" in message or getattr(exc.orig, "args", [None])[0] == 1146
+    return ("no such table" in message or "doesn't exist" in message or getattr(exc.orig, "args", [None])[0] == 1146
+            or getattr(exc.orig, "sqlstate", None) == "42P01")  # PostgreSQL: undefined_table
 
 
 def upgrade(settings: Settings, engine: Engine) -> tuple[str | None, str]:

@@ -44,8 +44,10 @@ class ExactString(TypeDecorator):
     VARBINARY holds 4 bytes a character, so whatever fitted before still fits (the callers' own
     length checks count characters, as before), and the widest index, the deliveries' (consumer,
     key, status, event_id), is 1,600 bytes, under InnoDB's 3072-byte limit. SQLite compares TEXT
-    bytewise already (BINARY collation), so the column stays VARCHAR there. Python sees `str`
-    either way; plain SQL on MySQL reads bytes.
+    bytewise already (BINARY collation), so the column stays VARCHAR there. PostgreSQL's VARCHAR
+    does not pad, and its deterministic collations call strings equal only when their bytes are, but
+    they order by language rules: the column is `COLLATE "C"` there, so order is by bytes too (key
+    ranges, `outbox.core.sql.starts_with`). Python sees `str` either way; plain SQL on MySQL reads bytes.
     """
 
     impl = String
@@ -61,6 +63,8 @@ class ExactString(TypeDecorator):
     def load_dialect_impl(self, dialect):
         if dialect.name in MYSQL_DIALECTS:
             return dialect.type_descriptor(mysql.VARBINARY(4 * self.impl.length))
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(String(self.impl.length, collation="C"))
         return dialect.type_descriptor(String(self.impl.length))
 
     def process_bind_param(self, value, dialect):

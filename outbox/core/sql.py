@@ -1,6 +1,8 @@
-"""Statements both dialects need written their own way: INSERT that skips existing keys, deleting
+"""Statements the backends need written their own way: INSERT that skips existing keys, deleting
 the oldest rows in batches, a prefix as a key range."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import mysql as mysql_dialect  # loaded by the models' column types in any case
@@ -8,15 +10,34 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 
-def insert_ignore(session: Session | Connection, table, rows):
-    """INSERT that silently skips rows whose primary or unique key exists, on both dialects,
-    without breaking the caller's transaction (no IntegrityError). Returns the result.
-    `session` may be a Core Connection too; `rows` a dict or a list of them.
+@dataclass(frozen=True)
+class Inserted:
+    """What insert_ignore added: how many rows, and the key of the row when it was one."""
+    rowcount: int
+    inserted_primary_key: tuple | None
+
+
+def insert_ignore(session: Session | Connection, table, rows) -> Inserted:
+    """INSERT that silently skips rows whose primary or unique key exists, on every backend,
+    without breaking the caller's transaction (no IntegrityError). `session` may be a Core
+    Connection too; `rows` a dict or a list of them.
 
     MySQL's IGNORE also turns other errors (e.g. a too-long string) into warnings, so
-    callers validate lengths and types first; every caller here does.
+    callers validate lengths and types first; every caller here does. PostgreSQL's ON CONFLICT DO
+    NOTHING reports no row count a driver can be trusted with beside SQLAlchemy's implicit RETURNING,
+    so there the statement returns the keys it added, and they are counted.
     """
     dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    if dialect.name == "postgresql":
+        # ON CONFLICT DO NOTHING: a row whose key exists is skipped, other errors stay errors (and,
+        # PostgreSQL aborting a transaction at its first error, no error may be left to catch).
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        statement = pg_insert(table).on_conflict_do_nothing().returning(*table.primary_key.columns)
+        if isinstance(rows, list) and not rows:
+            return Inserted(0, None)
+        added = list(session.execute(statement, rows).all())  # many rows: SQLAlchemy's insertmanyvalues
+        return Inserted(len(added), tuple(added[0]) if len(added) == 1 else None)
     if dialect.name == "sqlite":
         # Imported here: an SQLite engine has loaded it already, a MySQL process never needs it (~5 ms).
         from sqlalchemy.dialects.sqlite import insert
@@ -24,7 +45,15 @@ def insert_ignore(session: Session | Connection, table, rows):
         statement = insert(table).on_conflict_do_nothing()
     else:
         statement = mysql_dialect.insert(table).prefix_with("IGNORE")
-    return session.execute(statement, rows)
+    result = session.execute(statement, rows)
+    one = isinstance(rows, dict) and result.rowcount == 1
+    return Inserted(result.rowcount, tuple(result.inserted_primary_key) if one else None)
+
+
+def insert_ignore_id(connection: Session | Connection, table, row: dict) -> int | None:
+    """insert_ignore of one row: its new id, or None when a row with its key existed (nothing added)."""
+    key = insert_ignore(connection, table, row).inserted_primary_key
+    return key[0] if key is not None else None
 
 
 def delete_oldest(session: Session, table, key_columns: list, stamp, cutoff, batch: int) -> int:

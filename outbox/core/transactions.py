@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from cronbox.outbox.core.db_errors import DEADLOCK, is_lock_conflict, mysql_error_code
+from cronbox.outbox.core.db_errors import error_code, is_deadlock, is_lock_conflict
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
@@ -40,23 +40,23 @@ def in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], T]
                 # The connection was found dead (killed, server restarted): one more try on a
                 # fresh one. Safe: our statements are guarded by status and claim token.
                 reconnected = True
-                log.warning("database connection lost (%s); retrying the transaction once", mysql_error_code(exc))
+                log.warning("database connection lost (%s); retrying the transaction once", error_code(exc))
                 continue
             if not isinstance(exc, OperationalError) or not is_lock_conflict(exc):
                 raise
-            if not retry_waits and mysql_error_code(exc) != DEADLOCK:
+            if not retry_waits and not is_deadlock(exc):
                 raise
             attempt += 1
             now = time.monotonic()
             if deadline is None:
                 if attempt > retries:
                     raise
-                log.info("lock conflict (%s), retrying transaction (%d/%d)", mysql_error_code(exc) or "busy",
+                log.info("lock conflict (%s), retrying transaction (%d/%d)", error_code(exc) or "busy",
                          attempt, retries)
             else:
                 if now >= deadline:
                     raise
                 log.warning("lock conflict (%s) after waiting %.1fs for a lock another transaction holds; "
                             "retrying for up to %.0fs more (the run's remaining time)",
-                            mysql_error_code(exc) or "busy", now - started, deadline - now)
+                            error_code(exc) or "busy", now - started, deadline - now)
             time.sleep(random.uniform(0.005, 0.05) * min(attempt, 10))

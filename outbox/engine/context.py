@@ -78,6 +78,10 @@ class HandlerSession(Session):
             raise
 
     def commit(self) -> None:
+        if self.failed_with is not None:
+            # Failed until rollback(): nothing is kept, on every backend (PostgreSQL would refuse the
+            # RELEASE anyway, its transaction aborted by the error); the attempt fails when it returns.
+            return
         self.released = True
         super().commit()
         # Joined without a savepoint, a rollback() would now also undo what this commit() kept.

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.db_errors import DEADLOCK, mysql_error_code
+from cronbox.outbox.core.db_errors import is_deadlock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.text import describe
@@ -73,12 +73,13 @@ class CommitGroup:
 
     def lose_on_error(self, context) -> None:
         """A statement on the group's connection failed (SQLAlchemy's handle_error context): a
-        deadlock (1213: MySQL rolled back the whole transaction, every savepoint in it) or a lost
+        deadlock (MySQL's 1213 rolled back the whole transaction, every savepoint in it; PostgreSQL's
+        40P01 is taken the same way) or a lost
         connection loses the group, even if the handler caught the error and went on."""
         if self.lost or context.connection is not self.connection:
             return
-        if mysql_error_code(context.original_exception) == DEADLOCK:
-            self.lost = "deadlock (1213): the server rolled the transaction back"
+        if is_deadlock(context.original_exception):
+            self.lost = "deadlock: the server rolled the transaction back"
         elif context.is_disconnect:
             self.lost = "the database connection was lost"
 

@@ -3,7 +3,8 @@
 A stage is a callable(budget) -> units of work done (relay, queue drain, scheduler...).
 The loop repeats the stages until a round does nothing; then, when lingering,
 it polls about once a second until --max-time, so a per-minute cron line gives
-second-level latency. The database going away (gone away, lost connection, too
+second-level latency; on PostgreSQL a `listener` (outbox.core.notify) ends the wait as soon as new
+work commits, so latency is milliseconds there, polling still catching what no notification told. The database going away (gone away, lost connection, too
 many connections) is logged, waited out and retried until --max-time: nothing
 claimed is lost, because leases expire and acks are token-checked.
 """
@@ -22,6 +23,7 @@ from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from cronbox.outbox.core.errors import LockLost
 from cronbox.outbox.core.lock_wait import run_lock_waits
 from cronbox.outbox.core.locks import RunLock
+from cronbox.outbox.core.notify import Listener
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.budget import Budget
@@ -66,8 +68,12 @@ class StopSignals:
 
 
 def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: bool,
-             lock: RunLock | None = None, poll: float = POLL_SECONDS) -> RunResult:
+             lock: RunLock | None = None, poll: float = POLL_SECONDS, listener: Listener | None = None) -> RunResult:
     result = RunResult(stop_reason="empty")
+    if listener is not None and linger:
+        listener.listen()  # before the first look for work: what commits after it wakes the wait
+    else:
+        listener = None
     with StopSignals(budget):
         while True:
             reason = budget.stop_reason()
@@ -102,7 +108,7 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
                 continue
             if work:
                 continue
-            if not linger or not _pause(budget, poll):
+            if not linger or not _pause(budget, poll, listener):
                 result.stop_reason = budget.stop_reason() or ("empty" if not linger else "max-time")
                 break
     return result
@@ -138,15 +144,20 @@ def stage_name(stage: Callable) -> str:
     return type(owner).__name__ if owner is not None else getattr(stage, "__name__", repr(stage))
 
 
-def _pause(budget: Budget, seconds: float) -> bool:
-    """Sleep up to `seconds` in small steps (a signal ends it); False when the run has no time left."""
+def _pause(budget: Budget, seconds: float, listener: Listener | None = None) -> bool:
+    """Sleep up to `seconds` in small steps (a signal ends it), or until `listener` hears of new work;
+    False when the run has no time left."""
     if budget.signalled or budget.remaining() <= 0.05:
         return False
     end = clock.monotonic() + min(seconds, budget.remaining())
     while clock.monotonic() < end:
         if budget.signalled:
             return False
-        time.sleep(min(0.1, max(end - clock.monotonic(), 0)))
+        step = min(0.1, max(end - clock.monotonic(), 0))
+        if listener is None:
+            time.sleep(step)
+        elif listener.wait(step):
+            break
     return budget.remaining() > 0.05 and not budget.signalled
 
 

@@ -18,12 +18,13 @@ from cronbox.outbox.core.errors import HandlerImportError, SettingsError
 from cronbox.outbox.core.locks import RunLock, run_lock
 from cronbox.outbox.core.logs import configure_logging
 from cronbox.outbox.core.migrate import ensure_schema
-from cronbox.outbox.core.server import is_mysql, server_version, supports_skip_locked
+from cronbox.outbox.core.server import is_mysql, is_postgresql, is_server, server_version, supports_skip_locked
 from cronbox.outbox.core.settings import Settings, load_settings
 from cronbox.outbox.engine import claim as claiming
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 
 log = logging.getLogger("cronbox")
+MIN_POSTGRESQL = 12  # the oldest release its project still supported when cronbox first ran on it
 
 
 class Runtime:
@@ -65,14 +66,27 @@ class Runtime:
     def is_mysql(self) -> bool:
         return is_mysql(self.engine)
 
+    @property
+    def is_postgresql(self) -> bool:
+        return is_postgresql(self.engine)
+
+    @property
+    def is_server(self) -> bool:
+        """MySQL/MariaDB or PostgreSQL: a lock connection of its own, SKIP LOCKED or token claims."""
+        return is_server(self.engine)
+
     def claim_mode(self) -> str:
         """The claim path for this server: asked once, then cached."""
         if self._claim_mode is None:
-            if not self.is_mysql:
+            if not self.is_server:
                 self._claim_mode = claiming.SQLITE
             else:
                 wanted = self.settings.claim_mode
-                available = supports_skip_locked(server_version(self.engine))
+                version = server_version(self.engine)
+                if self.is_postgresql and int(version.split(".")[0]) < MIN_POSTGRESQL:
+                    raise SettingsError(f"PostgreSQL {version.split('-')[0]} is too old: cronbox needs "
+                                        f"{MIN_POSTGRESQL} or newer")
+                available = supports_skip_locked(version)
                 if wanted == "skip-locked" and not available:
                     raise SettingsError("CRONBOX_CLAIM_MODE=skip-locked, but this server has no SKIP LOCKED "
                                         "(needs MySQL 8.0.1+ or MariaDB 10.6+); use auto or token")
@@ -97,9 +111,15 @@ class Runtime:
     def host_lock(self, lock: RunLock | None) -> None:
         self._local.host_lock = lock
 
-    def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
+    @property
+    def lock_engine(self) -> Engine:
+        """Connections held for a whole run (a lock's, a listener's): no pool on a server."""
         if self._lock_engine is None:
-            self._lock_engine = make_engine(self.settings, role="lock") if self.is_mysql else self.engine
+            self._lock_engine = make_engine(self.settings, role="lock") if self.is_server else self.engine
+        return self._lock_engine
+
+    def lock(self, purpose: str, *, hold_seconds: int = 3600) -> RunLock:
+        self.lock_engine  # noqa: B018  (made on first use)
         host = self.host_lock
         # Read the connection now: after a re-take the host lock holds a new one.
         return run_lock(self.settings, self._lock_engine, purpose, hold_seconds=hold_seconds,

@@ -62,6 +62,8 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
         raise PayloadError(f"event type must be a non-empty string of at most {MAX_TEXT} characters")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_TEXT):
         raise PayloadError(f"event key must be None or a non-empty string of at most {MAX_TEXT} characters")
+    if "\x00" in type or (key is not None and "\x00" in key):  # PostgreSQL stores no NUL in text: none does
+        raise PayloadError("event type and key must not contain NUL characters")
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
         raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")

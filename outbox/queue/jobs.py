@@ -18,7 +18,7 @@ from sqlalchemy import Table, insert
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.payload import dump_payload
-from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
 from cronbox.outbox.events.record import connection_of, new_trace_id
@@ -72,6 +72,8 @@ class JobHandler:
             raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
         if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
             raise PayloadError("unique_key must be a non-empty string")
+        if unique_key is not None and "\x00" in unique_key:  # PostgreSQL stores no NUL in text: none does
+            raise PayloadError("unique_key must not contain NUL characters")
         if concurrency_group is not None:
             groups.check_group(concurrency_group, None, error=PayloadError)
             if self.grouped:
@@ -101,10 +103,7 @@ class JobHandler:
         connection = connection_of(session, Job)
         if row["unique_key"] is None:
             return connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
-        result = insert_ignore(connection, J, row)
-        if result.rowcount == 0:
-            return None
-        return result.inserted_primary_key[0]
+        return insert_ignore_id(connection, J, row)
 
 
 def _stored_key(handler: str, key: str) -> str:

@@ -28,7 +28,7 @@ from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 
 class Behaviour:

@@ -23,7 +23,7 @@ from cronbox.outbox.events import redeliveries
 from tests.broker_rows import add_inbox_row, inbox_count, inbox_has, redelivery_times
 from tests.conftest import APP_ROOT, child_env
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 T0 = datetime(2026, 12, 1, 9, 0, 0)
 STALE = BEAT_SECONDS * STALE_BEATS

@@ -21,7 +21,7 @@ from tests.conftest import run_cli
 from tests.helpers import invoke
 from tests.storage_helpers import store  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 AGES_DAYS = (1, 30, 400, 3 * 365, 2000, 2300)  # the last is past six years: the only one a sweep may delete
 MISCONFIGURED = ["2192", "2191d", "30d", "52w", "0s", "-1d", "soon", "99999999999d", "2192 days"]

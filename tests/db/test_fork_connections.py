@@ -13,7 +13,9 @@ MARKER = "cronbox_parent_marker"
 def mark(engine, is_mysql: bool) -> None:
     """Leave state on the engine's pooled connection that lives only as long as that connection."""
     with engine.connect() as connection:
-        if is_mysql:
+        if engine.dialect.name == "postgresql":  # a session setting (committed below, so it stays)
+            connection.execute(text(f"SELECT set_config('cronbox.{MARKER}', 'parent', false)"))
+        elif is_mysql:
             connection.execute(text(f"SET @{MARKER} = 'parent'"))
         else:
             connection.execute(text(f"CREATE TEMP TABLE {MARKER} (x INTEGER)"))
@@ -23,7 +25,10 @@ def mark(engine, is_mysql: bool) -> None:
 def state_of(engine, is_mysql: bool) -> dict:
     """What the connection the engine's pool hands out says about itself."""
     with engine.connect() as connection:
-        if is_mysql:
+        if engine.dialect.name == "postgresql":
+            marker = connection.execute(text(f"SELECT current_setting('cronbox.{MARKER}', true)")).scalar() or None
+            server_id = connection.execute(text("SELECT pg_backend_pid()")).scalar()
+        elif is_mysql:
             marker = connection.execute(text(f"SELECT @{MARKER}")).scalar()
             server_id = connection.execute(text("SELECT CONNECTION_ID()")).scalar()
         else:
@@ -60,7 +65,7 @@ def in_forked_child(work) -> object:
 
 
 def test_a_forked_child_opens_its_own_connections_and_the_parents_stay_usable(runtime):
-    is_mysql = runtime.is_mysql
+    is_mysql, is_server = runtime.is_mysql, runtime.is_server
     host = create_engine(runtime.engine.url)  # a host app's engine (Flask-SQLAlchemy's, cronbox.hosting)
     runtime.host_engines = lambda: [host]
     engines = [runtime.engine, host]
@@ -77,7 +82,7 @@ def test_a_forked_child_opens_its_own_connections_and_the_parents_stay_usable(ru
 
         for state, before in zip(in_forked_child(child), parent):
             assert state["marker"] is None  # a connection of its own, not the parent's
-            if is_mysql:
+            if is_server:
                 assert state["server_id"] != before["server_id"]
         # The parent's pooled connections are the same ones, open, their state intact.
         assert [state_of(engine, is_mysql) for engine in engines] == parent

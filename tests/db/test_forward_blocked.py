@@ -24,7 +24,7 @@ from tests.helpers import deliveries
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 T0 = datetime(2026, 12, 1, 9, 0, 0)
 

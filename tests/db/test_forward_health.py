@@ -17,7 +17,7 @@ from cronbox.outbox.events.relay import Relay
 from tests.conftest import run_cli
 from tests.rabbit import url
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 T0 = datetime(2026, 12, 1, 9, 0, 0)
 SECRET = "s3cret-pw"

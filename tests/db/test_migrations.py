@@ -50,7 +50,7 @@ def test_downgrade_to_empty_and_back(runtime):
 def test_fresh_database_on_first_use(settings, database):
     runtime = Runtime(settings)
     try:
-        if database.is_mysql:
+        if database.is_server:
             with pytest.raises(SchemaError, match="run `python -m cronbox migrate`"):
                 runtime.ensure_schema()
         else:

@@ -131,6 +131,7 @@ def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
 @pytest.mark.parametrize("kwargs, message", [
     ({"type": ""}, "event type"), ({"type": "x" * 192}, "event type"), ({"key": 5}, "event key"),
     ({"delay": -1}, "delay"), ({"delay": "soon"}, "delay"),
+    ({"type": "a\x00b"}, "NUL"), ({"key": "k\x00"}, "NUL"),  # PostgreSQL stores no NUL in text: no backend does
 ])
 def test_bad_record_arguments(runtime, kwargs, message):
     args = {"type": "note", **kwargs}

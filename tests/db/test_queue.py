@@ -96,6 +96,19 @@ def test_non_json_payload_is_refused_at_dispatch(rt, jobs):
     assert all_jobs(rt) == []
 
 
+def test_a_unique_key_with_a_nul_is_refused_on_every_backend(rt, jobs):
+    @job(name="x", unique=True, registry=jobs)
+    def x(payload, ctx):
+        pass
+
+    with rt.sessions() as session:
+        with pytest.raises(PayloadError, match="NUL"):
+            x.dispatch(session, {}, unique_key="a\x00b")
+        assert x.dispatch(session, {}, unique_key="a b") is not None  # the transaction goes on
+        session.commit()
+    assert len(all_jobs(rt)) == 1
+
+
 def test_unique_dispatch_is_a_no_op_that_keeps_the_callers_transaction(rt, jobs):
     @job("sms", name="otp", unique=True, registry=jobs)
     def otp(payload, ctx):

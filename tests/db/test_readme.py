@@ -42,7 +42,7 @@ from cronbox.storage.models import SealedFile
 from tests.conftest import APP_ROOT, child_env, run_cli
 from cronbox import Cronbox
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 

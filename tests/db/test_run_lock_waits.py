@@ -12,6 +12,9 @@ from cronbox.outbox.core.lock_wait import LOCK_WAIT_SLICE, run_lock_waits
 
 def session_wait(runtime) -> float:
     with runtime.engine.connect() as connection:
+        if runtime.is_postgresql:
+            shown = connection.execute(text("SHOW lock_timeout")).scalar_one()  # "10s", or "0" unbounded
+            return float(shown.removesuffix("s")) if shown.endswith("s") else float(shown) / 1000
         if runtime.is_mysql:
             return connection.execute(text("SELECT @@session.innodb_lock_wait_timeout")).scalar_one()
         return connection.exec_driver_sql("PRAGMA busy_timeout").scalar_one() / 1000

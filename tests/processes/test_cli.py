@@ -128,7 +128,7 @@ def test_migrate_twice_and_the_flask_mount(env, database):
 
 def test_demo_then_tick_delivers(env, database):
     demo_env = {**env, "CRONBOX_HANDLERS": "cronbox.cron.demo"}
-    if database.is_mysql:
+    if database.is_server:
         assert run_cli(demo_env, "migrate").returncode == 0
     proc = run_cli(demo_env, "demo", "--count", "2")
     assert proc.returncode == 0, proc.stderr

@@ -5,7 +5,8 @@ of the checkout on sys.path.
 The virtualenv is built once per source state under /tmp/cronbox-example-venv-<digest> (the digest
 covers what the package and the example's requirements are built from, and this Python), behind a
 file lock shared by the xdist workers and later sessions; the build runs from a copy of the sources,
-so the checkout gets no build/ or *.egg-info. MariaDB runs too when TEST_MYSQL_URL is set.
+so the checkout gets no build/ or *.egg-info. MariaDB and PostgreSQL run too when TEST_MYSQL_URL and
+TEST_POSTGRES_URL are set.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "instance", ".env", ".p
 TIMEOUT = 900
 STALE_AFTER = 2 * 86400
 # Passed on to the example's tests: which database to use, and whether a missing MariaDB is a failure.
-PASSED_ON = ("TEST_MYSQL_URL", "CRONBOX_REQUIRE_MYSQL", "CI")
+PASSED_ON = ("TEST_MYSQL_URL", "CRONBOX_REQUIRE_MYSQL", "TEST_POSTGRES_URL", "CRONBOX_REQUIRE_POSTGRES", "CI")
 
 
 def sources_digest() -> str:

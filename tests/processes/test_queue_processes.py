@@ -64,7 +64,7 @@ def start_workers(job_env, count: int, *args) -> list[subprocess.Popen]:
 
 
 @pytest.mark.slow
-@pytest.mark.backends(*MYSQL_BACKENDS)
+@pytest.mark.backends(*MYSQL_BACKENDS, "postgresql")
 @pytest.mark.parametrize("workers", [2, 4])
 def test_concurrent_workers_drain_1000_jobs_without_overlap(runtime, job_env, tmp_path, workers):
     dispatch(runtime, test_jobs.record_run.job, 1000)
@@ -166,18 +166,22 @@ def test_sigterm_finishes_the_current_job_and_releases_the_rest_at_once(runtime,
     assert all(r.status == "ready" and r.claim_token is None and r.attempts == 0 for r in rows[1:])
 
 
-@pytest.mark.backends(*MYSQL_BACKENDS)
-def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_env, tmp_path, mysql_admin,
-                                                                    database):
+@pytest.mark.backends(*MYSQL_BACKENDS, "postgresql")
+def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_env, tmp_path, request, database):
     dispatch(runtime, test_jobs.record_run.job, 30)
     env = {**job_env, "TEST_SLEEP": "0.1"}
     [proc] = start_workers(env, 1, "--max-time", "60")
     _wait_for(lambda: len(read_runs(tmp_path / "runs")) >= 3, "a few jobs to run")
-    with mysql_admin.connect() as connection:
-        ids = connection.execute(text("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = :db AND ID != "
-                                      "CONNECTION_ID()"), {"db": database.name}).scalars().all()
-        for conn_id in ids:
-            connection.execute(text(f"KILL {int(conn_id)}"))
+    if database.is_postgresql:  # every backend on the database: the worker's work connection among them
+        with request.getfixturevalue("postgres_admin").connect() as connection:
+            ids = connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                          "datname = :db AND pid != pg_backend_pid()"), {"db": database.name}).all()
+    else:
+        with request.getfixturevalue("mysql_admin").connect() as connection:
+            ids = connection.execute(text("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = :db AND ID != "
+                                          "CONNECTION_ID()"), {"db": database.name}).scalars().all()
+            for conn_id in ids:
+                connection.execute(text(f"KILL {int(conn_id)}"))
     assert ids
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, out + err

@@ -338,12 +338,14 @@ def test_file_names_in_the_console_are_neutralised_like_a_download(runtime, env)
 
 
 @pytest.mark.parametrize("subject", ["user:\u202e7", "user:\u20667", "user:\u200f7", "user:\x857", "user:\x007"])
-def test_subjects_and_owners_with_control_or_bidi_characters_are_refused(store, client, env, subject):
+def test_subjects_and_owners_with_control_or_bidi_characters_are_refused(store, client, env, subject, database):
     file_id = put(store, b"x")
     with pytest.raises(StorageError):
         grant_with(store, file_id, subject)
     with pytest.raises(StorageError):
         put(store, b"x", owner=subject)
+    if database.is_postgresql and "\x00" in subject:
+        return  # no older row can hold it: PostgreSQL stores no NUL in text
     with store.sessions.begin() as session:  # older rows: shown neutralised by the command line
         from cronbox.storage import audit
         audit.record(session, "redeem", "granted", file_id=file_id, subject=subject)

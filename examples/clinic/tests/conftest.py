@@ -1,5 +1,6 @@
 """The clinic's tests: its routes through Flask's test client, its cron line as a real `python -m cronbox`
-subprocess, on SQLite and (with TEST_MYSQL_URL) on MariaDB in a database of their own.
+subprocess, on SQLite and (with TEST_MYSQL_URL, TEST_POSTGRES_URL) on MariaDB and PostgreSQL, each
+in a database of their own.
 
 They run against whichever cronbox is importable: the installed package (as a user has it), or the
 checkout with PYTHONPATH=<checkout> for quick runs. Settings go in through the environment, as a
@@ -22,17 +23,22 @@ from sqlalchemy.pool import NullPool
 
 EXAMPLE_ROOT = Path(__file__).resolve().parent.parent
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL")
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL")
 STAFF_TOKEN = "staff-" + "x" * 32
 STAFF = {"Authorization": f"Bearer {STAFF_TOKEN}"}
 PHONE = "+989121234567"
 EMAIL = "sara@example.org"
 
 
-@pytest.fixture(params=["sqlite", "mysql"])
+@pytest.fixture(params=["sqlite", "mysql", "postgresql"])
 def database_url(request, tmp_path):
-    """SQLite in the test's folder, or a fresh `cronbox_test_<random>` MariaDB database dropped afterwards."""
+    """SQLite in the test's folder, or a fresh `cronbox_test_<random>` MariaDB or PostgreSQL database
+    dropped afterwards."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'clinic.db'}"
+        return
+    if request.param == "postgresql":
+        yield from postgres_database()
         return
     if not MYSQL_URL:
         if os.environ.get("CRONBOX_REQUIRE_MYSQL") == "1":
@@ -155,3 +161,23 @@ def booked(app):
         db.session.add(appointment)
         db.session.commit()
         return patient.id, appointment.id
+
+
+def postgres_database():
+    """A fresh PostgreSQL database; the clinic's URL names psycopg 3 (`postgresql+psycopg://`), the
+    driver `cronbox[postgresql]` brings, for its own engine too."""
+    if not POSTGRES_URL:
+        if os.environ.get("CRONBOX_REQUIRE_POSTGRES") == "1":
+            pytest.fail("PostgreSQL required (CRONBOX_REQUIRE_POSTGRES=1) but TEST_POSTGRES_URL is not set")
+        pytest.skip("PostgreSQL tests skipped: TEST_POSTGRES_URL is not set")
+    server = make_url(POSTGRES_URL).set(drivername="postgresql+psycopg")
+    admin = create_engine(server, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    name = f"cronbox_test_{secrets.token_hex(6)}"
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
