@@ -71,7 +71,7 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
     if result is None:
         linger = not (stop_when_empty or once)
         # PostgreSQL: a lingering worker listens on a connection of its own (outbox.core.notify).
-        listening = own_listener(rt.lock_engine) if linger else None
+        listening = own_listener(rt.lock_engine, frozenset({"cronbox_jobs"})) if linger else None
         listener, stop_listening = listening if listening is not None else (None, lambda: None)
         try:
             with run_lock_waits(rt.engine, budget.remaining):

@@ -36,6 +36,11 @@ class LockLost(CronboxError):
     """A run's exclusive lock was lost and could not be taken back."""
 
 
+class TransactionAborted(CronboxError):
+    """The server refused the rest of a transaction after an error a handler caught (PostgreSQL aborts
+    a transaction at its first error; its COMMIT would silently roll back): nothing of it is kept."""
+
+
 class UnknownIds(CronboxError):
     """Some ids given on the command line do not exist (the others were still handled)."""
 

@@ -207,8 +207,14 @@ class PostgresLock(ServerLock):
         return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big", signed=True)
 
     def _keep_alive(self, connection: Connection) -> None:
-        if (connection.dialect.server_version_info or (0,)) >= (14,):  # a host may close idle sessions
-            connection.execute(text("SET idle_session_timeout = 0"))
+        """The server notices a dead client within a minute (its own TCP keepalives: the lock of a
+        crashed or cut-off host is not held for the kernel's two hours), and closes this connection if
+        it idles longer than the run may last (idle_session_timeout, 14+), like MySQL's wait_timeout."""
+        settings = {"tcp_keepalives_idle": "30", "tcp_keepalives_interval": "10", "tcp_keepalives_count": "3"}
+        if (connection.dialect.server_version_info or (0,)) >= (14,):
+            settings["idle_session_timeout"] = str(self.hold_seconds * 1000)
+        connection.execute(text("SELECT " + ", ".join(f"set_config('{name}', :{name}, false)" for name in settings)),
+                           settings)
 
     def _try(self, connection: Connection) -> bool:
         return connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": self.key}).scalar() is True

@@ -23,6 +23,17 @@ def is_server(engine_or_bind) -> bool:
     return engine_or_bind.dialect.name != "sqlite"
 
 
+def transaction_aborted(connection) -> bool:
+    """A PostgreSQL transaction on this SQLAlchemy Connection that an error aborted: its COMMIT would
+    roll back without a word. psycopg's public ConnectionInfo says so without a round trip. Other
+    servers keep a transaction usable after a failed statement."""
+    if not is_postgresql(connection):
+        return False
+    from psycopg.pq import TransactionStatus  # a PostgreSQL connection has loaded psycopg already
+
+    return connection.connection.dbapi_connection.info.transaction_status == TransactionStatus.INERROR
+
+
 def server_version(engine: Engine) -> str:
     """The server's version (10.11.19-MariaDB, 8.0.36, sqlite 3.45.1). MySQL: as the dialect read it
     on the engine's first connection (SQLAlchemy asks every new engine's server), not one more query

@@ -42,8 +42,11 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Transaction
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
 from sqlalchemy.orm import Session
+
+from cronbox.outbox.core.errors import TransactionAborted
+from cronbox.outbox.core.server import transaction_aborted
 
 from cronbox.outbox.core.text import describe
 
@@ -79,9 +82,11 @@ class HandlerSession(Session):
 
     def commit(self) -> None:
         if self.failed_with is not None:
-            # Failed until rollback(): nothing is kept, on every backend (PostgreSQL would refuse the
-            # RELEASE anyway, its transaction aborted by the error); the attempt fails when it returns.
-            return
+            # Failed until rollback(), on every backend: PostgreSQL refuses the RELEASE of a transaction
+            # the error aborted, and keeping half of the writes on MySQL would be worse. SQLAlchemy's own
+            # answer to a commit after a failed flush.
+            raise PendingRollbackError(f"ctx.session failed on a database error ({self.failed_with}); "
+                                       "call ctx.session.rollback() before commit()")
         self.released = True
         super().commit()
         # Joined without a savepoint, a rollback() would now also undo what this commit() kept.
@@ -156,6 +161,9 @@ class HandlerTransaction:
         try:
             self.session.flush()
             if self.outer is not None and self.outer.is_active:
+                if transaction_aborted(self.connection):  # an error the handler caught on PostgreSQL
+                    raise TransactionAborted("the database aborted the attempt's transaction after an error the "
+                                             "handler caught; nothing of it was kept")
                 self.outer.commit()
                 self.committed.append(self.outer)
         finally:

@@ -15,7 +15,10 @@ again, or run as __main__) is allowed; two functions under one name are a Regist
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
@@ -125,31 +128,49 @@ class Registry:
 class HandlerModules:
     """Which declarations belong to an app: the ones its CRONBOX_HANDLERS modules own.
 
-    A module owns what is defined in it or in a module under it (`clinic.handlers` owns
-    `clinic.handlers.sms`), and what it imports: a decorated function or a `forward()` target
-    bound to one of its names (`from clinic.jobs import remind`), or the whole module it imports
-    (`from clinic import jobs`). cronbox's built-ins (BUILTIN_MODULES) belong to every app.
-    Read once, after the modules were imported (cronbox.state)."""
+    A module owns what is declared in it, in a module under it (`clinic.handlers` owns
+    `clinic.handlers.sms`), and in the modules it imports, as its import statements name them
+    (`from clinic.jobs import remind`, `from clinic import jobs`, `import clinic.jobs`, relative
+    ones too; read from its source, so an import inside a function counts). cronbox's built-ins
+    (BUILTIN_MODULES) belong to every app; importing other cronbox modules owns nothing (the demo's
+    handlers are named in CRONBOX_HANDLERS, not imported). Read once, after the modules were
+    imported (cronbox.state)."""
 
     def __init__(self, names: Iterable[str]):
         self.names = tuple(names)
-        modules = [sys.modules[name] for name in self.names if name in sys.modules]
-        self._imported = {id(value) for module in modules for value in vars(module).values()}
-        self._owned: dict[int, tuple[Any, bool]] = {}  # id -> (declaration, owned): kept, so ids stay its
+        imported = {found for name in self.names for found in _imports_of(sys.modules.get(name))}
+        self._modules = frozenset(m for m in (*self.names, *imported) if m != "cronbox" and not m.startswith("cronbox."))
+        self._packages = tuple(name + "." for name in self.names)
 
     def own(self, item: Any) -> bool:
-        known = self._owned.get(id(item))
-        if known is None:
-            known = self._owned[id(item)] = (item, self._decide(item))
-        return known[1]
-
-    def _decide(self, item: Any) -> bool:
         home = module_of(item)
-        if home in BUILTIN_MODULES or any(home == name or home.startswith(name + ".") for name in self.names):
-            return True
-        declared = item.fn if item.fn is not None else item
-        module = sys.modules.get(home)
-        return id(declared) in self._imported or (isinstance(module, ModuleType) and id(module) in self._imported)
+        return (home in BUILTIN_MODULES or home in self.names or home in self._modules
+                or home.startswith(self._packages))
+
+
+def _imports_of(module: ModuleType | None) -> set[str]:
+    """The modules `module`'s import statements name (for `from a import b`: `a`, and `a.b` in case
+    b is a module); none when its source cannot be read (a .pyc-only install: then only its own
+    declarations and those of modules under it are its)."""
+    path = getattr(module, "__file__", None)
+    if module is None or not path or not path.endswith(".py"):
+        return set()
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__ or "")
+            except (ImportError, ValueError):
+                continue
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return found
 
 
 def module_of(item: Any) -> str:

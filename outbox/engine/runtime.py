@@ -83,7 +83,7 @@ class Runtime:
             else:
                 wanted = self.settings.claim_mode
                 version = server_version(self.engine)
-                if self.is_postgresql and int(version.split(".")[0]) < MIN_POSTGRESQL:
+                if self.is_postgresql and int(version.split("-")[0].split(".")[0]) < MIN_POSTGRESQL:
                     raise SettingsError(f"PostgreSQL {version.split('-')[0]} is too old: cronbox needs "
                                         f"{MIN_POSTGRESQL} or newer")
                 available = supports_skip_locked(version)

@@ -47,6 +47,7 @@ from sqlalchemy.exc import DBAPIError
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.errors import TransactionAborted
 from cronbox.outbox.core.engines import session_factory
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
@@ -428,8 +429,8 @@ class QueueConsumer:
             try:
                 crash_point("before-inbox-commit")
                 transaction.commit()  # the handler's writes and the inbox row, together
-            except DBAPIError as exc:
-                if is_connection_lost(exc):
+            except (DBAPIError, TransactionAborted) as exc:
+                if isinstance(exc, DBAPIError) and is_connection_lost(exc):
                     raise
                 ctx.discard_session(invalidate=True)
                 return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy import insert, select
 
 from cronbox.cron.cli import main
@@ -273,6 +274,14 @@ ROLLBACK = lambda ctx: ctx.session.rollback()  # noqa: E731
 CLOSE = lambda ctx: ctx.session.close()  # noqa: E731
 COMMIT_NOW = lambda ctx: ctx.commit_now()  # noqa: E731
 
+
+def _caught(step):
+    """`step`, its PendingRollbackError caught (a handler going on after commit() refused)."""
+    def run(ctx):
+        with pytest.raises(PendingRollbackError, match="call ctx.session.rollback"):
+            step(ctx)
+    return run
+
 # case -> (steps, outcome, rows kept)
 SESSION_CASES = {
     "commit-then-write": (_steps(A, COMMIT, B), "done", ["A", "B"]),
@@ -284,6 +293,9 @@ SESSION_CASES = {
     "close-at-the-end": (_steps(A, CLOSE), "done", []),
     "caught-integrity-error": (_steps(A, _duplicate), "retry", []),
     "caught-integrity-error-then-commit": (_steps(A, _duplicate, COMMIT), "retry", []),
+    # commit() on a failed session raises (nothing of it kept, on every backend); rollback() then goes on.
+    "caught-integrity-error-then-caught-commit-then-rollback": (
+        _steps(A, _duplicate, _caught(COMMIT), ROLLBACK, B), "done", ["B"]),
     "caught-integrity-error-then-rollback": (_steps(A, _duplicate, ROLLBACK, B), "done", ["B"]),
     "caught-in-begin-nested": (_steps(A, _nested_duplicate, B), "done", ["A", "B"]),
     "caught-orm-flush-error": (_steps(A, _orm_duplicate), "retry", []),
@@ -320,4 +332,4 @@ def test_what_a_handler_does_to_ctx_session(runtime, registry, case, kind):
     assert row.status == STATUS[kind][outcome], (row.status, row.last_error)
     assert tags == sorted(kept + ["good-event", "good-job"])
     if case.startswith("caught-") and outcome == "retry":
-        assert "left ctx.session failed" in row.last_error
+        assert "ctx.session failed" in row.last_error  # left failed, or commit() refused while it was

@@ -161,7 +161,11 @@ def test_a_rollback_wakes_nobody(runtime):
         close()
 
 
-def test_a_dropped_listening_connection_falls_back_to_polling_and_listens_again(runtime, postgres_admin, caplog):
+def test_a_dropped_listening_connection_falls_back_to_polling_and_listens_again(runtime, postgres_admin, caplog,
+                                                                                  monkeypatch):
+    from cronbox.outbox.core import notify
+
+    monkeypatch.setattr(notify, "RETRY_LISTEN", 0.0)  # listen again at the next wait, not 5 s later
     listener, close = listening(runtime)
     try:
         pid = next(iter(_listening_pids(postgres_admin, runtime)))
@@ -274,3 +278,22 @@ def test_a_lingering_tick_listens_on_its_lock_connection_and_delivers(runtime, e
     finally:
         tick.terminate()
         tick.communicate(timeout=60)
+
+
+def test_a_transaction_the_server_aborted_is_never_committed_as_if_whole(runtime):
+    """A handler that catches an error of a statement it sent past ctx.session's watch (through
+    ctx.session.connection()) and goes on: PostgreSQL aborted the transaction, and its COMMIT would
+    roll back without a word, after which a broker message would be acked. The commit refuses."""
+    from cronbox.outbox.core.errors import TransactionAborted
+    from cronbox.outbox.engine.context import Context
+    from sqlalchemy.exc import DBAPIError
+
+    with runtime.engine.connect() as connection:
+        ctx = Context(attempt=1, trace_id="t", idempotency_key="k", connection=connection)
+        ctx.session.execute(text("SELECT 1"))
+        with pytest.raises(DBAPIError):
+            ctx.session.connection().execute(text("SELECT 1 / 0"))
+        assert ctx.session.failed_with is None  # not seen by the session: only the server knows
+        with pytest.raises(TransactionAborted, match="nothing of it was kept"):
+            ctx.commit_now()
+        ctx.discard_session()

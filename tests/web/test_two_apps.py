@@ -70,7 +70,7 @@ def test_each_app_holds_what_its_handler_modules_define_or_import(apps):
     f, b = state(front).checked_runtime().registry, state(back).checked_runtime().registry
     assert own_names(f.consumers) == {"front.receipt", "front.to-broker"}
     assert own_names(b.consumers) == {"back.ledger", "back.refund"}
-    assert own_names(f.jobs) == {"two_apps.remind"} and own_names(b.jobs) == {"two_apps.report"}
+    assert own_names(f.jobs) == {"two_apps.remind"} and own_names(b.jobs) == {"two_apps.report", "two_apps.dotted"}
     assert own_names(f.tasks) == set() and own_names(b.tasks) == {"back.reconcile"}
     assert [c.name for c in f.consumers.for_type("two_apps.visit.paid")] == ["front.to-broker", "front.receipt"]
     assert f.consumers.get("back.ledger") is None and b.consumers.get("front.receipt") is None

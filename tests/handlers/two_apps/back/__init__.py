@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from cronbox import consumer, schedule
 
+import tests.handlers.two_apps.dotted  # noqa: F401  (owned by import, though it binds only `tests`)
+
 from .. import reports  # noqa: F401  (owned by import: this app runs its jobs)
 from ..ran import note
 
