@@ -372,7 +372,7 @@ def test_health_endpoint_public_status_token_detail_and_503(client_for, runtime)
     assert client.get("/health?token=s3cret-health").json == {"status": "fail"}  # never from the URL
     full = client.get("/health", headers={"Authorization": "Bearer s3cret-health"}).json
     assert full["status"] == "fail" and any(c["name"] == "tick" for c in full["checks"])
-    run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)  # room on a loaded machine: an ok tick
     assert client.get("/health").status_code == 200
     assert client_for().get("/health", headers={"Authorization": "Bearer "}).json == {"status": "ok"}
 
