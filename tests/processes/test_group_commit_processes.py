@@ -16,9 +16,13 @@ from cronbox import outbox
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
-from tests.conftest import child_env, run_cli
+from tests.conftest import ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.grouped import grouped_job
+
+# The claim mode is not these tests' subject (test_outbox, test_queue, test_tick and the crash tests run
+# both): MariaDB once, so .ci/run stays under 30 minutes.
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
 LEASE = 1.6  # the grouped handlers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=1, and a little
 

@@ -13,8 +13,14 @@ from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.queue import groups
 from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.models import ConcurrencyGroupSlot, Job
-from tests.conftest import run_cli, start_cli
+import pytest
+
+from tests.conftest import ONE_MYSQL_MODE, run_cli, start_cli
 from tests.processes.test_tick import _wait_for
+
+# The claim mode is not these tests' subject (test_outbox, test_queue, test_tick and the crash tests run
+# both): MariaDB once, so .ci/run stays under 30 minutes.
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
 
 def block_job(registry: Registry):
