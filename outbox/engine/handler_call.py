@@ -9,10 +9,15 @@ keep their meaning. In cron runs SIGINT/SIGTERM never raise at all: StopSignals
 (outbox.engine.run_loop) turns them into a stop after the current handler.
 
 The timeout is a SIGALRM timer (setitimer) that raises HandlerTimeout inside the
-handler. Signals only reach the main thread, so in any other thread there is no
-timer: handlers there must rely on their own network timeouts (the channels set
-them). The lease (timeout + CRONBOX_LEASE_MARGIN) still bounds how long a stuck
-or killed run keeps the work from others.
+handler. Python runs a signal handler wherever the main thread happens to be, and
+some places swallow what it raises: a __del__ or a weakref callback (a garbage
+collection the handler set off) only prints "Exception ignored", and a handler may
+catch it itself. So once the time is up the timer fires again every REFIRE seconds
+until the call is over, and a call the timer fired in is a timeout however it ended.
+Signals only reach the main thread, so in any other thread there is no timer:
+handlers there must rely on their own network timeouts (the channels set them).
+The lease (timeout + CRONBOX_LEASE_MARGIN) still bounds how long a stuck or killed
+run keeps the work from others.
 """
 from __future__ import annotations
 
@@ -49,8 +54,34 @@ class Outcome:
         return self.kind == OK
 
 
-def _raise_timeout(signum, frame):
-    raise HandlerTimeout("handler ran past its timeout")
+REFIRE = 0.05  # seconds between the timer's firings once the time is up, until the call is over
+
+
+class _Alarm:
+    """SIGALRM's handler while cronbox has it: one per process, as the signal is. `fired` says the
+    time ran out in the current call, even where the HandlerTimeout raised was swallowed. It never
+    raises in _call_here's own frame: there the call is over, or not yet begun, and the timer is
+    about to be stopped (a firing there would escape into cronbox's bookkeeping)."""
+
+    def __init__(self):
+        self.fired = False
+
+    def __call__(self, signum, frame):
+        self.fired = True
+        if frame is not None and frame.f_code is _call_here.__code__:
+            return
+        raise HandlerTimeout("handler ran past its timeout")
+
+    def arm(self, timeout: float) -> None:
+        self.fired = False
+        signal.setitimer(signal.ITIMER_REAL, timeout, REFIRE)
+
+    @staticmethod
+    def disarm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+_ALARM = _Alarm()
 
 
 def _raise_interrupt(signum, frame):
@@ -69,43 +100,35 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
         # like Python's own handler).
         signal.signal(signal.SIGINT, _raise_interrupt)
     dispositions = SignalDispositions() if main_thread else None
-    if use_timer:
+    if use_timer and signal.getsignal(signal.SIGALRM) is not _ALARM:
         # Installed once and left in place (it only acts while our timer is armed): swapping
         # handlers around every call cost two syscalls per job.
-        if signal.getsignal(signal.SIGALRM) is not _raise_timeout:
-            signal.signal(signal.SIGALRM, _raise_timeout)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        signal.signal(signal.SIGALRM, _ALARM)
+    alarm = _ALARM if use_timer else None
+    if alarm is not None:
+        alarm.fired = False  # (a scope failing before the call must not read the last call's)
     pid = os.getpid()
     flush_std_streams()  # a child the handler forks must not write our buffered output again
     started = time.monotonic()
     try:
         try:
             if scope is None:
-                result = _call_here(fn, args, pid)
+                result = _call_here(fn, args, pid, alarm, timeout)
             else:
                 with scope():
-                    result = _call_here(fn, args, pid)
+                    result = _call_here(fn, args, pid, alarm, timeout)
         finally:
-            if use_timer:
-                signal.setitimer(signal.ITIMER_REAL, 0)
             if dispositions is not None:
                 dispositions.restore(_name_of(fn))
+        if alarm is not None and alarm.fired:  # its HandlerTimeout was swallowed, yet the time was up
+            raise HandlerTimeout("handler ran past its timeout and returned")
     except SignalInterrupt:
         raise
-    except HandlerTimeout as exc:
-        return Outcome(TIMEOUT, time.monotonic() - started, f"HandlerTimeout: no result after {timeout:g}s",
-                       _trace(exc))
-    except RetryLater as exc:
-        seconds = _retry_seconds(exc)
-        if seconds is None:
-            return Outcome(ERROR, time.monotonic() - started,
-                           f"{describe(exc, 900)} (RetryLater.seconds is not a number of seconds from 0 to "
-                           f"{RETRY_LATER_MAX:.0f})", _trace(exc))
-        return Outcome(RETRY_LATER, time.monotonic() - started, describe(exc), None, seconds, exc)
-    except PermanentFailure as exc:
-        return Outcome(PERMANENT, time.monotonic() - started, describe(exc), _trace(exc))
     except BaseException as exc:  # the handler's own failure, whatever it is: record it, retry later
-        return Outcome(ERROR, time.monotonic() - started, describe(exc), _trace(exc))
+        seconds = time.monotonic() - started
+        if isinstance(exc, HandlerTimeout) or (alarm is not None and alarm.fired):
+            return Outcome(TIMEOUT, seconds, f"HandlerTimeout: no result after {timeout:g}s", _trace(exc))
+        return _failed(exc, seconds)
     seconds = time.monotonic() - started
     problem = _unrun(result)
     if problem is not None:
@@ -113,14 +136,35 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
     return Outcome(OK, seconds)
 
 
-def _call_here(fn: Callable, args: tuple, pid: int):
-    """The handler's call; in a process the handler forked, whichever way the call ends there, the
-    process ends at once instead of returning into cronbox (outbox.engine.handler_process)."""
+def _failed(exc: BaseException, seconds: float) -> Outcome:
+    """How a call that raised (and did not time out) went."""
+    if isinstance(exc, RetryLater):
+        retry_in = _retry_seconds(exc)
+        if retry_in is None:
+            return Outcome(ERROR, seconds,
+                           f"{describe(exc, 900)} (RetryLater.seconds is not a number of seconds from 0 to "
+                           f"{RETRY_LATER_MAX:.0f})", _trace(exc))
+        return Outcome(RETRY_LATER, seconds, describe(exc), None, retry_in, exc)
+    if isinstance(exc, PermanentFailure):
+        return Outcome(PERMANENT, seconds, describe(exc), _trace(exc))
+    return Outcome(ERROR, seconds, describe(exc), _trace(exc))
+
+
+def _call_here(fn: Callable, args: tuple, pid: int, alarm: _Alarm | None, timeout: float):
+    """The handler's call, under the timer; in a process the handler forked (no timer there: a
+    child does not inherit it), whichever way the call ends, the process ends at once instead of
+    returning into cronbox (outbox.engine.handler_process)."""
+    if alarm is not None:
+        alarm.arm(timeout)
     try:
         result = fn(*args)
     except BaseException as exc:
+        if alarm is not None:
+            alarm.disarm()
         leave_if_forked(pid, exc)
         raise
+    if alarm is not None:
+        alarm.disarm()
     leave_if_forked(pid, None)
     return result
 

@@ -62,7 +62,9 @@ def receipt(event, ctx):
         raise RuntimeError(f"receipt for appointment {appointment.id} failed on purpose")
 
 
-@schedule.every(minutes=1, name="clinic.summary")
+# A yearly slot: one run per fresh database, however long the tick (every minute ran it twice in a
+# tick that crossed a minute).
+@schedule.cron("0 0 1 1 *", name="clinic.summary")
 def summary(ctx):
     paid = Appointment.query.filter_by(status="paid").count()
     db.session.add(Note(appointment_id=None, source="task db.session", text=f"{current_app.name}: {paid} paid"))

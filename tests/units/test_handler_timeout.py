@@ -1,0 +1,127 @@
+"""A handler's timeout holds wherever its HandlerTimeout lands (outbox.engine.handler_call).
+
+Python runs the SIGALRM handler wherever the main thread is. A HandlerTimeout raised in a __del__ or a
+weakref callback (a garbage collection the handler set off, as SQLAlchemy's event registry does) is
+only printed as "Exception ignored", and a handler may catch it itself. Each way, the call must still
+end soon after its time and count as a timeout, never as done, and no firing may reach cronbox after
+the call."""
+from __future__ import annotations
+
+import gc
+import signal
+import time
+import weakref
+
+import pytest
+
+from cronbox.outbox.core.errors import HandlerTimeout, RetryLater
+from cronbox.outbox.engine.handler_call import OK, RETRY_LATER, TIMEOUT, call_handler
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+TIMEOUT_S = 0.3
+
+
+class SlowToDie:
+    """Its __del__ outlasts the handler's timeout: the first firing lands there and is swallowed."""
+
+    def __del__(self):
+        time.sleep(TIMEOUT_S * 2)
+
+
+def swallowed_in_del():
+    SlowToDie()  # collected at once: __del__ runs inside the handler
+    time.sleep(5)
+
+
+def swallowed_in_weakref_callback():
+    class Thing:
+        pass
+
+    thing = Thing()
+    keep = weakref.ref(thing, lambda ref: time.sleep(TIMEOUT_S * 2))
+    del thing
+    gc.collect()
+    assert keep() is None
+    time.sleep(5)
+
+
+def caught_and_slept_on():
+    try:
+        time.sleep(5)
+    except HandlerTimeout:
+        pass
+    time.sleep(5)
+
+
+def caught_by_a_bare_except_in_a_loop():
+    """Catches every firing: nothing in-process can stop it before its loop ends (the lease bounds
+    it), but it still counts as a timeout."""
+    for _ in range(10):
+        try:
+            time.sleep(0.1)
+        except BaseException:  # noqa: B036 -- the handler's own mistake, on purpose
+            pass
+
+
+def caught_and_returned():
+    try:
+        time.sleep(5)
+    except BaseException:  # noqa: B036
+        return None
+
+
+def caught_and_raised_another():
+    try:
+        time.sleep(5)
+    except HandlerTimeout:
+        raise RetryLater(1, "try again") from None
+
+
+@pytest.mark.parametrize("handler", [swallowed_in_del, swallowed_in_weakref_callback, caught_and_slept_on,
+                                     caught_by_a_bare_except_in_a_loop, caught_and_returned,
+                                     caught_and_raised_another])
+def test_a_swallowed_timeout_still_ends_the_call_soon_as_a_timeout(handler):
+    started = time.monotonic()
+    outcome = call_handler(handler, (), timeout=TIMEOUT_S)
+    took = time.monotonic() - started
+    assert outcome.kind == TIMEOUT, outcome
+    assert "no result after 0.3s" in outcome.error
+    assert took < 3, took  # not the 5 s (or 10 s) the handler would have slept
+    time.sleep(0.3)  # the timer is off: nothing fires after the call (it would raise here)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_call_within_its_time_is_not_a_timeout_and_the_next_call_starts_clean():
+    assert call_handler(caught_and_returned, (), timeout=TIMEOUT_S).kind == TIMEOUT
+    assert call_handler(lambda: time.sleep(0.05), (), timeout=TIMEOUT_S).kind == OK
+    outcome = call_handler(lambda: (_ for _ in ()).throw(RetryLater(2, "later")), (), timeout=TIMEOUT_S)
+    assert outcome.kind == RETRY_LATER and outcome.retry_in == 2
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_failing_scope_after_a_timed_out_call_is_its_own_failure_not_a_timeout():
+    assert call_handler(caught_and_returned, (), timeout=TIMEOUT_S).kind == TIMEOUT
+
+    class Broken:
+        def __enter__(self):
+            raise RuntimeError("no app context")
+
+        def __exit__(self, *exc):
+            return False
+
+    outcome = call_handler(lambda: None, (), timeout=TIMEOUT_S, scope=Broken)
+    assert outcome.kind == "error" and "no app context" in outcome.error
+
+
+def test_many_short_calls_near_their_timeout_never_leak_a_firing_into_the_caller():
+    """Calls that end right around their time: whichever side of it they end, the firing stays inside."""
+    kinds = set()
+    for i in range(60):
+        outcome = call_handler(time.sleep, (0.02 + (i % 3) * 0.005,), timeout=0.025)
+        kinds.add(outcome.kind)
+        for _ in range(20000):  # cronbox's own work after the call: no HandlerTimeout may land here
+            pass
+    assert kinds <= {OK, TIMEOUT}
+    time.sleep(0.1)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
