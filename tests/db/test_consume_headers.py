@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from cronbox.outbox.events import queues
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 MAX_ATTEMPTS = 3  # consumers a and b of the behaviour fixture
 header_values = st.one_of(

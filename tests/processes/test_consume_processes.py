@@ -25,7 +25,7 @@ from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
 from tests.rabbit import url
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 
 @pytest.fixture
