@@ -92,7 +92,7 @@ def test_a_claim_blocked_by_another_transaction_stops_the_run_by_its_time_and_th
     blocked_run_stops_and_next_goes_on(runtime, registry, env, tmp_path, case, whole_table=False)
 
 
-@pytest.mark.backends("mysql-skip-locked", "postgresql")
+@pytest.mark.backends("mysql-skip-locked")
 @pytest.mark.parametrize("case", list(COMMANDS))
 def test_a_table_lock_another_session_holds_stops_the_run_by_its_time_too(runtime, registry, env, tmp_path, case):
     """MariaDB's LOCK TABLES ... WRITE: a metadata lock, waited for under lock_wait_timeout (a day by
@@ -101,6 +101,13 @@ def test_a_table_lock_another_session_holds_stops_the_run_by_its_time_too(runtim
     locked table too (prune, health): each fails by its bounded wait, then the run stops by its time
     (max-time, or lock-wait if the claim is what was waiting), a few 1 s retries later."""
     blocked_run_stops_and_next_goes_on(runtime, registry, env, tmp_path, case, whole_table=True)
+
+
+@pytest.mark.backends("postgresql")
+def test_a_table_lock_on_postgresql_stops_the_run_by_its_time_too(runtime, registry, env, tmp_path):
+    """The same on PostgreSQL, for one command: lock_timeout is set per connection for every statement
+    of the run (outbox.core.lock_wait), so the commands differ only in the claim, tested above."""
+    blocked_run_stops_and_next_goes_on(runtime, registry, env, tmp_path, "work-job", whole_table=True)
 
 
 def blocked_run_stops_and_next_goes_on(runtime, registry, env, tmp_path, case: str, *, whole_table: bool):

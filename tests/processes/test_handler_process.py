@@ -83,6 +83,7 @@ MEDDLING = [("consumer", "SIGTERM", "ignore"), ("grouped", "SIGTERM", "ignore"),
             ("task", "SIGINT", "ignore"), ("grouped", "SIGINT", "default"), ("consumer", "SIGINT", "own")]
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 @pytest.mark.parametrize("where,sig,disposition", MEDDLING)
 def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(runtime, env, tmp_path, where, sig,
                                                                                disposition):
@@ -123,6 +124,7 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
     assert f"changed the {sig} handler; cronbox's is back in place" in log
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 @pytest.mark.parametrize("linger", [True, False])
 def test_non_daemon_threads_a_handler_left_do_not_keep_the_process_past_its_run(runtime, env, linger):
     with runtime.sessions.begin() as session:
@@ -147,6 +149,7 @@ def test_a_cron_command_with_no_thread_left_exits_as_usual(env, runtime):
     assert "non-daemon" not in log
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
     """`flask --app clinic cron tick`: the host's flask process is the command's, the same rule applies."""
     started = time.monotonic()

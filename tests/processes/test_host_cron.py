@@ -307,6 +307,7 @@ def test_artisan_via_cron_runs_the_host_app_from_its_env_file(host, request, tmp
 
 # --- 3. flask --app clinic cron ... ----------------------------------------------------------------
 
+@pytest.mark.backends("sqlite")  # which command group runs: the database changes nothing
 def test_flask_cli_runs_cronbox_from_the_hosts_cron_group(host):
     """`flask --app clinic cron tick`: the extension's `cron` group on app.cli, in the app Flask built;
     a one-off run the tick takes from a request file runs on that same group (not on Flask's root)."""
@@ -336,6 +337,7 @@ def consumers_listed(status_output: str) -> list[str]:
     return [line.split()[0] for line in lines[1:] if line and not line.startswith("events not yet")]
 
 
+@pytest.mark.backends("sqlite")  # which consumers the commands know: the database changes nothing
 def test_the_hosts_commands_know_only_the_hosts_consumers(host):
     host.pay("Ann")
     status = host.cron("outbox", "status")
