@@ -27,6 +27,8 @@ from tests.processes.test_queue_processes import dispatch, job_env  # noqa: F401
 from cronbox.cron.operator import credentials
 
 CHROMIUM = "/usr/bin/chromium"
+# What a browser does with the console's pages: the server behind the rows changes nothing, so not
+# PostgreSQL too (.ci/run's 30 minutes; the console's queries run on it in tests/web/test_console.py).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 

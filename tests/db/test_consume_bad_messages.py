@@ -20,7 +20,7 @@ from cronbox.outbox.events.unreadable import RAW_PROPERTIES
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 from tests.rabbit import HOST, PORT
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 SHORTSTR_PROPS = ("content_type", "content_encoding", "correlation_id", "reply_to", "message_id", "type",
                   "app_id", "cluster_id")  # not expiration and user_id: the broker itself refuses odd ones

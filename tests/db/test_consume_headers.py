@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from cronbox.outbox.events import queues
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 
+# What a header may say is decided before any row is written: the server changes nothing, so not
+# PostgreSQL too (.ci/run's 30 minutes; consume's rows run on it in test_consume and test_consume_processes).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 MAX_ATTEMPTS = 3  # consumers a and b of the behaviour fixture

@@ -13,7 +13,7 @@ from cronbox.outbox.queue.models import Job
 from tests.conftest import run_cli
 from tests.handlers import admission_jobs
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 
 @pytest.fixture

@@ -144,6 +144,7 @@ APP_CONSUMERS = ("import sys, app; rt = app.application.extensions['cronbox'].ru
 
 @pytest.mark.parametrize("handlers, registered", [("", False), ("tests.handlers.effects", False),
                                                   ("cronbox.cron.demo", True)])
+@pytest.mark.backends("sqlite")  # which consumers are registered: the database changes nothing
 def test_demo_consumers_exist_only_where_cron_demo_is_named(env, runtime, handlers, registered):
     """The host's `outbox status` and its Flask app build the whole command tree, `demo` included:
     that must not register the demo's consumers (they would fan out and die on the missing demo tables)."""

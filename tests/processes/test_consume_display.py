@@ -14,6 +14,8 @@ from cronbox.outbox.core.text import UNSHOWABLE
 from tests.conftest import run_cli
 from tests.processes.test_consume_processes import setup  # noqa: F401  (fixture)
 
+# How `amqp consume` prints what it does: the server behind the inbox changes nothing, so not PostgreSQL
+# too (.ci/run's 30 minutes; consume and its inbox run on it in test_consume and test_consume_processes).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 NASTY = ["\r", "\n", "\r\n2026-01-01 00:00:00 INFO forged line", "\x1b[2J\x1b[31m", "\x1b]0;title\x07", "\x00",

@@ -21,7 +21,7 @@ from tests.conftest import run_cli, start_cli
 from tests.handlers import jobs as test_jobs
 from tests.rabbit import url
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 LEASE = 1.1  # the forward target's timeout (1 s) + CRONBOX_LEASE_MARGIN=0, and a little
 KEYS = ["a", "b", "c", None]

@@ -23,7 +23,7 @@ from tests.conftest import child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
 from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")  # the claim mode changes nothing here
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")  # the claim mode changes nothing here
 
 # How the child leaves the handler -> the exit code it must end with (tests/handlers/forking.py).
 CHILD_CASES = {
@@ -83,6 +83,7 @@ MEDDLING = [("consumer", "SIGTERM", "ignore"), ("grouped", "SIGTERM", "ignore"),
             ("task", "SIGINT", "ignore"), ("grouped", "SIGINT", "default"), ("consumer", "SIGINT", "own")]
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 @pytest.mark.parametrize("where,sig,disposition", MEDDLING)
 def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(runtime, env, tmp_path, where, sig,
                                                                                disposition):
@@ -123,6 +124,7 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
     assert f"changed the {sig} handler; cronbox's is back in place" in log
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 @pytest.mark.parametrize("linger", [True, False])
 def test_non_daemon_threads_a_handler_left_do_not_keep_the_process_past_its_run(runtime, env, linger):
     with runtime.sessions.begin() as session:
@@ -147,6 +149,7 @@ def test_a_cron_command_with_no_thread_left_exits_as_usual(env, runtime):
     assert "non-daemon" not in log
 
 
+@pytest.mark.backends("sqlite")  # what a handler does to its process: the database changes nothing
 def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
     """`flask --app clinic cron tick`: the host's flask process is the command's, the same rule applies."""
     started = time.monotonic()
@@ -158,7 +161,7 @@ def test_flask_cron_tick_ends_its_process_by_its_run_too(host):
 
 
 class RowLock:
-    """Another transaction holding a lock the tick's ack needs: on MariaDB the job's row (FOR UPDATE),
+    """Another transaction holding a lock the tick's ack needs: on a server the job's row (FOR UPDATE),
     on SQLite the database's write lock (BEGIN IMMEDIATE), as a handler's own connection would."""
 
     def __init__(self, runtime, job_id: int):
@@ -166,7 +169,7 @@ class RowLock:
         self.connection = None
 
     def take(self) -> None:
-        if self.runtime.is_mysql:
+        if self.runtime.is_server:
             self.connection = self.runtime.engine.connect()
             self.connection.execute(text("SELECT id FROM cronbox_jobs WHERE id = :id FOR UPDATE"), {"id": self.job_id})
         else:
@@ -220,7 +223,7 @@ def test_an_ack_blocked_by_another_transaction_fails_the_attempt_naming_the_lock
     assert time.monotonic() - started < 20 + 5, out
     row = job_row(runtime, job_id)
     assert row.status == "ready" and row.attempts == 1, (row.status, row.attempts, row.last_error)
-    if name == "lockwait.session" and not runtime.is_mysql:
+    if name == "lockwait.session" and not runtime.is_server:
         # SQLite: the handler's own write waits for the database lock first, and fails naming it
         assert "database is locked" in row.last_error
         return

@@ -7,7 +7,7 @@ and runs real processes: the host's own route records an event with `outbox.reco
 in its transaction, then `python -m cronbox tick` (from $HOME, CRONBOX_APP=clinic:create_app),
 `artisan_via_cron.sh tick` under `env -i` (everything from .env), or `flask --app clinic cron tick`
 delivers it. The test reads the database through its own NullPool engine, so it holds no connection
-to the test's database while it counts the cron process's connections on MariaDB.
+to the test's database while it counts the cron process's connections on a server (MariaDB, PostgreSQL: the host app on psycopg2, cronbox on psycopg 3).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from sqlalchemy.pool import NullPool
 
 from tests.conftest import APP_ROOT, child_env
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 HOSTAPP = APP_ROOT / "tests" / "hostapp"
 CRONBOX_PACKAGES = ("cronbox",)  # what a pip install would put on the path (its links lead to outbox/...)
 BARE_PATH = "/usr/bin:/bin"
@@ -43,11 +43,15 @@ class Host:
     home: Path
     root: Path
     url: str
-    database_name: str | None  # MariaDB: the test's database, for PROCESSLIST
+    database_name: str | None  # a server's: the test's database, for its connection count
     env: dict[str, str] = field(default_factory=dict)  # the host's own configuration (CLINIC_*)
 
     @property
     def is_mysql(self) -> bool:
+        return self.url.startswith("mysql")
+
+    @property
+    def is_server(self) -> bool:
         return self.database_name is not None
 
     # --- processes ------------------------------------------------------------------------------
@@ -153,7 +157,9 @@ def host(database, tmp_path, request) -> Host:
     home = tmp_path / "home"
     root = home / "apps" / "clinic"
     shutil.copytree(HOSTAPP, root, ignore=shutil.ignore_patterns("__pycache__"))
-    url = database.url if database.is_mysql else f"sqlite:///{tmp_path / 'clinic.db'}"
+    url = f"sqlite:///{tmp_path / 'clinic.db'}"
+    if database.is_server:  # on PostgreSQL the host's Flask-SQLAlchemy uses psycopg2, as many do; cronbox psycopg 3
+        url = database.url.replace("postgresql+psycopg:", "postgresql+psycopg2:")
     host = Host(home=home, root=root, url=url, database_name=database.name,
                 env={"CLINIC_SQLALCHEMY_DATABASE_URI": url, "CLINIC_CRONBOX_HANDLERS": "clinic.handlers",
                      "CRONBOX_CLAIM_MODE": database.claim_mode})
@@ -163,11 +169,16 @@ def host(database, tmp_path, request) -> Host:
 
 
 class ConnectionWatch:
-    """Counts, every few milliseconds, the connections MariaDB has open on the test's database
-    (information_schema.PROCESSLIST), from a connection of its own to another database."""
+    """Counts, every few milliseconds, the connections the server has open on the test's database
+    (MariaDB's information_schema.PROCESSLIST, PostgreSQL's pg_stat_activity), from a connection of
+    its own to another database."""
 
-    def __init__(self, request, name: str):
-        self.admin = request.getfixturevalue("mysql_admin")
+    COUNT = {"mysql": "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = :db",
+             "postgresql": "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = :db AND backend_type = 'client backend'"}
+
+    def __init__(self, request, name: str, is_mysql: bool = True):
+        self.admin = request.getfixturevalue("mysql_admin" if is_mysql else "postgres_admin")
+        self.count = self.COUNT["mysql" if is_mysql else "postgresql"]
         self.name = name
         self.samples: list[int] = []
         self._stop = threading.Event()
@@ -175,11 +186,8 @@ class ConnectionWatch:
 
     def _run(self):
         with self.admin.connect() as connection:  # on TEST_MYSQL_URL's database, so not counted
-            assert connection.execute(text("SELECT DATABASE()")).scalar_one() != self.name
             while not self._stop.is_set():
-                self.samples.append(connection.execute(text(
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = :db"), {"db": self.name}
-                ).scalar_one())
+                self.samples.append(connection.execute(text(self.count), {"db": self.name}).scalar_one())
                 time.sleep(0.005)
 
     def __enter__(self):
@@ -204,14 +212,14 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
 
 def run_scenario(host: Host, start_tick, request, tmp_path, done=finish) -> None:
     """The acceptance: one delivery applied exactly once; a failing attempt leaves nothing and is
-    rescheduled with its error; its retry applies once; on MariaDB at most 2 connections throughout."""
+    rescheduled with its error; its retry applies once; on a server at most 2 connections throughout."""
     first = host.pay("Ann")
     assert host.notes(first) == [] and host.rows(  # committed with the payment, not yet fanned out
         "SELECT e.type, e.fanned_out_at FROM cronbox_events e WHERE e.key = :k",
         k=f"appointment:{first}") == [("appointment.paid", None)]
 
     inside, release = tmp_path / "inside", tmp_path / "release"
-    with ConnectionWatch(request, host.database_name) if host.is_mysql else nullcontext() as watch:
+    with ConnectionWatch(request, host.database_name, host.is_mysql) if host.is_server else nullcontext() as watch:
         proc = start_tick(CLINIC_INSIDE_FILE=str(inside), CLINIC_RELEASE_FILE=str(release))
         seen_by_consumer = wait_for(inside, proc)
         time.sleep(0.2)  # a few samples while the consumer holds its transaction open
@@ -299,6 +307,7 @@ def test_artisan_via_cron_runs_the_host_app_from_its_env_file(host, request, tmp
 
 # --- 3. flask --app clinic cron ... ----------------------------------------------------------------
 
+@pytest.mark.backends("sqlite")  # which command group runs: the database changes nothing
 def test_flask_cli_runs_cronbox_from_the_hosts_cron_group(host):
     """`flask --app clinic cron tick`: the extension's `cron` group on app.cli, in the app Flask built;
     a one-off run the tick takes from a request file runs on that same group (not on Flask's root)."""
@@ -328,6 +337,7 @@ def consumers_listed(status_output: str) -> list[str]:
     return [line.split()[0] for line in lines[1:] if line and not line.startswith("events not yet")]
 
 
+@pytest.mark.backends("sqlite")  # which consumers the commands know: the database changes nothing
 def test_the_hosts_commands_know_only_the_hosts_consumers(host):
     host.pay("Ann")
     status = host.cron("outbox", "status")

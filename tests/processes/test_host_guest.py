@@ -1,21 +1,23 @@
 """cronbox is a guest in its host's process: loading and using it changes nothing of the host's
-PyMySQL, SQLAlchemy or imports.
+database driver (PyMySQL, psycopg2, psycopg), SQLAlchemy or imports.
 
 A real process acts as a host app set up the README's way (Flask + Flask-SQLAlchemy, `Cronbox(app)`,
 a request that calls outbox.record() and a job's dispatch() in its transaction, then cronbox's own
 /health, which makes cronbox's engine). It takes a view of what a host sees before cronbox is
 imported and again at the end:
 
-- sys.modules under pymysql, sqlalchemy, cryptography, amqp, nacl: cronbox may add modules (its
+- sys.modules under the drivers, sqlalchemy, cryptography, amqp, nacl: cronbox may add modules (its
   declared dependencies), never remove or replace one, nor put a None entry;
-- every public attribute of PyMySQL's public modules and of the SQLAlchemy dialect classes the host
-  uses: the same objects (no function replaced, none added to a class);
+- every public attribute of the drivers' public modules and of the SQLAlchemy dialect classes the
+  host uses: the same objects (no function replaced, none added to a class);
 - the host engine's dialect instance: no method set on it (`do_savepoint` ...);
 - the host connection's PyMySQL conversions: PyMySQL's own.
 
-The same host runs once without cronbox, and at the end it imports PyMySQL itself (as a host that
-also talks to MySQL does): what it gets must be what it gets without cronbox, also when cronbox was
-the first to load PyMySQL (a SQLite host app whose cronbox database is MariaDB, CRONBOX_DATABASE_URL).
+The same host runs once without cronbox, and at the end it imports its server's driver itself (as a
+host that also talks to that server does): what it gets must be what it gets without cronbox, also
+when cronbox was the first to load it (a SQLite host app whose cronbox database is MariaDB or
+PostgreSQL, CRONBOX_DATABASE_URL). On PostgreSQL the host app uses psycopg2, as many Flask apps do,
+and cronbox its own psycopg 3 engine.
 """
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ import pytest
 
 from tests.conftest import APP_ROOT, child_env
 
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 HOST = r'''
 import json, os, sys, types
 
-WATCHED = ("pymysql", "sqlalchemy", "cryptography", "amqp", "nacl")
+DRIVERS = ("pymysql", "psycopg2", "psycopg", "psycopg_binary")
+WATCHED = DRIVERS + ("sqlalchemy", "cryptography", "amqp", "nacl")
 WITH_CRONBOX = os.environ["HOST_WITH_CRONBOX"] == "1"
 HOST_URL, CRONBOX_URL = os.environ["HOST_URL"], os.environ["HOST_CRONBOX_URL"]
 
@@ -44,7 +47,7 @@ def watched_modules():
 
 def public_modules():
     return {name: module for name, module in watched_modules().items()
-            if module is not None and name.split(".")[0] == "pymysql"
+            if module is not None and name.split(".")[0] in DRIVERS
             and not any(part.startswith("_") for part in name.split("."))}
 
 
@@ -77,7 +80,7 @@ def view(engine):
     return {
         "modules": sorted(name for name, module in watched_modules().items() if module is not None),
         "none_entries": sorted(name for name, module in sys.modules.items() if module is None),
-        "pymysql": {name: {attr: named(value) for attr, value in public_attributes(module).items()}
+        "drivers": {name: {attr: named(value) for attr, value in public_attributes(module).items()}
                     for name, module in public_modules().items()},
         "dialect_classes": {f"{cls.__module__}.{cls.__qualname__}": sorted(
             f"{attr}={named(value)}" for attr, value in vars(cls).items()
@@ -92,7 +95,7 @@ def identities(engine):
     """The same, by identity: for the comparison inside this process."""
     return {
         "modules": dict(watched_modules()),
-        "pymysql": {name: public_attributes(module) for name, module in public_modules().items()},
+        "drivers": {name: public_attributes(module) for name, module in public_modules().items()},
         "dialect_classes": {cls: dict(vars(cls)) for cls in dialect_classes(engine)},
         "dialect_instance": {name: value for name, value in vars(engine.dialect).items() if callable(value)},
     }
@@ -105,7 +108,7 @@ def changed(before, after):
         if sys.modules.get(name, "missing") is not module:
             found.append(f"sys.modules[{name!r}] removed or replaced")
     found += [f"sys.modules[{name!r}] is None" for name, module in sys.modules.items() if module is None]
-    for name, attributes in before["pymysql"].items():
+    for name, attributes in before["drivers"].items():
         module = sys.modules.get(name)
         for attr, value in attributes.items():
             if getattr(module, attr, "missing") is not value:
@@ -165,7 +168,8 @@ if WITH_CRONBOX:
                               connection.execute(text("SELECT COUNT(*) FROM cronbox_jobs")).scalar()]
 
 result["changed"] = changed(before, identities(engine))
-import pymysql  # the host's own use of PyMySQL, after cronbox (a report engine, a script)
+import importlib  # the host's own use of its server's driver, after cronbox (a report engine, a script)
+importlib.import_module(os.environ["HOST_DRIVER"])
 result["view"] = view(engine)
 print(json.dumps(result))
 '''
@@ -178,7 +182,9 @@ TREE = os.environ.get("CRONBOX_GUEST_TREE", str(APP_ROOT))
 def run_host(env, tmp_path, host_url: str, cronbox_url: str, *, with_cronbox: bool, pythonpath: str = TREE) -> dict:
     home = tmp_path / ("with" if with_cronbox else "without")
     home.mkdir(exist_ok=True)
+    driver = "psycopg2" if "postgresql" in cronbox_url else "pymysql"
     extra = {"HOST_WITH_CRONBOX": "1" if with_cronbox else "0", "HOST_URL": host_url, "HOST_CRONBOX_URL": cronbox_url,
+             "HOST_DRIVER": driver,
              "HOST_INSTANCE": str(home / "instance"), "PYTHONPATH": pythonpath}
     proc = subprocess.run([sys.executable, "-c", HOST], env=child_env(env, **extra), cwd=str(home),
                           capture_output=True, text=True, timeout=120)
@@ -197,12 +203,14 @@ def test_cronbox_in_a_host_process_changes_none_of_its_drivers_dialects_or_impor
     """host_database "same": the README's setup, the host's database is cronbox's. "sqlite": the host's
     own database is a SQLite file and cronbox's is the test's (CRONBOX_DATABASE_URL), so on MariaDB
     cronbox's engine is the first to load PyMySQL in the process."""
-    if host_database == "sqlite" and not database.is_mysql:
+    if host_database == "sqlite" and not database.is_server:
         pytest.skip("the same as 'same' on SQLite")
     cronbox_url = database.url
-    host_url = cronbox_url if host_database == "same" else f"sqlite:///{tmp_path / 'host.db'}"
+    host_url = f"sqlite:///{tmp_path / 'host.db'}"
+    if host_database == "same":  # on PostgreSQL through psycopg2, the host's own driver
+        host_url = cronbox_url.replace("postgresql+psycopg:", "postgresql+psycopg2:")
     migrate(env, cronbox_url)
-    if host_url != cronbox_url:
+    if host_database != "same":
         migrate(env, host_url)  # record() and dispatch() write in the host's transaction, on its database
     without = run_host(env, tmp_path, host_url, cronbox_url, with_cronbox=False)
     hosted = run_host(env, tmp_path, host_url, cronbox_url, with_cronbox=True)
@@ -215,7 +223,7 @@ def test_cronbox_in_a_host_process_changes_none_of_its_drivers_dialects_or_impor
     seen, alone = hosted["view"], without["view"]
     assert set(alone["modules"]) - set(seen["modules"]) == set()  # cronbox may add modules, never hold one back
     assert seen["none_entries"] == alone["none_entries"] == []
-    assert {name: seen["pymysql"][name] for name in alone["pymysql"]} == alone["pymysql"]
+    assert {name: seen["drivers"][name] for name in alone["drivers"]} == alone["drivers"]
     assert seen["dialect_classes"] == alone["dialect_classes"]
     assert seen["dialect_instance"] == alone["dialect_instance"]
     assert seen["decoders"] == alone["decoders"]

@@ -15,9 +15,12 @@ from cronbox.outbox.core.locks import lock_name
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.queue import pool
 from cronbox.outbox.queue.models import Job
-from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
+from tests.conftest import BACKENDS, MYSQL_BACKENDS, ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers import pool_jobs
 from tests.processes.test_tick import _wait_for
+
+# MariaDB once: the claim mode matters only where children claim side by side (both modes there).
+pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
 HANDLERS = "tests.handlers.pool_jobs"
 
@@ -91,6 +94,7 @@ def inside(pool_env, n: int) -> tuple[int, int] | None:
     return int(pid), int(attempt)
 
 
+@pytest.mark.backends(*BACKENDS)
 def test_three_workers_drain_every_job_exactly_once(runtime, pool_env):
     dispatch(runtime, pool_jobs.insert_once.job, range(300))
     proc = start_pool({**pool_env, "TEST_SLEEP": "0.003"}, "--workers", "3", "--stop-when-empty")
@@ -110,6 +114,7 @@ def test_three_workers_drain_every_job_exactly_once(runtime, pool_env):
     assert "last pool" in status.stdout and "restarts 0" in status.stdout, status.stdout
 
 
+@pytest.mark.backends(*BACKENDS)
 def test_a_child_killed_mid_job_is_replaced_and_its_job_recovered_by_lease(runtime, pool_env):
     proc = start_pool(pool_env, "--workers", "3", "--max-time", "40", "--sleep", "0.1")
     _wait_for(lambda: len(children_of(proc.pid)) == 3, "three children")
@@ -183,6 +188,7 @@ def test_a_pool_over_the_connection_budget_is_a_usage_error(runtime, pool_env, a
     assert work_rows(runtime) == [] and work_rows(runtime, "pool") == []  # nothing was forked
 
 
+@pytest.mark.backends("sqlite")  # how the pool supervises its children: the database changes nothing
 def test_bad_pool_options_are_usage_errors(pool_env):
     for args in (["--workers", "2", "--max-workers", "3"], ["--min-workers", "3", "--max-workers", "2"],
                  ["--workers", "2", "--once"], ["--workers", "0"]):
@@ -191,6 +197,7 @@ def test_bad_pool_options_are_usage_errors(pool_env):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.backends("sqlite")  # how the pool supervises its children: the database changes nothing
 def test_children_that_crash_at_start_are_restarted_with_a_backoff_not_in_a_loop(runtime, pool_env):
     dispatch(runtime, pool_jobs.insert_once.job, range(5))
     started = time.monotonic()
@@ -203,6 +210,7 @@ def test_children_that_crash_at_start_are_restarted_with_a_backoff_not_in_a_loop
     assert done_rows(runtime) == []
 
 
+@pytest.mark.backends("sqlite")  # how the pool supervises its children: the database changes nothing
 def test_a_child_that_stops_at_once_for_memory_is_not_restarted_in_a_loop(runtime, pool_env):
     started = time.monotonic()
     proc = run_cli(pool_env, "queue", "work", "--workers", "2", "--memory", "8", "--max-time", "5")
@@ -336,6 +344,7 @@ def test_the_ticks_broker_connection_is_closed_before_its_pool_forks(runtime, po
     assert [r.n for r in done_rows(runtime)] == list(range(40))
 
 
+@pytest.mark.backends("sqlite")  # how the pool supervises its children: the database changes nothing
 def test_workers_that_keep_crashing_stop_the_pool_as_a_crash_loop(runtime, pool_env):
     """Past RESTARTS_PER_MINUTE crashes within a minute the pool stops restarting: exit 1, one line
     that says so, its heartbeat row "crash-loop" with the error, well before --max-time."""

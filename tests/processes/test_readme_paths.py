@@ -21,6 +21,8 @@ import pytest
 from tests.conftest import APP_ROOT, child_env
 from tests.processes.test_host_cron import Host, artisan_root, finish, host  # noqa: F401  (the fixture)
 
+# The README's paths and file names as a host app uses them: the server changes nothing, so not
+# PostgreSQL too (.ci/run's 30 minutes; the README's code runs on it in tests/db/test_readme.py).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 README = (APP_ROOT / "README.md").read_text(encoding="utf-8")

@@ -221,6 +221,28 @@ def test_sigterm_finishes_the_current_handler_and_exits_zero(runtime, tick_env, 
     assert row.status == "done"
 
 
+def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, tmp_path):
+    """Between polls a lingering tick waits: a sleep, or on PostgreSQL its LISTEN connection's socket.
+    A stop signal there ends the run within a wait step, not at --max-time."""
+    record(runtime, "work", 1)
+    effects_file = Path(tick_env["TEST_EFFECTS_FILE"])
+    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "40"], env=child_env(tick_env),
+                            cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(effects_file.exists, "the event's delivery")
+        time.sleep(1.5)  # its pass is over: it lingers, idle
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert time.monotonic() - started < 3, out
+    assert proc.returncode == 0, err
+    assert "stopped: signal" in out, out
+
+
 @pytest.mark.slow
 def test_a_killer_consumer_in_a_batch_does_not_use_up_its_batch_mates(runtime, tick_env):
     ids = record(runtime, "work", 2) + record(runtime, "poison", 1) + record(runtime, "work", 2)

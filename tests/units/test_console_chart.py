@@ -10,6 +10,8 @@ from cronbox.outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
 from cronbox.ops import chart
 
+# The chart drawn from the rows: the server behind them changes nothing, so not PostgreSQL too (.ci/run's
+# 30 minutes; the console's queries run on it in tests/web/test_console.py).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 NOW = datetime(2026, 11, 30, 12, 30, 40)
 START = datetime(2026, 11, 29, 12, 31)  # the first of the 1440 minutes shown

@@ -19,6 +19,8 @@ from cronbox import storage
 from cronbox import Cronbox
 from cronbox.storage.service import Storage
 
+# The app's storage routes and forms: the server behind the rows changes nothing, so not PostgreSQL too
+# (.ci/run's 30 minutes; storage rows are tested on it by test_storage_api, test_storage_http, test_storage_hardening).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
 

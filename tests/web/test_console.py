@@ -36,7 +36,7 @@ from cronbox.cron.operator import credentials
 from cronbox.cron.operator import throttle
 
 # The console does not care how jobs are claimed: one MariaDB mode is enough here.
-pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 T0 = datetime(2026, 11, 30, 12, 0, 0)
 
 

@@ -19,7 +19,7 @@ from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.events.models import OutboxEvent
 
-pytestmark = pytest.mark.backends("sqlite", "mysql")
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -93,13 +93,17 @@ def test_an_explicit_instance_wins(host_root, tmp_path):
 
 
 def test_the_database_is_the_hosts_so_an_event_commits_with_the_business_row(host_root, database):
-    url = database.url if database.is_mysql else "sqlite:///clinic.db"  # relative: Flask-SQLAlchemy's instance
+    url = "sqlite:///clinic.db"  # relative: Flask-SQLAlchemy's instance folder
+    if database.is_server:  # on PostgreSQL the host's own driver is psycopg2; cronbox's engines use psycopg 3
+        url = database.url.replace("postgresql+psycopg:", "postgresql+psycopg2:")
     app, db = host_app(host_root, url)
     st = Cronbox().init_app(app, db=db)
     with app.app_context():
         host_url = db.engine.url.render_as_string(hide_password=False)
         assert st.settings.database_url == host_url
-        if not database.is_mysql:
+        if database.is_postgresql:
+            assert db.engine.dialect.driver == "psycopg2" and st.runtime.engine.dialect.driver == "psycopg"
+        if not database.is_server:
             assert host_url.endswith(str(host_root / "instance" / "clinic.db"))
         upgrade(st.settings, st.runtime.engine)  # `cron migrate` (MariaDB is never migrated on first use)
         db.create_all()

@@ -4,7 +4,7 @@
 What the tests steer, through the environment of the cron process:
 CLINIC_FAIL=1             the consumer and the task raise after writing through both sessions
 CLINIC_INSIDE_FILE / CLINIC_RELEASE_FILE  the consumer writes the first (with the number of connections
-                          the process's database sees, on MySQL) and waits for the second
+                          the process's database sees, on a server) and waits for the second
 CLINIC_WANDER=<folder>    the scan job first moves the working directory, CRONBOX_INSTANCE and
                           CRONBOX_APP_ROOT there, as a careless handler might
 """
@@ -30,11 +30,16 @@ if clinic.factories_running:
     raise ImportError("clinic.handlers was imported while create_app() was still running")
 
 
+CONNECTIONS = {
+    "mysql": "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()",
+    "postgresql": "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND backend_type = 'client backend'",
+}
+
+
 def _connections() -> str:
-    if db.session.get_bind().dialect.name != "mysql":
-        return "-"
-    return str(db.session.execute(text(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()")).scalar_one())
+    count = CONNECTIONS.get(db.session.get_bind().dialect.name)
+    return "-" if count is None else str(db.session.execute(text(count)).scalar_one())
 
 
 def _block() -> None:
