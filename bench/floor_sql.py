@@ -8,8 +8,10 @@ already dispatched: claim 100 with the statements of cronbox's job claim, run th
 its ack's columns), relay-noop, relay-write, relay-gwrite
 (events already recorded: fan 100 out as pending delivery rows and claim 100 in one transaction,
 run the consumer, ack). The engine is
-set up as cronbox documents its own (MariaDB at READ COMMITTED; SQLite in WAL, synchronous=NORMAL,
-BEGIN IMMEDIATE) through SQLAlchemy's public events. floor_amqp.py reuses `relay` with a publisher.
+set up as cronbox documents its own (MariaDB and PostgreSQL at READ COMMITTED, PostgreSQL's sessions in
+UTC, through psycopg 3 as cronbox's own engines; SQLite in WAL, synchronous=NORMAL, BEGIN IMMEDIATE)
+through SQLAlchemy's public events and create_engine's arguments. floor_amqp.py reuses `relay` with a
+publisher.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import MetaData, Table, bindparam, create_engine, event, select, text, update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 # The tick's and the worker's batch (Relay / Worker batch_size default); FLOOR_BATCH=500 shows what
@@ -33,6 +37,7 @@ JOB_HANDLERS = ("fl.bump", "fl.noopjob")
 # What the worker reads back of the jobs it claimed (one per field of its claimed job).
 CLAIMED = ("id", "queue", "handler", "payload", "attempts", "claim_token", "available_at", "retry_until", "trace_id",
            "concurrency_group", "cost")
+PSYCOPG = "postgresql+psycopg"  # the driver cronbox's own engines use on PostgreSQL, whatever the URL names
 ROW_INSERT = text("INSERT INTO bench_floor_rows (event_id, note) VALUES (:event_id, 'x')")
 
 
@@ -51,7 +56,15 @@ def engine_for(url: str):
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
+    if url.startswith("postgres"):
+        return create_engine(psycopg_url(url), isolation_level="READ COMMITTED",
+                             connect_args={"options": "-c TimeZone=UTC"})
     return create_engine(url, isolation_level="READ COMMITTED", connect_args={"ssl_disabled": True})
+
+
+def psycopg_url(url: str) -> str:
+    """A PostgreSQL URL (`postgresql://`, `postgres://`, any driver) with psycopg 3 as its driver."""
+    return make_url(url).set(drivername=PSYCOPG).render_as_string(hide_password=False)
 
 
 def utcnow() -> datetime:
@@ -150,7 +163,10 @@ def drain(engine, body) -> int:
 
 
 def insert_ignoring_duplicates(table: Table, engine):
-    """INSERT that skips a row already there (cronbox's fan-out may race another relay's)."""
+    """INSERT that skips a row already there (cronbox's fan-out may race another relay's); on PostgreSQL
+    ON CONFLICT DO NOTHING, returning the keys it added as cronbox's does."""
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing().returning(*table.primary_key.columns)
     return table.insert().prefix_with("OR IGNORE" if engine.dialect.name == "sqlite" else "IGNORE")
 
 
