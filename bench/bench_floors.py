@@ -1,7 +1,9 @@
 """cronbox next to its public-API floor, per path, in one run (issue 25's targets are these ratios).
 
     python bench/bench_floors.py --tree /work/main --label main --mysql mysql+pymysql://root:@127.0.0.1/test \
-        [--section record|dispatch|drain|relay|forward|consume ...] [--rounds 3] [--amqp amqp://guest:guest@127.0.0.1:5672/]
+        [--postgres postgresql://postgres@127.0.0.1:5432/postgres] [--store SQLite|MariaDB|PostgreSQL ...] \
+        [--section record|dispatch|drain|relay|forward|consume ...] [--rounds 3] [--items N] \
+        [--amqp amqp://guest:guest@127.0.0.1:5672/]
 
 cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
 dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-linger`, `queue work
@@ -9,7 +11,9 @@ dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-ling
 (floor_host.py). Each floor (floor_sql.py, floor_amqp.py) is the same statements and messages through
 SQLAlchemy and py-amqp's public calls, as a subprocess timed the same way, with no cronbox. The two
 alternate, order swapped every round, on the same fresh database; rates are the median of the rounds,
-the spread their min-max. Prints one markdown table row per measurement.
+the spread their min-max. Prints one markdown table row per measurement. On PostgreSQL (`--postgres`, a
+server URL: each section gets a database of its own there) the drain's peer-body rows need `--mysql` too:
+that body bumps the harness's counter in MariaDB whatever cronbox's store.
 """
 from __future__ import annotations
 
@@ -233,14 +237,20 @@ def main() -> None:
     parser.add_argument("--tree", required=True, help="the cronbox tree to measure (put first on sys.path)")
     parser.add_argument("--label", required=True, help="its name in the table (before, main, after)")
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
+    parser.add_argument("--postgres", "--postgresql", default=os.environ.get("TEST_POSTGRES_URL"),
+                        help="a PostgreSQL server's URL, as bench_latency's (postgresql://postgres@127.0.0.1:5432/postgres)")
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--section", action="append", choices=SECTIONS)
-    parser.add_argument("--store", action="append", choices=["SQLite", "MariaDB"])
+    parser.add_argument("--store", action="append", choices=["SQLite", "MariaDB", "PostgreSQL"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--items", type=int, help="each section's N (default its own: 2,000 rows, 5,000 jobs, "
+                                                  "2,000 or 10,000 events); a small one for a smoke run")
     parser.add_argument("--out", help="append the rows (JSON) to this file")
     args = parser.parse_args()
     sections = args.section or SECTIONS
-    stores = [s for s in (args.store or ["SQLite", "MariaDB"]) if s == "SQLite" or args.mysql]
+    servers = {"SQLite": None, "MariaDB": args.mysql, "PostgreSQL": args.postgres}
+    stores = [s for s in (args.store or list(servers)) if s == "SQLite" or servers[s]]
+    size = {"n": args.items} if args.items else {}
     table = Report(args.label)
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, tree {args.tree}, load {os.getloadavg()[0]:.1f}",
           flush=True)
@@ -251,25 +261,24 @@ def main() -> None:
         floor_amqp.declare(args.amqp, exchange, broker["FLOOR_QUEUE"])
     try:
         for store in stores:
-            mysql = args.mysql if store == "MariaDB" else None
             for section in sections:
                 extra = {}
                 if section == "forward":
                     extra = {**broker, "CRONBOX_AMQP_URL": args.amqp}
                 elif section == "consume":
                     extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1", "CRONBOX_AMQP_URL": args.amqp}
-                t = Target(args.tree, mysql, extra)
+                t = Target(args.tree, servers[store], extra)
                 try:
                     if section in ("record", "dispatch"):
-                        section_record(t, store, table, args.rounds, section)
+                        section_record(t, store, table, args.rounds, section, **size)
                     elif section == "drain":
-                        section_drain(t, store, table, args.rounds, peer_db=bool(args.mysql))
+                        section_drain(t, store, table, args.rounds, peer_db=bool(args.mysql), **size)
                     elif section == "relay":
-                        section_relay(t, store, table, args.rounds)
+                        section_relay(t, store, table, args.rounds, **size)
                     elif section == "forward":
-                        section_forward(t, store, table, args.rounds, broker)
+                        section_forward(t, store, table, args.rounds, broker, **size)
                     else:
-                        section_consume(t, store, table, args.rounds, broker)
+                        section_consume(t, store, table, args.rounds, broker, **size)
                 finally:
                     t.close()
     finally:

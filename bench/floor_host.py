@@ -19,14 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
+
+from floor_sql import psycopg_url
 
 BENCH = Path(__file__).resolve().parent
 PEERS = BENCH / "peers"
 TABLES = ("cronbox_inbox", "cronbox_deliveries", "cronbox_flights", "cronbox_events", "cronbox_jobs",
           "bench_floor_rows")
+# The one-row consumers' table (floor_sql.ROW_INSERT, floor_handlers.ROW_INSERT), an auto-increment key on each backend.
+FLOOR_ROWS = Table("bench_floor_rows", MetaData(), Column("id", Integer, primary_key=True), Column("event_id", Integer),
+                   Column("note", String(32)))
 
 
 def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
@@ -45,18 +50,22 @@ def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
 
 
 class Target:
-    """A fresh database (SQLite file or MariaDB schema) migrated by the tree's own `python -m cronbox migrate`."""
+    """A fresh database (SQLite file, MariaDB schema or PostgreSQL database) migrated by the tree's own
+    `python -m cronbox migrate`. `server_url`: a MariaDB or PostgreSQL server's URL (None: SQLite)."""
 
-    def __init__(self, tree: str, mysql_url: str | None, extra_env: dict | None = None):
+    def __init__(self, tree: str, server_url: str | None, extra_env: dict | None = None):
         self.tree = str(Path(tree).resolve())
         self.folder = Path(tempfile.mkdtemp(prefix="cronbox-floor-"))
         self.admin = None
-        if mysql_url:
+        if server_url:
+            postgres = server_url.startswith("postgres")  # through psycopg 3, as cronbox's own engines
+            server_url = psycopg_url(server_url) if postgres else server_url
             self.name = f"cronbox_floor_{secrets.token_hex(4)}"
-            self.admin = create_engine(mysql_url, poolclass=NullPool, connect_args={"ssl_disabled": True})
+            self.admin = create_engine(server_url, poolclass=NullPool, **(
+                {"isolation_level": "AUTOCOMMIT"} if postgres else {"connect_args": {"ssl_disabled": True}}))
             with self.admin.connect() as c:
                 c.execute(text(f"CREATE DATABASE {self.name}"))
-            self.url = make_url(mysql_url).set(database=self.name).render_as_string(hide_password=False)
+            self.url = make_url(server_url).set(database=self.name).render_as_string(hide_password=False)
         else:
             (self.folder / "instance").mkdir()
             self.url = f"sqlite:///{self.folder / 'instance' / 'cronbox.db'}"
@@ -64,11 +73,8 @@ class Target:
                     "CRONBOX_HANDLERS": "floor_handlers", "PYTHONPATH": os.pathsep.join([self.tree, str(BENCH), str(PEERS)]),
                     **(extra_env or {})}
         self.cron(["migrate"])
-        self.engine = create_engine(self.url, poolclass=NullPool, connect_args={} if mysql_url else {"timeout": 30})
-        with self.engine.begin() as c:
-            c.execute(text("CREATE TABLE bench_floor_rows (id INTEGER PRIMARY KEY AUTO_INCREMENT, event_id INTEGER, "
-                           "note VARCHAR(32))" if mysql_url else
-                           "CREATE TABLE bench_floor_rows (id INTEGER PRIMARY KEY, event_id INTEGER, note VARCHAR(32))"))
+        self.engine = create_engine(self.url, poolclass=NullPool, connect_args={} if server_url else {"timeout": 30})
+        FLOOR_ROWS.create(self.engine)
         self.tables = [t for t in TABLES if t in inspect(self.engine).get_table_names()]
 
     def cron(self, args: list[str], **kw) -> dict:
@@ -97,7 +103,12 @@ class Target:
             return c.execute(text(f"SELECT COUNT(*) FROM {table} WHERE {where}")).scalar_one()
 
     def reset(self) -> None:
+        """Empty the tables. PostgreSQL: TRUNCATE, so no run scans the index entries of the last run's
+        dead rows (DELETE leaves them to autovacuum, whichever run comes first in a round pays)."""
         with self.engine.begin() as c:
+            if self.engine.dialect.name == "postgresql":
+                c.execute(text(f"TRUNCATE {', '.join(self.tables)}"))
+                return
             for table in self.tables:
                 c.execute(text(f"DELETE FROM {table}"))
 
@@ -105,8 +116,9 @@ class Target:
         self.engine.dispose()
         shutil.rmtree(self.folder, ignore_errors=True)
         if self.admin is not None:
+            force = " WITH (FORCE)" if self.admin.dialect.name == "postgresql" else ""
             with self.admin.connect() as c:
-                c.execute(text(f"DROP DATABASE {self.name}"))
+                c.execute(text(f"DROP DATABASE {self.name}{force}"))
             self.admin.dispose()
 
 

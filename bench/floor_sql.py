@@ -4,11 +4,14 @@ SQLAlchemy Core on a plain engine, no cronbox imported.
     python bench/floor_sql.py KIND URL N        (prints one JSON line: {"seconds": ..., "cpu": ...})
 
 KIND: record, dispatch (one row per ORM Session transaction, timed in the loop), drain-peer, drain-noop (jobs
-already dispatched: claim 100, run the body, ack the 100), relay-noop, relay-write, relay-gwrite
+already dispatched: claim 100 with the statements of cronbox's job claim, run the body, ack the 100 with
+its ack's columns), relay-noop, relay-write, relay-gwrite
 (events already recorded: fan 100 out as pending delivery rows and claim 100 in one transaction,
 run the consumer, ack). The engine is
-set up as cronbox documents its own (MariaDB at READ COMMITTED; SQLite in WAL, synchronous=NORMAL,
-BEGIN IMMEDIATE) through SQLAlchemy's public events. floor_amqp.py reuses `relay` with a publisher.
+set up as cronbox documents its own (MariaDB and PostgreSQL at READ COMMITTED, PostgreSQL's sessions in
+UTC, through psycopg 3 as cronbox's own engines; SQLite in WAL, synchronous=NORMAL, BEGIN IMMEDIATE)
+through SQLAlchemy's public events and create_engine's arguments. floor_amqp.py reuses `relay` with a
+publisher.
 """
 from __future__ import annotations
 
@@ -21,12 +24,20 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import MetaData, Table, bindparam, create_engine, event, select, text, update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 # The tick's and the worker's batch (Relay / Worker batch_size default); FLOOR_BATCH=500 shows what
 # the old bench_amqp's batch of 500 was worth.
 BATCH = int(os.environ.get("FLOOR_BATCH", 100))
 LEASE = timedelta(seconds=60)
+# The handlers the worker's claim names (those floor_handlers registers on queue "bench").
+JOB_HANDLERS = ("fl.bump", "fl.noopjob")
+# What the worker reads back of the jobs it claimed (one per field of its claimed job).
+CLAIMED = ("id", "queue", "handler", "payload", "attempts", "claim_token", "available_at", "retry_until", "trace_id",
+           "concurrency_group", "cost")
+PSYCOPG = "postgresql+psycopg"  # the driver cronbox's own engines use on PostgreSQL, whatever the URL names
 ROW_INSERT = text("INSERT INTO bench_floor_rows (event_id, note) VALUES (:event_id, 'x')")
 
 
@@ -45,7 +56,15 @@ def engine_for(url: str):
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
+    if url.startswith("postgres"):
+        return create_engine(psycopg_url(url), isolation_level="READ COMMITTED",
+                             connect_args={"options": "-c TimeZone=UTC"})
     return create_engine(url, isolation_level="READ COMMITTED", connect_args={"ssl_disabled": True})
+
+
+def psycopg_url(url: str) -> str:
+    """A PostgreSQL URL (`postgresql://`, `postgres://`, any driver) with psycopg 3 as its driver."""
+    return make_url(url).set(drivername=PSYCOPG).render_as_string(hide_password=False)
 
 
 def utcnow() -> datetime:
@@ -105,32 +124,49 @@ def skip_locked(query, engine):
     return query if engine.dialect.name == "sqlite" else query.with_for_update(skip_locked=True)
 
 
+def claim_jobs(engine, c, jobs: Table, now):
+    """The worker's claim of one queue: a reserved job whose lease ran out, alone, else up to BATCH
+    ready ones; each read locked with FOR UPDATE SKIP LOCKED, in (available_at, id) order."""
+    for status, size in (("reserved", 1), ("ready", BATCH)):
+        ids = c.scalars(skip_locked(
+            select(jobs.c.id).where(jobs.c.queue == ident(jobs, "queue", "bench"), jobs.c.status == status,
+                                    jobs.c.available_at <= now,
+                                    jobs.c.handler.in_([ident(jobs, "handler", h) for h in JOB_HANDLERS]))
+            .order_by(jobs.c.available_at, jobs.c.id).limit(size), engine)).all()
+        if ids:
+            return ids
+    return []
+
+
 def drain(engine, body) -> int:
-    """Claim up to BATCH due jobs (FOR UPDATE SKIP LOCKED), run each body, ack the batch in one UPDATE."""
+    """Claim due jobs as the worker does (claim_jobs), stamp them reserved under a token and read back
+    the columns it reads; run each body; ack the batch in one UPDATE writing the columns its ack writes."""
     jobs = tables(engine).tables["cronbox_jobs"]
     done = 0
     while True:
         now, token = utcnow(), uuid.uuid4().hex
         with engine.begin() as c:
-            ids = c.scalars(skip_locked(
-                select(jobs.c.id).where(jobs.c.queue == ident(jobs, "queue", "bench"), jobs.c.status == "ready", jobs.c.available_at <= now)
-                .order_by(jobs.c.available_at, jobs.c.id).limit(BATCH), engine)).all()
+            ids = claim_jobs(engine, c, jobs, now)
             if not ids:
                 return done
             c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
                 status="reserved", claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, available_at=now + LEASE,
                 reserved_at=now))
-            payloads = c.execute(select(jobs.c.id, jobs.c.payload).where(jobs.c.id.in_(ids))).all()
-        for _id, payload in payloads:
-            body(json.loads(payload))
+            claimed = c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(jobs.c.id.in_(ids))).all()
+        for row in claimed:
+            body(json.loads(row.payload))
         with engine.begin() as c:
             c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token), jobs.c.status == "reserved")
-                      .values(status="done", available_at=None, claim_token=None, finished_at=utcnow()))
+                      .values(status="done", available_at=None, claim_token=None, unique_key=None,
+                              finished_at=utcnow(), last_error=None, error_class=None, traceback=None))
         done += len(ids)
 
 
 def insert_ignoring_duplicates(table: Table, engine):
-    """INSERT that skips a row already there (cronbox's fan-out may race another relay's)."""
+    """INSERT that skips a row already there (cronbox's fan-out may race another relay's); on PostgreSQL
+    ON CONFLICT DO NOTHING, returning the keys it added as cronbox's does."""
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing().returning(*table.primary_key.columns)
     return table.insert().prefix_with("OR IGNORE" if engine.dialect.name == "sqlite" else "IGNORE")
 
 

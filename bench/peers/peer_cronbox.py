@@ -4,7 +4,10 @@ cronbox is imported from CRONBOX_TREE (default: this repository), first on sys.p
 compare in one harness (`CRONBOX_TREE=/work/wt/before bench/peers/run_peers.sh`). Only its public
 surface is used: `python -m cronbox migrate` and `queue work`, and the job's `.dispatch()` in the host's own
 SQLAlchemy Session. The queue lives in its own database (`cronbox_peerbench`, created and migrated by
-reset()); the job body is the harness's counter bump in `test`, like every peer.
+reset()); the job body is the harness's counter bump in `test`, like every peer. CRONBOX_PEER_STORE=sqlite
+or postgresql (peer_cronbox_sqlite.py, peer_cronbox_pg.py) puts the queue there instead; PostgreSQL's
+`cronbox_peerbench` is on the server procrastinate's peer uses, and reset() empties it with TRUNCATE as
+that peer's does.
 """
 import os
 import subprocess
@@ -19,6 +22,8 @@ os.environ["CRONBOX_TREE"] = TREE  # cronbox_worker.py starts `python -m cronbox
 STORE = os.environ.get("CRONBOX_PEER_STORE", "mysql")
 if STORE == "sqlite":
     os.environ.setdefault("DATABASE_URL", "sqlite:////tmp/cronbox-peerbench/cronbox.db")
+elif STORE == "postgresql":
+    os.environ.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/cronbox_peerbench")
 else:
     os.environ.setdefault("DATABASE_URL", "mysql+pymysql://root:@127.0.0.1/cronbox_peerbench")
 os.environ.setdefault("CRONBOX_INSTANCE", "/tmp/cronbox-peerbench")
@@ -26,7 +31,9 @@ os.environ["CRONBOX_HANDLERS"] = "peer_cronbox"
 
 import pymysql  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
+from sqlalchemy.pool import NullPool  # noqa: E402
 
 import common  # noqa: E402
 from cronbox import outbox  # noqa: E402
@@ -47,19 +54,27 @@ def engine():
         url = os.environ["DATABASE_URL"]
         if STORE == "sqlite":
             os.makedirs(os.environ["CRONBOX_INSTANCE"], exist_ok=True)
+        elif STORE == "postgresql":
+            url = make_url(url).set(drivername="postgresql+psycopg")  # the host's engine: psycopg 3, as cronbox's
+            admin = create_engine(url.set(database="postgres"), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                if conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}) is None:
+                    conn.execute(text(f'CREATE DATABASE "{url.database}"'))
+            admin.dispose()
         else:
             name = url.rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
             with pymysql.connect(host="127.0.0.1", user="root", password="", ssl_disabled=True) as conn:
                 conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
         subprocess.run([sys.executable, "-m", "cronbox", "migrate"], check=True, stdout=subprocess.DEVNULL,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([TREE, HERE])))
-        _engine = create_engine(url, connect_args={"timeout": 30} if STORE == "sqlite" else {"ssl_disabled": True})
+        _engine = create_engine(url, connect_args={"sqlite": {"timeout": 30}, "postgresql": {}}.get(
+            STORE, {"ssl_disabled": True}))
     return _engine
 
 
 def reset():
     with engine().begin() as conn:
-        conn.execute(text("DELETE FROM cronbox_jobs"))
+        conn.execute(text("TRUNCATE cronbox_jobs" if STORE == "postgresql" else "DELETE FROM cronbox_jobs"))
 
 
 def enqueue_one():

@@ -32,10 +32,11 @@ for n in sorted({n for _, n in rates}):
                  f"{ratio('cronbox', 'huey_mysql', n, 1)}; vs Celery on kombu's SQL transport "
                  f"{ratio('cronbox', 'celery_sqla', n, 0)} / {ratio('cronbox', 'celery_sqla', n, 1)}; cronbox on "
                  f"SQLite vs SqliteHuey {ratio('cronbox_sqlite', 'huey_sqlite', n, 0)} / "
-                 f"{ratio('cronbox_sqlite', 'huey_sqlite', n, 1)}.")
+                 f"{ratio('cronbox_sqlite', 'huey_sqlite', n, 1)}; cronbox on PostgreSQL vs procrastinate "
+                 f"{ratio('cronbox_pg', 'procrastinate', n, 0)} / {ratio('cronbox_pg', 'procrastinate', n, 1)}.")
 notes.append("")
-notes.append("The harness is in `bench/peers/` (`peer_cronbox.py` and "
-             "`peer_cronbox_sqlite.py` are cronbox; bench-only requirements: `bench/peers/requirements-peers.txt`). "
+notes.append("The harness is in `bench/peers/` (`peer_cronbox.py`, `peer_cronbox_sqlite.py` and "
+             "`peer_cronbox_pg.py` are cronbox; bench-only requirements: `bench/peers/requirements-peers.txt`). "
              "Every peer runs the same job body: one autocommit `UPDATE bench_counter SET n = n + 1` on MariaDB.")
 write_section("peers", "Peer job queues", "NS=5000 RUNS=3 bench/peers/run_peers.sh", table + "\n".join(notes))
 print("wrote the Peer job queues section")
