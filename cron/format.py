@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Callable
 
 import click
 
 from cronbox.outbox.core import paging
 from cronbox.outbox.core.durations import parse_duration
-from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.text import clean_text, is_utf8
 
 
 def age(since: datetime | None, now: datetime) -> str:
@@ -64,6 +65,21 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+class Checked(click.ParamType):
+    """Text that `valid` accepts, else a usage error naming it (shown escaped): a name or id typed on
+    the command line is checked before it reaches a query, where a stray byte (not UTF-8, so a lone
+    surrogate once Python decoded argv) failed inside the database driver instead."""
+
+    def __init__(self, valid: Callable[[str], object], what: str, name: str = "text"):
+        self.valid, self.what, self.name = valid, what, name
+
+    def convert(self, value, param, ctx):
+        text = str(value)
+        if not is_utf8(text) or not self.valid(text):
+            self.fail(f"{clean_text(text, 300)!r} is not {self.what}", param, ctx)
+        return text
 
 
 class PageCursor(click.ParamType):

@@ -24,6 +24,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.settings import Settings
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.core.session_types import AnySession
+from cronbox.outbox.core.text import is_utf8
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable
@@ -46,8 +47,8 @@ def owner_text(owner) -> str:
 
 
 def _text(value, what: str, limit: int) -> str:
-    if not isinstance(value, str) or not value or len(value) > limit or has_unshowable(value):
-        raise StorageError(f"{what} must be non-empty text of at most {limit} characters without control or "
+    if not isinstance(value, str) or not value or len(value) > limit or has_unshowable(value) or not is_utf8(value):
+        raise StorageError(f"{what} must be non-empty UTF-8 text of at most {limit} characters without control or "
                            "bidi-formatting characters")
     return value
 
@@ -75,8 +76,9 @@ class SealingWriter:
     """
 
     def __init__(self, storage: "Storage", *, filename: str, content_type: str, limit: int | None = None):
-        if not isinstance(filename, str) or len(filename) > MAX_NAME:
-            raise StorageError(f"the file name must be text of at most {MAX_NAME} characters")
+        if not isinstance(filename, str) or len(filename) > MAX_NAME or not is_utf8(filename):
+            raise StorageError(f"the file name must be UTF-8 text of at most {MAX_NAME} characters "
+                               "(os.fsdecode leaves lone surrogates of bytes that were not UTF-8)")
         self.filename = filename  # kept as given (sealed); cleaned where it is replayed (Content-Disposition)
         self.content_type = _text(content_type, "the content type", MAX_TYPE)
         self.limit = limit

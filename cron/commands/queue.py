@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import DURATION, Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.format import DURATION, Checked, Duration, PageCursor, age, never_fits_lines, table
 from cronbox.cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
@@ -21,6 +21,9 @@ from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
 
 queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
+
+
+QUEUE = Checked(QUEUE_NAME.match, "a queue name (1 to 64 of A-Z a-z 0-9 _ . : -)", "queue")
 
 
 def _queue_list(text: str | None) -> list[str] | None:
@@ -208,7 +211,7 @@ def _show_groups(in_groups, spent, *, quiet: bool) -> None:
 
 
 @queue.command()
-@click.option("--queue", "queue_name", default=None, help="Only this queue.")
+@click.option("--queue", "queue_name", type=QUEUE, default=None, help="Only this queue.")
 @click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True)
 @click.option("--after", "cursor", type=PageCursor(jobstore.FAILED_KEY), default=None,
               help="Continue after this cursor (printed at the end of a full page).")
@@ -231,7 +234,7 @@ def failed(queue_name, limit, cursor):
 @queue.command()
 @click.argument("ids", nargs=-1, type=click.IntRange(min=1))
 @click.option("--all", "all_", is_flag=True, help="Retry every failed job (of --queue).")
-@click.option("--queue", "queue_name", default=None, help="With --all: only this queue.")
+@click.option("--queue", "queue_name", type=QUEUE, default=None, help="With --all: only this queue.")
 def retry(ids, all_, queue_name):
     """Put failed jobs back on their queue with fresh attempts."""
     if bool(ids) == bool(all_):
@@ -246,7 +249,7 @@ def retry(ids, all_, queue_name):
 
 
 @queue.command()
-@click.argument("channel")
+@click.argument("channel", type=Checked(lambda t: 0 < len(t) <= 191 and t.isprintable(), "a channel name", "channel"))
 def resume(channel):
     """Lift CHANNEL's pause (after fixing its settings or topping up credit): the jobs it held back are
     due at once, with their attempts intact. Exit 0 also when CHANNEL is not paused; 2 when no job

@@ -9,7 +9,7 @@ import click
 from sqlalchemy import func, select
 
 from cronbox.cron.commands.base import CommandFailed, CommandGroup, runtime
-from cronbox.cron.format import DURATION, Duration, table
+from cronbox.cron.format import DURATION, Checked, Duration, table
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox import storage as sealed_storage
@@ -19,6 +19,9 @@ from cronbox.storage import maintenance
 from cronbox.storage.display import shown
 from cronbox.storage.models import SealedFile
 from cronbox.storage.service import Storage
+from cronbox.storage.vault import valid_id
+
+FILE_ID = Checked(valid_id, "a file id (32 hex digits)", "file_id")
 
 storage = CommandGroup("storage",
                        help="Sealed files (PHI): seal, grant, sign links, verify, rewrap keys, audit, sweep.")
@@ -86,7 +89,7 @@ def url(grant_id, ttl, absolute):
 
 
 @storage.command()
-@click.argument("file_id", required=False)
+@click.argument("file_id", required=False, type=FILE_ID)
 @click.option("--all", "all_", is_flag=True, help="Check every file.")
 def verify(file_id, all_):
     """Authenticate every chunk of a file (or --all); without either, list recorded integrity errors."""
@@ -141,7 +144,7 @@ def rewrap(batch_size):
 
 
 @storage.command(name="audit")
-@click.option("--file", "file_id", default=None, help="Only entries of this file.")
+@click.option("--file", "file_id", type=FILE_ID, default=None, help="Only entries of this file.")
 @click.option("--limit", type=click.IntRange(min=1, max=10000), default=50, show_default=True)
 def audit_(file_id, limit):
     """Show the latest audit entries (uploads, grants, links issued, downloads and refusals)."""

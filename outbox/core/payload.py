@@ -10,6 +10,7 @@ import json
 import math
 
 from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.core.text import is_utf8
 
 _ALLOWED = "str, int, float, bool, None, list, dict with str keys"
 # One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.
@@ -19,7 +20,10 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 def dump_payload(payload) -> str:
     if not _is_json(payload):
         _check(payload, "payload")  # raises, naming the offending key path
-    return _ENCODER.encode(payload)
+    body = _ENCODER.encode(payload)
+    if not is_utf8(body):  # a lone surrogate somewhere: find it for the message
+        _check(payload, "payload")
+    return body
 
 
 def _is_json(value) -> bool:
@@ -41,7 +45,12 @@ def load_payload(text: str):
 
 
 def _check(value, path: str) -> None:
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        if not is_utf8(value):
+            raise PayloadError(f"{path} is not UTF-8 text (a lone surrogate, as os.fsdecode leaves of bytes "
+                               "that were not UTF-8)")
+        return
+    if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -55,6 +64,8 @@ def _check(value, path: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PayloadError(f"{path} has a key {key!r} of type {type(key).__name__}: JSON keys are str")
+            if not is_utf8(key):
+                raise PayloadError(f"{path} has a key {key!r} that is not UTF-8 text (a lone surrogate)")
             _check(item, f"{path}[{key!r}]")
         return
     raise PayloadError(f"{path} is a {type(value).__name__}, not JSON ({_ALLOWED})")

@@ -24,6 +24,19 @@ _UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")  # what is left of them once line br
 _UNSHOWABLE_BUT_LINES = re.compile(f"(?![\\t\\n\\r])[{UNSHOWABLE}]")  # a traceback keeps its lines
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be stored and sent as UTF-8. A lone surrogate (what os.fsdecode and
+    surrogateescape leave of bytes that were not UTF-8) cannot: each database driver refuses it with
+    an error of its own, deep in a write. Text cronbox stores is checked with this first."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> str:
     """`text` made safe to print, log and store: lone surrogates, control and bidi characters escaped,
     line breaks turned into spaces (unless `one_line` is False), at most `limit` characters."""

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.events.models import OutboxEvent
 from cronbox.outbox.core.session_types import Transactional
 
@@ -64,6 +65,8 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
         raise PayloadError(f"event key must be None or a non-empty string of at most {MAX_TEXT} characters")
     if "\x00" in type or (key is not None and "\x00" in key):  # PostgreSQL stores no NUL in text: none does
         raise PayloadError("event type and key must not contain NUL characters")
+    if not is_utf8(type) or (key is not None and not is_utf8(key)):
+        raise PayloadError("event type and key must be UTF-8 text (no lone surrogates)")
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
         raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")

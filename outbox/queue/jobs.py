@@ -18,6 +18,7 @@ from sqlalchemy import Table, insert
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
@@ -74,6 +75,8 @@ class JobHandler:
             raise PayloadError("unique_key must be a non-empty string")
         if unique_key is not None and "\x00" in unique_key:  # PostgreSQL stores no NUL in text: none does
             raise PayloadError("unique_key must not contain NUL characters")
+        if unique_key is not None and not is_utf8(unique_key):
+            raise PayloadError("unique_key must be UTF-8 text (no lone surrogates)")
         if concurrency_group is not None:
             groups.check_group(concurrency_group, None, error=PayloadError)
             if self.grouped:

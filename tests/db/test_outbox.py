@@ -132,6 +132,7 @@ def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
     ({"type": ""}, "event type"), ({"type": "x" * 192}, "event type"), ({"key": 5}, "event key"),
     ({"delay": -1}, "delay"), ({"delay": "soon"}, "delay"),
     ({"type": "a\x00b"}, "NUL"), ({"key": "k\x00"}, "NUL"),  # PostgreSQL stores no NUL in text: no backend does
+    ({"type": "scan\udcff"}, "UTF-8"), ({"key": "\ud800"}, "UTF-8"),  # os.fsdecode's lone surrogates: no driver takes them
 ])
 def test_bad_record_arguments(runtime, kwargs, message):
     args = {"type": "note", **kwargs}
@@ -139,6 +140,23 @@ def test_bad_record_arguments(runtime, kwargs, message):
         with pytest.raises(PayloadError, match=message):
             outbox.record(session, args.pop("type"), {}, **args)
         assert not session.new
+
+
+@pytest.mark.parametrize("payload, where", [
+    ({"file": "scan\udcff.pdf"}, r"payload\['file'\]"), ({"a": [1, {"b": "\ud800"}]}, r"payload\['a'\]\[1\]\['b'\]"),
+    ({"name\udce9": 1}, "has a key"), ("\udfff", "payload"),
+])
+def test_a_payload_with_text_that_is_not_utf8_is_refused_naming_it_and_the_transaction_goes_on(runtime, payload,
+                                                                                                where):
+    """A lone surrogate (os.fsdecode's stand-in for bytes that were not UTF-8) reached the driver before,
+    which failed the write with an encoding error of its own; now record() refuses it first."""
+    with runtime.sessions() as session:
+        with pytest.raises(PayloadError, match=where + ".*UTF-8"):
+            outbox.record(session, "note", payload)
+        assert not session.new
+        outbox.record(session, "note", {"file": "scan\u00ff.pdf"})  # the same text as UTF-8 is fine
+        session.commit()
+    assert count_events(runtime) == 1
 
 
 def test_consumer_writes_commit_with_the_ack(runtime, registry, effects_table):

@@ -96,7 +96,7 @@ def test_non_json_payload_is_refused_at_dispatch(rt, jobs):
     assert all_jobs(rt) == []
 
 
-def test_a_unique_key_with_a_nul_is_refused_on_every_backend(rt, jobs):
+def test_a_unique_key_with_a_nul_or_not_utf8_is_refused_on_every_backend(rt, jobs):
     @job(name="x", unique=True, registry=jobs)
     def x(payload, ctx):
         pass
@@ -104,6 +104,10 @@ def test_a_unique_key_with_a_nul_is_refused_on_every_backend(rt, jobs):
     with rt.sessions() as session:
         with pytest.raises(PayloadError, match="NUL"):
             x.dispatch(session, {}, unique_key="a\x00b")
+        with pytest.raises(PayloadError, match="UTF-8"):
+            x.dispatch(session, {}, unique_key="a\udcffb")
+        with pytest.raises(PayloadError, match=r"payload\['name'\] is not UTF-8"):
+            x.dispatch(session, {"name": "a\udcffb"})
         assert x.dispatch(session, {}, unique_key="a b") is not None  # the transaction goes on
         session.commit()
     assert len(all_jobs(rt)) == 1

@@ -40,6 +40,22 @@ def test_put_writes_through_the_callers_session_and_never_commits(store):
     assert not sealed_path(store, file_id).exists()
 
 
+@pytest.mark.parametrize("field", ["filename", "content_type", "owner"])
+def test_text_that_is_not_utf8_is_refused_before_anything_is_written(store, field):
+    """os.fsdecode's lone surrogates in a name, type or owner: one StorageError, no row, no file on disk
+    (they reached the sealed metadata's encoder or the driver before, with an error of their own)."""
+    args = {"filename": NAME, "content_type": "application/pdf", "owner": "patient:1"}
+    args[field] = "scan\udcff"
+    with store.sessions() as session:
+        with pytest.raises(StorageError, match="UTF-8"):
+            storage.put(session, io.BytesIO(b"x" * 100), **args)
+        assert not session.new
+    assert not store.settings.sealed_dir.exists() or list(files_under(store.settings.sealed_dir)) == []
+    file_id = put(store, b"data")
+    with pytest.raises(StorageError, match="UTF-8"):
+        in_transaction(store.sessions, lambda s: store.grant(s, file_id, "staff\udcff"))
+
+
 def test_put_then_read_back(store):
     data = os.urandom(3 * CHUNK_SIZE + 5)
     file_id = put(store, data, name=NAME)

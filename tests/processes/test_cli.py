@@ -196,3 +196,31 @@ def test_every_command_is_on_the_root(env):
                                                            "once", "ops", "outbox", "queue", "schedule", "storage",
                                                            "tick")), listed.stdout
 
+
+
+NOT_UTF8 = b"q\xff"  # a byte that is not UTF-8: Python's argv holds it as a lone surrogate
+NAME_ARGS = [  # every command taking a name or id that reaches a query, a file or the sealed metadata
+    ["queue", "work", "--queue", NOT_UTF8, "--stop-when-empty"], ["queue", "failed", "--queue", NOT_UTF8],
+    ["queue", "retry", "--all", "--queue", NOT_UTF8], ["queue", "resume", NOT_UTF8], ["schedule", "run", NOT_UTF8],
+    ["once", "add", NOT_UTF8], ["storage", "verify", NOT_UTF8], ["storage", "audit", "--file", NOT_UTF8],
+    ["storage", "grant", NOT_UTF8, "--subject", "user:1"], ["storage", "revoke", NOT_UTF8], ["storage", "url", NOT_UTF8],
+    ["storage", "put", "{file}", "--owner", NOT_UTF8], ["storage", "put", "{file}", "--owner", "p:1", "--name", NOT_UTF8],
+    ["storage", "put", "{file}", "--owner", "p:1", "--type", NOT_UTF8],
+]
+
+
+@pytest.mark.backends("sqlite")  # refused before any query: the database changes nothing
+def test_a_name_or_id_that_is_not_utf8_is_one_line_never_an_internal_error(env, runtime, tmp_path):
+    """Before, `queue failed --queue`, `queue resume`, `storage verify` and `storage audit --file` passed
+    such a name to the database driver, which failed with an encoding error: "internal error"."""
+    upload = tmp_path / "scan.pdf"
+    upload.write_bytes(b"%PDF")
+    for args in NAME_ARGS:
+        argv = [str(upload) if a == "{file}" else a for a in args]
+        proc = subprocess.run([sys.executable, "-m", "cronbox", *argv], env=child_env(env), cwd="/",
+                              capture_output=True, timeout=120)
+        out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        shown = " ".join(a if isinstance(a, str) else repr(a) for a in args)
+        assert proc.returncode in (1, 2), (shown, proc.returncode, out, err)
+        assert "internal error" not in out + err and "Traceback" not in out + err, (shown, out, err)
+        assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, (shown, err)
