@@ -13,7 +13,12 @@ handler. Python runs a signal handler wherever the main thread happens to be, an
 some places swallow what it raises: a __del__ or a weakref callback (a garbage
 collection the handler set off) only prints "Exception ignored", and a handler may
 catch it itself. So once the time is up the timer fires again every REFIRE seconds
-until the call is over, and a call the timer fired in is a timeout however it ended.
+until the call is over (a handler's own cleanup gets that second), and a call the
+timer fired in is a timeout however it ended. The timer is armed and stopped right
+around the handler's own call, where a firing never raises (_Alarm), so none escapes
+into cronbox's code or the host's. A handler that takes SIGALRM for itself has no
+timeout for that call; cronbox's handler is put back after it (SignalDispositions).
+Calls nested inside a handler run under the outer call's timer.
 Signals only reach the main thread, so in any other thread there is no timer:
 handlers there must rely on their own network timeouts (the channels set them).
 The lease (timeout + CRONBOX_LEASE_MARGIN) still bounds how long a stuck or killed
@@ -54,30 +59,38 @@ class Outcome:
         return self.kind == OK
 
 
-REFIRE = 0.05  # seconds between the timer's firings once the time is up, until the call is over
+REFIRE = 1.0  # seconds between the timer's firings once the time is up, until the call is over
 
 
 class _Alarm:
-    """SIGALRM's handler while cronbox has it: one per process, as the signal is. `fired` says the
-    time ran out in the current call, even where the HandlerTimeout raised was swallowed. It never
-    raises in _call_here's own frame: there the call is over, or not yet begun, and the timer is
-    about to be stopped (a firing there would escape into cronbox's bookkeeping)."""
+    """SIGALRM's handler while cronbox has it: one per process, as the signal is.
+
+    `armed` is true only between arm() and disarm(): a firing outside it (one delivered late) does
+    nothing. `fired` says the time ran out in the current call, even where the HandlerTimeout raised
+    was swallowed. A firing never raises in the frames that arm and stop the timer (_call_here, arm,
+    disarm): there the handler has not begun or is over, and raising would leave the timer running
+    with its HandlerTimeouts landing in cronbox's code. The handler itself runs in _invoke's frame,
+    so one that is a C function (time.sleep) is still interrupted."""
 
     def __init__(self):
+        self.armed = False
         self.fired = False
 
     def __call__(self, signum, frame):
+        if not self.armed:
+            return
         self.fired = True
-        if frame is not None and frame.f_code is _call_here.__code__:
+        if frame is not None and frame.f_code in _QUIET_FRAMES:
             return
         raise HandlerTimeout("handler ran past its timeout")
 
     def arm(self, timeout: float) -> None:
         self.fired = False
+        self.armed = True
         signal.setitimer(signal.ITIMER_REAL, timeout, REFIRE)
 
-    @staticmethod
-    def disarm() -> None:
+    def disarm(self) -> None:
+        self.armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
@@ -91,19 +104,20 @@ def _raise_interrupt(signum, frame):
 def call_handler(fn: Callable, args: tuple, *, timeout: float,
                  scope: Callable[[], ContextManager] | None = None) -> Outcome:
     """Call a handler and say how it went; never raises for anything the handler does.
-    `scope` wraps the call (a host app's app context): its failures count as the handler's."""
+    `scope` wraps the call (a host app's app context): its failures count as the handler's; its
+    setup and teardown are outside the timer (a teardown cut short would leave the context pushed)."""
     main_thread = threading.current_thread() is threading.main_thread()
-    use_timer = timeout > 0 and main_thread
+    use_timer = timeout > 0 and main_thread and not _ALARM.armed  # nested: under the outer call's timer
     if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler
         # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
         # like Python's own handler).
         signal.signal(signal.SIGINT, _raise_interrupt)
-    dispositions = SignalDispositions() if main_thread else None
     if use_timer and signal.getsignal(signal.SIGALRM) is not _ALARM:
         # Installed once and left in place (it only acts while our timer is armed): swapping
         # handlers around every call cost two syscalls per job.
         signal.signal(signal.SIGALRM, _ALARM)
+    dispositions = SignalDispositions() if main_thread else None  # (after: SIGALRM's is ours to put back)
     alarm = _ALARM if use_timer else None
     if alarm is not None:
         alarm.fired = False  # (a scope failing before the call must not read the last call's)
@@ -120,8 +134,6 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
         finally:
             if dispositions is not None:
                 dispositions.restore(_name_of(fn))
-        if alarm is not None and alarm.fired:  # its HandlerTimeout was swallowed, yet the time was up
-            raise HandlerTimeout("handler ran past its timeout and returned")
     except SignalInterrupt:
         raise
     except BaseException as exc:  # the handler's own failure, whatever it is: record it, retry later
@@ -130,6 +142,9 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
             return Outcome(TIMEOUT, seconds, f"HandlerTimeout: no result after {timeout:g}s", _trace(exc))
         return _failed(exc, seconds)
     seconds = time.monotonic() - started
+    if alarm is not None and alarm.fired:  # it returned, having swallowed its HandlerTimeout: still past its time
+        return Outcome(TIMEOUT, seconds, f"HandlerTimeout: no result after {timeout:g}s (the handler returned "
+                                         "after its timeout fired)")
     problem = _unrun(result)
     if problem is not None:
         return Outcome(ERROR, seconds, problem)
@@ -157,7 +172,7 @@ def _call_here(fn: Callable, args: tuple, pid: int, alarm: _Alarm | None, timeou
     if alarm is not None:
         alarm.arm(timeout)
     try:
-        result = fn(*args)
+        result = _invoke(fn, args)
     except BaseException as exc:
         if alarm is not None:
             alarm.disarm()
@@ -167,6 +182,14 @@ def _call_here(fn: Callable, args: tuple, pid: int, alarm: _Alarm | None, timeou
         alarm.disarm()
     leave_if_forked(pid, None)
     return result
+
+
+def _invoke(fn: Callable, args: tuple):
+    """The handler's own frame for the timer (see _Alarm), also when `fn` is a C function."""
+    return fn(*args)
+
+
+_QUIET_FRAMES = frozenset({_call_here.__code__, _Alarm.arm.__code__, _Alarm.disarm.__code__})
 
 
 def _name_of(fn: Callable) -> str:

@@ -15,7 +15,7 @@ Handlers run in cronbox's own process (a cron command, or the host's web process
   untouched.
 - **Signal dispositions.** A handler that sets SIGTERM or SIGINT (to SIG_IGN, SIG_DFL or a function
   of its own) would take the graceful stop away for the rest of the run; the dispositions the call
-  found are put back when it ends (`SignalDispositions`), as the SIGALRM timer's handler is.
+  found are put back when it ends (`SignalDispositions`), and so is SIGALRM's (the timeout's timer).
 - **Non-daemon threads.** Python waits for them before a process exits, so a thread a handler left
   running would keep a cron process alive past its --max-time. The command is the process: when a
   cron command ends with such threads left, one line names them and the process ends with the
@@ -36,6 +36,7 @@ log = logging.getLogger("cronbox")
 
 # The signals whose dispositions a run relies on (StopSignals in run_loop, the pool's children).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+KEPT_SIGNALS = STOP_SIGNALS + (signal.SIGALRM,)  # the stop signals, and the handler timeout's timer
 
 
 def flush_std_streams() -> None:
@@ -79,7 +80,8 @@ def leave_if_forked(caller_pid: int, raised: BaseException | None) -> None:
 
 
 class SignalDispositions:
-    """The dispositions of the stop signals before a handler call, put back after it if changed.
+    """The dispositions of the stop signals and SIGALRM (the timeout's) before a handler call, put back
+    after it if changed.
     Main thread only (signals can only be set there). Identity is compared through the public
     signal.getsignal (SIG_IGN/SIG_DFL come back as the same enum members each time); the private
     _signal module it wraps would save an enum look-up per call, but our rule forbids private names."""
@@ -87,7 +89,7 @@ class SignalDispositions:
     __slots__ = ("before",)
 
     def __init__(self):
-        self.before = [(sig, signal.getsignal(sig)) for sig in STOP_SIGNALS]
+        self.before = [(sig, signal.getsignal(sig)) for sig in KEPT_SIGNALS]
 
     def restore(self, handler_name: str) -> None:
         for sig, disposition in self.before:

@@ -182,7 +182,9 @@ TREE = os.environ.get("CRONBOX_GUEST_TREE", str(APP_ROOT))
 def run_host(env, tmp_path, host_url: str, cronbox_url: str, *, with_cronbox: bool, pythonpath: str = TREE) -> dict:
     home = tmp_path / ("with" if with_cronbox else "without")
     home.mkdir(exist_ok=True)
-    driver = "psycopg2" if "postgresql" in cronbox_url else "pymysql"
+    # The host's own driver on its server: psycopg2 where the host itself runs on PostgreSQL, else the
+    # driver cronbox loaded first (psycopg 3, PyMySQL), which the host then imports for itself.
+    driver = "psycopg2" if "psycopg2" in host_url else "psycopg" if "postgresql" in cronbox_url else "pymysql"
     extra = {"HOST_WITH_CRONBOX": "1" if with_cronbox else "0", "HOST_URL": host_url, "HOST_CRONBOX_URL": cronbox_url,
              "HOST_DRIVER": driver,
              "HOST_INSTANCE": str(home / "instance"), "PYTHONPATH": pythonpath}

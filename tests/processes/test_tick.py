@@ -230,7 +230,7 @@ def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, t
                             cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(effects_file.exists, "the event's delivery")
-        time.sleep(1.5)  # its pass is over: it lingers, idle
+        time.sleep(1.5)  # its pass is over (one event, three quick built-in tasks): it lingers, idle
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -238,7 +238,7 @@ def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, t
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert time.monotonic() - started < 3, out
+    assert time.monotonic() - started < 5, out  # a 0.1 s wait step, then the process's own exit
     assert proc.returncode == 0, err
     assert "stopped: signal" in out, out
 

@@ -114,14 +114,58 @@ def test_a_failing_scope_after_a_timed_out_call_is_its_own_failure_not_a_timeout
     assert outcome.kind == "error" and "no app context" in outcome.error
 
 
-def test_many_short_calls_near_their_timeout_never_leak_a_firing_into_the_caller():
-    """Calls that end right around their time: whichever side of it they end, the firing stays inside."""
+def spin(seconds: float) -> None:
+    """A handler busy in Python code (no C call to interrupt), ending right around its time."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.parametrize("handler, args", [(spin, (0.001,)), (time.sleep, (0.001,)), (spin, (0.0,))])
+def test_calls_ending_right_at_their_timeout_never_leave_the_timer_running(handler, args):
+    """Whichever side of its time a call ends, and wherever the firing lands (the handler, or cronbox's
+    frames that arm and stop the timer), the timer is off when call_handler returns: a firing left
+    running would raise HandlerTimeout in cronbox's own code."""
     kinds = set()
-    for i in range(60):
-        outcome = call_handler(time.sleep, (0.02 + (i % 3) * 0.005,), timeout=0.025)
+    for timeout in [0.000001, 0.0005, 0.0009, 0.001, 0.0011, 0.0015] * 40:
+        outcome = call_handler(handler, args, timeout=timeout)
         kinds.add(outcome.kind)
-        for _ in range(20000):  # cronbox's own work after the call: no HandlerTimeout may land here
-            pass
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0), (timeout, outcome)
     assert kinds <= {OK, TIMEOUT}
-    time.sleep(0.1)
+    time.sleep(0.05)  # a firing delivered late does nothing outside a call
+
+
+def test_a_c_function_handler_is_interrupted_at_its_timeout():
+    started = time.monotonic()
+    outcome = call_handler(time.sleep, (2.0,), timeout=0.2)
+    assert outcome.kind == TIMEOUT and time.monotonic() - started < 1.0
+
+
+def test_a_handler_taking_sigalrm_for_itself_gets_cronboxs_handler_put_back():
+    """Its own SIGALRM handler gets the firings (no timeout for that call), then cronbox's is back for
+    the next call, which times out again as usual."""
+    seen = []
+
+    def takes_sigalrm():
+        signal.signal(signal.SIGALRM, lambda signum, frame: seen.append(signum))
+        time.sleep(0.5)
+
+    call_handler(takes_sigalrm, (), timeout=0.1)
+    assert seen  # the firing went to the handler's own function
+    started = time.monotonic()
+    assert call_handler(time.sleep, (2.0,), timeout=0.1).kind == TIMEOUT
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_call_nested_in_a_handler_runs_under_the_outer_timer():
+    inner = []
+
+    def outer():
+        inner.append(call_handler(time.sleep, (0.01,), timeout=5))
+        time.sleep(2)
+
+    started = time.monotonic()
+    outcome = call_handler(outer, (), timeout=0.2)
+    assert inner[0].kind == OK
+    assert outcome.kind == TIMEOUT and time.monotonic() - started < 1.0
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
