@@ -1,6 +1,7 @@
 """The database connection cut under a running tick: a loopback TCP proxy (tests/tcp_proxy.py) sits
-between the tick and MariaDB and kills both of its connections (lock and work) at a chosen moment,
-then refuses new ones until the test lets them through again. The shared server is never stopped."""
+between the tick and the server (MariaDB, PostgreSQL) and kills both of its connections (lock and
+work; on PostgreSQL the lock connection is also the one listening) at a chosen moment, then refuses
+new ones until the test lets them through again. The shared server is never stopped."""
 from __future__ import annotations
 
 import time
@@ -8,26 +9,39 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
-from tests.conftest import MYSQL_URL, start_cli
+from tests.conftest import start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job
 from tests.tcp_proxy import TcpProxy
 from tests.db.test_mysql import _lock_holder
 from tests.processes.test_tick import _wait_for, heartbeats, record
 
-pytestmark = pytest.mark.backends("mysql-skip-locked")  # the proxy is TCP; claim modes are covered where batches are cut
+# The proxy is TCP, so no SQLite; MariaDB's claim modes are both covered where batches are cut.
+pytestmark = pytest.mark.backends("mysql-skip-locked", "postgresql")
 HANDLERS = "tests.handlers.effects,tests.handlers.faults"
 
 
 @pytest.fixture
-def proxy():
-    with TcpProxy(make_url(MYSQL_URL).port or 3306) as p:
+def proxy(database):
+    url = make_url(database.url)
+    with TcpProxy(url.port or (5432 if database.is_postgresql else 3306)) as p:
         yield p
+
+
+def lock_holder(request, database) -> int | None:
+    """The connection holding the tick's run lock, asked from an admin connection: MariaDB's
+    IS_USED_LOCK, PostgreSQL's pg_locks (cronbox takes the only advisory locks in the test's database)."""
+    if database.is_postgresql:
+        with request.getfixturevalue("postgres_admin").connect() as connection:
+            return connection.execute(text(
+                "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = :db"), {"db": database.name}).scalar()
+    return _lock_holder(request.getfixturevalue("mysql_admin"), database.name)
 
 
 @pytest.fixture
@@ -74,12 +88,12 @@ def finish(proc, timeout: float = 60) -> tuple[str, str]:
 
 
 def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_delivered(runtime, tick_env, proxy,
-                                                                                 mysql_admin, database):
+                                                                                 request, database):
     proc = start_cli(tick_env, "tick", "--max-time", "15")
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    _wait_for(lambda: lock_holder(request, database) is not None, "the tick to take its lock")
     [first] = record(runtime, "ping", 1)
     _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the first event to be delivered")
-    holder = _lock_holder(mysql_admin, database.name)
+    holder = lock_holder(request, database)
 
     seen = pauses(runtime)
     proxy.refuse()
@@ -95,7 +109,7 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
     assert out.count("\n") == 1 and "delivered 4" in out and "stopped: max-time" in out, out
     assert err == ""
     assert db_effects(runtime, "effects.ping") == Counter({i: 1 for i in [first, *later]})
-    assert _lock_holder(mysql_admin, database.name) is None  # released at the end
+    assert lock_holder(request, database) is None  # released at the end
     logs = log_text(runtime)
     assert f"lock {database.name}:tick re-taken" in logs and "could not be re-taken" not in logs
     [beat] = heartbeats(runtime)
@@ -103,7 +117,7 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
 
 
 @pytest.mark.slow
-@pytest.mark.backends("mysql-skip-locked", "mysql-token")
+@pytest.mark.backends("mysql-skip-locked", "mysql-token", "postgresql")
 def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_applies_once(
         runtime, tick_env, proxy, tmp_path):
     gates = tmp_path / "gates"
