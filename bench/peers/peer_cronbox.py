@@ -33,7 +33,6 @@ import pymysql  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
-from sqlalchemy.pool import NullPool  # noqa: E402
 
 import common  # noqa: E402
 from cronbox import outbox  # noqa: E402
@@ -56,11 +55,8 @@ def engine():
             os.makedirs(os.environ["CRONBOX_INSTANCE"], exist_ok=True)
         elif STORE == "postgresql":
             url = make_url(url).set(drivername="postgresql+psycopg")  # the host's engine: psycopg 3, as cronbox's
-            admin = create_engine(url.set(database="postgres"), poolclass=NullPool, isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                if conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}) is None:
-                    conn.execute(text(f'CREATE DATABASE "{url.database}"'))
-            admin.dispose()
+            common.create_pg_database(url.database, admin=url.set(drivername="postgresql", database="postgres")
+                                      .render_as_string(hide_password=False))
         else:
             name = url.rsplit("/", 1)[1]  # cronbox_peerbench unless told otherwise
             with pymysql.connect(host="127.0.0.1", user="root", password="", ssl_disabled=True) as conn:

@@ -4,15 +4,15 @@
 #   ./run_peers.sh                                # N=5000, 3 runs, all peers
 #   NS="5000 20000" RUNS=3 PEERS="huey_sqlite rq_simple" ./run_peers.sh
 #   CRONBOX_TREE=/work/wt/before TREE_LABEL=before PEERS="cronbox huey_mysql" WRITE_DOC=0 ./run_peers.sh
-#   PEERS="procrastinate cronbox_pg" ./run_peers.sh    # both on PostgreSQL, the same body in MariaDB
+#   PEERS="procrastinate cronbox_pg huey_pg celery_sqla_pg" ./run_peers.sh   # queues on PostgreSQL, body in MariaDB
 #
 # CRONBOX_TREE: the cronbox tree the cronbox peers import and run (`python -m cronbox`) from, default this
 # repository; TREE_LABEL names it in the table (cronbox@before). WRITE_DOC=0 leaves docs/benchmarks.md.
 #
 # Needs MariaDB on 127.0.0.1:3306 (root, no password, db `test`) and Redis on
-# 127.0.0.1:6379 (db 9 is flushed!); for procrastinate and cronbox_pg, PostgreSQL on 127.0.0.1:5432
-# trusting `postgres` (each peer makes its role and database if missing).  Results are appended to
-# $OUT (JSON lines).
+# 127.0.0.1:6379 (db 9 is flushed!); for procrastinate, cronbox_pg, huey_pg and celery_sqla_pg, PostgreSQL
+# on 127.0.0.1:5432 trusting `postgres` (each peer makes its database, and procrastinate its role, if
+# missing).  Results are appended to $OUT (JSON lines).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=${VENV:-/tmp/bench-peers-venv}
@@ -34,7 +34,7 @@ cd "$HERE"
   echo "# python $($PY -c 'import sys;print(sys.version.split()[0])'), sqlite $($PY -c 'import sqlite3;print(sqlite3.sqlite_version)')"
   echo "# mariadb $(mysql -h127.0.0.1 -uroot -N -e 'select concat(version(), " flush_log_at_trx_commit=", @@innodb_flush_log_at_trx_commit)')"
   echo "# redis $(redis-cli -h 127.0.0.1 info server | tr -d '\r' | awk -F: '/redis_version/{print $2}')"
-  echo "# postgres $(psql --version 2>/dev/null | awk "{print \$3}") (procrastinate and cronbox_pg peers)"
+  echo "# postgres $(psql --version 2>/dev/null | awk "{print \$3}") (procrastinate, cronbox_pg, huey_pg and celery_sqla_pg peers)"
   echo "# packages $("$VENV/bin/pip" freeze | grep -iE '^(huey|peewee|pymysql|celery|kombu|sqlalchemy|rq|redis|procrastinate|psycopg)==' | tr '\n' ' ')"
 } | tee -a "$OUT"
 

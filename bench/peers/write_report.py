@@ -33,10 +33,15 @@ for n in sorted({n for _, n in rates}):
                  f"{ratio('cronbox', 'celery_sqla', n, 0)} / {ratio('cronbox', 'celery_sqla', n, 1)}; cronbox on "
                  f"SQLite vs SqliteHuey {ratio('cronbox_sqlite', 'huey_sqlite', n, 0)} / "
                  f"{ratio('cronbox_sqlite', 'huey_sqlite', n, 1)}; cronbox on PostgreSQL vs procrastinate "
-                 f"{ratio('cronbox_pg', 'procrastinate', n, 0)} / {ratio('cronbox_pg', 'procrastinate', n, 1)}.")
+                 f"{ratio('cronbox_pg', 'procrastinate', n, 0)} / {ratio('cronbox_pg', 'procrastinate', n, 1)}, "
+                 f"vs huey SqlHuey there {ratio('cronbox_pg', 'huey_pg', n, 0)} / {ratio('cronbox_pg', 'huey_pg', n, 1)}, "
+                 f"vs Celery on kombu's SQL transport there {ratio('cronbox_pg', 'celery_sqla_pg', n, 0)} / "
+                 f"{ratio('cronbox_pg', 'celery_sqla_pg', n, 1)}.")
 notes.append("")
 notes.append("The harness is in `bench/peers/` (`peer_cronbox.py`, `peer_cronbox_sqlite.py` and "
-             "`peer_cronbox_pg.py` are cronbox; bench-only requirements: `bench/peers/requirements-peers.txt`). "
+             "`peer_cronbox_pg.py` are cronbox; `peer_huey_pg.py` and `peer_celery_sqla_pg.py` are huey_mysql's and "
+             "celery_sqla's peers with their queue on PostgreSQL; bench-only requirements: "
+             "`bench/peers/requirements-peers.txt`). "
              "Every peer runs the same job body: one autocommit `UPDATE bench_counter SET n = n + 1` on MariaDB.")
 write_section("peers", "Peer job queues", "NS=5000 RUNS=3 bench/peers/run_peers.sh", table + "\n".join(notes))
 print("wrote the Peer job queues section")
