@@ -249,7 +249,7 @@ def retry(ids, all_, queue_name):
 
 
 @queue.command()
-@click.argument("channel", type=Checked(lambda t: 0 < len(t) <= 191 and t.isprintable(), "a channel name", "channel"))
+@click.argument("channel", type=Checked(lambda t: t != "" and t.isprintable(), "a channel name", "channel"))
 def resume(channel):
     """Lift CHANNEL's pause (after fixing its settings or topping up credit): the jobs it held back are
     due at once, with their attempts intact. Exit 0 also when CHANNEL is not paused; 2 when no job
