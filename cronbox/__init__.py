@@ -14,6 +14,7 @@ The public API, all importable from here:
 - the extension: `Cronbox`;
 - events: `record`, `consumer`, `forward` (to RabbitMQ), `Event`, `Context`;
 - jobs: `job`, and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
+  `forward_jobs` (a queue's jobs run off RabbitMQ by `amqp work`);
 - periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
 - errors: `CronboxError` (the root of cronbox's own), `RetryLater`, `PermanentFailure`;
 - sealed files in your routes: `seal_upload`, `sealed_upload_route`, `upload_csrf_token`,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .outbox.events.consumers import consumer
     from .outbox.events.forward import forward
     from .outbox.events.record import record
+    from .outbox.queue.forward_jobs import forward_jobs
     from .outbox.queue.jobs import job
     from .uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
@@ -59,6 +61,7 @@ _EXPORTS = {
     "Event": (".outbox.engine.context", "Event"),
     "Context": (".outbox.engine.context", "Context"),
     "job": (".outbox.queue.jobs", "job"),
+    "forward_jobs": (".outbox.queue.forward_jobs", "forward_jobs"),
     "send_sms": (".outbox.channels.jobs", "send_sms"),
     "send_email": (".outbox.channels.jobs", "send_email"),
     "send_webhook": (".outbox.channels.jobs", "send_webhook"),
@@ -92,6 +95,7 @@ __all__ = [
     "alembic_include_object",
     "consumer",
     "forward",
+    "forward_jobs",
     "job",
     "notify",
     "record",

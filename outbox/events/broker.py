@@ -200,6 +200,17 @@ class Broker:
         self._blocked: str | None = None  # why the broker blocked the connection, until it unblocks it
         self._writing = False  # a batch's messages are being written: a connection.blocked stops it
         self.connects = 0  # connections opened (tests, bench)
+        self._queues: list[str] = []  # declared (durable) on every connection before its first batch
+
+    def declare_queue(self, name: str) -> None:
+        """Have the queue `name` exist (durable, the default exchange routing to it) before anything is
+        published: declared on each new connection (and at once on the open one). The job publisher's
+        queues (outbox.queue.publisher): a job must not bounce because no worker declared its queue yet."""
+        if name in self._queues:
+            return
+        self._queues.append(name)
+        if self._channel is not None:
+            self._channel.queue_declare(name, durable=True, auto_delete=False)
 
     @property
     def is_open(self) -> bool:
@@ -370,6 +381,8 @@ class Broker:
             self.address, name="cronbox relay", timeout=connect_timeout, heartbeat=self.heartbeat,
             on_blocked=self._on_blocked, on_unblocked=self._on_unblocked)
         channel = connection.channel()
+        for name in self._queues:
+            channel.queue_declare(name, durable=True, auto_delete=False)
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
         channel.events["basic_nack"].add(

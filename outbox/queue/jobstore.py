@@ -6,6 +6,8 @@ ready --claim--> reserved --ack--> done
 one (NULL once finished); the claim reads one index range (queue, status,
 available_at <= now). A reserved job whose lease ran out is due again, alone. Every change after the claim is
 guarded by `claim_token`: rowcount 0 means the lease was lost.
+A queue forwarded to the broker (outbox.queue.forward_jobs) has the same states: the publisher's
+claim reserves its jobs, and the broker worker takes one by the id and token its message carries.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX
-from cronbox.outbox.engine.claim import claim
+from cronbox.outbox.engine.claim import SKIP_LOCKED, claim
 from cronbox.outbox.engine.registry import Jobs
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
@@ -103,14 +105,82 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
     ids = claim(session, J, candidates, claimable, values, mode=mode)
     if not ids:
         return []
+    return _rows(session, J.c.id.in_(ids), ids)
+
+
+# ---- jobs served by the broker (outbox.queue.forward_jobs) ------------------------
+# The publisher's claim and the broker worker's take. Same states: a published job is `reserved`
+# with a claim token, its message carries id and token, and every later write is guarded by both.
+
+def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
+                     lease_until: datetime) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
+    """The jobs of a forwarded queue to publish now: (claimed, republished).
+
+    claimed: due ready jobs, reserved with a new token, their attempt counted as a worker's claim
+    counts it. republished: reserved jobs whose lease ran out (never confirmed by the broker, the
+    publisher killed; or confirmed but not run within republish_after), kept with their token and
+    attempts: a copy still on the broker stays valid, and whichever copy comes first runs. Both get
+    `lease_until` (the publish's time); the publisher extends it once the broker confirmed.
+    Republished first, up to `limit` in all."""
+    handlers = [h for h in registry.all() if h.queue == queue]
+    if not handlers or limit <= 0:
+        return [], []
+    names = [h.name for h in handlers]
+    expired = and_(J.c.queue == queue, J.c.status == RESERVED, J.c.available_at <= now)
+    candidates = (select(J.c.id).where(expired, J.c.handler.in_(names))
+                  .order_by(J.c.available_at, J.c.id).limit(limit))
+    if mode == SKIP_LOCKED:
+        candidates = candidates.with_for_update(skip_locked=True)
+    # Only the tick publishes, under its run lock: no second publisher races for these rows (in token
+    # mode a race would publish a job twice with one token, which its worker runs once).
+    ids = list(session.scalars(candidates))
+    republished: list[ClaimedJob] = []
+    if ids:
+        session.execute(update(J).where(J.c.id.in_(ids), expired).values(available_at=lease_until))
+        republished = _rows(session, and_(J.c.id.in_(ids), J.c.status == RESERVED), ids)
+    values = {"claim_token": uuid.uuid4().hex, "status": RESERVED, "attempts": J.c.attempts + 1,
+              "available_at": lease_until, "reserved_at": now}
+    claimable = and_(J.c.queue == queue, J.c.status == READY, J.c.available_at <= now)
+    fresh = (select(J.c.id).where(claimable, J.c.handler.in_(names))
+             .order_by(J.c.available_at, J.c.id).limit(limit - len(republished)))
+    claimed_ids = claim(session, J, fresh, claimable, values, mode=mode) if len(republished) < limit else []
+    claimed = _rows(session, J.c.id.in_(claimed_ids), claimed_ids) if claimed_ids else []
+    return claimed, republished
+
+
+def published(session: Session, items: list[ClaimedJob], lease_until: datetime) -> int:
+    """The broker has these (confirmed), or a failed publish is to be tried again then: their lease
+    becomes `lease_until`. Guarded by each claim token: a job a broker worker already finished (its
+    message can be run before the confirm is read) is left alone."""
+    by_token: dict[str, list[int]] = {}
+    for item in items:
+        by_token.setdefault(item.claim_token, []).append(item.id)
+    # Never shortened: a broker worker may have extended it already to cover a long handler.
+    later = case((J.c.available_at > lease_until, J.c.available_at), else_=lease_until)
+    return sum(session.execute(update(J).where(_held(ids, token)).values(available_at=later)).rowcount
+               for token, ids in by_token.items())
+
+
+def take(session: Session, job_id: int, token: str, *, redelivered: bool) -> ClaimedJob | None:
+    """The job a broker message names, if its row still holds the message's token (else the copy is
+    stale: the job finished, failed, or was claimed again since). `redelivered`: the broker gave the
+    message back unacked (the worker running it died, or its connection did): that attempt is
+    counted, as a worker's expired lease is, so a job that kills its workers fails after its tries
+    (the processor gives up on attempts > tries) instead of being delivered forever."""
+    if redelivered:
+        session.execute(update(J).where(_held([job_id], token)).values(attempts=J.c.attempts + 1))
+    rows = _rows(session, _held([job_id], token), [job_id])
+    return rows[0] if rows else None
+
+
+def _rows(session: Session, where, order: list[int]) -> list[ClaimedJob]:
     rows = session.execute(
         select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)
-        .where(J.c.id.in_(ids))
-    ).all()
-    order = {job_id: index for index, job_id in enumerate(ids)}
+               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost).where(where)).all()
+    position = {job_id: index for index, job_id in enumerate(order)}
     return [ClaimedJob(r.id, r.queue, r.handler, r.payload, r.attempts, r.claim_token, r.available_at,
-                       r.retry_until, r.trace_id, r.concurrency_group, r.cost) for r in sorted(rows, key=lambda r: order[r.id])]
+                       r.retry_until, r.trace_id, r.concurrency_group, r.cost)
+            for r in sorted(rows, key=lambda r: position.get(r.id, len(position)))]
 
 
 def _held(ids, token):

@@ -1,0 +1,81 @@
+"""A job queue served by RabbitMQ: its due jobs are published to the broker instead of run in the tick.
+
+    cronbox.forward_jobs("sms")                     # broker queue "cronbox.jobs.sms"
+    cronbox.forward_jobs("reports", republish_after=3600)
+
+`dispatch()` does not change: the job row is written in the caller's transaction. The tick's
+publisher (outbox.queue.publisher) claims the queue's due jobs and publishes one small message per
+job with publisher confirms; `python -m cronbox amqp work --queue sms` (outbox.queue.broker_worker),
+on any host that reaches the database and the broker, runs them with the registered `@job`
+functions. The tick's own worker leaves a forwarded queue alone (Runtime.default_queues).
+
+No second state model: a job on the broker is its row in `reserved`, and the message carries the
+row's id and claim token, nothing else (no payload on the broker). The broker worker runs a job only
+while its row still holds that token, and records the outcome on the row by the same token-guarded
+writes the database worker uses, in the handler's transaction: a message delivered twice, or a copy
+published again, has its database effect once. Retries, RetryLater, PermanentFailure, the failed
+list, `queue retry`, rate limits, channel pauses and concurrency groups are the rows' and work
+unchanged; a retried job is published again when it is due.
+
+`republish_after`: a published job whose row is still reserved that long after the broker confirmed
+it (its message lost with a deleted or purged queue, say) is published again, with the same token,
+so a copy still waiting on the broker is not overtaken. Keep it above the longest a job may wait on
+the broker.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.registry import DEFAULT, Registry
+
+REPUBLISH_AFTER = 1800.0  # seconds
+MAX_BROKER_QUEUE = 255  # an AMQP short string
+PROTOCOLS = ("cronbox",)
+
+
+def broker_queue_for(queue: str) -> str:
+    """The broker queue a cronbox queue's jobs go to by default: named apart from the user's own."""
+    return f"cronbox.jobs.{queue}"
+
+
+@dataclass(frozen=True)
+class BrokerQueue:
+    """One job queue forwarded to the broker (the registry's `broker_queues`, keyed by the queue)."""
+    name: str  # the job queue (a @job's `queue=`)
+    broker_queue: str  # the AMQP queue its messages go to (default exchange, routing key = this name)
+    republish_after: float
+    protocol: str = "cronbox"
+    fn: Callable | None = None  # nothing to call: a declaration
+    module: str | None = None  # the module that called forward_jobs(): which app owns it
+
+    @property
+    def origin(self) -> tuple:
+        """Declaring the same queue again the same way is fine (a module imported again); another way is
+        a RegistrationError (outbox.engine.registry)."""
+        return ("forward_jobs", self.broker_queue, self.republish_after, self.protocol)
+
+
+def forward_jobs(queue: str, *, broker_queue: str | None = None, republish_after: float = REPUBLISH_AFTER,
+                 registry: Registry | None = None) -> BrokerQueue:
+    """Send the due jobs of `queue` to RabbitMQ (CRONBOX_AMQP_URL) for `amqp work --queue QUEUE` to run,
+    instead of running them in the tick. `broker_queue`: the AMQP queue (default
+    "cronbox.jobs.<queue>"), declared durable by the publisher and the worker."""
+    from cronbox.outbox.queue.jobs import QUEUE_NAME  # the @job's rule for queue names
+
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise RegistrationError(f"queue must be 1-64 letters, digits or _.:- characters, not {queue!r}")
+    name = broker_queue_for(queue) if broker_queue is None else broker_queue
+    if (not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogatepass")) > MAX_BROKER_QUEUE
+            or name.startswith("amq.") or not name.isprintable()):
+        raise RegistrationError(f"broker_queue must be a printable AMQP queue name of 1 to {MAX_BROKER_QUEUE} bytes, "
+                                f"not starting with 'amq.', not {broker_queue!r}")
+    if isinstance(republish_after, bool) or not isinstance(republish_after, (int, float)) or republish_after < 1:
+        raise RegistrationError(f"republish_after must be at least 1 second, not {republish_after!r}")
+    caller = inspect.currentframe()
+    module = caller.f_back.f_globals.get("__name__") if caller is not None and caller.f_back is not None else None
+    declared = BrokerQueue(queue, name, float(republish_after), module=module)
+    (registry or DEFAULT).broker_queues.add(declared)
+    return declared

@@ -1,0 +1,296 @@
+"""Jobs of a queue forwarded to the real RabbitMQ (cronbox.forward_jobs), in-process, on every backend:
+the tick's publisher (confirms, the lease, publishing again under the same claim), the broker worker
+(the row's token decides: stale copies and duplicates run never or once), retries, RetryLater,
+PermanentFailure, the failed list and `queue retry`, a redelivered job's attempt, a handler the
+worker lacks, and the broker unreachable for a while."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import amqp
+import pytest
+from sqlalchemy import select, update
+
+from cronbox import outbox
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.broker_worker import BrokerWorker
+from cronbox.outbox.queue.forward_jobs import forward_jobs
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.publisher import JobPublisher
+from cronbox.outbox.queue.worker import Worker
+from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.rabbit import HOST, url
+
+pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "mysql-token", "postgresql")
+
+J = Job.__table__
+
+
+class Forwarded:
+    def __init__(self, declared, calls):
+        self.declared, self.calls, self.broker_queue = declared, calls, declared.broker_queue
+
+
+@pytest.fixture
+def forwarded(runtime, registry, rabbit):
+    """Queue "sms" forwarded to a broker queue of this test; two jobs on it, one on a queue the tick runs."""
+    consumed_metadata.create_all(runtime.engine)
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
+    calls: list[tuple[int, int]] = []
+
+    @outbox.job("sms", name="send", tries=3, backoff=[0.3, 0.3], timeout=10, registry=registry)
+    def send(payload, ctx):
+        calls.append((payload["n"], ctx.attempt))
+        ctx.session.execute(consumed.insert().values(consumer="send", n=payload["n"], attempt=ctx.attempt))
+        if payload.get("permanent_until_flag") and not runtime.settings.raw.get("TEST_FIXED"):
+            raise outbox.PermanentFailure("the number is not a phone")
+        if ctx.attempt <= payload.get("fail", 0):
+            raise RuntimeError(f"gateway down on attempt {ctx.attempt}")
+        if time.time() < payload.get("later_until", 0):
+            raise outbox.RetryLater(0.2, "gateway says later")
+
+    @outbox.job("local", name="local", registry=registry)
+    def local(payload, ctx):
+        ctx.session.execute(consumed.insert().values(consumer="local", n=payload["n"], attempt=ctx.attempt))
+
+    declared = forward_jobs("sms", broker_queue=rabbit.name("jobs.sms"), republish_after=60, registry=registry)
+    rabbit.queues.append(declared.broker_queue)
+    return Forwarded(declared, calls)
+
+
+def dispatch(runtime, registry, handler, payloads, *, rollback=False) -> list[int]:
+    job = registry.jobs.get(handler)
+    with runtime.sessions() as session:
+        ids = [job.dispatch(session, p) for p in payloads]
+        (session.rollback if rollback else session.commit)()
+    return ids
+
+
+def publish(runtime, amqp_url=None) -> JobPublisher:
+    if amqp_url is not None:
+        runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url
+    publisher = JobPublisher(runtime)
+    try:
+        publisher.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        publisher.close()
+    return publisher
+
+
+def work(runtime, rabbit, forwarded, **budget) -> BrokerWorker:
+    worker = BrokerWorker(runtime, parse_url(rabbit.url), [forwarded.declared], stop_when_empty=True)
+    result = worker.work(Budget(max_time=budget.pop("max_time", 30), memory_mb=None, **budget))
+    assert result.exit_code == 0, result
+    return worker
+
+
+def effects(runtime) -> list[tuple[str, int, int]]:
+    with runtime.sessions() as session:
+        return [tuple(r) for r in session.execute(select(consumed.c.consumer, consumed.c.n, consumed.c.attempt)
+                                                  .order_by(consumed.c.id))]
+
+
+def job_rows(runtime, ids):
+    with runtime.sessions() as session:
+        return {r.id: r for r in session.execute(select(J).where(J.c.id.in_(ids)))}
+
+
+def waiting(rabbit, queue) -> int:
+    return rabbit.channel.queue_declare(queue, passive=True).message_count
+
+
+def test_committed_jobs_run_once_off_the_broker_rolled_back_ones_never(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(5)])
+    dispatch(runtime, registry, "send", [{"n": 99}], rollback=True)
+    dispatch(runtime, registry, "local", [{"n": 7}])
+    assert runtime.default_queues() == ["local"]  # the tick's worker leaves "sms" to the broker
+    assert Worker(runtime).run(Budget(max_time=10, memory_mb=None)) == 1
+
+    publisher = publish(runtime)
+    assert (publisher.stats.published, publisher.stats.failed) == (5, 0)
+    assert waiting(rabbit, forwarded.broker_queue) == 5
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {1}
+    # Leased for republish_after once confirmed: a second pass publishes nothing.
+    assert min(r.available_at for r in rows.values()) > clock.utcnow() + timedelta(seconds=50)
+    assert publish(runtime).stats.published == 0
+
+    worker = work(runtime, rabbit, forwarded)
+    assert worker.stats.done == 5 and worker.broker_stats.stale == 0
+    assert sorted(effects(runtime)) == sorted([("local", 7, 1)] + [("send", n, 1) for n in range(5)])
+    assert {r.status for r in job_rows(runtime, ids).values()} == {"done"}
+    assert waiting(rabbit, forwarded.broker_queue) == 0
+
+
+def test_duplicate_stale_and_foreign_copies_never_run_twice(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1}])
+    publish(runtime)
+    token = job_rows(runtime, [job_id])[job_id].claim_token
+    for body in (json.dumps({"job": job_id, "claim_token": token}),  # the same claim twice (a publisher crash)
+                 json.dumps({"job": job_id, "claim_token": "0" * 32}),  # a claim that is not the row's
+                 json.dumps({"job": 10 ** 9, "claim_token": token}),  # no such job
+                 "not json", json.dumps({"job": "1; DROP", "claim_token": token})):
+        rabbit.channel.basic_publish(amqp.Message(body), exchange="", routing_key=forwarded.broker_queue)
+    worker = work(runtime, rabbit, forwarded)
+    assert effects(runtime) == [("send", 1, 1)]
+    assert (worker.stats.done, worker.broker_stats.stale, worker.broker_stats.bad) == (1, 3, 2)
+    assert job_rows(runtime, [job_id])[job_id].status == "done"
+
+
+def test_retries_wait_their_backoff_and_are_published_again(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "fail": 2}])
+    deadline = time.monotonic() + 20
+    while job_rows(runtime, [job_id])[job_id].status != "done" and time.monotonic() < deadline:
+        publish(runtime)
+        work(runtime, rabbit, forwarded)
+        time.sleep(0.1)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "done" and row.attempts == 3 and row.last_error is None
+    assert forwarded.calls == [(1, 1), (1, 2), (1, 3)]
+    assert effects(runtime) == [("send", 1, 3)]  # the failed attempts' writes rolled back
+
+
+def test_retry_later_uses_no_attempt(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "later_until": time.time() + 0.6}])
+    deadline = time.monotonic() + 20
+    while job_rows(runtime, [job_id])[job_id].status != "done" and time.monotonic() < deadline:
+        publish(runtime)
+        work(runtime, rabbit, forwarded)
+        time.sleep(0.1)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "done" and row.attempts == 1 and len(forwarded.calls) >= 2
+    assert {attempt for _n, attempt in forwarded.calls} == {1}
+
+
+def test_permanent_failure_is_failed_where_operators_look_and_queue_retry_sends_it_back(runtime, registry, rabbit,
+                                                                                        forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "permanent_until_flag": 1}])
+    publish(runtime)
+    work(runtime, rabbit, forwarded)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "failed" and "the number is not a phone" in row.last_error
+    with runtime.sessions() as session:
+        page = jobstore.failed_page(session, queue="sms")
+        assert [r.id for r in page.rows] == [job_id]
+        assert jobstore.retry_failed(session, [job_id], None, clock.utcnow()) == (1, [])
+        session.commit()
+    runtime.settings.raw["TEST_FIXED"] = "1"
+    assert publish(runtime).stats.published == 1  # back the way it came: to the broker
+    work(runtime, rabbit, forwarded)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "done" and row.attempts == 1 and row.last_error is None
+
+
+def test_a_job_redelivered_unacked_counts_an_attempt_and_fails_after_its_tries(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": 1}, {"n": 2}])
+    with runtime.sessions() as session:  # both on their last try, as after two killed workers
+        session.execute(update(J).where(J.c.id.in_(ids)).values(attempts=2))
+        session.commit()
+    publish(runtime)
+    with runtime.sessions() as session:
+        assert set(session.scalars(select(J.c.attempts).where(J.c.id.in_(ids)))) == {3}
+    # A worker takes both messages and dies without acking: the broker gives them back, redelivered.
+    taker = amqp.Connection(f"{HOST}:5672", virtual_host=rabbit.vhost, connect_timeout=5)
+    taker.connect()
+    channel = taker.channel()
+    message = channel.basic_get(forwarded.broker_queue, no_ack=False)
+    token = job_rows(runtime, ids)[ids[0]].claim_token
+    assert json.loads(message.body) == {"job": ids[0], "claim_token": token}  # no payload on the broker
+    assert message.properties["delivery_mode"] == 2 and message.properties["message_id"] == f"cronbox-job-{ids[0]}-{token}"
+    assert message.properties["application_headers"]["x-cronbox-handler"] == "send"
+    assert channel.basic_get(forwarded.broker_queue, no_ack=False) is not None
+    taker.collect()  # the socket dropped, as a SIGKILL leaves it
+    time.sleep(0.3)
+    worker = work(runtime, rabbit, forwarded)
+    rows = job_rows(runtime, ids)
+    # The first redelivered one was in hand: its attempt counted, over its tries, it fails unrun. The
+    # second was only read ahead: it runs.
+    assert rows[ids[0]].status == "failed" and "never finished" in rows[ids[0]].last_error
+    assert rows[ids[1]].status == "done" and rows[ids[1]].attempts == 3
+    assert effects(runtime) == [("send", 2, 3)] and worker.stats.gave_up == 1
+
+
+def test_a_job_whose_lease_ran_out_is_published_again_under_the_same_claim(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": 1}, {"n": 2}])
+    publish(runtime)
+    before = job_rows(runtime, ids)
+    rabbit.channel.queue_purge(forwarded.broker_queue)  # the messages lost on the broker
+    with runtime.sessions() as session:  # republish_after has passed
+        session.execute(update(J).where(J.c.id == ids[0]).values(available_at=clock.utcnow() - timedelta(seconds=1)))
+        session.commit()
+    publisher = publish(runtime)
+    assert (publisher.stats.published, publisher.stats.republished) == (0, 1)
+    after = job_rows(runtime, ids)
+    assert after[ids[0]].claim_token == before[ids[0]].claim_token and after[ids[0]].attempts == 1
+    work(runtime, rabbit, forwarded)
+    assert effects(runtime) == [("send", 1, 1)]
+    assert job_rows(runtime, ids)[ids[1]].status == "reserved"  # its lease holds: left to its message
+
+
+def test_the_broker_unreachable_delays_jobs_and_loses_none(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(3)])
+    publisher = publish(runtime, url(rabbit.vhost, port=1))  # nothing listens there
+    assert (publisher.stats.published, publisher.stats.failed) == (0, 3)
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {1}
+    assert publish(runtime, rabbit.url).stats.published == 0  # waiting PUBLISH_RETRY, not hammering
+    with runtime.sessions() as session:
+        session.execute(update(J).where(J.c.id.in_(ids)).values(available_at=clock.utcnow()))
+        session.commit()
+    publisher = publish(runtime, rabbit.url)
+    assert publisher.stats.republished == 3
+    work(runtime, rabbit, forwarded)
+    assert sorted(effects(runtime)) == [("send", n, 1) for n in range(3)]  # one attempt each: the publish failures cost none
+
+
+def test_a_job_whose_handler_the_worker_lacks_waits_without_an_attempt(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1}])
+    publish(runtime)
+    elsewhere = Registry()  # a worker running other code: "sms" forwarded, no "send" job
+    runtime.registry, mine = elsewhere, runtime.registry
+    try:
+        worker = BrokerWorker(runtime, parse_url(rabbit.url), [forwarded.declared], stop_when_empty=True)
+        worker.work(Budget(max_time=30, memory_mb=None))
+    finally:
+        runtime.registry = mine
+    row = job_rows(runtime, [job_id])[job_id]
+    assert worker.broker_stats.not_here == ["send"]
+    assert row.status == "ready" and row.attempts == 0 and "no handler send" in row.last_error
+    assert row.available_at > clock.utcnow() + timedelta(seconds=50)
+
+
+@pytest.mark.backends("sqlite")  # declarations only: no row is written
+def test_forward_jobs_refuses_what_the_broker_or_the_rows_cannot_take():
+    registry = Registry()
+    for queue, kwargs in [("", {}), ("a b", {}), ("x" * 65, {}), ("sms", {"broker_queue": "amq.jobs"}),
+                          ("sms", {"broker_queue": "q" * 256}), ("sms", {"broker_queue": "a\nb"}),
+                          ("sms", {"republish_after": 0.5}), ("sms", {"republish_after": True})]:
+        with pytest.raises(RegistrationError):
+            forward_jobs(queue, registry=registry, **kwargs)
+    forward_jobs("sms", registry=registry)
+    forward_jobs("sms", registry=registry)  # the same declaration again: a module imported twice
+    with pytest.raises(RegistrationError):
+        forward_jobs("sms", broker_queue="elsewhere", registry=registry)
+    assert registry.broker_queues.get("sms").broker_queue == "cronbox.jobs.sms"
+
+
+def test_a_stopping_worker_gives_back_what_it_read_ahead_without_an_attempt(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(4)])
+    publish(runtime)
+    worker = work(runtime, rabbit, forwarded, max_handled=1)  # stops after one job, three read ahead
+    assert worker.stats.done == 1 and waiting(rabbit, forwarded.broker_queue) == 0  # none left to redeliver
+    rows = job_rows(runtime, ids)
+    assert sorted(r.status for r in rows.values()) == ["done", "ready", "ready", "ready"]
+    assert {r.attempts for r in rows.values() if r.status == "ready"} == {0}
+    assert publish(runtime).stats.published == 3
+    work(runtime, rabbit, forwarded)
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
+    assert sorted(n for _c, n, _a in effects(runtime)) == [0, 1, 2, 3]
