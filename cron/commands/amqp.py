@@ -112,6 +112,9 @@ def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, hear
         if declared is None:
             raise CommandFailed(f"queue {clean_text(name, 80)!r} is not forwarded to RabbitMQ by this app's handlers "
                                 "(cronbox.forward_jobs): the tick runs its jobs")
+        if declared.protocol != "cronbox":
+            raise CommandFailed(f"queue {clean_text(name, 80)!r} is forwarded as Celery task messages: your "
+                                f"`celery worker -Q {declared.broker_queue}` runs them")
         forwarded.append(declared)
     worker = BrokerWorker(rt, _address(rt), forwarded, prefetch=prefetch, heartbeat_seconds=heartbeat,
                           stop_when_empty=stop_when_empty)

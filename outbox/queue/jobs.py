@@ -52,6 +52,7 @@ class JobHandler:
     concurrency_limit: int | None = None
     cost: int = 1  # what one run spends of its queue's and group's cost budgets
     jobs: Jobs | None = field(default=None, repr=False, compare=False)  # where registered: the groups dispatch may name
+    module: str | None = None  # a Celery task's (no fn): the module that declared it (outbox.engine.registry)
 
     @property
     def max_attempts(self) -> int:

@@ -7,7 +7,8 @@ Per forwarded queue and batch:
 2. one message per job (outbox.queue.job_messages: id and token, no payload) is published with
    publisher confirms in one go (outbox.events.broker.Broker.send, the relay's client: py-amqp's
    basic_publish on a confirm channel; the queue declared durable first);
-3. one transaction sets the lease of the confirmed ones to `republish_after`, and of the failed ones
+3. one transaction sets the lease of the confirmed ones to `republish_after` (a Celery task message's
+   job is done instead: Celery has it), and of the failed ones
    (broker unreachable, no confirm in time) to PUBLISH_RETRY seconds, after which they are published
    again with the same token. A failed publish uses no attempt.
 
@@ -29,9 +30,8 @@ from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events.broker import Broker
-from cronbox.outbox.queue import jobstore
-from cronbox.outbox.queue.forward_jobs import BrokerQueue
-from cronbox.outbox.queue.job_messages import message_for
+from cronbox.outbox.queue import celery_messages, job_messages, jobstore
+from cronbox.outbox.queue.forward_jobs import CELERY, BrokerQueue
 
 log = logging.getLogger("cronbox")
 
@@ -100,14 +100,22 @@ class JobPublisher:
         if not items:
             return 0
         self.broker.declare_queue(forwarded.broker_queue)
-        results = self.broker.send([message_for(forwarded.broker_queue, item) for item in items], wait)
+        make = celery_messages.message_for if forwarded.protocol == CELERY else job_messages.message_for
+        results = self.broker.send([make(forwarded.broker_queue, item) for item in items], wait)
         crash_point("after-publish-confirm")
         confirmed = [item for item, error in zip(items, results) if error is None]
         failed = [item for item, error in zip(items, results) if error is not None]
 
         def record(session):
             now = clock.utcnow()
-            jobstore.published(session, confirmed, now + timedelta(seconds=forwarded.republish_after))
+            if forwarded.protocol == CELERY:  # Celery has it: from here its own retry rules apply
+                by_token: dict[str, list[int]] = {}
+                for item in confirmed:
+                    by_token.setdefault(item.claim_token, []).append(item.id)
+                for token, ids in by_token.items():
+                    jobstore.ack(session, ids, token, now)
+            else:
+                jobstore.published(session, confirmed, now + timedelta(seconds=forwarded.republish_after))
             jobstore.published(session, failed, now + timedelta(seconds=PUBLISH_RETRY))
 
         in_transaction(self.runtime.sessions, record)

@@ -21,7 +21,8 @@ from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.events.broker import parse_url
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.broker_worker import BrokerWorker
-from cronbox.outbox.queue.forward_jobs import forward_jobs
+from cronbox.outbox.queue import celery_messages
+from cronbox.outbox.queue.forward_jobs import celery_task, forward_jobs
 from cronbox.outbox.queue.models import Job
 from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
@@ -294,3 +295,38 @@ def test_a_stopping_worker_gives_back_what_it_read_ahead_without_an_attempt(runt
     rows = job_rows(runtime, ids)
     assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
     assert sorted(n for _c, n, _a in effects(runtime)) == [0, 1, 2, 3]
+
+
+@pytest.mark.backends("sqlite")  # declarations only: no row is written
+def test_celery_task_declares_its_queue_for_celery_and_refuses_a_cronbox_queue():
+    registry = Registry()
+    task = celery_task("reports.build", queue="reports", registry=registry)
+    assert registry.broker_queues.get("reports").protocol == "celery"
+    assert registry.broker_queues.get("reports").broker_queue == "reports"  # what `celery worker -Q reports` reads
+    assert registry.jobs.get("reports.build") is task and task.queue == "reports"
+    forward_jobs("sms", registry=registry)
+    for name, queue in [("x", "sms"), ("", "reports"), ("a\nb", "reports"), ("r" * 200, "reports")]:
+        with pytest.raises(RegistrationError):
+            celery_task(name, queue=queue, registry=registry)
+    with pytest.raises(RegistrationError):
+        forward_jobs("reports", registry=registry)  # the same queue for cronbox's workers too
+    with pytest.raises(RegistrationError):
+        forward_jobs("other", protocol="stomp", registry=registry)
+
+
+@pytest.mark.parametrize("payload, args, kwargs", [([1, "a"], [1, "a"], {}), ({"id": 7}, [], {"id": 7}),
+                                                   (None, [], {}), ("text", ["text"], {})])
+@pytest.mark.backends("sqlite")  # a message made from a claimed row's values: no database
+def test_a_celery_message_is_protocol_2_with_the_payload_as_arguments(payload, args, kwargs):
+    item = jobstore.ClaimedJob(42, "reports", "reports.build", json.dumps(payload), 1, "tok", clock.utcnow(), None,
+                               "trace42")
+    message = celery_messages.message_for("reports", item, origin="cronbox@test")
+    assert (message.exchange, message.routing_key) == ("", "reports")
+    assert json.loads(message.body) == [args, kwargs, {"callbacks": None, "errbacks": None, "chain": None,
+                                                       "chord": None}]
+    headers = message.properties["application_headers"]
+    assert headers["task"] == "reports.build" and headers["lang"] == "py" and headers["retries"] == 0
+    assert headers["id"] == headers["root_id"] == message.properties["correlation_id"]
+    assert headers["argsrepr"] == headers["kwargsrepr"] == "<cronbox job 42>"  # never the arguments
+    again = celery_messages.message_for("reports", item, origin="cronbox@test")
+    assert again.properties["correlation_id"] == message.properties["correlation_id"]  # one task id per job

@@ -1,6 +1,6 @@
 """Jobs run off RabbitMQ by the `amqp work` tests (CRONBOX_HANDLERS=tests.handlers.broker_jobs).
 
-Three queues, "sms", "mail" and "report", forwarded (cronbox.forward_jobs) to the broker queues
+Three queues, "sms", "mail" and "report" (and "<TEST_BROKER_PREFIX>-celery", Celery's), forwarded (cronbox.forward_jobs) to the broker queues
 "<TEST_BROKER_PREFIX>.<queue>", republished after TEST_REPUBLISH_AFTER seconds (default 60). Each
 queue's job writes a test_consumed row (consumer = the queue, n = the payload's "n": its database
 effect, in the job's transaction) and appends "<queue> <n> <attempt>" to TEST_CALLS_FILE (an outside
@@ -24,6 +24,9 @@ _prefix = os.environ.get("TEST_BROKER_PREFIX", "cronbox-test")
 _republish = float(os.environ.get("TEST_REPUBLISH_AFTER", "60"))
 for _queue in QUEUES:
     cronbox.forward_jobs(_queue, broker_queue=f"{_prefix}.{_queue}", republish_after=_republish)
+# A task of the user's Celery, on a queue forwarded as Celery task messages: `amqp work` refuses that queue.
+CELERY_QUEUE = f"{_prefix}-celery"
+cronbox.celery_task("reports.build", queue=CELERY_QUEUE)
 
 
 def _run(queue: str, payload, ctx) -> None:

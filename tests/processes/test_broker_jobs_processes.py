@@ -95,7 +95,7 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_what_was_read_ahead(setup, r
 
 @pytest.mark.backends("sqlite")  # refused before any row is read: the database changes nothing
 def test_what_cannot_run_is_one_line_and_a_non_zero_exit(setup):
-    env, _prefix = setup
+    env, prefix = setup
     local = {**env, "CRONBOX_HANDLERS": "tests.handlers.consuming"}
     cases = [
         (env, ["amqp", "work", "--queue", "nowhere"], 1, "error: queue 'nowhere' is not forwarded to RabbitMQ"),
@@ -103,6 +103,7 @@ def test_what_cannot_run_is_one_line_and_a_non_zero_exit(setup):
         ({**env, "CRONBOX_AMQP_URL": ""}, ["amqp", "work", "--queue", "sms"], 1, "error: CRONBOX_AMQP_URL is not set"),
         (env, ["queue", "work", "--queue", "sms", "--stop-when-empty"], 2, "amqp work --queue sms"),
         (env, ["amqp", "work", "--queue", "sms", "--prefetch", "0"], 2, "error: Invalid value for '--prefetch'"),
+        (env, ["amqp", "work", "--queue", f"{prefix}-celery"], 1, "is forwarded as Celery task messages"),
     ]
     for environment, args, code, start in cases:
         proc = run_cli(environment, *args)
