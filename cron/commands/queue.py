@@ -133,7 +133,7 @@ def status():
     rt = runtime()
     now = clock.utcnow()
     queues, paused, pools, in_groups, spent, never = in_transaction(rt.sessions, lambda s: (
-        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
+        jobstore.overview(s, rt.listed_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
         groups.overview(s, rt.jobs, now), groups.budget_overview(s, rt.settings, now),
         profiles.never_fitting(s, "job")))
     if not queues:

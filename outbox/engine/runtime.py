@@ -104,6 +104,11 @@ class Runtime:
         forwarded = set(self.registry.broker_queues.names())
         return [q for q in configured + [q for q in self.jobs.queues() if q not in configured] if q not in forwarded]
 
+    def listed_queues(self) -> list[str]:
+        """The queues the operator views list even when empty (queue status, the console, /metrics):
+        the worker's (default_queues), then those forwarded to the broker, whose jobs' rows are the same."""
+        return list(dict.fromkeys(self.default_queues() + self.registry.broker_queues.names()))
+
     @property
     def host_lock(self) -> RunLock | None:
         """The lock of the run (a tick) inside which this thread now executes commands, if any."""

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, update
 
 from cronbox import outbox
+from cronbox.cron.scheduling import metrics
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.budget import Budget
@@ -177,6 +178,9 @@ def test_permanent_failure_is_failed_where_operators_look_and_queue_retry_sends_
     work(runtime, rabbit, forwarded)
     row = job_rows(runtime, [job_id])[job_id]
     assert row.status == "failed" and "the number is not a phone" in row.last_error
+    text = metrics.render(metrics.collect(runtime))  # /metrics, as the database worker's failures show
+    assert 'cronbox_jobs{queue="sms",state="failed"} 1' in text
+    assert runtime.listed_queues() == ["local", "sms"]  # queue status and the console list it, even empty
     with runtime.sessions() as session:
         page = jobstore.failed_page(session, queue="sms")
         assert [r.id for r in page.rows] == [job_id]
