@@ -24,14 +24,14 @@ waited on a stopped worker, say) both reach the ack; its token guard lets one co
 other back, so the database effect is once (outside effects, like an SMS, are at least once, as
 after any crash).
 
-The connection (consumer_link.Link, named "cronbox worker"; heartbeats serviced, prefetch, the
-queue declared durable) is opened again with backoff after a loss; SIGTERM/SIGINT finish the job in
-hand, ack it and exit; `--max-time`, `--max-jobs`, `--memory` as for `queue work`.
+The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer_link.Link named
+"cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
+SIGTERM/SIGINT finish the job in hand, ack it and exit; `--max-time`, `--max-jobs`, `--memory` as for
+`queue work`.
 """
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -41,11 +41,11 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.core.transactions import in_transaction
-from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.budget import Budget
-from cronbox.outbox.engine.run_loop import RunResult, StopSignals
+from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from cronbox.outbox.events.broker_loop import BrokerLoop, DatabaseLost
+from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
@@ -55,17 +55,8 @@ from cronbox.outbox.queue.worker import Worker
 log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60
-POLL = 1.0
-POLL_READY = 0.05
-EMPTY_AFTER = 1.0  # --stop-when-empty: nothing came for this long
-RECONNECT_FIRST, RECONNECT_MAX = 1.0, 30.0
-DB_PAUSE = 3.0
 UNKNOWN_HANDLER_WAIT = 60.0  # a job whose handler this worker lacks (another version's code) waits, no attempt used
 NAME = "cronbox worker"
-
-
-class DatabaseLost(Exception):
-    """The database went away mid-message: the messages not finished were given back to the queue."""
 
 
 @dataclass
@@ -82,107 +73,25 @@ class BrokerWorker(Worker):
         super().__init__(runtime, [f.name for f in forwarded])
         self.forwarded = forwarded
         self.names = ",".join(f.name for f in forwarded)
-        self.stop_when_empty = stop_when_empty
         broker_queues = tuple(dict.fromkeys(f.broker_queue for f in forwarded))
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
-        self._heartbeat_id: int | None = None
-        self._last_beat = 0.0
+        self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
+                               run_inbound=self._run_inbound, connected=self._connected, on_stop=self._hand_back,
+                               stop_when_empty=stop_when_empty)
 
     def counts(self) -> dict:
         return {"jobs_done": self.stats.done, "jobs_failed": self.stats.gave_up}
 
-    # -- the run -------------------------------------------------------------------
     def work(self, budget: Budget) -> RunResult:
-        """Run the queue's jobs as their messages come, until the budget says stop (or, with
-        stop_when_empty, nothing comes for EMPTY_AFTER seconds)."""
-        with StopSignals(budget):
-            self._heartbeat_id = heartbeat.start(self.runtime.sessions, "amqp work", detail=self.names,
-                                                 beats=True)
-            self._last_beat = clock.monotonic()
-            try:
-                result = self._loop(budget)
-            except BaseException as exc:
-                self.link.close(graceful=False)
-                try:
-                    heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome="error", error=describe(exc),
-                                     **self.counts())
-                except Exception:
-                    pass  # the database may be what failed: the row stays "running", as for a killed run
-                raise
-            self.link.close()
-            heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome=result.stop_reason, error=result.error,
-                             **self.counts())
-            return result
+        """Run the queues' jobs as their messages come, until the budget says stop (or, with
+        stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
+        return self.loop.run(budget)
 
-    def _loop(self, budget: Budget) -> RunResult:
-        pause = RECONNECT_FIRST
-        idle_since = clock.monotonic()
-        while True:
-            reason = budget.stop_reason()
-            if reason:
-                self._hand_back()
-                return RunResult(reason)
-            self._beat()
-            if not self.link.is_open:
-                try:
-                    self.link.open()
-                except SetupError:
-                    raise
-                except BROKER_ERRORS as exc:
-                    why = f"broker unreachable ({self.link.address!r}): {describe(exc, 300)}"
-                    log.warning("amqp work: %s; trying again in %.0fs", why, pause)
-                    if not self._pause(budget, pause):
-                        return RunResult("broker-unreachable", 1, why)
-                    pause = min(pause * 2, RECONNECT_MAX)
-                    continue
-                pause = RECONNECT_FIRST
-                self.broker_stats.connects += 1
-                log.info("amqp work: connected to %r, queues %s (prefetch %d)", self.link.address,
-                         ",".join(self.link.jobs), self.link.prefetch)
-            try:
-                if self.link.inbound:
-                    self._run_inbound(budget)
-                    idle_since = clock.monotonic()
-                    continue
-                if self.link.acks_pending:
-                    if self.link.readable():  # more read ahead: its ack can go with theirs
-                        self.link.poll(POLL_READY)
-                        continue
-                    self.link.flush_acks()
-                came = self.link.poll(min(POLL, max(budget.remaining(), 0.05)))
-                if came or self.link.inbound:
-                    idle_since = clock.monotonic()
-                elif self.stop_when_empty and clock.monotonic() - idle_since >= EMPTY_AFTER:
-                    return RunResult("empty")
-            except DatabaseLost as exc:
-                log.warning("amqp work: database connection lost (%s); pausing %.0fs", exc, DB_PAUSE)
-                if not self._pause(budget, DB_PAUSE):
-                    return RunResult("lost-connection", 1, "database unreachable until the end of the run")
-            except BROKER_ERRORS as exc:
-                log.warning("amqp work: broker connection lost (%s); reconnecting", describe(exc, 300))
-                self.link.close(graceful=False)
-
-    def _beat(self) -> None:
-        if clock.monotonic() - self._last_beat < heartbeat.BEAT_SECONDS:
-            return
-        self._last_beat = clock.monotonic()
-        try:
-            heartbeat.beat(self.runtime.sessions, self._heartbeat_id, **self.counts())
-        except DBAPIError as exc:
-            if not is_connection_lost(exc):
-                raise
-            log.warning("amqp work: could not beat (database unreachable)")
-
-    def _pause(self, budget: Budget, seconds: float) -> bool:
-        """Wait up to `seconds` (a signal or the run's end cuts it short); False if the run is over."""
-        end = clock.monotonic() + min(seconds, budget.remaining())
-        while clock.monotonic() < end:
-            if budget.signalled:
-                return False
-            time.sleep(min(0.1, max(end - clock.monotonic(), 0)))
-        return budget.remaining() > 0.05 and not budget.signalled
+    def _connected(self) -> str:
+        self.broker_stats.connects += 1
+        return f"queues {','.join(self.link.jobs)} (prefetch {self.link.prefetch})"
 
     # -- the messages read so far --------------------------------------------------
     def _run_inbound(self, budget: Budget) -> None:
