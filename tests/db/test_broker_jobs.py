@@ -25,9 +25,9 @@ from cronbox.outbox.queue.broker_worker import BrokerWorker
 from cronbox.outbox.queue import celery_messages
 from cronbox.outbox.queue.forward_jobs import celery_task, forward_jobs
 from cronbox.outbox.queue.models import Job
-from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.broker_rows import publish_jobs as publish
 from tests.rabbit import HOST, url
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "mysql-token", "postgresql")
@@ -75,15 +75,14 @@ def dispatch(runtime, registry, handler, payloads, *, rollback=False) -> list[in
     return ids
 
 
-def publish(runtime, amqp_url=None) -> JobPublisher:
-    if amqp_url is not None:
-        runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url
-    publisher = JobPublisher(runtime)
-    try:
-        publisher.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        publisher.close()
-    return publisher
+def run_until_done(runtime, rabbit, forwarded, job_id: int, seconds: float = 20):
+    """Ticks' publishes and broker workers' runs until the job is done (its retries wait their backoff)."""
+    deadline = time.monotonic() + seconds
+    while job_rows(runtime, [job_id])[job_id].status != "done" and time.monotonic() < deadline:
+        publish(runtime)
+        work(runtime, rabbit, forwarded)
+        time.sleep(0.1)
+    return job_rows(runtime, [job_id])[job_id]
 
 
 def work(runtime, rabbit, forwarded, **budget) -> BrokerWorker:
@@ -148,12 +147,7 @@ def test_duplicate_stale_and_foreign_copies_never_run_twice(runtime, registry, r
 
 def test_retries_wait_their_backoff_and_are_published_again(runtime, registry, rabbit, forwarded):
     [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "fail": 2}])
-    deadline = time.monotonic() + 20
-    while job_rows(runtime, [job_id])[job_id].status != "done" and time.monotonic() < deadline:
-        publish(runtime)
-        work(runtime, rabbit, forwarded)
-        time.sleep(0.1)
-    row = job_rows(runtime, [job_id])[job_id]
+    row = run_until_done(runtime, rabbit, forwarded, job_id)
     assert row.status == "done" and row.attempts == 3 and row.last_error is None
     assert forwarded.calls == [(1, 1), (1, 2), (1, 3)]
     assert effects(runtime) == [("send", 1, 3)]  # the failed attempts' writes rolled back
@@ -161,12 +155,7 @@ def test_retries_wait_their_backoff_and_are_published_again(runtime, registry, r
 
 def test_retry_later_uses_no_attempt(runtime, registry, rabbit, forwarded):
     [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "later_until": time.time() + 0.6}])
-    deadline = time.monotonic() + 20
-    while job_rows(runtime, [job_id])[job_id].status != "done" and time.monotonic() < deadline:
-        publish(runtime)
-        work(runtime, rabbit, forwarded)
-        time.sleep(0.1)
-    row = job_rows(runtime, [job_id])[job_id]
+    row = run_until_done(runtime, rabbit, forwarded, job_id)
     assert row.status == "done" and row.attempts == 1 and len(forwarded.calls) >= 2
     assert {attempt for _n, attempt in forwarded.calls} == {1}
 

@@ -17,12 +17,11 @@ import pytest
 from sqlalchemy import select, update
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.queue.forward_jobs import celery_task
 from cronbox.outbox.queue.models import Job
-from cronbox.outbox.queue.publisher import JobPublisher
 from tests.conftest import APP_ROOT, child_env
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.broker_rows import publish_jobs as publish
 from tests.rabbit import url
 
 # Celery's side is the same on every backend; cronbox's claim, publish and ack SQL for forwarded queues
@@ -44,16 +43,6 @@ def celery_queue(env, runtime, registry, rabbit, tmp_path):
     worker_env = child_env(env, TEST_CELERY_BROKER=rabbit.url, TEST_CELERY_DB=runtime.settings.database_url,
                            TEST_CALLS_FILE=str(calls), PYTHONPATH=str(APP_ROOT))
     return queue, task, calls, worker_env
-
-
-def publish(runtime, amqp_url: str) -> JobPublisher:
-    runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url
-    publisher = JobPublisher(runtime)
-    try:
-        publisher.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        publisher.close()
-    return publisher
 
 
 def start_celery(worker_env: dict, queue: str) -> subprocess.Popen:
