@@ -28,6 +28,7 @@ from cronbox.outbox.queue.models import Job
 from cronbox.outbox.queue.worker import Worker
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.broker_rows import publish_jobs as publish
+from tests.console_helpers import logged_in, make_app
 from tests.rabbit import HOST, url
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "mysql-token", "postgresql")
@@ -160,8 +161,8 @@ def test_retry_later_uses_no_attempt(runtime, registry, rabbit, forwarded):
     assert {attempt for _n, attempt in forwarded.calls} == {1}
 
 
-def test_permanent_failure_is_failed_where_operators_look_and_queue_retry_sends_it_back(runtime, registry, rabbit,
-                                                                                        forwarded):
+def test_permanent_failure_is_failed_where_operators_look_and_the_console_retry_sends_it_back(runtime, registry,
+                                                                                              rabbit, forwarded, env):
     [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "permanent_until_flag": 1}])
     publish(runtime)
     work(runtime, rabbit, forwarded)
@@ -170,11 +171,15 @@ def test_permanent_failure_is_failed_where_operators_look_and_queue_retry_sends_
     text = metrics.render(metrics.collect(runtime))  # /metrics, as the database worker's failures show
     assert 'cronbox_jobs{queue="sms",state="failed"} 1' in text
     assert runtime.listed_queues() == ["local", "sms"]  # queue status and the console list it, even empty
-    with runtime.sessions() as session:
-        page = jobstore.failed_page(session, queue="sms")
-        assert [r.id for r in page.rows] == [job_id]
-        assert jobstore.retry_failed(session, [job_id], None, clock.utcnow()) == (1, [])
-        session.commit()
+    with runtime.sessions() as session:  # `queue failed` and the console's failed list read this page
+        assert [r.id for r in jobstore.failed_page(session, queue="sms").rows] == [job_id]
+    app = make_app(env, runtime)
+    try:
+        operator = logged_in(app)
+        response = operator.post("/ops/queues/retry", {"id": str(job_id)})
+        assert response.status_code == 303 and job_rows(runtime, [job_id])[job_id].status == "ready"
+    finally:
+        app.extensions["cronbox"].runtime.dispose()
     runtime.settings.raw["TEST_FIXED"] = "1"
     assert publish(runtime).stats.published == 1  # back the way it came: to the broker
     work(runtime, rabbit, forwarded)
