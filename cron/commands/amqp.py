@@ -99,7 +99,8 @@ def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartb
 @click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Exit after N jobs.")
 @click.option("--memory", type=click.FloatRange(min=8), default=None, help="Exit when RSS passes MB.")
 @click.option("--heartbeat", type=click.IntRange(0, 600), default=60, show_default=True,
-              help="AMQP heartbeat seconds (0: none).")
+              help="AMQP heartbeat seconds (0: none); a job longer than two of them loses the connection "
+                   "(harmless: it reconnects after the job).")
 @click.pass_context
 def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, heartbeat):
     """Run the jobs of a queue forwarded to RabbitMQ; SIGTERM finishes the job in hand, then exits 0."""

@@ -108,8 +108,13 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
         publisher = JobPublisher(runtime, before_batch=lock.check)  # forwarded queues' jobs (forward_jobs)
+
+        def close_brokers() -> None:  # a pool's children must not inherit a broker socket
+            relay.close()
+            publisher.close()
+
         # CRONBOX_TICK_WORKERS > 1: a backlog larger than one worker's share is drained by a pool.
-        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=relay.close)
+        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=close_brokers)
                  if workers > 1 else None)
         # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
         # the jobs the publisher and the worker then take).

@@ -14,7 +14,7 @@ from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
+from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, ensure_queue, open_connection
 from cronbox.outbox.events.unreadable import UnreadableFrames
 
 CONNECT_TIMEOUT = 5.0
@@ -68,6 +68,11 @@ class Link:
                                      heartbeat=self.heartbeat_seconds,
                                      frame_handler=UnreadableFrames.factory(self.inbound.append))
         try:
+            for queue in self.jobs:
+                try:
+                    ensure_queue(connection, queue)
+                except amqp.exceptions.ChannelError as exc:
+                    raise SetupError(f"cannot use job queue {queue!r}: {describe(exc, 300)}") from None
             channel = connection.channel()
             self._declare(channel)
             channel.confirm_select()
@@ -75,7 +80,8 @@ class Link:
             channel.events["basic_nack"].add(
                 lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple, nacked=True))
             channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
-            channel.basic_qos(0, self.prefetch, False)
+            # Several job queues on one channel: --prefetch counts for the channel, not for each queue.
+            channel.basic_qos(0, self.prefetch, len(self.jobs) > 1)
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
             self._consumer_tags = [channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
                                    for queue in (self.jobs or (self.queue,))]
@@ -89,9 +95,7 @@ class Link:
     def _declare(self, channel) -> None:
         try:
             if self.jobs:
-                for queue in self.jobs:
-                    channel.queue_declare(queue, durable=True, auto_delete=False)
-                return
+                return  # declared by open() (broker.ensure_queue), on channels of their own
             if self.binds or self.ordered:
                 arguments = {"x-single-active-consumer": True} if self.ordered else None
                 channel.queue_declare(self.queue, durable=True, auto_delete=False, arguments=arguments)

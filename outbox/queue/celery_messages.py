@@ -41,7 +41,7 @@ def arguments(payload) -> tuple[list, dict]:
     return ([] if payload is None else [payload]), {}
 
 
-def message_for(broker_queue: str, item, *, origin: str | None = None) -> Outgoing:
+def message_for(broker_queue: str, item, *, again: bool = False, origin: str | None = None) -> Outgoing:
     """The Celery task message of a claimed job (jobstore.ClaimedJob), to the default exchange,
     routed to `broker_queue` (Celery declares its queues on the default exchange too)."""
     tid = task_id(item)

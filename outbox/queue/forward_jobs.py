@@ -10,10 +10,10 @@ on any host that reaches the database and the broker, runs them with the registe
 functions. The tick's own worker leaves a forwarded queue alone (Runtime.default_queues).
 
 No second state model: a job on the broker is its row in `reserved`, and the message carries the
-row's id and claim token, nothing else (no payload on the broker). The broker worker runs a job only
-while its row still holds that token, and records the outcome on the row by the same token-guarded
-writes the database worker uses, in the handler's transaction: a message delivered twice, or a copy
-published again, has its database effect once. Retries, RetryLater, PermanentFailure, the failed
+row's id and claim token, nothing else (no payload on the broker). A broker worker takes the job by
+that token (the row gets a token of the worker's own: only one copy of a message can take it) and
+records the outcome on the row by the same token-guarded writes the database worker uses, in the
+handler's transaction: a message delivered twice, or a copy published again, has its effect once. Retries, RetryLater, PermanentFailure, the failed
 list, `queue retry`, rate limits, channel pauses and concurrency groups are the rows' and work
 unchanged; a retried job is published again when it is due.
 

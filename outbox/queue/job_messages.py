@@ -5,7 +5,8 @@ The body names the row and the claim it was published under, nothing more: `{"jo
 is the job's only state: a worker runs the job only while the row still holds that token
 (jobstore.take). Properties: persistent, JSON, `message_id` "cronbox-job-<id>-<token>" (the same for
 every copy of one claim), the job's trace id as `correlation_id`, type "cronbox.job", and headers
-naming the queue and handler for an operator looking at the broker.
+naming the queue and handler for an operator looking at the broker (and, on a copy published again
+after its lease ran out, `x-cronbox-again`: taken alone).
 """
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from cronbox.outbox.events.broker import Outgoing
 TYPE = "cronbox.job"
 CONTENT_TYPE = "application/json"
 QUEUE_HEADER, HANDLER_HEADER, TRACE_HEADER = "x-cronbox-queue", "x-cronbox-handler", "x-trace-id"
+# On a copy published again after its lease ran out (jobstore.claim_to_publish's `again`): its job may be
+# the one that killed the worker that took it, so a worker takes it alone, charging no neighbour an attempt.
+AGAIN_HEADER = "x-cronbox-again"
 MAX_BODY = 1024  # a job message is about 70 bytes: anything larger is not one of ours
 
 
-def message_for(broker_queue: str, item) -> Outgoing:
+def message_for(broker_queue: str, item, *, again: bool = False) -> Outgoing:
     """The message of a claimed job (jobstore.ClaimedJob), to the default exchange, routed to `broker_queue`."""
     body = json.dumps({"job": item.id, "claim_token": item.claim_token}, separators=(",", ":")).encode()
     return Outgoing("", broker_queue, body, {
@@ -30,8 +34,15 @@ def message_for(broker_queue: str, item) -> Outgoing:
         "correlation_id": item.trace_id,
         "type": TYPE,
         "app_id": "cronbox",
-        "application_headers": {QUEUE_HEADER: item.queue, HANDLER_HEADER: item.handler, TRACE_HEADER: item.trace_id},
+        "application_headers": {QUEUE_HEADER: item.queue, HANDLER_HEADER: item.handler, TRACE_HEADER: item.trace_id,
+                                **({AGAIN_HEADER: True} if again else {})},
     })
+
+
+def sent_again(message) -> bool:
+    """Is this the copy of a job published again after its lease ran out (AGAIN_HEADER)?"""
+    headers = (getattr(message, "properties", None) or {}).get("application_headers") or {}
+    return bool(headers.get(AGAIN_HEADER)) if isinstance(headers, dict) else False
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,12 @@ class JobHandler:
     def max_attempts(self) -> int:
         return self.tries
 
+    @property
+    def origin(self) -> tuple | None:
+        """A Celery task (no function of ours) is the same registration only on the same queue; a
+        function's job is its function's (outbox.engine.registry._origin)."""
+        return ("celery_task", self.queue) if self.fn is None else None
+
     def dispatch(self, session: Transactional, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None, concurrency_group: str | None = None,
                  cost: int | None = None) -> int | None:

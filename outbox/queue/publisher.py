@@ -2,15 +2,17 @@
 
 Per forwarded queue and batch:
 1. one short transaction claims what is due (jobstore.claim_to_publish): ready jobs get a new claim
-   token and their attempt counted, reserved ones whose lease ran out keep theirs. Their lease is the
-   publish's time (the confirm wait and CRONBOX_LEASE_MARGIN);
+   token (their attempt is counted when a worker takes them), reserved ones whose lease ran out keep
+   theirs and are sent flagged "again" (a worker takes those alone). Their lease is the publish's time
+   (the confirm wait and CRONBOX_LEASE_MARGIN);
 2. one message per job (outbox.queue.job_messages: id and token, no payload) is published with
    publisher confirms in one go (outbox.events.broker.Broker.send, the relay's client: py-amqp's
    basic_publish on a confirm channel; the queue declared durable first);
 3. one transaction sets the lease of the confirmed ones to `republish_after` (a Celery task message's
    job is done instead: Celery has it), and of the failed ones
    (broker unreachable, no confirm in time) to PUBLISH_RETRY seconds, after which they are published
-   again with the same token. A failed publish uses no attempt.
+   again with the same token. A failed publish uses no attempt, and ends the pass (the tick goes on
+   with its other stages).
 
 A job is published before its row says so: a publisher killed between its claim and that last
 transaction leaves the rows reserved, and they are published again when the short lease runs out
@@ -27,6 +29,7 @@ from typing import Callable
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.text import describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events.broker import Broker
@@ -79,9 +82,12 @@ class JobPublisher:
         while budget.stop_reason() is None:
             if self.before_batch is not None:
                 self.before_batch()
+            failed_before = self.stats.failed
             sent = sum(self._publish(queue, budget) for queue in forwarded)
             total += sent
-            if not sent:
+            # Nothing due, or the broker failing (down, refusing a queue): no more claims this pass, so
+            # a broker outage never keeps the tick from its other stages.
+            if not sent or self.stats.failed > failed_before:
                 break
         return total
 
@@ -99,9 +105,15 @@ class JobPublisher:
         items = again + claimed
         if not items:
             return 0
-        self.broker.declare_queue(forwarded.broker_queue)
         make = celery_messages.message_for if forwarded.protocol == CELERY else job_messages.message_for
-        results = self.broker.send([make(forwarded.broker_queue, item) for item in items], wait)
+        again_ids = {item.id for item in again}
+        messages = [make(forwarded.broker_queue, item, again=item.id in again_ids) for item in items]
+        try:
+            self.broker.declare_queue(forwarded.broker_queue)
+        except Exception as exc:  # a queue the broker will not have as asked: this batch fails, to be tried again
+            results = [f"cannot use queue {forwarded.broker_queue!r}: {describe(exc, 300)}"] * len(items)
+        else:
+            results = self.broker.send(messages, wait)
         crash_point("after-publish-confirm")
         confirmed = [item for item, error in zip(items, results) if error is None]
         failed = [item for item, error in zip(items, results) if error is not None]
@@ -119,7 +131,6 @@ class JobPublisher:
             jobstore.published(session, failed, now + timedelta(seconds=PUBLISH_RETRY))
 
         in_transaction(self.runtime.sessions, record)
-        again_ids = {item.id for item in again}
         self.stats.republished += sum(1 for item in confirmed if item.id in again_ids)
         self.stats.published += sum(1 for item in confirmed if item.id not in again_ids)
         self.stats.failed += len(failed)

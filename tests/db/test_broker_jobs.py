@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import amqp
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from cronbox import outbox
 from cronbox.cron.scheduling import metrics
@@ -22,9 +22,10 @@ from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.events.broker import parse_url
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.broker_worker import BrokerWorker
-from cronbox.outbox.queue import celery_messages
+from cronbox.outbox.queue import celery_messages, pauses
 from cronbox.outbox.queue.forward_jobs import celery_task, forward_jobs
 from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
 from tests.broker_rows import publish_jobs as publish
@@ -58,6 +59,10 @@ def forwarded(runtime, registry, rabbit):
             raise RuntimeError(f"gateway down on attempt {ctx.attempt}")
         if time.time() < payload.get("later_until", 0):
             raise outbox.RetryLater(0.2, "gateway says later")
+
+    @outbox.job("sms", name="paused", channel="gateway", registry=registry)
+    def paused(payload, ctx):
+        ctx.session.execute(consumed.insert().values(consumer="paused", n=payload["n"], attempt=ctx.attempt))
 
     @outbox.job("local", name="local", registry=registry)
     def local(payload, ctx):
@@ -104,6 +109,11 @@ def job_rows(runtime, ids):
         return {r.id: r for r in session.execute(select(J).where(J.c.id.in_(ids)))}
 
 
+def statuses(runtime) -> dict:
+    with runtime.sessions() as session:
+        return dict(session.execute(select(J.c.status, func.count()).group_by(J.c.status)).all())
+
+
 def waiting(rabbit, queue) -> int:
     return rabbit.channel.queue_declare(queue, passive=True).message_count
 
@@ -119,7 +129,8 @@ def test_committed_jobs_run_once_off_the_broker_rolled_back_ones_never(runtime, 
     assert (publisher.stats.published, publisher.stats.failed) == (5, 0)
     assert waiting(rabbit, forwarded.broker_queue) == 5
     rows = job_rows(runtime, ids)
-    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {1}
+    # On the broker: reserved under the publish's claim, no attempt counted until a worker takes it.
+    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {0}
     # Leased for republish_after once confirmed: a second pass publishes nothing.
     assert min(r.available_at for r in rows.values()) > clock.utcnow() + timedelta(seconds=50)
     assert publish(runtime).stats.published == 0
@@ -187,33 +198,78 @@ def test_permanent_failure_is_failed_where_operators_look_and_the_console_retry_
     assert row.status == "done" and row.attempts == 1 and row.last_error is None
 
 
-def test_a_job_redelivered_unacked_counts_an_attempt_and_fails_after_its_tries(runtime, registry, rabbit, forwarded):
+def test_only_one_copy_takes_a_job_and_the_take_counts_its_attempt(runtime, registry, rabbit, forwarded):
     ids = dispatch(runtime, registry, "send", [{"n": 1}, {"n": 2}])
-    with runtime.sessions() as session:  # both on their last try, as after two killed workers
-        session.execute(update(J).where(J.c.id.in_(ids)).values(attempts=2))
-        session.commit()
     publish(runtime)
-    with runtime.sessions() as session:
-        assert set(session.scalars(select(J.c.attempts).where(J.c.id.in_(ids)))) == {3}
-    # A worker takes both messages and dies without acking: the broker gives them back, redelivered.
-    taker = amqp.Connection(f"{HOST}:5672", virtual_host=rabbit.vhost, connect_timeout=5)
-    taker.connect()
-    channel = taker.channel()
-    message = channel.basic_get(forwarded.broker_queue, no_ack=False)
+    # What a worker reads: the id and the publish's token, nothing of the payload.
+    message = rabbit.channel.basic_get(forwarded.broker_queue, no_ack=True)
     token = job_rows(runtime, ids)[ids[0]].claim_token
-    assert json.loads(message.body) == {"job": ids[0], "claim_token": token}  # no payload on the broker
+    assert json.loads(message.body) == {"job": ids[0], "claim_token": token}
     assert message.properties["delivery_mode"] == 2 and message.properties["message_id"] == f"cronbox-job-{ids[0]}-{token}"
     assert message.properties["application_headers"]["x-cronbox-handler"] == "send"
-    assert channel.basic_get(forwarded.broker_queue, no_ack=False) is not None
-    taker.collect()  # the socket dropped, as a SIGKILL leaves it
-    time.sleep(0.3)
+    rabbit.channel.queue_purge(forwarded.broker_queue)
+    named = [(ids[0], token), (ids[0], token), (ids[1], token)]  # a copy of the first message came twice
+    now = clock.utcnow()
+    with runtime.sessions() as session:
+        taken, not_here = jobstore.take(session, registry.jobs, named, now=now, lease_margin=5)
+        session.commit()
+    assert [item.id for item in taken] == ids and not_here == []
+    assert {item.attempts for item in taken} == {1} and taken[0].claim_token != token
+    assert taken[0].lease_until == now + timedelta(seconds=10 + 5)  # the handler's timeout + margin, as a claim's
+    with runtime.sessions() as session:  # a later copy, or one racing it: the token it carries is gone
+        assert jobstore.take(session, registry.jobs, named, now=now, lease_margin=5) == ([], [])
+        session.commit()
+    # The taker died: once the lease ends the publisher sends them again under the taker's token,
+    # flagged, and the next worker takes each alone; the attempt the dead one used stays used.
+    with runtime.sessions() as session:
+        session.execute(update(J).where(J.c.id.in_(ids)).values(available_at=clock.utcnow() - timedelta(seconds=1)))
+        session.commit()
+    assert publish(runtime).stats.republished == 2
+    copies = rabbit.take(forwarded.broker_queue)
+    assert [m.properties["application_headers"].get("x-cronbox-again") for m in copies] == [True, True]
+    for copy in copies:
+        rabbit.channel.basic_publish(copy, exchange="", routing_key=forwarded.broker_queue)
     worker = work(runtime, rabbit, forwarded)
     rows = job_rows(runtime, ids)
-    # The first redelivered one was in hand: its attempt counted, over its tries, it fails unrun. The
-    # second was only read ahead: it runs.
-    assert rows[ids[0]].status == "failed" and "never finished" in rows[ids[0]].last_error
-    assert rows[ids[1]].status == "done" and rows[ids[1]].attempts == 3
-    assert effects(runtime) == [("send", 2, 3)] and worker.stats.gave_up == 1
+    assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {2}
+    assert sorted(effects(runtime)) == [("send", 1, 2), ("send", 2, 2)] and worker.stats.done == 2
+
+
+def test_a_job_on_its_last_try_whose_taker_died_fails_without_running_again(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1}])
+    publish(runtime)
+    token = job_rows(runtime, [job_id])[job_id].claim_token
+    with runtime.sessions() as session:  # taken three times by workers that died (tries=3)
+        for _ in range(3):
+            [item], _ = jobstore.take(session, registry.jobs, [(job_id, token)], now=clock.utcnow(), lease_margin=5)
+            token = item.claim_token
+        session.execute(update(J).where(J.c.id == job_id).values(available_at=clock.utcnow() - timedelta(seconds=1)))
+        session.commit()
+    publish(runtime)
+    worker = work(runtime, rabbit, forwarded)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "failed" and "never finished" in row.last_error and worker.stats.gave_up == 1
+    assert effects(runtime) == []
+
+
+def test_moving_a_queue_back_to_the_tick_runs_what_was_left_on_the_broker_once(runtime, registry, rabbit, forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": 1}, {"n": 2}])
+    publish(runtime)
+    rabbit.channel.queue_purge(forwarded.broker_queue)  # no broker worker left to run them
+    back = Registry()  # the app deployed without forward_jobs("sms")
+    back.jobs.add(registry.jobs.get("send"))
+    runtime.registry, mine = back, runtime.registry
+    try:
+        assert runtime.default_queues() == ["sms"]
+        with runtime.sessions() as session:  # their lease (republish_after) runs out
+            session.execute(update(J).where(J.c.id.in_(ids)).values(available_at=clock.utcnow() - timedelta(seconds=1)))
+            session.commit()
+        Worker(runtime).run(Budget(max_time=30, memory_mb=None))
+    finally:
+        runtime.registry = mine
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
+    assert sorted(effects(runtime)) == [("send", 1, 1), ("send", 2, 1)]
 
 
 def test_a_job_whose_lease_ran_out_is_published_again_under_the_same_claim(runtime, registry, rabbit, forwarded):
@@ -227,7 +283,7 @@ def test_a_job_whose_lease_ran_out_is_published_again_under_the_same_claim(runti
     publisher = publish(runtime)
     assert (publisher.stats.published, publisher.stats.republished) == (0, 1)
     after = job_rows(runtime, ids)
-    assert after[ids[0]].claim_token == before[ids[0]].claim_token and after[ids[0]].attempts == 1
+    assert after[ids[0]].claim_token == before[ids[0]].claim_token and after[ids[0]].attempts == 0
     work(runtime, rabbit, forwarded)
     assert effects(runtime) == [("send", 1, 1)]
     assert job_rows(runtime, ids)[ids[1]].status == "reserved"  # its lease holds: left to its message
@@ -238,7 +294,7 @@ def test_the_broker_unreachable_delays_jobs_and_loses_none(runtime, registry, ra
     publisher = publish(runtime, url(rabbit.vhost, port=1))  # nothing listens there
     assert (publisher.stats.published, publisher.stats.failed) == (0, 3)
     rows = job_rows(runtime, ids)
-    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {1}
+    assert {r.status for r in rows.values()} == {"reserved"} and {r.attempts for r in rows.values()} == {0}
     assert publish(runtime, rabbit.url).stats.published == 0  # waiting PUBLISH_RETRY, not hammering
     with runtime.sessions() as session:
         session.execute(update(J).where(J.c.id.in_(ids)).values(available_at=clock.utcnow()))
@@ -247,6 +303,38 @@ def test_the_broker_unreachable_delays_jobs_and_loses_none(runtime, registry, ra
     assert publisher.stats.republished == 3
     work(runtime, rabbit, forwarded)
     assert sorted(effects(runtime)) == [("send", n, 1) for n in range(3)]  # one attempt each: the publish failures cost none
+
+
+def test_a_broker_outage_ends_the_publishers_pass_after_one_failed_batch(runtime, registry, rabbit, forwarded):
+    dispatch(runtime, registry, "send", [{"n": n} for n in range(7)])
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = url(rabbit.vhost, port=1)
+    publisher = JobPublisher(runtime, batch_size=2)
+    publisher.run(Budget(max_time=30, memory_mb=None))
+    publisher.close()
+    assert (publisher.stats.published, publisher.stats.failed) == (0, 2)  # the tick goes on with its other stages
+    assert statuses(runtime) == {"reserved": 2, "ready": 5}
+
+
+def test_a_broker_queue_declared_with_other_arguments_is_used_as_it_is(runtime, registry, rabbit, forwarded):
+    rabbit.channel.queue_delete(forwarded.broker_queue)
+    rabbit.channel.queue_declare(forwarded.broker_queue, durable=True, auto_delete=False,
+                                 arguments={"x-max-priority": 10})  # the user's own declaration
+    [job_id] = dispatch(runtime, registry, "send", [{"n": 1}])
+    assert publish(runtime).stats.published == 1
+    work(runtime, rabbit, forwarded)
+    assert job_rows(runtime, [job_id])[job_id].status == "done"
+
+
+def test_a_paused_channel_holds_a_broker_workers_job_without_an_attempt(runtime, registry, rabbit, forwarded):
+    [job_id] = dispatch(runtime, registry, "paused", [{"n": 1}])
+    with runtime.sessions() as session:
+        pauses.pause(session, "gateway", 600, "out of credit", clock.utcnow())
+        session.commit()
+    publish(runtime)
+    work(runtime, rabbit, forwarded)
+    row = job_rows(runtime, [job_id])[job_id]
+    assert row.status == "ready" and row.attempts == 0 and row.available_at > clock.utcnow() + timedelta(seconds=500)
+    assert effects(runtime) == []
 
 
 def test_a_job_whose_handler_the_worker_lacks_waits_without_an_attempt(runtime, registry, rabbit, forwarded):
@@ -280,15 +368,18 @@ def test_forward_jobs_refuses_what_the_broker_or_the_rows_cannot_take():
     assert registry.broker_queues.get("sms").broker_queue == "cronbox.jobs.sms"
 
 
-def test_a_stopping_worker_gives_back_what_it_read_ahead_without_an_attempt(runtime, registry, rabbit, forwarded):
+def test_a_stopping_worker_leaves_what_it_did_not_start_without_an_attempt(runtime, registry, rabbit, forwarded):
     ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(4)])
     publish(runtime)
-    worker = work(runtime, rabbit, forwarded, max_handled=1)  # stops after one job, three read ahead
-    assert worker.stats.done == 1 and waiting(rabbit, forwarded.broker_queue) == 0  # none left to redeliver
+    worker = work(runtime, rabbit, forwarded, max_handled=1)  # stops after one job
+    assert worker.stats.done == 1
     rows = job_rows(runtime, ids)
-    assert sorted(r.status for r in rows.values()) == ["done", "ready", "ready", "ready"]
-    assert {r.attempts for r in rows.values() if r.status == "ready"} == {0}
-    assert publish(runtime).stats.published == 3
+    # The other three: back on the broker untaken (their messages requeued, rows as sent) or, if taken
+    # with the first, released (ready: sent again). Either way no attempt used.
+    assert sorted(r.status for r in rows.values())[0] == "done"
+    assert {r.attempts for r in rows.values() if r.status != "done"} == {0}
+    assert waiting(rabbit, forwarded.broker_queue) == sum(r.status == "reserved" for r in rows.values())
+    publish(runtime)
     work(runtime, rabbit, forwarded)
     rows = job_rows(runtime, ids)
     assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
@@ -310,6 +401,8 @@ def test_celery_task_declares_its_queue_for_celery_and_refuses_a_cronbox_queue()
         forward_jobs("reports", registry=registry)  # the same queue for cronbox's workers too
     with pytest.raises(RegistrationError):
         forward_jobs("other", protocol="stomp", registry=registry)
+    with pytest.raises(RegistrationError):  # one name, one queue: a second would leave the first's jobs unsent
+        celery_task("reports.build", queue="other", registry=registry)
 
 
 @pytest.mark.parametrize("payload, args, kwargs", [([1, "a"], [1, "a"], {}), ({"id": 7}, [], {"id": 7}),

@@ -7,10 +7,13 @@ effect, in the job's transaction) and appends "<queue> <n> <attempt>" to TEST_CA
 effect, at least once). What a call does comes from the payload:
   "sleep": S   writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
   "fail": N    fails its first N attempts
+And "broker.poison" on "sms" (tries 2, timeout 2 s): SIGKILLs its own process, as a job that runs a
+worker out of memory does.
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -42,16 +45,21 @@ def _run(queue: str, payload, ctx) -> None:
         raise RuntimeError(f"failing attempt {ctx.attempt}")
 
 
-@cronbox.job("sms", name="broker.sms", tries=25, backoff=[0.2, 0.5], timeout=10)
+@cronbox.job("sms", name="broker.sms", tries=5, backoff=[0.2, 0.5], timeout=10)
 def sms(payload, ctx):
     _run("sms", payload, ctx)
 
 
-@cronbox.job("mail", name="broker.mail", tries=25, backoff=[0.2, 0.5], timeout=10)
+@cronbox.job("mail", name="broker.mail", tries=5, backoff=[0.2, 0.5], timeout=10)
 def mail(payload, ctx):
     _run("mail", payload, ctx)
 
 
-@cronbox.job("report", name="broker.report", tries=25, backoff=[0.2, 0.5], timeout=10)
+@cronbox.job("report", name="broker.report", tries=5, backoff=[0.2, 0.5], timeout=10)
 def report(payload, ctx):
     _run("report", payload, ctx)
+
+
+@cronbox.job("sms", name="broker.poison", tries=2, timeout=2)
+def poison(payload, ctx):
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -80,9 +80,10 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_what_was_read_ahead(setup, r
     assert proc.returncode == 0, err[-2000:]
     assert "1 done" in out and "stopped: signal" in out
     assert effects(runtime) == Counter({("sms", 1): 1})
-    # The two read ahead went back through their rows, no attempt used; the broker holds none of them.
-    assert statuses(runtime) == Counter({"done": 1, "ready": 2})
-    assert rabbit.channel.queue_declare(f"{prefix}.sms", passive=True).message_count == 0
+    # The two read ahead, never started, used no attempt: back on the broker as they were sent (or, had
+    # they been taken with the first, released to be sent again).
+    with runtime.sessions() as session:
+        assert sorted(session.scalars(select(J.c.attempts).where(J.c.status != "done"))) == [0, 0]
     tick(env)
     again = run_cli(env, "amqp", "work", "--queue", "sms", "--stop-when-empty", "--max-time", "30")
     assert again.returncode == 0 and "2 done" in again.stdout, again.stderr[-2000:]
@@ -91,6 +92,33 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_what_was_read_ahead(setup, r
         assert set(session.scalars(select(J.c.attempts))) == {1}
     health = run_cli(env, "health")
     assert "amqp work on sms ended" in health.stdout and "(empty)" in health.stdout, health.stdout
+
+
+def test_a_job_that_kills_its_worker_fails_after_its_tries_and_its_neighbours_run(setup, runtime, registry):
+    env, _prefix = setup
+    outbox.job("sms", name="broker.poison", registry=registry)(lambda payload, ctx: None)
+    dispatch(runtime, registry, "sms", [{"n": n} for n in range(3)])
+    with runtime.sessions() as session:
+        registry.jobs.get("broker.poison").dispatch(session, {"n": 99})
+        session.commit()
+    dispatch(runtime, registry, "sms", [{"n": n} for n in range(3, 6)])
+    codes = []
+    deadline = time.monotonic() + 90
+    while statuses(runtime)["ready"] + statuses(runtime)["reserved"] and time.monotonic() < deadline:
+        tick(env)  # publishes what is due, and again what a killed worker held once its lease ended
+        codes.append(run_cli(env, "amqp", "work", "--queue", "sms", "--stop-when-empty", "--max-time", "20").returncode)
+        time.sleep(1.0)
+    assert -signal.SIGKILL in codes, codes
+    with runtime.sessions() as session:
+        rows = {r.handler: r for r in session.execute(select(J).where(J.c.handler == "broker.poison"))}
+        jobs = Counter((r.status, r.attempts) for r in session.execute(select(J).where(J.c.handler != "broker.poison")))
+    poison = rows["broker.poison"]
+    assert poison.status == "failed" and "never finished" in poison.last_error and poison.attempts == 3
+    # Taken with the poison once, a neighbour loses that one attempt at most; sent again, each is taken
+    # alone, so the poison's later kills cost nobody else.
+    assert sum(jobs.values()) == 6 and {status for status, _ in jobs} == {"done"}
+    assert max(attempts for _, attempts in jobs) <= 2
+    assert effects(runtime) == Counter({("sms", n): 1 for n in range(6)})
 
 
 @pytest.mark.backends("sqlite")  # refused before any row is read: the database changes nothing
@@ -153,3 +181,6 @@ def test_thousands_of_jobs_two_workers_random_sigkills_every_effect_exactly_once
         time.sleep(0.5)
     assert statuses(runtime) == Counter({"done": count}), (statuses(runtime), kills)
     assert effects(runtime) == Counter({(QUEUES[n % 3], n): 1 for n in range(count)})
+    with runtime.sessions() as session:  # an attempt is counted when a worker takes a job, and only then
+        attempts = Counter(session.scalars(select(J.c.attempts)))
+    assert max(attempts) <= 1 + kills["worker0"] + kills["worker1"], (attempts, kills)
