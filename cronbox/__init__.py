@@ -14,6 +14,8 @@ The public API, all importable from here:
 - the extension: `Cronbox`;
 - events: `record`, `consumer`, `forward` (to RabbitMQ), `Event`, `Context`;
 - jobs: `job`, and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
+  `forward_jobs` (a queue's jobs run off RabbitMQ by `amqp work`, or by your Celery), `celery_task`
+  (a task of your Celery's, dispatched in your transaction);
 - periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
 - errors: `CronboxError` (the root of cronbox's own), `RetryLater`, `PermanentFailure`;
 - sealed files in your routes: `seal_upload`, `sealed_upload_route`, `upload_csrf_token`,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from .outbox.events.consumers import consumer
     from .outbox.events.forward import forward
     from .outbox.events.record import record
+    from .outbox.queue.forward_jobs import celery_task, forward_jobs
     from .outbox.queue.jobs import job
     from .uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
@@ -59,6 +62,8 @@ _EXPORTS = {
     "Event": (".outbox.engine.context", "Event"),
     "Context": (".outbox.engine.context", "Context"),
     "job": (".outbox.queue.jobs", "job"),
+    "forward_jobs": (".outbox.queue.forward_jobs", "forward_jobs"),
+    "celery_task": (".outbox.queue.forward_jobs", "celery_task"),
     "send_sms": (".outbox.channels.jobs", "send_sms"),
     "send_email": (".outbox.channels.jobs", "send_email"),
     "send_webhook": (".outbox.channels.jobs", "send_webhook"),
@@ -90,8 +95,10 @@ __all__ = [
     "UploadRefused",
     "alembic_include_name",
     "alembic_include_object",
+    "celery_task",
     "consumer",
     "forward",
+    "forward_jobs",
     "job",
     "notify",
     "record",

@@ -1,6 +1,7 @@
 """The broker consumer's rows as tests read and seed them: the inbox (outbox.events.inbox) and the
 redelivery counts (outbox.events.redeliveries), with plain SQLAlchemy. cronbox itself only ever
-takes an inbox row as an attempt's first statement (inbox.take_first) and counts redeliveries."""
+takes an inbox row as an attempt's first statement (inbox.take_first) and counts redeliveries.
+And publish_jobs: one pass of the tick's job publisher (forwarded queues' jobs to the broker)."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -49,3 +50,18 @@ def redelivery_times(session: Session, queue: str, message_id: str) -> int:
     """The message's redelivery count; 0 when it has no row."""
     return session.scalar(select(REDELIVERIES.c.times).where(REDELIVERIES.c.queue == queue,
                                                              REDELIVERIES.c.message_id == message_id)) or 0
+
+
+def publish_jobs(runtime, amqp_url: str | None = None):
+    """One pass of the tick's job publisher (outbox.queue.publisher), to `amqp_url` if given; its stats."""
+    from cronbox.outbox.engine.budget import Budget
+    from cronbox.outbox.queue.publisher import JobPublisher
+
+    if amqp_url is not None:
+        runtime.settings.raw["CRONBOX_AMQP_URL"] = amqp_url  # raw is this test's own dict
+    publisher = JobPublisher(runtime)
+    try:
+        publisher.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        publisher.close()
+    return publisher

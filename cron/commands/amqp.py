@@ -10,11 +10,13 @@ from cronbox.cron.format import table
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.text import UNSHOWABLE, clean_text
+from cronbox.outbox.engine.admission import time_headroom
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events import queues
 from cronbox.outbox.events.broker import NO_URL, parse_url
 
-amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), and its dead queue.")
+amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), its dead queue, and "
+                                 "run the jobs of queues forwarded to it (forward_jobs).")
 
 
 class QueueName(click.ParamType):
@@ -82,6 +84,48 @@ def consume(ctx, queue, prefetch, max_time, max_messages, binds, ordered, heartb
     s = consumer.stats
     click.echo(f"amqp consume: {s.done} done, {s.duplicates} duplicates, {s.retried} retried, {s.deferred} deferred, "
                f"{s.parked} parked ({s.bad} bad) in {clock.monotonic() - started:.2f}s; stopped: {result.stop_reason}")
+    if result.error:
+        click.echo(f"error: {result.error}", err=True)
+    ctx.exit(result.exit_code)
+
+
+@amqp.command()
+@click.option("--queue", "names", type=click.STRING, required=True, multiple=True,
+              help="A job queue to run (declared with cronbox.forward_jobs); repeatable.")
+@click.option("--prefetch", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="Messages the broker may send ahead, unacked.")
+@click.option("--stop-when-empty", is_flag=True, help="Exit once no message came for a second (for cron).")
+@click.option("--max-time", type=click.FloatRange(min=1), default=None, help="Stop starting jobs after S seconds.")
+@click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Exit after N jobs.")
+@click.option("--memory", type=click.FloatRange(min=8), default=None, help="Exit when RSS passes MB.")
+@click.option("--heartbeat", type=click.IntRange(0, 600), default=60, show_default=True,
+              help="AMQP heartbeat seconds (0: none); a job longer than two of them loses the connection "
+                   "(harmless: it reconnects after the job).")
+@click.pass_context
+def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, heartbeat):
+    """Run the jobs of a queue forwarded to RabbitMQ; SIGTERM finishes the job in hand, then exits 0."""
+    from cronbox.outbox.queue.broker_worker import BrokerWorker  # py-amqp: only for the amqp commands
+
+    rt = runtime()
+    forwarded = []
+    for name in dict.fromkeys(names):
+        declared = rt.registry.broker_queues.get(name)
+        if declared is None:
+            raise CommandFailed(f"queue {clean_text(name, 80)!r} is not forwarded to RabbitMQ by this app's handlers "
+                                "(cronbox.forward_jobs): the tick runs its jobs")
+        if declared.protocol != "cronbox":
+            raise CommandFailed(f"queue {clean_text(name, 80)!r} is forwarded as Celery task messages: your "
+                                f"`celery worker -Q {declared.broker_queue}` runs them")
+        forwarded.append(declared)
+    worker = BrokerWorker(rt, _address(rt), forwarded, prefetch=prefetch, heartbeat_seconds=heartbeat,
+                          stop_when_empty=stop_when_empty)
+    started = clock.monotonic()
+    result = worker.work(Budget(max_time=max_time, memory_mb=memory, max_handled=max_jobs,
+                                time_headroom=time_headroom(rt.settings)))
+    s, b = worker.stats, worker.broker_stats
+    click.echo(f"amqp work: {s.done + s.retried + s.gave_up} jobs ({s.done} done, {s.retried} retried, {s.gave_up} "
+               f"failed, {s.deferred} deferred), {b.stale} stale copies, {b.bad} bad messages in "
+               f"{clock.monotonic() - started:.2f}s; stopped: {result.stop_reason}")
     if result.error:
         click.echo(f"error: {result.error}", err=True)
     ctx.exit(result.exit_code)

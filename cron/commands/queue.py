@@ -58,9 +58,14 @@ def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, 
     names = _queue_list(queues)
     smallest, largest = _pool_size(workers, min_workers, max_workers, once)
     rt = runtime(migrate=False)  # the schema is checked below, its lock wait bounded by --max-time
+    forwarded = [q for q in names or [] if rt.registry.broker_queues.get(q) is not None]
+    if forwarded:
+        raise click.UsageError(f"queue {forwarded[0]} is forwarded to RabbitMQ (forward_jobs): its jobs run under "
+                               f"`amqp work --queue {forwarded[0]}`")
     names = names or rt.default_queues()
     if not names:
-        raise click.UsageError("no queues to work: register jobs (CRONBOX_HANDLERS) or pass --queue")
+        raise click.UsageError("no queues to work: register jobs (CRONBOX_HANDLERS) or pass --queue (a queue "
+                               "forwarded to RabbitMQ runs under `amqp work`)")
     if largest > 1:
         rt.ensure_schema()
         _work_in_pool(ctx, rt, names, smallest, largest, stop_when_empty=stop_when_empty, max_time=max_time,
@@ -128,7 +133,7 @@ def status():
     rt = runtime()
     now = clock.utcnow()
     queues, paused, pools, in_groups, spent, never = in_transaction(rt.sessions, lambda s: (
-        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
+        jobstore.overview(s, rt.listed_queues(), now), pauses.active(s, now), heartbeat.recent(s, "pool", 1),
         groups.overview(s, rt.jobs, now), groups.budget_overview(s, rt.settings, now),
         profiles.never_fitting(s, "job")))
     if not queues:

@@ -150,34 +150,38 @@ def _backlog_checks(session, now: datetime, interval: float) -> tuple[list[Check
 
 
 CONSUME = "amqp consume"  # the heartbeat command of a broker consumer run (cron/commands/amqp.py)
+# Runs fed by the broker, each with a heartbeat row per run: (its command, its checks' prefix, what it does).
+BROKER_RUNS = ((CONSUME, "consumer", "consuming"), ("amqp work", "broker-worker", "running the jobs of"))
 
 
 def _consumer_checks(session, now: datetime) -> list[Check]:
-    """Per queue served by `amqp consume`, its latest run: beating (ok), silent for longer than
-    STALE_BEATS beats while "running" (fail: the process died without finishing its row, e.g.
-    SIGKILL or out of memory), ended with an error (warn). No consume runs: no check."""
+    """Per queue served by `amqp consume` (and per queue list of `amqp work`), its latest run:
+    beating (ok), silent for longer than STALE_BEATS beats while "running" (fail: the process died
+    without finishing its row, e.g. SIGKILL or out of memory), ended with an error (warn). No such
+    runs: no check."""
     stale = heartbeat.BEAT_SECONDS * heartbeat.STALE_BEATS
     checks = []
-    for run in heartbeat.latest_per_detail(session, CONSUME):
-        queue = run.detail or "?"
-        name = f"consumer.{queue}"
-        if run.outcome == "running":
-            age = (now - (run.beat_at or run.started_at)).total_seconds()
-            if age > stale:
-                checks.append(Check(name, FAIL, f"amqp consume on {queue}: no beat for {age:.0f}s from pid {run.pid} "
-                                                f"on {run.host} (it died without finishing: killed, out of memory?)",
+    for command, prefix, doing in BROKER_RUNS:
+        for run in heartbeat.latest_per_detail(session, command):
+            queue = run.detail or "?"
+            name = f"{prefix}.{queue}"
+            if run.outcome == "running":
+                age = (now - (run.beat_at or run.started_at)).total_seconds()
+                if age > stale:
+                    checks.append(Check(name, FAIL, f"{command} on {queue}: no beat for {age:.0f}s from pid {run.pid} "
+                                                    f"on {run.host} (it died without finishing: killed, out of memory?)",
+                                        round(age)))
+                else:
+                    checks.append(Check(name, OK, f"{doing} {queue} (pid {run.pid} on {run.host}), beat {age:.0f}s ago",
+                                        round(age)))
+                continue
+            age = (now - (run.finished_at or run.started_at)).total_seconds()
+            if run.outcome == "error" or run.error:
+                checks.append(Check(name, WARN, f"{command} on {queue} (pid {run.pid} on {run.host}) ended "
+                                                f"{age:.0f}s ago with an error: {log_text(run.error or run.outcome, 200)}",
                                     round(age)))
             else:
-                checks.append(Check(name, OK, f"consuming {queue} (pid {run.pid} on {run.host}), beat {age:.0f}s ago",
-                                    round(age)))
-            continue
-        age = (now - (run.finished_at or run.started_at)).total_seconds()
-        if run.outcome == "error" or run.error:
-            checks.append(Check(name, WARN, f"amqp consume on {queue} (pid {run.pid} on {run.host}) ended "
-                                            f"{age:.0f}s ago with an error: {log_text(run.error or run.outcome, 200)}",
-                                round(age)))
-        else:
-            checks.append(Check(name, OK, f"amqp consume on {queue} ended {age:.0f}s ago ({run.outcome})", round(age)))
+                checks.append(Check(name, OK, f"{command} on {queue} ended {age:.0f}s ago ({run.outcome})", round(age)))
     return checks
 
 

@@ -53,7 +53,7 @@ def collect(runtime, now: datetime | None = None) -> list[Family]:
     that does not answer raises SQLAlchemy's error: the caller says 503."""
     now = now or clock.utcnow()
     window = window_seconds(runtime.settings)
-    queues = runtime.default_queues()
+    queues = runtime.listed_queues()
     return in_transaction(runtime.sessions, lambda session: [
         *_outbox(session, runtime.consumers, now), *_jobs(session, queues, now),
         *_groups(session, runtime.jobs, runtime.settings, now), *_runs(session, now, window)])

@@ -23,6 +23,7 @@ from cronbox.outbox.events import deliveries
 from cronbox.outbox.events.relay import Relay
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.pool import PoolRefused, TickDrain, check_budget, tick_workers
+from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
 
 log = logging.getLogger("cronbox")
@@ -41,6 +42,7 @@ class TickReport:
     scheduler: Scheduler | None = None
     once: OnceStage | None = None
     drain: TickDrain | None = None
+    publisher: JobPublisher | None = None
     seconds: float = 0.0
 
     @property
@@ -57,6 +59,9 @@ class TickReport:
                 f"in {self.seconds:.2f}s (stopped: {self.result.stop_reason})")
         if self.drain is not None:
             line += self.drain.summary()
+        p = self.publisher.stats if self.publisher is not None else None
+        if p is not None and (p.published or p.republished or p.failed):
+            line += f"; jobs published to the broker {p.published}, again {p.republished}, not confirmed {p.failed}"
         if self.result.error:
             line += f"; error: {self.result.error}"
         return line
@@ -94,7 +99,7 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         log.info("skipped: tick already running")
         return TickReport(skipped=True)
     started = clock.monotonic()
-    relay = None
+    relay = publisher = None
     runtime.host_lock = lock  # one-off commands take their locks on its connection (no third connection)
     try:
         budget = Budget(max_time=max_time, memory_mb=memory_mb, time_headroom=time_headroom(runtime.settings))
@@ -102,12 +107,18 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
         scheduler, once = Scheduler(runtime), OnceStage(runtime, run_command)
         relay = Relay(runtime, before_batch=lock.check)
         worker = Worker(runtime, before_batch=lock.check)
+        publisher = JobPublisher(runtime, before_batch=lock.check)  # forwarded queues' jobs (forward_jobs)
+
+        def close_brokers() -> None:  # a pool's children must not inherit a broker socket
+            relay.close()
+            publisher.close()
+
         # CRONBOX_TICK_WORKERS > 1: a backlog larger than one worker's share is drained by a pool.
-        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=relay.close)
+        drain = (TickDrain(runtime, worker, lock, workers, memory_mb=memory_mb, before_pool=close_brokers)
                  if workers > 1 else None)
         # Scheduled tasks and one-off runs first, then the relay (its consumers often dispatch
-        # the jobs the worker then runs).
-        stages = [scheduler.run, once.run, relay.run, drain.run if drain is not None else worker.run]
+        # the jobs the publisher and the worker then take).
+        stages = [scheduler.run, once.run, relay.run, publisher.run, drain.run if drain is not None else worker.run]
 
         def counts() -> dict:
             now = clock.utcnow()
@@ -127,11 +138,13 @@ def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = 
                                     lambda: run_loop(stages, budget, linger=linger, lock=lock, listener=listener),
                                     counts)
         report = TickReport(skipped=False, result=result, relay=relay, worker=worker, scheduler=scheduler,
-                            once=once, drain=drain, seconds=clock.monotonic() - started)
+                            once=once, drain=drain, publisher=publisher, seconds=clock.monotonic() - started)
         (log.error if result.exit_code else log.info)(report.summary())
         return report
     finally:
         if relay is not None:
             relay.close()  # the broker connection, if the relay forwarded anything
+        if publisher is not None:
+            publisher.close()
         runtime.host_lock = None
         lock.release()

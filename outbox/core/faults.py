@@ -3,8 +3,9 @@
 `CRONBOX_CRASH_AT=<step>[:<n>]` makes the process exit abruptly (os._exit: no
 `finally`, no flush, like the SIGKILL a host's memory limit sends) the n-th
 time (default: first) it reaches <step>. Steps: after-claim, before-ack-commit,
-after-ack-commit, after-publish (forwarding: the batch written to the broker, its confirms not
-yet read); and for `amqp consume` (outbox/events/consume.py): before-inbox-commit (a consumer's
+after-ack-commit, after-publish (forwarding, and the job publisher: the batch written to the broker,
+its confirms not yet read), after-publish-confirm (the job publisher: confirms read, the leases not
+yet written, outbox/queue/publisher.py); and for `amqp consume` (outbox/events/consume.py): before-inbox-commit (a consumer's
 writes and inbox row about to commit), after-inbox-commit (every consumer committed, the broker
 ack not sent), before-broker-ack / after-broker-ack (around one batched basic.ack multiple); and
 worker-start (a pool's child, before its first claim, outbox/queue/pool.py). Unset in production;

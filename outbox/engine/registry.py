@@ -1,4 +1,5 @@
-"""What a process's handler modules registered: consumers, jobs, periodic tasks, pause listeners.
+"""What a process's handler modules registered: consumers, jobs, periodic tasks, forwarded job queues,
+pause listeners.
 
 The decorators (`@cronbox.consumer`, `@cronbox.job`, `@schedule.every`, ...) add to `DEFAULT`
 unless given `registry=`: it holds every declaration the process imported, from whichever module.
@@ -102,6 +103,8 @@ class Registry:
         self.consumers: Consumers = Consumers("consumer", source.consumers if source else None, keep)
         self.jobs: Jobs = Jobs("job", source.jobs if source else None, keep)
         self.tasks: Named = Named("scheduled task", source.tasks if source else None, keep)
+        # Job queues served by RabbitMQ (outbox.queue.forward_jobs), keyed by the queue's name.
+        self.broker_queues: Named = Named("forwarded job queue", source.broker_queues if source else None, keep)
         self._source = source
         self._pause_listeners: list[PauseListener] = []
 
@@ -121,8 +124,9 @@ class Registry:
         return Registry(self, modules.own)
 
     def declarations(self) -> list[tuple[str, Any]]:
-        """(kind, item) for every consumer, job and scheduled task, in that order."""
-        return [(named.kind, item) for named in (self.consumers, self.jobs, self.tasks) for item in named.in_order()]
+        """(kind, item) for every consumer, job, scheduled task and forwarded job queue, in that order."""
+        return [(named.kind, item) for named in (self.consumers, self.jobs, self.tasks, self.broker_queues)
+                for item in named.in_order()]
 
 
 class HandlerModules:

@@ -98,9 +98,16 @@ class Runtime:
 
     def default_queues(self) -> list[str]:
         """Queues a worker drains without --queue: CRONBOX_QUEUES (priority order), then any other
-        queue of a registered job in registration order."""
+        queue of a registered job in registration order; never a queue forwarded to the broker
+        (outbox.queue.forward_jobs: `amqp work` runs its jobs)."""
         configured = list(self.settings.queues)
-        return configured + [q for q in self.jobs.queues() if q not in configured]
+        forwarded = set(self.registry.broker_queues.names())
+        return [q for q in configured + [q for q in self.jobs.queues() if q not in configured] if q not in forwarded]
+
+    def listed_queues(self) -> list[str]:
+        """The queues the operator views list even when empty (queue status, the console, /metrics):
+        the worker's (default_queues), then those forwarded to the broker, whose jobs' rows are the same."""
+        return list(dict.fromkeys(self.default_queues() + self.registry.broker_queues.names()))
 
     @property
     def host_lock(self) -> RunLock | None:

@@ -200,6 +200,22 @@ class Broker:
         self._blocked: str | None = None  # why the broker blocked the connection, until it unblocks it
         self._writing = False  # a batch's messages are being written: a connection.blocked stops it
         self.connects = 0  # connections opened (tests, bench)
+        self._queues: list[str] = []  # declared (durable) on every connection before its first batch
+
+    def declare_queue(self, name: str) -> None:
+        """Have the queue `name` exist before anything is published to it (the job publisher's queues,
+        outbox.queue.publisher: a job must not bounce because no worker declared its queue yet): on
+        each new connection, and at once on the open one (ensure_queue). A failure drops the connection
+        and raises; the next batch opens a fresh one and declares again."""
+        if name in self._queues:
+            return
+        self._queues.append(name)
+        if self._connection is not None:
+            try:
+                ensure_queue(self._connection, name)
+            except BaseException:
+                self.close(graceful=False)
+                raise
 
     @property
     def is_open(self) -> bool:
@@ -369,6 +385,8 @@ class Broker:
         self._connection = connection = open_connection(
             self.address, name="cronbox relay", timeout=connect_timeout, heartbeat=self.heartbeat,
             on_blocked=self._on_blocked, on_unblocked=self._on_unblocked)
+        for name in self._queues:
+            ensure_queue(connection, name)
         channel = connection.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
@@ -388,6 +406,22 @@ class Broker:
         self._blocked, self._writing = None, False
         if connection is not None:
             close_connection(connection, graceful=graceful)
+
+
+def ensure_queue(connection: "amqp.Connection", name: str) -> None:
+    """The queue `name` exists: left as it is if it does (whatever its arguments: a Celery worker's, a
+    quorum queue, an `x-max-priority` of the user's), else declared durable, as Celery and cronbox's
+    workers declare theirs. On channels of their own: a queue that is missing closes the channel
+    that asked (404), never the publisher's confirm channel."""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(name, passive=True)
+    except _amqp().exceptions.NotFound:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, auto_delete=False)
+    finally:
+        if channel.is_open:
+            channel.close()
 
 
 def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartbeat: int = 0,

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -53,28 +52,20 @@ from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.core.transactions import in_transaction
-from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
-from cronbox.outbox.engine.run_loop import RunResult, StopSignals
+from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events import inbox, placement, queues, redeliveries
+from cronbox.outbox.events.broker_loop import POLL, BrokerLoop, DatabaseLost
 from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
 from cronbox.outbox.events.unreadable import RAW_PROPERTIES, Unreadable
 
 log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
-POLL = 1.0
-POLL_READY = 0.05  # reading what is already there: one delivery's frames may still be arriving
-RECONNECT_FIRST, RECONNECT_MAX = 1.0, 30.0
-DB_PAUSE = 3.0
-
-
-class DatabaseLost(Exception):
-    """cronbox's database connection went away mid-message: the message was given back to the queue."""
 
 
 @dataclass
@@ -104,98 +95,20 @@ class QueueConsumer:
                          heartbeat_seconds=heartbeat_seconds)
         self.stats = ConsumeStats()
         self._db = None  # cronbox's connection while messages flow
-        self._heartbeat_id: int | None = None
-        self._last_beat = 0.0
+        self.loop = BrokerLoop(runtime, self.link, command="amqp consume", detail=queue, counts=self.stats.counts,
+                               run_inbound=self._run_inbound, connected=self._connected, sessions=self._sessions,
+                               release=self._release_db, stop_names={"max-jobs": "max-messages"})
 
-    # -- the run -------------------------------------------------------------------
+    # -- the run (outbox.events.broker_loop) ----------------------------------------
     def run(self, budget: Budget) -> RunResult:
-        with StopSignals(budget):
-            self._heartbeat_id = heartbeat.start(self.runtime.sessions, "amqp consume", detail=self.queue, beats=True)
-            self._last_beat = clock.monotonic()
-            try:
-                result = self._run(budget)
-            except BaseException as exc:
-                self.link.close(graceful=False)
-                self._release_db()
-                try:
-                    heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome="error", error=describe(exc),
-                                     **self.stats.counts())
-                except Exception:
-                    pass  # the database may be what failed: the row stays "running", as for a killed run
-                raise
-            self.link.close()
-            self._release_db()
-            heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome=result.stop_reason, error=result.error,
-                             **self.stats.counts())
-            return result
+        return self.loop.run(budget)
 
-    def _run(self, budget: Budget) -> RunResult:
-        pause = RECONNECT_FIRST
-        last_message = clock.monotonic()
-        while True:
-            reason = budget.stop_reason()
-            if reason:
-                return RunResult("max-messages" if reason == "max-jobs" else reason)
-            self._beat()
-            if not self.link.is_open:
-                try:
-                    self.link.open()
-                except SetupError:
-                    raise
-                except BROKER_ERRORS as exc:
-                    why = f"broker unreachable ({self.link.address!r}): {describe(exc, 300)}"
-                    log.warning("amqp consume: %s; trying again in %.0fs", why, pause)
-                    if not self._pause(budget, pause):
-                        return RunResult("broker-unreachable", 1, why)
-                    pause = min(pause * 2, RECONNECT_MAX)
-                    continue
-                pause = RECONNECT_FIRST
-                self.stats.connects += 1
-                log.info("amqp consume: connected to %r, queue %s (prefetch %d%s)", self.link.address, _shown(self.queue),
-                         self.link.prefetch, ", ordered" if self.ordered else "")
-            try:
-                if self.link.inbound:
-                    self._handle(self.link.inbound.popleft(), budget)
-                    last_message = clock.monotonic()
-                    continue
-                if self.link.acks_pending:
-                    if self.link.readable():  # more read ahead: its ack can go with theirs
-                        self.link.poll(POLL_READY)
-                        continue
-                    self.link.flush_acks()
-                self.link.poll(min(POLL, max(budget.remaining(), 0.05)))
-                if not self.link.inbound and clock.monotonic() - last_message >= POLL:
-                    self._release_db()  # idle: hold no database connection while waiting
-            except DatabaseLost as exc:
-                log.warning("amqp consume: database connection lost (%s); pausing %.0fs", exc, DB_PAUSE)
-                self._release_db()
-                if not self._pause(budget, DB_PAUSE):
-                    return RunResult("lost-connection", 1, "database unreachable until the end of the run")
-            except BROKER_ERRORS as exc:
-                log.warning("amqp consume: broker connection lost (%s); reconnecting", describe(exc, 300))
-                self.link.close(graceful=False)
+    def _connected(self) -> str:
+        self.stats.connects += 1
+        return f"queue {_shown(self.queue)} (prefetch {self.link.prefetch}{', ordered' if self.ordered else ''})"
 
-    def _beat(self) -> None:
-        if clock.monotonic() - self._last_beat < heartbeat.BEAT_SECONDS:
-            return
-        self._last_beat = clock.monotonic()
-        try:
-            heartbeat.beat(self._sessions(), self._heartbeat_id, **self.stats.counts())
-        except DBAPIError as exc:
-            if not is_connection_lost(exc):
-                raise
-            self._release_db()
-            log.warning("amqp consume: could not beat (database unreachable)")
-
-    def _pause(self, budget: Budget, seconds: float) -> bool:
-        """Wait up to `seconds` (a signal or the run's end cuts it short); False if the run is over."""
-        end = clock.monotonic() + min(seconds, budget.remaining())
-        while clock.monotonic() < end:
-            if budget.signalled:
-                return False
-            self._beat()
-            time.sleep(min(0.1, max(end - clock.monotonic(), 0)))
-        return budget.remaining() > 0.05 and not budget.signalled
+    def _run_inbound(self, budget: Budget) -> None:
+        self._handle(self.link.inbound.popleft(), budget)
 
     # -- the database connection ---------------------------------------------------
     def _connection(self):
@@ -386,7 +299,7 @@ class QueueConsumer:
         while (left := end - clock.monotonic()) > 0:
             if budget.signalled or budget.remaining() <= 0.05:
                 return False
-            self._beat()
+            self.loop.beat()
             self.link.poll(min(left, POLL, max(budget.remaining(), 0.05)))
         return True
 

@@ -14,7 +14,7 @@ from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, open_connection
+from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, ensure_queue, open_connection
 from cronbox.outbox.events.unreadable import UnreadableFrames
 
 CONNECT_TIMEOUT = 5.0
@@ -39,12 +39,17 @@ class Link:
     frames too, and must not start handling the next message from within the current one."""
 
     def __init__(self, address: BrokerAddress, queue: str, *, prefetch: int, ordered: bool,
-                 binds: list[tuple[str, str]], heartbeat_seconds: int):
+                 binds: list[tuple[str, str]], heartbeat_seconds: int, jobs: tuple[str, ...] = (), name: str = NAME):
         self.address, self.queue, self.prefetch, self.ordered, self.binds = address, queue, prefetch, ordered, binds
+        # Forwarded job queues (outbox.queue.broker_worker; `queue` is the first of them): each declared
+        # durable, as their publisher declares them, and consumed on the one channel; no Q.dead (a
+        # failed job is its row's state, not a parked message).
+        self.jobs, self.name = jobs, name
         self.heartbeat_seconds = heartbeat_seconds
         self.connection: amqp.Connection | None = None
         self.channel = None
         self.inbound: deque = deque()
+        self._consumer_tags: list[str] = []
         self._tag = 0
         self._batch: Batch | None = None
         self._declared: set[str] = set()
@@ -59,10 +64,15 @@ class Link:
         return self.connection is not None
 
     def open(self) -> None:
-        connection = open_connection(self.address, name=NAME, timeout=CONNECT_TIMEOUT,
+        connection = open_connection(self.address, name=self.name, timeout=CONNECT_TIMEOUT,
                                      heartbeat=self.heartbeat_seconds,
                                      frame_handler=UnreadableFrames.factory(self.inbound.append))
         try:
+            for queue in self.jobs:
+                try:
+                    ensure_queue(connection, queue)
+                except amqp.exceptions.ChannelError as exc:
+                    raise SetupError(f"cannot use job queue {queue!r}: {describe(exc, 300)}") from None
             channel = connection.channel()
             self._declare(channel)
             channel.confirm_select()
@@ -70,9 +80,11 @@ class Link:
             channel.events["basic_nack"].add(
                 lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple, nacked=True))
             channel.events["basic_return"].add(lambda *args: self._batch and self._batch.on_return(*args))
-            channel.basic_qos(0, self.prefetch, False)
+            # Several job queues on one channel: --prefetch counts for the channel, not for each queue.
+            channel.basic_qos(0, self.prefetch, len(self.jobs) > 1)
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
-            channel.basic_consume(self.queue, callback=self.inbound.append, no_ack=False)
+            self._consumer_tags = [channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
+                                   for queue in (self.jobs or (self.queue,))]
         except BaseException:
             close_connection(connection, graceful=False)
             raise
@@ -82,6 +94,8 @@ class Link:
 
     def _declare(self, channel) -> None:
         try:
+            if self.jobs:
+                return  # declared by open() (broker.ensure_queue), on channels of their own
             if self.binds or self.ordered:
                 arguments = {"x-single-active-consumer": True} if self.ordered else None
                 channel.queue_declare(self.queue, durable=True, auto_delete=False, arguments=arguments)
@@ -155,6 +169,12 @@ class Link:
         crash_point("before-broker-ack")
         self.channel.basic_ack(tag, multiple=True)
         crash_point("after-broker-ack")
+
+    def cancel(self) -> None:
+        """Stop the broker sending more (basic.cancel, waiting for its cancel-ok): what it sent before
+        is in `inbound`, still ours to ack or give back."""
+        for tag in self._consumer_tags:
+            self.channel.basic_cancel(tag)
 
     def give_back(self, tag: int) -> None:
         """Back to the queue, at its place (basic.reject with requeue); the done ones acked first."""

@@ -52,10 +52,17 @@ class JobHandler:
     concurrency_limit: int | None = None
     cost: int = 1  # what one run spends of its queue's and group's cost budgets
     jobs: Jobs | None = field(default=None, repr=False, compare=False)  # where registered: the groups dispatch may name
+    module: str | None = None  # a Celery task's (no fn): the module that declared it (outbox.engine.registry)
 
     @property
     def max_attempts(self) -> int:
         return self.tries
+
+    @property
+    def origin(self) -> tuple | None:
+        """A Celery task (no function of ours) is the same registration only on the same queue; a
+        function's job is its function's (outbox.engine.registry._origin)."""
+        return ("celery_task", self.queue) if self.fn is None else None
 
     def dispatch(self, session: Transactional, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None, concurrency_group: str | None = None,

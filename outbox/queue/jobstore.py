@@ -6,6 +6,9 @@ ready --claim--> reserved --ack--> done
 one (NULL once finished); the claim reads one index range (queue, status,
 available_at <= now). A reserved job whose lease ran out is due again, alone. Every change after the claim is
 guarded by `claim_token`: rowcount 0 means the lease was lost.
+A queue forwarded to the broker (outbox.queue.forward_jobs) has the same states: the publisher's
+claim reserves its jobs under a publish token, and a broker worker takes them (a token of its own, the
+attempt counted) by the id and token their messages carry.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX
-from cronbox.outbox.engine.claim import claim
+from cronbox.outbox.engine.claim import SKIP_LOCKED, claim
 from cronbox.outbox.engine.registry import Jobs
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
@@ -103,14 +106,101 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
     ids = claim(session, J, candidates, claimable, values, mode=mode)
     if not ids:
         return []
+    return _rows(session, J.c.id.in_(ids), ids)
+
+
+# ---- jobs served by the broker (outbox.queue.forward_jobs) ------------------------
+# The publisher's claim and the broker worker's take. Same states: a job on the broker is `reserved`
+# under the publisher's claim token, its message carries id and token; a broker worker takes it by
+# both, in a short transaction of its own that gives it a token of its own (only one copy of a
+# message can), and every later write is guarded by that one.
+
+def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
+                     lease_until: datetime) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
+    """The jobs of a forwarded queue to publish now: (claimed, again).
+
+    claimed: due ready jobs, reserved with a new claim token. No attempt is counted: a job's attempt
+    starts when a worker takes it (take). again: reserved jobs whose lease ran out (never confirmed
+    by the broker, the publisher killed; confirmed but not taken within republish_after; or taken by
+    a worker that died), kept with their token: a copy still on the broker stays valid, and whichever
+    copy a worker takes first runs. Both get `lease_until` (the publish's time); the publisher extends
+    it once the broker confirmed. Again first, up to `limit` in all."""
+    handlers = [h for h in registry.all() if h.queue == queue]
+    if not handlers or limit <= 0:
+        return [], []
+    names = [h.name for h in handlers]
+    expired = and_(J.c.queue == queue, J.c.status == RESERVED, J.c.available_at <= now)
+    candidates = (select(J.c.id).where(expired, J.c.handler.in_(names))
+                  .order_by(J.c.available_at, J.c.id).limit(limit))
+    if mode == SKIP_LOCKED:
+        candidates = candidates.with_for_update(skip_locked=True)
+    ids = list(session.scalars(candidates))
+    again: list[ClaimedJob] = []
+    if ids:
+        session.execute(update(J).where(J.c.id.in_(ids), expired).values(available_at=lease_until))
+        # What this UPDATE changed, read back by the exact lease it wrote (microseconds on every backend):
+        # in token mode (no row locks on the read) a row a worker took meanwhile is not ours to send.
+        again = _rows(session, and_(J.c.id.in_(ids), J.c.status == RESERVED, J.c.available_at == lease_until), ids)
+    values = {"claim_token": uuid.uuid4().hex, "status": RESERVED, "available_at": lease_until}
+    claimable = and_(J.c.queue == queue, J.c.status == READY, J.c.available_at <= now)
+    fresh = (select(J.c.id).where(claimable, J.c.handler.in_(names))
+             .order_by(J.c.available_at, J.c.id).limit(limit - len(again)))
+    claimed_ids = claim(session, J, fresh, claimable, values, mode=mode) if len(again) < limit else []
+    claimed = _rows(session, J.c.id.in_(claimed_ids), claimed_ids) if claimed_ids else []
+    return claimed, again
+
+
+def published(session: Session, items: list[ClaimedJob], lease_until: datetime) -> int:
+    """The broker has these (confirmed), or a failed publish is to be tried again then: their lease
+    becomes `lease_until`, never shorter than it is. Guarded by each claim token: a job a worker took
+    already (its message can be taken before the confirm is read) has a token of its own, and is left alone."""
+    by_token: dict[str, list[int]] = {}
+    for item in items:
+        by_token.setdefault(item.claim_token, []).append(item.id)
+    later = case((J.c.available_at > lease_until, J.c.available_at), else_=lease_until)
+    return sum(session.execute(update(J).where(_held(ids, token)).values(available_at=later)).rowcount
+               for token, ids in by_token.items())
+
+
+def take(session: Session, registry: Jobs, named: list[tuple[int, str]], *, now: datetime,
+         lease_margin: float) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
+    """The broker worker's claim of the jobs its messages name ((id, claim token) pairs): (taken, not_here).
+
+    taken: the named jobs still reserved under a token a message carries, of handlers registered
+    here, now reserved under one new token with this attempt counted and the handler's lease
+    (timeout + lease_margin), as the database worker's claim does. The UPDATE locks each row and
+    re-reads it (READ COMMITTED): of two copies of one message taken at once, the second finds the
+    token changed and takes nothing; a copy that comes later is stale the same way. Only publish
+    tokens are ever in a message, so a job another worker took (a token of its own) is never matched.
+    not_here: named jobs still on the broker whose handler this worker does not have (read only when
+    some named job was not taken)."""
+    if not named:
+        return [], []
+    ids = list(dict.fromkeys(job_id for job_id, _token in named))
+    tokens = list(dict.fromkeys(token for _job_id, token in named))
+    on_broker = and_(J.c.id.in_(ids), J.c.claim_token.in_(tokens), J.c.status == RESERVED)
+    leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in registry.all()}
+    token = uuid.uuid4().hex
+    taken: list[ClaimedJob] = []
+    if leases:
+        session.execute(update(J).where(on_broker, J.c.handler.in_(list(leases))).values(
+            claim_token=token, attempts=J.c.attempts + 1, reserved_at=now,
+            available_at=case(leases, value=J.c.handler, else_=max(leases.values()))))
+        taken = _rows(session, and_(J.c.id.in_(ids), J.c.claim_token == token), ids)
+    not_here: list[ClaimedJob] = []
+    if len(taken) < len(ids):
+        not_here = _rows(session, on_broker if not leases else and_(on_broker, J.c.handler.not_in(list(leases))), ids)
+    return taken, not_here
+
+
+def _rows(session: Session, where, order: list[int]) -> list[ClaimedJob]:
     rows = session.execute(
         select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)
-        .where(J.c.id.in_(ids))
-    ).all()
-    order = {job_id: index for index, job_id in enumerate(ids)}
+               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost).where(where)).all()
+    position = {job_id: index for index, job_id in enumerate(order)}
     return [ClaimedJob(r.id, r.queue, r.handler, r.payload, r.attempts, r.claim_token, r.available_at,
-                       r.retry_until, r.trace_id, r.concurrency_group, r.cost) for r in sorted(rows, key=lambda r: order[r.id])]
+                       r.retry_until, r.trace_id, r.concurrency_group, r.cost)
+            for r in sorted(rows, key=lambda r: position.get(r.id, len(position)))]
 
 
 def _held(ids, token):

@@ -37,6 +37,7 @@ from cronbox.outbox.events.models import OutboxEvent as Event
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.events.relay import Relay
 from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
 from cronbox.storage.models import SealedFile
 from tests.conftest import APP_ROOT, child_env, run_cli
@@ -54,7 +55,8 @@ def all_snippets() -> list[str]:
 
 
 # Snippets run by a test of their own (below), each named by a line only it has.
-OWN_TESTS = ("from clinic import cronbox, db", "from cronbox import record, schedule")
+OWN_TESTS = ("from clinic import cronbox, db", "from cronbox import record, schedule", "from cronbox import forward_jobs",
+             "from cronbox import celery_task")
 
 
 def readme_snippets() -> list[str]:
@@ -282,3 +284,22 @@ def test_schedule_list_and_run_show_and_run_the_readmes_tasks(env, runtime, tmp_
         assert session.scalar(select(func.count()).select_from(Event).where(Event.type == "reminders.due")) == 1
     unknown = run_cli(env, "schedule", "run", "clinic.nothing", **extra)
     assert unknown.returncode == 2 and "no task named 'clinic.nothing'" in unknown.stderr
+
+
+def test_the_jobs_on_rabbitmq_and_celery_snippets_run_as_written(runtime, registry, settings, monkeypatch, rabbit):
+    """forward_jobs declares the queues the tick then leaves to `amqp work`; celery_task's dispatch in a
+    transaction becomes a Celery task message on the broker once published."""
+    for name in ("forward_jobs", "celery_task"):
+        monkeypatch.setattr(cronbox, name, partial(getattr(cronbox, name), registry=registry))
+    exec(compile(snippet_with("from cronbox import forward_jobs"), "README.md", "exec"), {})
+    assert [q.broker_queue for q in registry.broker_queues.in_order()] == ["cronbox.jobs.sms", "cronbox.jobs.exports"]
+    rabbit.queues += ["cronbox.jobs.sms", "cronbox.jobs.exports", "reports"]
+    settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
+    exec(compile(snippet_with("from cronbox import celery_task"), "README.md", "exec"), {"Session": runtime.sessions})
+    assert runtime.default_queues() == []  # none of them run in the tick
+    publisher = JobPublisher(runtime)
+    publisher.run(Budget(max_time=30, memory_mb=None))
+    publisher.close()
+    [message] = rabbit.take("reports")
+    assert message.properties["application_headers"]["task"] == "reports.build"
+    assert json.loads(message.body)[:2] == [[7], {}]

@@ -10,7 +10,8 @@ from flask_sqlalchemy import SQLAlchemy
 
 import cronbox
 from cronbox import (Context, Cronbox, Event, PermanentFailure, RetryLater, UploadRefused,
-                     alembic_include_name, alembic_include_object, consumer, forward, job, record,
+                     alembic_include_name, alembic_include_object, celery_task, consumer, forward, forward_jobs, job,
+                     record,
                      request_client, schedule, seal_upload, send_email, send_sms, upload_csrf_token)
 
 
@@ -45,8 +46,12 @@ def handlers(db: SQLAlchemy) -> None:
         pass
 
     to_broker = forward("appointment.*", exchange="clinic", routing_key=lambda e: e.type)
+    on_rabbitmq = forward_jobs("reports", republish_after=3600)
+    build = celery_task("reports.build", queue="celery")
+    celery_job_id: int | None = build.dispatch(db.session, [7])
+    del celery_job_id
     names: list[str] = [send_receipt.consumer_name, report.job.name, hourly.task_name, morning.task_name,
-                        to_broker.name]
+                        to_broker.name, on_rabbitmq.broker_queue]
     job_id: int | None = report.dispatch(db.session, {"day": 2})
     del names, job_id
 

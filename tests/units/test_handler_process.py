@@ -12,6 +12,10 @@ import pytest
 from cronbox.outbox.engine.handler_call import call_handler
 
 
+# The fork is this test's own (a handler that forks), made in pytest-xdist's worker, which runs
+# execnet's thread: Python 3.12+ warns about any fork in a threaded process. cronbox's own fork (the
+# pool's, outbox/queue/pool.py) is made before the child starts its only thread.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 @pytest.mark.parametrize("leave,code", [(lambda: None, 0), (lambda: sys.exit(5), 5), (lambda: sys.exit("bye"), 1),
                                         (lambda: 1 / 0, 1), (lambda: (_ for _ in ()).throw(KeyboardInterrupt), 1)])
 def test_a_forked_child_ends_where_the_handler_call_ends(tmp_path, leave, code):

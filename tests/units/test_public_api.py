@@ -13,6 +13,7 @@ from tests.conftest import APP_ROOT, child_env
 PUBLIC = {
     "Cronbox": "cronbox.extension", "record": "cronbox.outbox.events.record",
     "consumer": "cronbox.outbox.events.consumers", "forward": "cronbox.outbox.events.forward",
+    "forward_jobs": "cronbox.outbox.queue.forward_jobs", "celery_task": "cronbox.outbox.queue.forward_jobs",
     "Event": "cronbox.outbox.engine.context", "Context": "cronbox.outbox.engine.context",
     "job": "cronbox.outbox.queue.jobs", "send_sms": "cronbox.outbox.channels.jobs",
     "send_email": "cronbox.outbox.channels.jobs", "send_webhook": "cronbox.outbox.channels.jobs",

@@ -28,7 +28,7 @@ def overview():
 
     backlog, unfanned, ticks, data = in_transaction(rt.sessions, read)
     queues = report.queues  # read by the health checks a moment ago: counting failed jobs once is enough
-    names = list(dict.fromkeys(rt.default_queues() + sorted(queues)))
+    names = list(dict.fromkeys(rt.listed_queues() + sorted(queues)))
     queue_rows = [queues.get(n) or jobstore.QueueStatus(n) for n in names]
     return render_template("cronbox_ops/overview.html", report=report, backlog=backlog, unfanned=unfanned,
                            queues=queue_rows, ticks=ticks, drawing=chart.draw(data, rt.settings.cron_interval), now=now)

@@ -34,7 +34,7 @@ def queues():
     cursor = paging.parse_cursor(request.args.get("after"), jobstore.FAILED_KEY)
     window = profiles.ProfileSettings.of(rt.settings)
     rows, paused, in_groups, spent, page, handlers, pools = in_transaction(rt.sessions, lambda s: (
-        jobstore.overview(s, rt.default_queues(), now), pauses.active(s, now), groups.overview(s, rt.jobs, now),
+        jobstore.overview(s, rt.listed_queues(), now), pauses.active(s, now), groups.overview(s, rt.jobs, now),
         groups.budget_overview(s, rt.settings, now), jobstore.failed_page(s, cursor, queue=only),
         profiles.overview(s, window, now), heartbeat.recent(s, "pool", POOL_RUNS)))
     return render_template("cronbox_ops/queues.html", queues=rows, paused=paused, groups=in_groups, budgets=spent,

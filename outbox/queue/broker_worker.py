@@ -1,0 +1,175 @@
+"""Running a forwarded job queue's jobs off RabbitMQ: `python -m cronbox amqp work --queue Q`.
+
+The job worker (outbox.queue.worker.Worker), fed by the broker instead of its claim. Per batch of
+messages read (outbox.queue.job_messages: a job id and the publisher's claim token each, published by
+outbox.queue.publisher):
+1. read them; a message that is not a job message is dropped (acked, logged: the job's state is its
+   row, nothing is lost with it);
+2. take their jobs (jobstore.take), in one short transaction: the rows still reserved under a token
+   the messages carry get a claim token of this worker's own, the attempt counted and the handler's
+   lease, exactly as the database worker's claim. Only one copy of a message can take its job; a
+   copy that finds it taken, finished, failed or sent again under another claim is stale. Then the
+   messages are acked: from here the row is the job's only state;
+3. run the taken jobs through the worker's own path (Processor.process): the same pre-call gate
+   (channel pause, concurrency-group slot, cost budgets, rate limit: shared through the database with
+   every other worker, broker-fed or not), admission, timeout, and the same token-guarded writes of
+   their outcomes: done with the handler's `ctx.session` writes in one transaction, a retry with the
+   handler's backoff (the row ready again: the publisher sends it when due), RetryLater without an
+   attempt, PermanentFailure or the last try -> failed (`queue failed`, the console, /metrics); jobs
+   taken but not started when the run stops are released (ready again, attempt given back).
+
+A worker killed after its take leaves the jobs reserved under its token until their leases end, as a
+killed database worker does; the publisher then sends them again (same token, flagged "again"), and
+the next worker takes each such copy alone: a job that killed its worker costs only its own attempt,
+and after its tries it fails. Messages read but not taken go back to the queue, unchanged.
+
+The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer_link.Link named
+"cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
+SIGTERM/SIGINT finish the job in hand and exit; `--max-time`, `--max-jobs`, `--memory` as for
+`queue work`. A handler that runs longer than two AMQP heartbeats loses the connection (the broker
+drops it): harmless, its messages were acked at the take, and the run connects again after it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy.exc import DBAPIError
+
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.engine.run_loop import RunResult
+from cronbox.outbox.events.broker import BrokerAddress
+from cronbox.outbox.events.broker_loop import BrokerLoop, DatabaseLost
+from cronbox.outbox.events.consumer_link import Link
+from cronbox.outbox.events.unreadable import Unreadable
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.forward_jobs import BrokerQueue
+from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again
+from cronbox.outbox.queue.worker import Worker
+
+log = logging.getLogger("cronbox")
+
+HEARTBEAT = 60
+UNKNOWN_HANDLER_WAIT = 60.0  # a job whose handler this worker lacks (another version's code) waits, no attempt used
+NAME = "cronbox worker"
+
+
+@dataclass
+class BrokerWorkStats:
+    stale: int = 0  # copies whose job another copy took, or that finished, failed or was sent again: acked unrun
+    bad: int = 0  # messages that are not job messages: dropped
+    connects: int = 0
+    not_here: list[str] = field(default_factory=list)  # handlers named by jobs this worker lacks
+
+
+class BrokerWorker(Worker):
+    def __init__(self, runtime, address: BrokerAddress, forwarded: list[BrokerQueue], *, prefetch: int = 10,
+                 heartbeat_seconds: int = HEARTBEAT, stop_when_empty: bool = False):
+        super().__init__(runtime, [f.name for f in forwarded])
+        self.forwarded = forwarded
+        self.names = ",".join(f.name for f in forwarded)
+        broker_queues = tuple(dict.fromkeys(f.broker_queue for f in forwarded))
+        self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
+                         heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
+        self.broker_stats = BrokerWorkStats()
+        self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
+                               run_inbound=self._run_inbound, connected=self._connected,
+                               stop_when_empty=stop_when_empty)
+
+    def counts(self) -> dict:
+        return {"jobs_done": self.stats.done, "jobs_failed": self.stats.gave_up}
+
+    def work(self, budget: Budget) -> RunResult:
+        """Run the queues' jobs as their messages come, until the budget says stop (or, with
+        stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
+        return self.loop.run(budget)
+
+    def _connected(self) -> str:
+        self.broker_stats.connects += 1
+        return f"queues {','.join(self.link.jobs)} (prefetch {self.link.prefetch})"
+
+    # -- the messages read so far --------------------------------------------------
+    def _run_inbound(self, budget: Budget) -> None:
+        """Take and run the jobs of the messages read so far, on one database connection
+        (Processor.on_one_connection: profiles read and written once, not per message). Consecutive
+        messages are taken together (one short transaction), a copy sent again (its job may have killed
+        a worker) alone; each batch's messages are acked once it is taken, the rows saying the rest."""
+        messages = list(self.link.inbound)
+        self.link.inbound.clear()
+        batches: list[list] = []
+        for message in messages:
+            named = self._read(message)
+            if named is None:
+                continue
+            if sent_again(message) or not batches or sent_again(batches[-1][-1][0]):
+                batches.append([(message, named)])
+            else:
+                batches[-1].append((message, named))
+        left = list(batches)
+
+        def run_all() -> int:
+            self._budget = budget
+            ran = 0
+            while left and not (ran and budget.stop_reason() is not None):
+                ran += self._run_batch(left.pop(0), budget)
+            return ran
+
+        try:
+            self.on_one_connection(run_all)
+        except BaseException as exc:
+            self._give_back(left)
+            if isinstance(exc, DBAPIError) and is_connection_lost(exc):
+                raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
+            raise
+        self._give_back(left)  # the run stops: not taken, back to the queue (still valid: their rows are as sent)
+
+    def _read(self, message) -> JobMessage | None:
+        """The job a message names; None (the message dropped: acked, logged) if it is not a job message."""
+        try:
+            if isinstance(message, Unreadable):
+                raise NotAJob("its properties cannot be read")
+            return read(message.body)
+        except NotAJob as bad:
+            self.broker_stats.bad += 1
+            mid = clean_text(str((getattr(message, "properties", None) or {}).get("message_id") or "-"), 80)
+            log.warning("amqp work: queues=%s message=%s dropped: %s", self.names, mid, bad)
+            self.link.ack(message.delivery_tag)
+            return None
+
+    def _run_batch(self, batch: list, budget: Budget) -> int:
+        now = clock.utcnow()
+        margin = self.runtime.settings.lease_margin
+        taken, not_here = self._transaction(lambda s: jobstore.take(
+            s, self.registry, [(named.job_id, named.claim_token) for _m, named in batch], now=now, lease_margin=margin))
+        for message, _named in batch:  # taken, stale or waiting elsewhere: the rows say the rest now
+            self.link.ack(message.delivery_tag)
+        self.broker_stats.stale += len(batch) - len(taken) - len(not_here)
+        for item in not_here:
+            self._not_here(item)
+        if taken:
+            self.process(taken, budget)
+        return len(taken)
+
+    def _give_back(self, batches: list) -> None:
+        for batch in batches:
+            for message, _named in batch:
+                try:
+                    self.link.give_back(message.delivery_tag)
+                except Exception:
+                    self.link.close(graceful=False)  # they come back anyway once the channel is gone
+                    return
+
+    def _not_here(self, item) -> None:
+        """A job whose handler this worker does not have (a worker running other code than the
+        publisher's): ready again later, no attempt used, for a worker that has it."""
+        later = clock.utcnow() + timedelta(seconds=UNKNOWN_HANDLER_WAIT)
+        error = f"no handler {item.handler} is registered in the broker worker that took it"
+        self._transaction(lambda s: jobstore.reschedule(s, item, later, error, False))
+        if item.handler not in self.broker_stats.not_here:
+            self.broker_stats.not_here.append(item.handler)
+        log.warning("job=%d queue=%s handler=%s is not registered here; waiting %.0fs (no attempt used) trace=%s",
+                    item.id, item.queue, clean_text(item.handler, 191), UNKNOWN_HANDLER_WAIT, item.trace_id)

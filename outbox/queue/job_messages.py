@@ -1,0 +1,73 @@
+"""The message of a job forwarded to the broker, made by the publisher and read by the broker worker.
+
+The body names the row and the claim it was published under, nothing more: `{"job": 42,
+"claim_token": "..."}` (JSON). The payload stays in the database (no PHI on the broker), and the row
+is the job's only state: a worker runs the job only while the row still holds that token
+(jobstore.take). Properties: persistent, JSON, `message_id` "cronbox-job-<id>-<token>" (the same for
+every copy of one claim), the job's trace id as `correlation_id`, type "cronbox.job", and headers
+naming the queue and handler for an operator looking at the broker (and, on a copy published again
+after its lease ran out, `x-cronbox-again`: taken alone).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from cronbox.outbox.events.broker import Outgoing
+
+TYPE = "cronbox.job"
+CONTENT_TYPE = "application/json"
+QUEUE_HEADER, HANDLER_HEADER, TRACE_HEADER = "x-cronbox-queue", "x-cronbox-handler", "x-trace-id"
+# On a copy published again after its lease ran out (jobstore.claim_to_publish's `again`): its job may be
+# the one that killed the worker that took it, so a worker takes it alone, charging no neighbour an attempt.
+AGAIN_HEADER = "x-cronbox-again"
+MAX_BODY = 1024  # a job message is about 70 bytes: anything larger is not one of ours
+
+
+def message_for(broker_queue: str, item, *, again: bool = False) -> Outgoing:
+    """The message of a claimed job (jobstore.ClaimedJob), to the default exchange, routed to `broker_queue`."""
+    body = json.dumps({"job": item.id, "claim_token": item.claim_token}, separators=(",", ":")).encode()
+    return Outgoing("", broker_queue, body, {
+        "content_type": CONTENT_TYPE,
+        "delivery_mode": 2,  # persistent
+        "message_id": f"cronbox-job-{item.id}-{item.claim_token}",
+        "correlation_id": item.trace_id,
+        "type": TYPE,
+        "app_id": "cronbox",
+        "application_headers": {QUEUE_HEADER: item.queue, HANDLER_HEADER: item.handler, TRACE_HEADER: item.trace_id,
+                                **({AGAIN_HEADER: True} if again else {})},
+    })
+
+
+def sent_again(message) -> bool:
+    """Is this the copy of a job published again after its lease ran out (AGAIN_HEADER)?"""
+    headers = (getattr(message, "properties", None) or {}).get("application_headers") or {}
+    return bool(headers.get(AGAIN_HEADER)) if isinstance(headers, dict) else False
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    job_id: int
+    claim_token: str
+
+
+class NotAJob(ValueError):
+    """A message on a job queue that is not a job message (the reason says why)."""
+
+
+def read(body) -> JobMessage:
+    """The job a message names; NotAJob if the body is not a job message."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    if not isinstance(body, bytes) or len(body) > MAX_BODY:
+        raise NotAJob(f"not a job message (a body of {len(body) if isinstance(body, bytes) else '?'} bytes)")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise NotAJob("not a job message (the body is not JSON)") from None
+    job_id = data.get("job") if isinstance(data, dict) else None
+    token = data.get("claim_token") if isinstance(data, dict) else None
+    if (isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1 or not isinstance(token, str)
+            or not (1 <= len(token) <= 32) or not token.isalnum() or not token.isascii()):
+        raise NotAJob("not a job message (no job id and claim token)")
+    return JobMessage(job_id, token)
