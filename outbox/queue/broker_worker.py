@@ -32,6 +32,7 @@ drops it): harmless, its messages were acked at the take, and the run connects a
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -76,8 +77,10 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
+        self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
         self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
-                               run_inbound=self._run_inbound, connected=self._connected,
+                               run_inbound=self._run_inbound, connected=self._connected, release=self._release_db,
+                               sessions=lambda: self.sessions,  # the held connection's, while held
                                stop_when_empty=stop_when_empty)
 
     def counts(self) -> dict:
@@ -94,8 +97,8 @@ class BrokerWorker(Worker):
 
     # -- the messages read so far --------------------------------------------------
     def _run_inbound(self, budget: Budget) -> None:
-        """Take and run the jobs of the messages read so far, on one database connection
-        (Processor.on_one_connection: profiles read and written once, not per message). Consecutive
+        """Take and run the jobs of the messages read so far, on the connection held while messages
+        flow (Processor.holding_a_connection: profiles written when it is given back, not per message). Consecutive
         messages are taken together (one short transaction), a copy sent again (its job may have killed
         a worker) alone; each batch's messages are acked once it is taken, the rows saying the rest."""
         messages = list(self.link.inbound)
@@ -110,22 +113,27 @@ class BrokerWorker(Worker):
             else:
                 batches[-1].append((message, named))
         left = list(batches)
-
-        def run_all() -> int:
+        try:
+            if self.connection is None:  # held while messages flow, given back when idle (_release_db)
+                self._held.enter_context(self.holding_a_connection())
             self._budget = budget
             ran = 0
             while left and not (ran and budget.stop_reason() is not None):
                 ran += self._run_batch(left.pop(0), budget)
-            return ran
-
-        try:
-            self.on_one_connection(run_all)
         except BaseException as exc:
             self._give_back(left)
             if isinstance(exc, DBAPIError) and is_connection_lost(exc):
+                self._release_db()
                 raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
             raise
         self._give_back(left)  # the run stops: not taken, back to the queue (still valid: their rows are as sent)
+
+    def _release_db(self) -> None:
+        """Idle, stopping or failed: the held connection back to the pool, the profiles written."""
+        try:
+            self._held.close()
+        except Exception as exc:  # a connection already gone: nothing to give back
+            log.warning("amqp work: could not give back the database connection cleanly (%s)", describe(exc, 200))
 
     def _read(self, message) -> JobMessage | None:
         """The job a message names; None (the message dropped: acked, logged) if it is not a job message."""
