@@ -215,11 +215,11 @@ def jobs_bare(n: int) -> None:
 
 def jobs_work(engine, n: int) -> None:
     """The bare broker worker: basic_consume with prefetch 10 (`amqp work`'s default) on one database
-    connection; per message its body parsed, the row taken by id and token (floor_sql.job_take, its
-    own transaction), its payload parsed, then one transaction: the one row INSERT in a savepoint
-    (ctx.session's), the token-guarded ack UPDATE, COMMIT; then basic_ack, one per message."""
+    connection; per message its body parsed, the job taken by id and token (floor_sql.job_take: UPDATE
+    and read back, its own transaction), basic_ack (one per message), its payload parsed, then one
+    transaction: the one row INSERT in a savepoint (ctx.session's), the token-guarded ack UPDATE, COMMIT."""
     jobs = floor_sql.tables(engine).tables["cronbox_jobs"]
-    take, ack = floor_sql.job_take(jobs), floor_sql.job_ack(jobs)
+    ack = floor_sql.job_ack(jobs)
     connection = connect(os.environ["FLOOR_AMQP_URL"])
     channel = connection.channel()
     channel.basic_qos(0, PREFETCH, False)
@@ -228,15 +228,15 @@ def jobs_work(engine, n: int) -> None:
         def on_message(message):
             nonlocal done
             named = json.loads(message.body)
-            token = floor_sql.ident(jobs, "claim_token", named["claim_token"])
             with c.begin():
-                row = c.execute(take, {"ids": [named["job"]], "token": token}).one()
+                token, [row] = floor_sql.job_take(c, jobs, [(named["job"], named["claim_token"])], floor_sql.utcnow())
+            channel.basic_ack(message.delivery_tag)  # taken: from here the row is the job's state
             payload = json.loads(row.payload)
+            token = floor_sql.ident(jobs, "claim_token", token)
             with c.begin():
                 with c.begin_nested():
                     c.execute(floor_sql.ROW_INSERT, {"event_id": payload["i"]})
                 assert c.execute(ack, {"ids": [row.id], "token": token, "now": floor_sql.utcnow()}).rowcount == 1
-            channel.basic_ack(message.delivery_tag)
             done += 1
 
         channel.basic_consume(os.environ["FLOOR_JOBS_QUEUE"], callback=on_message)

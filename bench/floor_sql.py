@@ -278,8 +278,7 @@ def claim_to_publish(engine, c, jobs: Table, now):
     if not ids:
         return token, []
     c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
-        claim_token=ident(jobs, "claim_token", token), status="reserved", attempts=jobs.c.attempts + 1,
-        available_at=now + PUBLISH_LEASE, reserved_at=now))
+        claim_token=ident(jobs, "claim_token", token), status="reserved", available_at=now + PUBLISH_LEASE))
     return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(jobs.c.id.in_(ids))).all()
 
 
@@ -290,11 +289,22 @@ def published(c, jobs: Table, token: str, ids, lease_until) -> int:
                                         jobs.c.status == "reserved").values(available_at=later)).rowcount
 
 
-def job_take(jobs: Table):
-    """jobstore.take: the row a job message names, if it still holds the message's token."""
-    return select(*(jobs.c[name] for name in CLAIMED)).where(
-        jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.claim_token == bindparam("token"),
-        jobs.c.status == "reserved")
+JOB_TIMEOUT = 30  # floor_handlers' one-row job: its lease at the take is timeout + CRONBOX_LEASE_MARGIN (30 s)
+
+
+def job_take(c, jobs: Table, named: list[tuple[int, str]], now):
+    """jobstore.take: the jobs the messages name, still reserved under a token a message carries,
+    stamped with a token of the worker's own, the attempt counted and the handler's lease; read back.
+    Returns (token, rows)."""
+    token = uuid.uuid4().hex
+    ids = [job_id for job_id, _token in named]
+    tokens = list(dict.fromkeys(ident(jobs, "claim_token", t) for _id, t in named))
+    c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token.in_(tokens), jobs.c.status == "reserved",
+                                 jobs.c.handler.in_([ident(jobs, "handler", JOB_WRITE)])).values(
+        claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, reserved_at=now,
+        available_at=now + timedelta(seconds=JOB_TIMEOUT + 30)))
+    return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(
+        jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token))).all()
 
 
 def job_ack(jobs: Table):
