@@ -44,7 +44,7 @@ from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.broker_loop import BrokerLoop, DatabaseLost
+from cronbox.outbox.events.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
 from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
@@ -102,6 +102,9 @@ class BrokerWorker(Worker):
         In delivery order: consecutive job messages are taken together (one short transaction); a copy
         of a job a worker took and never finished alone; a message that is not a job message is
         dropped in its turn (its ack must not go out before the ones ahead of it: acks are multiple)."""
+        # What the broker has sent already, up to the prefetch: one take (and one COMMIT) for them all.
+        while len(self.link.inbound) < self.link.prefetch and self.link.readable():
+            self.link.poll(POLL_READY)
         messages = list(self.link.inbound)
         self.link.inbound.clear()
         left: list[list] = []  # batches of (message, JobMessage or None: dropped)
