@@ -47,6 +47,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH / "peers")]
 
 import floor_amqp  # noqa: E402
+from bench_floors import alternate, spread  # noqa: E402  (one way to alternate rounds and show a spread)
 from floor_host import Target  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
@@ -206,22 +207,6 @@ class Paths:
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-def alternate(rounds: int, a, b) -> tuple[list, list]:
-    xs, ys = [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            xs.append(a())
-            ys.append(b())
-        else:
-            ys.append(b())
-            xs.append(a())
-    return xs, ys
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):,.0f}-{max(values):,.0f}"
 
 
 def main() -> None:
