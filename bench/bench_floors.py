@@ -2,12 +2,12 @@
 
     python bench/bench_floors.py --tree /work/main --label main --mysql mysql+pymysql://root:@127.0.0.1/test \
         [--postgres postgresql://postgres@127.0.0.1:5432/postgres] [--store SQLite|MariaDB|PostgreSQL ...] \
-        [--section record|dispatch|drain|relay|forward|consume ...] [--rounds 3] [--items N] \
+        [--section record|dispatch|drain|relay|forward|consume|jobs-publish|jobs-work ...] [--rounds 3] [--items N] \
         [--amqp amqp://guest:guest@127.0.0.1:5672/]
 
 cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
 dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-linger`, `queue work
---stop-when-empty` and `amqp consume --max-messages N` as subprocesses timed start to exit
+--stop-when-empty`, `amqp consume --max-messages N` and `amqp work --max-jobs N` as subprocesses timed start to exit
 (floor_host.py). Each floor (floor_sql.py, floor_amqp.py) is the same statements and messages through
 SQLAlchemy and py-amqp's public calls, as a subprocess timed the same way, with no cronbox. The two
 alternate, order swapped every round, on the same fresh database; rates are the median of the rounds,
@@ -223,13 +223,87 @@ def section_consume(t: Target, store: str, table: Report, rounds: int, broker: d
     table.rate("consume: its own reported time / the bare consumer, start to exit", store, own, b, "")
 
 
+JOBS = ["--queue", "fl.jobs"]  # floor_handlers' forwarded queue (FLOOR_JOBS_QUEUE its broker queue)
+
+
+def section_jobs_publish(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 10000) -> None:
+    """Issue 28: the tick's job publisher (claim, publish with confirms, extend the lease) against
+    floor_amqp's jobs-publish (its statements and messages by hand) and the bare publisher."""
+    url, queue = broker["FLOOR_AMQP_URL"], broker["FLOOR_JOBS_QUEUE"]
+    own, floor_own, bare = [], [], []
+
+    def ours():
+        t.fresh("seed-numbered-jobs", "job_write", n)
+        result = tick(t)
+        assert floor_amqp.purge(url, queue) == n, result
+        assert t.count("cronbox_jobs", "status = 'reserved'") == n, result
+        own.append(n / result["own"])
+        return n / result["wall"]
+
+    def floor():
+        t.fresh("seed-numbered-jobs", "job_write", n)
+        result = t.floor("floor_amqp.py", ["jobs-publish", str(n)], broker)
+        assert floor_amqp.purge(url, queue) == n
+        floor_own.append(n / result["seconds"])
+        # The bare publisher in the same minute: no database, the same messages and batches.
+        published = t.floor("floor_amqp.py", ["jobs-bare", str(n)], broker)
+        assert floor_amqp.purge(url, queue) == n
+        bare.append(n / published["wall"])
+        return n / result["wall"]
+
+    a, b = alternate(rounds, ours, floor)
+    table.rate(f"jobs-publish: `tick --no-linger`, {n:,} jobs of a forwarded queue to RabbitMQ, start to exit", store,
+               a, b, "≥0.75×")
+    table.rate("jobs-publish: the tick's own reported time / the floor's loop (start-up left out of both)", store, own,
+               floor_own, "")
+    table.rate("jobs-publish: the same tick / the bare py-amqp publisher (no database), start to exit", store, a, bare,
+               "")
+
+
+def section_jobs_work(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 2000) -> None:
+    """Issue 28: `amqp work` running one-row jobs off the broker against floor_amqp's jobs-work (a
+    bare py-amqp consumer doing the same take, write and ack)."""
+    url, queue = broker["FLOOR_AMQP_URL"], broker["FLOOR_JOBS_QUEUE"]
+    own, floor_own = [], []
+
+    def fill():
+        """n jobs dispatched, then published by a tick (untimed): n job messages on the broker."""
+        t.fresh("seed-numbered-jobs", "job_write", n)
+        tick(t)
+        assert floor_amqp.count(url, queue) == n
+
+    def check(result):
+        assert t.count("bench_floor_rows") == n and t.count("cronbox_jobs", "status = 'done'") == n, result
+        assert floor_amqp.purge(url, queue) == 0, result
+
+    def ours():
+        fill()
+        result = t.cron(["amqp", "work", *JOBS, "--max-jobs", str(n)])
+        check(result)
+        own.append(n / float(OWN_TIME.search(result["stdout"]).group(1)))
+        return n / result["wall"]
+
+    def floor():
+        fill()
+        result = t.floor("floor_amqp.py", ["jobs-work", str(n)], broker)
+        check(result)
+        floor_own.append(n / result["seconds"])
+        return n / result["wall"]
+
+    a, b = alternate(rounds, ours, floor)
+    table.rate(f"jobs-work: `amqp work --max-jobs {n:,}` (prefetch 10), one-row jobs, start to exit", store, a, b,
+               "≥0.75×")
+    table.rate("jobs-work: its own reported time / the bare consumer's loop (start-up left out of both)", store, own,
+               floor_own, "")
+
+
 def env_counter(t: Target) -> None:
     t.env["BENCH_COUNTER"] = COUNTER
     with common.connect() as db:
         common.reset_counter(db, COUNTER)
 
 
-SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume")
+SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume", "jobs-publish", "jobs-work")
 
 
 def main() -> None:
@@ -256,9 +330,14 @@ def main() -> None:
           flush=True)
     exchange = f"cronbox-floor-{secrets.token_hex(4)}"
     broker = {"FLOOR_AMQP_URL": args.amqp, "FLOOR_EXCHANGE": exchange, "FLOOR_QUEUE": exchange + ".q"}
+    # Issue 28's sections: the forwarded job queue's broker queue, the run's own (declared as the publisher does).
+    jobs_broker = {"FLOOR_AMQP_URL": args.amqp, "FLOOR_JOBS_QUEUE": exchange + ".jobs"}
     uses_broker = {"forward", "consume"} & set(sections)
+    uses_jobs = {"jobs-publish", "jobs-work"} & set(sections)
     if uses_broker:
         floor_amqp.declare(args.amqp, exchange, broker["FLOOR_QUEUE"])
+    if uses_jobs:
+        floor_amqp.declare_queue(args.amqp, jobs_broker["FLOOR_JOBS_QUEUE"])
     try:
         for store in stores:
             for section in sections:
@@ -267,6 +346,8 @@ def main() -> None:
                     extra = {**broker, "CRONBOX_AMQP_URL": args.amqp}
                 elif section == "consume":
                     extra = {**broker, "FLOOR_EXCHANGE": "", "FLOOR_CONSUME": "1", "CRONBOX_AMQP_URL": args.amqp}
+                elif section in uses_jobs:
+                    extra = {**jobs_broker, "CRONBOX_AMQP_URL": args.amqp}
                 t = Target(args.tree, servers[store], extra)
                 try:
                     if section in ("record", "dispatch"):
@@ -277,13 +358,19 @@ def main() -> None:
                         section_relay(t, store, table, args.rounds, **size)
                     elif section == "forward":
                         section_forward(t, store, table, args.rounds, broker, **size)
-                    else:
+                    elif section == "consume":
                         section_consume(t, store, table, args.rounds, broker, **size)
+                    elif section == "jobs-publish":
+                        section_jobs_publish(t, store, table, args.rounds, jobs_broker, **size)
+                    else:
+                        section_jobs_work(t, store, table, args.rounds, jobs_broker, **size)
                 finally:
                     t.close()
     finally:
         if uses_broker:
             floor_amqp.delete(args.amqp, exchange, broker["FLOOR_QUEUE"])
+        if uses_jobs:
+            floor_amqp.delete_queue(args.amqp, jobs_broker["FLOOR_JOBS_QUEUE"])
     print(f"load {os.getloadavg()[0]:.1f}\n\n" + table.markdown())
     if args.out:
         with open(args.out, "a") as out:

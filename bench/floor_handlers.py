@@ -8,6 +8,7 @@ import os
 
 from sqlalchemy import text
 
+import cronbox
 from cronbox import outbox
 from common import bump  # bench/peers/common.py: the peer harness's job body
 
@@ -48,3 +49,15 @@ if os.environ.get("FLOOR_CONSUME"):
     def consume_write(event, ctx):
         """`amqp consume`'s handler: the one row (floor_amqp.bare_consumer writes the same)."""
         ctx.session.execute(ROW_INSERT, {"event_id": int(event.payload["i"])})
+
+
+# Jobs on RabbitMQ (issue 28): queue "fl.jobs" forwarded (cronbox.forward_jobs) to the run's own
+# broker queue, for bench_floors' jobs-publish and jobs-work; its job writes the one row.
+JOBS_QUEUE = "fl.jobs"
+if os.environ.get("FLOOR_JOBS_QUEUE"):
+    cronbox.forward_jobs(JOBS_QUEUE, broker_queue=os.environ["FLOOR_JOBS_QUEUE"])
+
+    @outbox.job(JOBS_QUEUE, name="fl.jobwrite", tries=3, timeout=30)
+    def job_write(payload, ctx):
+        """The one row through ctx.session, committed with the job's ack (floor_amqp.jobs_work writes the same)."""
+        ctx.session.execute(ROW_INSERT, {"event_id": payload["i"]})

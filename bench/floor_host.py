@@ -5,7 +5,7 @@ The parent (bench_floors) imports this module without cronbox. Run as a program,
 on sys.path, it is the host side of record/dispatch and the seeding of events and jobs, through
 cronbox's public calls (`outbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
 
-    python bench/floor_host.py record|dispatch|seed-events TYPE|seed-jobs HANDLER  URL N
+    python bench/floor_host.py record|dispatch|seed-events TYPE|seed-jobs HANDLER|seed-numbered-jobs HANDLER  URL N
 """
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ class Target:
         return {**result, **json.loads(result["stdout"].strip().splitlines()[-1])}
 
     def fresh(self, seed: str, what: str, n: int) -> None:
-        """Empty tables, then n events of type `what` (seed-events) or jobs of `what` (seed-jobs), untimed."""
+        """Empty tables, then n events of type `what` (seed-events) or jobs of `what` (seed-jobs,
+        seed-numbered-jobs), untimed."""
         self.reset()
         if n:
             self.host([seed, what, str(n)])
@@ -145,12 +146,13 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
             with Session(engine) as s, s.begin():
                 for i in range(start, min(n, start + 500)):
                     outbox.record(s, event_type, {"i": i})
-    elif kind == "seed-jobs":
+    elif kind in ("seed-jobs", "seed-numbered-jobs"):  # numbered: payload {"i": i} (the one-row job's event_id)
         job, n = getattr(floor_handlers, rest[0]), int(rest[1])
+        numbered = kind == "seed-numbered-jobs"
         for start in range(0, n, 500):
             with Session(engine) as s, s.begin():
-                for _ in range(start, min(n, start + 500)):
-                    job.dispatch(s, None)
+                for i in range(start, min(n, start + 500)):
+                    job.dispatch(s, {"i": i} if numbered else None)
     else:
         raise SystemExit(f"unknown kind {kind}")
     print(json.dumps({"seconds": time.perf_counter() - started, "cpu": cpu_seconds() - cpu}))

@@ -23,7 +23,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import MetaData, Table, bindparam, create_engine, event, select, text, update
+from sqlalchemy import MetaData, Table, bindparam, case, create_engine, event, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -250,6 +250,69 @@ def relay_handlers(engine):
             ack_deliveries(c, t, token, [r.id for r in rows])
 
     return {"noop": noop, "write": write, "gwrite": gwrite}
+
+
+# ---- jobs on RabbitMQ (issue 28): the statements of outbox.queue.jobstore's publisher claim, lease
+# and the broker worker's take and ack, for floor_amqp's jobs-publish and jobs-work.
+JOBS_QUEUE, JOB_WRITE = "fl.jobs", "fl.jobwrite"  # floor_handlers' forwarded queue and its one-row job
+PUBLISH_BATCH = 500  # the job publisher's batch (outbox.queue.publisher.BATCH)
+PUBLISH_LEASE = timedelta(seconds=10 + 30)  # the claim's lease: confirm wait (10 s) + CRONBOX_LEASE_MARGIN
+REPUBLISH_AFTER = timedelta(seconds=1800)  # forward_jobs' default: the lease once the broker confirmed
+
+
+def claim_to_publish(engine, c, jobs: Table, now):
+    """jobstore.claim_to_publish for one queue, nothing expired: the reserved jobs whose lease ran out
+    (none here), then up to PUBLISH_BATCH ready ones, each read locked with FOR UPDATE SKIP LOCKED
+    (SQLite: plain, under BEGIN IMMEDIATE), stamped reserved under a new token and read back.
+    Returns (token, rows)."""
+    token = uuid.uuid4().hex
+    queue, handlers = ident(jobs, "queue", JOBS_QUEUE), [ident(jobs, "handler", JOB_WRITE)]
+
+    def candidates(status):
+        return skip_locked(select(jobs.c.id).where(jobs.c.queue == queue, jobs.c.status == status,
+                                                   jobs.c.available_at <= now, jobs.c.handler.in_(handlers))
+                           .order_by(jobs.c.available_at, jobs.c.id).limit(PUBLISH_BATCH), engine)
+
+    assert not c.scalars(candidates("reserved")).all()  # the bench never lets a lease run out
+    ids = c.scalars(candidates("ready")).all()
+    if not ids:
+        return token, []
+    c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
+        claim_token=ident(jobs, "claim_token", token), status="reserved", available_at=now + PUBLISH_LEASE))
+    return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(jobs.c.id.in_(ids))).all()
+
+
+def published(c, jobs: Table, token: str, ids, lease_until) -> int:
+    """jobstore.published: the confirmed jobs' lease extended (never shortened), guarded by the token."""
+    later = case((jobs.c.available_at > lease_until, jobs.c.available_at), else_=lease_until)
+    return c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token),
+                                        jobs.c.status == "reserved").values(available_at=later)).rowcount
+
+
+JOB_TIMEOUT = 30  # floor_handlers' one-row job: its lease at the take is timeout + CRONBOX_LEASE_MARGIN (30 s)
+
+
+def job_take(c, jobs: Table, named: list[tuple[int, str]], now):
+    """jobstore.take: the jobs the messages name, still reserved under a token a message carries,
+    stamped with a token of the worker's own, the attempt counted and the handler's lease; read back.
+    Returns (token, rows)."""
+    token = uuid.uuid4().hex
+    ids = [job_id for job_id, _token in named]
+    tokens = list(dict.fromkeys(ident(jobs, "claim_token", t) for _id, t in named))
+    c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token.in_(tokens), jobs.c.status == "reserved",
+                                 jobs.c.handler.in_([ident(jobs, "handler", JOB_WRITE)])).values(
+        claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, reserved_at=now,
+        available_at=now + timedelta(seconds=JOB_TIMEOUT + 30)))
+    return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(
+        jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token))).all()
+
+
+def job_ack(jobs: Table):
+    """jobstore.ACK: done, guarded by the token, the eight columns the worker's ack writes."""
+    return (update(jobs).where(jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.claim_token == bindparam("token"),
+                               jobs.c.status == "reserved")
+            .values(status="done", available_at=None, claim_token=None, unique_key=None, finished_at=bindparam("now"),
+                    last_error=None, error_class=None, traceback=None))
 
 
 def cpu_seconds() -> float:

@@ -30,7 +30,8 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, Protocol
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
@@ -141,13 +142,20 @@ class Processor:
     def on_one_connection(self, run: Callable[[], int]) -> int:
         """Run a round on one pooled connection (never a transaction across handlers): every
         checkout would otherwise cost a pre-ping and a reset ROLLBACK, two round trips per item."""
+        with self.holding_a_connection():
+            return run()
+
+    @contextmanager
+    def holding_a_connection(self) -> Iterator[Connection]:
+        """The round's connection, held until the block ends (on_one_connection; the broker worker
+        holds it while messages flow), its handler profiles written once at the end."""
         self.runtime.claim_mode()  # may ask the server its version: before we hold the only connection
         engine = self.runtime.engine
         with engine.connect() as connection:
             self.connection, self.sessions = connection, session_factory(connection)
             event.listen(engine, "handle_error", self._on_db_error)
             try:
-                return run()
+                yield connection
             finally:
                 self._profiles(lambda: self.admission.flush(self.sessions, force=True))
                 event.remove(engine, "handle_error", self._on_db_error)

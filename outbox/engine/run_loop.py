@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
@@ -89,17 +89,21 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
                 break
-            except DBAPIError as exc:
+            except (DBAPIError, PendingRollbackError) as exc:
                 # One clause for both kinds: a lost connection is an OperationalError too, and a
                 # separate `except OperationalError` re-raising it would skip the reconnect below.
-                if is_lock_conflict(exc):
+                # PendingRollbackError: SQLAlchemy's word for a statement on a Connection whose
+                # connection was lost inside a transaction (a handler's, a group's) not yet rolled
+                # back; the stage's `with engine.connect()` has closed that Connection on the way out.
+                if isinstance(exc, DBAPIError) and is_lock_conflict(exc):
                     # What the stage had claimed runs again when its lease expires.
                     result = stopped_by_lock_wait(stage_name(stage), exc)
                     break
-                if not is_connection_lost(exc):
+                if isinstance(exc, DBAPIError) and not is_connection_lost(exc):
                     raise
+                cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
                 log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",
-                            describe(exc.orig or exc)[:200], RECONNECT_PAUSE)
+                            describe(cause)[:200], RECONNECT_PAUSE)
                 if not _pause(budget, RECONNECT_PAUSE):
                     result.stop_reason = "lost-connection"
                     result.exit_code = 1

@@ -200,22 +200,25 @@ class Broker:
         self._blocked: str | None = None  # why the broker blocked the connection, until it unblocks it
         self._writing = False  # a batch's messages are being written: a connection.blocked stops it
         self.connects = 0  # connections opened (tests, bench)
-        self._queues: list[str] = []  # declared (durable) on every connection before its first batch
+        self._queues: list[str] = []  # queues declared on the open connection (declare_queue)
 
-    def declare_queue(self, name: str) -> None:
+    def declare_queue(self, name: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         """Have the queue `name` exist before anything is published to it (the job publisher's queues,
-        outbox.queue.publisher: a job must not bounce because no worker declared its queue yet): on
-        each new connection, and at once on the open one (ensure_queue). A failure drops the connection
-        and raises; the next batch opens a fresh one and declares again."""
-        if name in self._queues:
+        outbox.queue.publisher: a job must not bounce because no worker declared its queue yet), once
+        per connection (ensure_queue), opening the connection if none is. A failure (the broker
+        unreachable, the queue refused) drops the connection and raises: only that queue's batch fails,
+        and the next one tries again on a fresh connection."""
+        if self.address is None:
+            raise SettingsError(self.unusable or NO_URL)
+        if name in self._queues and self._connection is not None:
             return
+        try:
+            self._open(connect_timeout)
+            ensure_queue(self._connection, name)
+        except BaseException:
+            self.close(graceful=False)
+            raise
         self._queues.append(name)
-        if self._connection is not None:
-            try:
-                ensure_queue(self._connection, name)
-            except BaseException:
-                self.close(graceful=False)
-                raise
 
     @property
     def is_open(self) -> bool:
@@ -385,8 +388,7 @@ class Broker:
         self._connection = connection = open_connection(
             self.address, name="cronbox relay", timeout=connect_timeout, heartbeat=self.heartbeat,
             on_blocked=self._on_blocked, on_unblocked=self._on_unblocked)
-        for name in self._queues:
-            ensure_queue(connection, name)
+        self._queues = []  # declared on this connection (declare_queue)
         channel = connection.channel()
         channel.confirm_select()
         channel.events["basic_ack"].add(lambda tag, multiple: self._batch and self._batch.on_ack(tag, multiple))
@@ -417,7 +419,7 @@ def ensure_queue(connection: "amqp.Connection", name: str) -> None:
     try:
         channel.queue_declare(name, passive=True)
     except _amqp().exceptions.NotFound:
-        channel = connection.channel()
+        # py-amqp reopens a channel the broker closed (Channel._do_revive): declare on it.
         channel.queue_declare(name, durable=True, auto_delete=False)
     finally:
         if channel.is_open:

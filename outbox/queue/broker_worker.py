@@ -8,8 +8,8 @@ outbox.queue.publisher):
 2. take their jobs (jobstore.take), in one short transaction: the rows still reserved under a token
    the messages carry get a claim token of this worker's own, the attempt counted and the handler's
    lease, exactly as the database worker's claim. Only one copy of a message can take its job; a
-   copy that finds it taken, finished, failed or sent again under another claim is stale. Then the
-   messages are acked: from here the row is the job's only state;
+   copy that finds it taken, finished, failed or sent again under another claim is stale. From here
+   the row is the job's only state: the messages are acked once the batch's jobs ran;
 3. run the taken jobs through the worker's own path (Processor.process): the same pre-call gate
    (channel pause, concurrency-group slot, cost budgets, rate limit: shared through the database with
    every other worker, broker-fed or not), admission, timeout, and the same token-guarded writes of
@@ -27,11 +27,12 @@ The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer
 "cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
 SIGTERM/SIGINT finish the job in hand and exit; `--max-time`, `--max-jobs`, `--memory` as for
 `queue work`. A handler that runs longer than two AMQP heartbeats loses the connection (the broker
-drops it): harmless, its messages were acked at the take, and the run connects again after it.
+drops it): harmless, its job is taken (its message comes back stale), and the run connects again.
 """
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -43,7 +44,7 @@ from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.broker_loop import BrokerLoop, DatabaseLost
+from cronbox.outbox.events.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
 from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
@@ -76,8 +77,10 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
+        self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
         self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
-                               run_inbound=self._run_inbound, connected=self._connected,
+                               run_inbound=self._run_inbound, connected=self._connected, release=self._release_db,
+                               sessions=lambda: self.sessions,  # the held connection's, while held
                                stop_when_empty=stop_when_empty)
 
     def counts(self) -> dict:
@@ -94,41 +97,42 @@ class BrokerWorker(Worker):
 
     # -- the messages read so far --------------------------------------------------
     def _run_inbound(self, budget: Budget) -> None:
-        """Take and run the jobs of the messages read so far, on one database connection
-        (Processor.on_one_connection: profiles read and written once, not per message). Consecutive
-        messages are taken together (one short transaction), a copy sent again (its job may have killed
-        a worker) alone; each batch's messages are acked once it is taken, the rows saying the rest."""
+        """Take and run the jobs of the messages read so far, on the connection held while messages
+        flow (Processor.holding_a_connection: profiles written when it is given back, not per message).
+        In delivery order: consecutive job messages are taken together (one short transaction); a copy
+        of a job a worker took and never finished alone; a message that is not a job message is
+        dropped in its turn (its ack must not go out before the ones ahead of it: acks are multiple)."""
+        # What the broker has sent already, up to the prefetch: one take (and one COMMIT) for them all.
+        while len(self.link.inbound) < self.link.prefetch and self.link.readable():
+            self.link.poll(POLL_READY)
         messages = list(self.link.inbound)
         self.link.inbound.clear()
-        batches: list[list] = []
+        left: list[list] = []  # batches of (message, JobMessage or None: dropped)
         for message in messages:
             named = self._read(message)
-            if named is None:
-                continue
-            if sent_again(message) or not batches or sent_again(batches[-1][-1][0]):
-                batches.append([(message, named)])
+            alone = named is None or sent_again(message)
+            if alone or not left or left[-1][0][1] is None or sent_again(left[-1][0][0]):
+                left.append([(message, named)])
             else:
-                batches[-1].append((message, named))
-        left = list(batches)
-
-        def run_all() -> int:
-            self._budget = budget
-            ran = 0
-            while left and not (ran and budget.stop_reason() is not None):
-                ran += self._run_batch(left.pop(0), budget)
-            return ran
-
+                left[-1].append((message, named))
         try:
-            self.on_one_connection(run_all)
+            if self.connection is None:  # held while messages flow, given back when idle (_release_db)
+                self._held.enter_context(self.holding_a_connection())
+            self._budget = budget
+            first = True
+            while left and (first or budget.stop_reason() is None):
+                first = False
+                self._run_batch(left, budget)
         except BaseException as exc:
             self._give_back(left)
             if isinstance(exc, DBAPIError) and is_connection_lost(exc):
+                self._release_db()
                 raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
             raise
         self._give_back(left)  # the run stops: not taken, back to the queue (still valid: their rows are as sent)
 
     def _read(self, message) -> JobMessage | None:
-        """The job a message names; None (the message dropped: acked, logged) if it is not a job message."""
+        """The job a message names; None (logged; acked in its turn) if it is not a job message."""
         try:
             if isinstance(message, Unreadable):
                 raise NotAJob("its properties cannot be read")
@@ -137,24 +141,44 @@ class BrokerWorker(Worker):
             self.broker_stats.bad += 1
             mid = clean_text(str((getattr(message, "properties", None) or {}).get("message_id") or "-"), 80)
             log.warning("amqp work: queues=%s message=%s dropped: %s", self.names, mid, bad)
-            self.link.ack(message.delivery_tag)
             return None
 
-    def _run_batch(self, batch: list, budget: Budget) -> int:
+    def _run_batch(self, left: list, budget: Budget) -> None:
+        """Take the first batch of `left` and run what it took; its messages are acked once its jobs
+        ran (or were released): the rows say the rest. A take that fails leaves the batch in `left`,
+        to be given back to the queue."""
+        batch = left[0]
+        if batch[0][1] is None:  # not a job message: dropped in its turn
+            left.pop(0)
+            self.link.ack(batch[0][0].delivery_tag)
+            return
         now = clock.utcnow()
         margin = self.runtime.settings.lease_margin
         taken, not_here = self._transaction(lambda s: jobstore.take(
             s, self.registry, [(named.job_id, named.claim_token) for _m, named in batch], now=now, lease_margin=margin))
-        for message, _named in batch:  # taken, stale or waiting elsewhere: the rows say the rest now
-            self.link.ack(message.delivery_tag)
+        left.pop(0)  # taken, stale or waiting elsewhere: from here its messages only need their acks
         self.broker_stats.stale += len(batch) - len(taken) - len(not_here)
-        for item in not_here:
-            self._not_here(item)
-        if taken:
-            self.process(taken, budget)
-        return len(taken)
+        started = False
+        try:
+            for item in not_here:
+                self._not_here(item)
+            started = True
+            if taken:
+                self.process(taken, budget)  # gives back what it does not start, also on an error
+        except BaseException:
+            if not started:
+                self._release(taken, best_effort=True)
+            raise
+        finally:
+            try:
+                for message, _named in batch:
+                    self.link.ack(message.delivery_tag)
+            except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
+                self.link.close(graceful=False)
 
     def _give_back(self, batches: list) -> None:
+        if not self.link.is_open:
+            return
         for batch in batches:
             for message, _named in batch:
                 try:
@@ -162,6 +186,13 @@ class BrokerWorker(Worker):
                 except Exception:
                     self.link.close(graceful=False)  # they come back anyway once the channel is gone
                     return
+
+    def _release_db(self) -> None:
+        """Idle, stopping or failed: the held connection back to the pool, the profiles written."""
+        try:
+            self._held.close()
+        except Exception as exc:  # a connection already gone: nothing to give back
+            log.warning("amqp work: could not give back the database connection cleanly (%s)", describe(exc, 200))
 
     def _not_here(self, item) -> None:
         """A job whose handler this worker does not have (a worker running other code than the

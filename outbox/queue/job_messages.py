@@ -18,8 +18,8 @@ from cronbox.outbox.events.broker import Outgoing
 TYPE = "cronbox.job"
 CONTENT_TYPE = "application/json"
 QUEUE_HEADER, HANDLER_HEADER, TRACE_HEADER = "x-cronbox-queue", "x-cronbox-handler", "x-trace-id"
-# On a copy published again after its lease ran out (jobstore.claim_to_publish's `again`): its job may be
-# the one that killed the worker that took it, so a worker takes it alone, charging no neighbour an attempt.
+# On a copy of a job a worker took and never finished, published again (jobstore.claim_to_publish): its
+# job may be the one that killed that worker, so a worker takes it alone, charging no neighbour an attempt.
 AGAIN_HEADER = "x-cronbox-again"
 MAX_BODY = 1024  # a job message is about 70 bytes: anything larger is not one of ours
 

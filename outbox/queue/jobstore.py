@@ -116,38 +116,45 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
 # message can), and every later write is guarded by that one.
 
 def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
-                     lease_until: datetime) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
-    """The jobs of a forwarded queue to publish now: (claimed, again).
+                     lease_until: datetime) -> tuple[list[ClaimedJob], list[ClaimedJob], set[int]]:
+    """The jobs of a forwarded queue to publish now: (claimed, again, the ids of `again` a worker had taken).
 
-    claimed: due ready jobs, reserved with a new claim token. No attempt is counted: a job's attempt
-    starts when a worker takes it (take). again: reserved jobs whose lease ran out (never confirmed
-    by the broker, the publisher killed; confirmed but not taken within republish_after; or taken by
-    a worker that died), kept with their token: a copy still on the broker stays valid, and whichever
-    copy a worker takes first runs. Both get `lease_until` (the publish's time); the publisher extends
-    it once the broker confirmed. Again first, up to `limit` in all."""
+    claimed: due ready jobs, reserved with a new claim token (`reserved_at` cleared: not taken yet).
+    No attempt is counted: a job's attempt starts when a worker takes it (take).
+    again: reserved jobs whose lease ran out. One never taken (its publish not confirmed, the
+    publisher killed; or confirmed but not taken within republish_after) keeps its token: a copy still
+    waiting on the broker stays valid, and whichever copy a worker takes first runs. One a worker took
+    (`reserved_at` set) and never finished (the worker died, or is still on the jobs before it) gets a
+    new token, as a claim would: the worker that took it can no longer extend its lease or ack it, so
+    it never runs beside the worker that takes the new copy. Both get `lease_until` (the publish's
+    time); the publisher extends it once the broker confirmed. Again first, up to `limit` in all."""
     handlers = [h for h in registry.all() if h.queue == queue]
     if not handlers or limit <= 0:
-        return [], []
+        return [], [], set()
     names = [h.name for h in handlers]
     expired = and_(J.c.queue == queue, J.c.status == RESERVED, J.c.available_at <= now)
-    candidates = (select(J.c.id).where(expired, J.c.handler.in_(names))
+    candidates = (select(J.c.id, J.c.reserved_at).where(expired, J.c.handler.in_(names))
                   .order_by(J.c.available_at, J.c.id).limit(limit))
     if mode == SKIP_LOCKED:
         candidates = candidates.with_for_update(skip_locked=True)
-    ids = list(session.scalars(candidates))
+    found = session.execute(candidates).all()
+    ids = [row.id for row in found]
+    taken_before = {row.id for row in found if row.reserved_at is not None}
     again: list[ClaimedJob] = []
     if ids:
-        session.execute(update(J).where(J.c.id.in_(ids), expired).values(available_at=lease_until))
+        retaken = case((J.c.reserved_at.is_(None), J.c.claim_token), else_=uuid.uuid4().hex)
+        session.execute(update(J).where(J.c.id.in_(ids), expired).values(
+            claim_token=retaken, reserved_at=None, available_at=lease_until))
         # What this UPDATE changed, read back by the exact lease it wrote (microseconds on every backend):
         # in token mode (no row locks on the read) a row a worker took meanwhile is not ours to send.
         again = _rows(session, and_(J.c.id.in_(ids), J.c.status == RESERVED, J.c.available_at == lease_until), ids)
-    values = {"claim_token": uuid.uuid4().hex, "status": RESERVED, "available_at": lease_until}
+    values = {"claim_token": uuid.uuid4().hex, "status": RESERVED, "available_at": lease_until, "reserved_at": None}
     claimable = and_(J.c.queue == queue, J.c.status == READY, J.c.available_at <= now)
     fresh = (select(J.c.id).where(claimable, J.c.handler.in_(names))
              .order_by(J.c.available_at, J.c.id).limit(limit - len(again)))
     claimed_ids = claim(session, J, fresh, claimable, values, mode=mode) if len(again) < limit else []
     claimed = _rows(session, J.c.id.in_(claimed_ids), claimed_ids) if claimed_ids else []
-    return claimed, again
+    return claimed, again, taken_before & {item.id for item in again}
 
 
 def published(session: Session, items: list[ClaimedJob], lease_until: datetime) -> int:
@@ -171,7 +178,8 @@ def take(session: Session, registry: Jobs, named: list[tuple[int, str]], *, now:
     (timeout + lease_margin), as the database worker's claim does. The UPDATE locks each row and
     re-reads it (READ COMMITTED): of two copies of one message taken at once, the second finds the
     token changed and takes nothing; a copy that comes later is stale the same way. Only publish
-    tokens are ever in a message, so a job another worker took (a token of its own) is never matched.
+    tokens are ever in a message (a job sent again after a worker took it gets a new one:
+    claim_to_publish), so a job a worker holds is never matched.
     not_here: named jobs still on the broker whose handler this worker does not have (read only when
     some named job was not taken)."""
     if not named:

@@ -2,9 +2,10 @@
 
 Per forwarded queue and batch:
 1. one short transaction claims what is due (jobstore.claim_to_publish): ready jobs get a new claim
-   token (their attempt is counted when a worker takes them), reserved ones whose lease ran out keep
-   theirs and are sent flagged "again" (a worker takes those alone). Their lease is the publish's time
-   (the confirm wait and CRONBOX_LEASE_MARGIN);
+   token (their attempt is counted when a worker takes them), reserved ones whose lease ran out are
+   sent again: under their token if no worker took them, else under a new one and flagged (a worker
+   takes such a copy alone). Their lease is the publish's time (the confirm wait and
+   CRONBOX_LEASE_MARGIN);
 2. one message per job (outbox.queue.job_messages: id and token, no payload) is published with
    publisher confirms in one go (outbox.events.broker.Broker.send, the relay's client: py-amqp's
    basic_publish on a confirm channel; the queue declared durable first);
@@ -32,7 +33,7 @@ from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
-from cronbox.outbox.events.broker import Broker
+from cronbox.outbox.events.broker import CONNECT_TIMEOUT, Broker
 from cronbox.outbox.queue import celery_messages, job_messages, jobstore
 from cronbox.outbox.queue.forward_jobs import CELERY, BrokerQueue
 
@@ -101,17 +102,18 @@ class JobPublisher:
             return jobstore.claim_to_publish(session, jobs, forwarded.name, now=now, limit=self.batch_size, mode=mode,
                                              lease_until=lease_until)
 
-        claimed, again = in_transaction(self.runtime.sessions, claim)
+        claimed, again, suspects = in_transaction(self.runtime.sessions, claim)
         items = again + claimed
         if not items:
             return 0
         make = celery_messages.message_for if forwarded.protocol == CELERY else job_messages.message_for
-        again_ids = {item.id for item in again}
-        messages = [make(forwarded.broker_queue, item, again=item.id in again_ids) for item in items]
+        # A job a worker took and never finished may be what killed it: its copy is flagged, to be taken alone.
+        messages = [make(forwarded.broker_queue, item, again=item.id in suspects) for item in items]
         try:
-            self.broker.declare_queue(forwarded.broker_queue)
-        except Exception as exc:  # a queue the broker will not have as asked: this batch fails, to be tried again
-            results = [f"cannot use queue {forwarded.broker_queue!r}: {describe(exc, 300)}"] * len(items)
+            self.broker.declare_queue(forwarded.broker_queue, min(CONNECT_TIMEOUT, wait))
+        except Exception as exc:  # unreachable, or the queue refused: this batch fails, to be tried again
+            results = [f"broker unreachable or queue {forwarded.broker_queue!r} refused ({self.broker.address!r}): "
+                       f"{describe(exc, 300)}"] * len(items)
         else:
             results = self.broker.send(messages, wait)
         crash_point("after-publish-confirm")
@@ -131,6 +133,7 @@ class JobPublisher:
             jobstore.published(session, failed, now + timedelta(seconds=PUBLISH_RETRY))
 
         in_transaction(self.runtime.sessions, record)
+        again_ids = {item.id for item in again}
         self.stats.republished += sum(1 for item in confirmed if item.id in again_ids)
         self.stats.published += sum(1 for item in confirmed if item.id not in again_ids)
         self.stats.failed += len(failed)

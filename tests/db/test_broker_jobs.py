@@ -227,6 +227,11 @@ def test_only_one_copy_takes_a_job_and_the_take_counts_its_attempt(runtime, regi
     assert publish(runtime).stats.republished == 2
     copies = rabbit.take(forwarded.broker_queue)
     assert [m.properties["application_headers"].get("x-cronbox-again") for m in copies] == [True, True]
+    # Sent again under a new claim: the worker that took them (were it only slow) can neither extend
+    # their lease nor ack them now, so it never runs one beside the worker that takes the copy.
+    assert {json.loads(m.body)["claim_token"] for m in copies} & {item.claim_token for item in taken} == set()
+    with runtime.sessions() as session:
+        assert not jobstore.extend(session, taken[0], clock.utcnow() + timedelta(seconds=60))
     for copy in copies:
         rabbit.channel.basic_publish(copy, exchange="", routing_key=forwarded.broker_queue)
     worker = work(runtime, rabbit, forwarded)

@@ -163,6 +163,7 @@ ARGUMENTS = {
     "amqp consume": ["--queue", "q"],
     "amqp dead": ["--queue", "q"],
     "amqp retry-dead": ["--queue", "q", "--all"],
+    "amqp work": ["--queue", "q"],
     "once add": ["migrate"],
     "outbox retry": ["--all"],
     "outbox skip": ["--all"],
