@@ -2,10 +2,9 @@
 and the parent's stay open and usable (the child sent nothing on them)."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
+import warnings
 
 from sqlalchemy import create_engine, text
 
@@ -43,7 +42,12 @@ def state_of(engine, is_mysql: bool) -> dict:
 def in_forked_child(work) -> object:
     """Run `work` in a forked child; its JSON result, or AssertionError with the child's error."""
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # This fork is the test's own, made in pytest-xdist's worker, which runs execnet's thread: Python
+        # 3.12+ warns about any fork in a threaded process. cronbox's own (the pool's, outbox/queue/pool.py)
+        # is made before its child starts its only thread.
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded, use of fork", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: never back into pytest
         code = 1
         try:
@@ -66,9 +70,6 @@ def in_forked_child(work) -> object:
     return payload["result"]
 
 
-# The fork is this test's own, made in pytest-xdist's worker, which runs execnet's thread: Python 3.12+
-# warns about any fork in a threaded process. The pool forks before its child starts its only thread.
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_forked_child_opens_its_own_connections_and_the_parents_stay_usable(runtime):
     is_mysql, is_server = runtime.is_mysql, runtime.is_server
     host = create_engine(runtime.engine.url)  # a host app's engine (Flask-SQLAlchemy's, cronbox.hosting)
