@@ -6,6 +6,7 @@ worker lacks, and the broker unreachable for a while."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -59,6 +60,7 @@ def forwarded(runtime, registry, rabbit):
             raise RuntimeError(f"gateway down on attempt {ctx.attempt}")
         if time.time() < payload.get("later_until", 0):
             raise outbox.RetryLater(0.2, "gateway says later")
+        time.sleep(payload.get("sleep", 0))
 
     @outbox.job("sms", name="paused", channel="gateway", registry=registry)
     def paused(payload, ctx):
@@ -426,3 +428,23 @@ def test_a_celery_message_is_protocol_2_with_the_payload_as_arguments(payload, a
     assert headers["argsrepr"] == headers["kwargsrepr"] == "<cronbox job 42>"  # never the arguments
     again = celery_messages.message_for("reports", item, origin="cronbox@test")
     assert again.properties["correlation_id"] == message.properties["correlation_id"]  # one task id per job
+
+
+def test_a_worker_whose_connection_the_broker_closes_reconnects_and_runs_every_job_once(runtime, registry, rabbit,
+                                                                                      forwarded):
+    ids = dispatch(runtime, registry, "send", [{"n": n, "sleep": 0.05} for n in range(30)])
+    publish(runtime)
+    worker = BrokerWorker(runtime, parse_url(rabbit.url), [forwarded.declared], stop_when_empty=True)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(worker.work(Budget(max_time=60, memory_mb=None))))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(forwarded.calls) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rabbit.close_cronbox_connections("cronbox worker") == 1  # rabbitmqctl close_connection, mid-run
+    thread.join(60)
+    assert results and results[0].exit_code == 0, results
+    assert worker.broker_stats.connects >= 2
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"done"}
+    assert sorted(n for _c, n, _a in effects(runtime)) == list(range(30))  # each once
