@@ -419,7 +419,8 @@ def ensure_queue(connection: "amqp.Connection", name: str) -> None:
     try:
         channel.queue_declare(name, passive=True)
     except _amqp().exceptions.NotFound:
-        # py-amqp reopens a channel the broker closed (Channel._do_revive): declare on it.
+        if not channel.is_open:  # the broker closed it (py-amqp 5.4 opens it again itself: then it is reused)
+            channel = connection.channel()
         channel.queue_declare(name, durable=True, auto_delete=False)
     finally:
         if channel.is_open:
