@@ -3,7 +3,7 @@ reconnect, a server that cannot be reached at all. MySQL/MariaDB by error code, 
 SQLSTATE (psycopg's public `sqlstate`), SQLite by message."""
 from __future__ import annotations
 
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 # MySQL error codes.
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
@@ -48,7 +48,17 @@ def is_lock_conflict(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) and any(s in str(exc.orig) for s in SQLITE_BUSY)
 
 
+# What a lost connection can be raised as: the driver's error, or SQLAlchemy's PendingRollbackError for a
+# statement on a Connection whose connection was lost inside a transaction not yet rolled back (its
+# documented error code 8s2b; a Session's PendingRollbackError after a failed flush, 7s2a, is not a lost
+# connection).
+CONNECTION_ERRORS = (DBAPIError, PendingRollbackError)
+INVALIDATED_IN_TRANSACTION = "8s2b"
+
+
 def is_connection_lost(exc: BaseException) -> bool:
+    if isinstance(exc, PendingRollbackError):
+        return exc.code == INVALIDATED_IN_TRANSACTION
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     if mysql_error_code(exc) in CONNECTION_LOST:

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
+from cronbox.outbox.core.db_errors import CONNECTION_ERRORS, is_connection_lost, is_lock_conflict
 from cronbox.outbox.core.errors import LockLost
 from cronbox.outbox.core.lock_wait import run_lock_waits
 from cronbox.outbox.core.locks import RunLock
@@ -89,17 +89,15 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
                 break
-            except (DBAPIError, PendingRollbackError) as exc:
+            except CONNECTION_ERRORS as exc:
                 # One clause for both kinds: a lost connection is an OperationalError too, and a
                 # separate `except OperationalError` re-raising it would skip the reconnect below.
-                # PendingRollbackError: SQLAlchemy's word for a statement on a Connection whose
-                # connection was lost inside a transaction (a handler's, a group's) not yet rolled
-                # back; the stage's `with engine.connect()` has closed that Connection on the way out.
-                if isinstance(exc, DBAPIError) and is_lock_conflict(exc):
+                # (A PendingRollbackError's Connection was closed by the stage's `with engine.connect()`.)
+                if is_lock_conflict(exc):
                     # What the stage had claimed runs again when its lease expires.
                     result = stopped_by_lock_wait(stage_name(stage), exc)
                     break
-                if isinstance(exc, DBAPIError) and not is_connection_lost(exc):
+                if not is_connection_lost(exc):
                     raise
                 cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
                 log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",

@@ -15,10 +15,9 @@ import logging
 import time
 from typing import Callable
 
-from sqlalchemy.exc import DBAPIError
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.db_errors import CONNECTION_ERRORS, is_connection_lost
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.budget import Budget
@@ -130,7 +129,7 @@ class BrokerLoop:
         self._last_beat = clock.monotonic()
         try:
             heartbeat.beat(self.sessions(), self._heartbeat_id, **self.counts())
-        except DBAPIError as exc:
+        except CONNECTION_ERRORS as exc:
             if not is_connection_lost(exc):
                 raise
             self.release()

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.db_errors import CONNECTION_ERRORS, is_connection_lost
 from cronbox.outbox.core.errors import TransactionAborted
 from cronbox.outbox.core.engines import session_factory
 from cronbox.outbox.core.faults import crash_point
@@ -159,12 +159,12 @@ class QueueConsumer:
                     in_transaction(self._db_sessions(), lambda s: redeliveries.forget(s, self.queue, incoming.message_id))
             else:
                 self._handle_once(message, incoming, started)
-        except DBAPIError as exc:
+        except CONNECTION_ERRORS as exc:
             if not is_connection_lost(exc):
                 self._give_back_quietly(tag)
                 raise
             self._give_back_quietly(tag)
-            raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
+            raise DatabaseLost(describe(getattr(exc, "orig", None) or exc, 200)) from exc
         finally:
             budget.record(clock.monotonic() - started)
 

@@ -36,7 +36,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy.exc import DBAPIError
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
@@ -125,9 +124,9 @@ class BrokerWorker(Worker):
                 self._run_batch(left, budget)
         except BaseException as exc:
             self._give_back(left)
-            if isinstance(exc, DBAPIError) and is_connection_lost(exc):
+            if is_connection_lost(exc):
                 self._release_db()
-                raise DatabaseLost(describe(exc.orig or exc, 200)) from exc
+                raise DatabaseLost(describe(getattr(exc, "orig", None) or exc, 200)) from exc
             raise
         self._give_back(left)  # the run stops: not taken, back to the queue (still valid: their rows are as sent)
 

@@ -13,6 +13,7 @@ from datetime import timedelta
 import amqp
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError, PendingRollbackError
 
 from cronbox import outbox
 from cronbox.cron.scheduling import metrics
@@ -20,6 +21,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.registry import Registry
+from cronbox.outbox.events import broker_loop
 from cronbox.outbox.events.broker import parse_url
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.broker_worker import BrokerWorker
@@ -448,3 +450,28 @@ def test_a_worker_whose_connection_the_broker_closes_reconnects_and_runs_every_j
     rows = job_rows(runtime, ids)
     assert {r.status for r in rows.values()} == {"done"}
     assert sorted(n for _c, n, _a in effects(runtime)) == list(range(30))  # each once
+
+
+@pytest.mark.parametrize("lost", ["driver", "pending-rollback"])
+def test_the_database_lost_at_a_take_gives_the_messages_back_and_the_worker_goes_on(runtime, registry, rabbit,
+                                                                                   forwarded, monkeypatch, lost):
+    ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(6)])
+    publish(runtime)
+    monkeypatch.setattr(broker_loop, "DB_PAUSE", 0.1)
+    real_take, failed = jobstore.take, []
+
+    def take(*args, **kwargs):  # the connection lost once, as SQLAlchemy reports it either way
+        if not failed:
+            failed.append(lost)
+            if lost == "driver":
+                raise OperationalError("UPDATE cronbox_jobs ...", {}, Exception("lost connection"),
+                                       connection_invalidated=True)
+            raise PendingRollbackError("Can't reconnect until invalid transaction is rolled back.", code="8s2b")
+        return real_take(*args, **kwargs)
+
+    monkeypatch.setattr(jobstore, "take", take)
+    worker = work(runtime, rabbit, forwarded)
+    assert failed == [lost] and worker.stats.done == 6
+    rows = job_rows(runtime, ids)
+    assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
+    assert sorted(n for _c, n, _a in effects(runtime)) == list(range(6))
