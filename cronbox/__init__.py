@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from .cron.schema import include_name as alembic_include_name
     from .cron.schema import include_object as alembic_include_object
     from .cron.scheduling import schedule  # the module: @schedule.every(...), @schedule.cron(...)
-    from .extension import Cronbox
-    from .hostauth import upload_csrf_token
-    from .hostcsrf import CsrfNotChecked
+    from .web.extension import Cronbox
+    from .web.hostauth import upload_csrf_token
+    from .web.hostcsrf import CsrfNotChecked
     from .outbox.channels.jobs import notify, send_email, send_sms, send_webhook
     from .outbox.core.errors import CronboxError, PermanentFailure, RetryLater
     from .outbox.engine.context import Context, Event
@@ -48,14 +48,14 @@ if TYPE_CHECKING:
     from .outbox.events.record import record
     from .outbox.queue.forward_jobs import celery_task, forward_jobs
     from .outbox.queue.jobs import job
-    from .uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
+    from .web.uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
 # Each public name: the module that defines it, and its name there (None: the module itself). Imported on first use (PEP 562):
 # every cronbox process imports this package first (`python -m cronbox tick`, `import cronbox.outbox`),
 # and a tick has no use for Flask, which the web parts import (~17 MB and a tenth of a second).
-# An app's state (`cronbox.state.state(app)`) is internal, and not here: `state` is also that module's name.
+# An app's state (`cronbox.web.state.state(app)`) is internal, and not here: `state` is also that module's name.
 _EXPORTS = {
-    "Cronbox": (".extension", "Cronbox"),
+    "Cronbox": (".web.extension", "Cronbox"),
     "record": (".outbox.events.record", "record"),
     "consumer": (".outbox.events.consumers", "consumer"),
     "forward": (".outbox.events.forward", "forward"),
@@ -72,13 +72,13 @@ _EXPORTS = {
     "CronboxError": (".outbox.core.errors", "CronboxError"),
     "RetryLater": (".outbox.core.errors", "RetryLater"),
     "PermanentFailure": (".outbox.core.errors", "PermanentFailure"),
-    "seal_upload": (".uploads", "seal_upload"),
-    "sealed_upload_route": (".uploads", "sealed_upload_route"),
-    "upload_csrf_token": (".hostauth", "upload_csrf_token"),
-    "request_client": (".uploads", "request_client"),
-    "UploadRefused": (".uploads", "UploadRefused"),
-    "BodyAlreadyRead": (".uploads", "BodyAlreadyRead"),
-    "CsrfNotChecked": (".hostcsrf", "CsrfNotChecked"),
+    "seal_upload": (".web.uploads", "seal_upload"),
+    "sealed_upload_route": (".web.uploads", "sealed_upload_route"),
+    "upload_csrf_token": (".web.hostauth", "upload_csrf_token"),
+    "request_client": (".web.uploads", "request_client"),
+    "UploadRefused": (".web.uploads", "UploadRefused"),
+    "BodyAlreadyRead": (".web.uploads", "BodyAlreadyRead"),
+    "CsrfNotChecked": (".web.hostcsrf", "CsrfNotChecked"),
     "alembic_include_name": (".cron.schema", "include_name"),
     "alembic_include_object": (".cron.schema", "include_object"),
 }

@@ -4,9 +4,9 @@
 /tmp/cronbox-test-venv-<digest>/, where <digest> covers what the package is built from (pyproject,
 README, the packages, the cron script, requirements.txt, the checkout's top-level names) and this
 Python. A file lock beside it lets pytest-xdist workers and later sessions share one build; pip's
-cache (/tmp/cronbox-test-pip-cache) keeps the isolated build's setuptools and the dependencies'
-wheels. The build runs from a copy of the checkout, so it leaves no build/ or *.egg-info behind
-in the working tree, and the copy holds every top-level file and folder (tests, bench, examples,
+cache (/tmp/cronbox-test-pip-cache) keeps the isolated build's hatchling and the dependencies'
+wheels. The build runs from a copy of the checkout (hatchling writes nothing into the folder it builds
+from; test_package checks that on the copy), and the copy holds every top-level file and folder (tests, bench, examples,
 app.py...) so the packaging's include list is tested against all of them.
 
 Dependencies are installed with requirements.txt as constraints: pip refuses when a range in
@@ -30,8 +30,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-PACKAGES = ("outbox", "storage", "cron", "cronbox")  # the source folders; installed, all of them are `cronbox`
-BUILD_INPUTS = ("pyproject.toml", "build_backend.py", "MANIFEST.in", "README.md", "artisan_via_cron.sh", "requirements.txt")
+PACKAGES = ("cronbox",)  # the package's one real folder
+BUILD_INPUTS = ("pyproject.toml", "README.md", "artisan_via_cron.sh", "requirements.txt", ".gitignore")
 # A checkout's working files that are never part of it (.gitignore's, plus git's own).
 NOT_SOURCES = (".git", ".venv", "venv", "instance", "test-artifacts", "build", "dist", "__pycache__", "*.pyc",
                "*.egg-info", ".pytest_cache", ".hypothesis", ".env", ".mypy_cache", ".ruff_cache")

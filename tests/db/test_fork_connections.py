@@ -72,7 +72,7 @@ def in_forked_child(work) -> object:
 
 def test_a_forked_child_opens_its_own_connections_and_the_parents_stay_usable(runtime):
     is_mysql, is_server = runtime.is_mysql, runtime.is_server
-    host = create_engine(runtime.engine.url)  # a host app's engine (Flask-SQLAlchemy's, cronbox.hosting)
+    host = create_engine(runtime.engine.url)  # a host app's engine (Flask-SQLAlchemy's, cronbox.web.hosting)
     runtime.host_engines = lambda: [host]
     engines = [runtime.engine, host]
     try:

@@ -29,7 +29,7 @@ from tests.handlers.effects import metadata as effects_metadata
 SCRIPT = APP_ROOT / "artisan_via_cron.sh"
 BARE_PATH = "/usr/bin:/bin"
 # The script exports CRONBOX_APP_ROOT (this app folder), where Python then finds the handler modules too.
-LINKED = ("cronbox", "app.py", "tests")  # cronbox/'s own links lead on to outbox/, storage/ and cron/
+LINKED = ("cronbox", "app.py", "tests")  # the package, the standalone app and the test handlers, linked in
 # What the script needs from PATH besides a Python (the no-Python test runs with only these).
 TOOLS = ("readlink", "sed", "tail", "date", "mkdir", "find", "rm", "sort", "tr", "grep", "head")
 sqlite_only = pytest.mark.backends("sqlite")

@@ -27,7 +27,7 @@ from tests.conftest import APP_ROOT
 from tests.package_helpers import BUILD_INPUTS  # one list of what a build reads
 
 EXAMPLE = APP_ROOT / "examples" / "clinic"
-PACKAGES = ("outbox", "storage", "cron", "cronbox")
+PACKAGES = ("cronbox",)
 EXAMPLE_REQUIREMENTS = ("requirements.txt", "requirements-test.txt")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "instance", ".env", ".pytest_cache", "build", "*.egg-info")
 TIMEOUT = 900
@@ -86,7 +86,7 @@ def example_venv() -> Path:
             source.mkdir(parents=True)
             for name in BUILD_INPUTS:
                 shutil.copy2(APP_ROOT / name, source / name)
-            for package in PACKAGES:  # symlinks followed: cron/artisan_via_cron.sh becomes a file
+            for package in PACKAGES:
                 shutil.copytree(APP_ROOT / package, source / package, ignore=IGNORED)
             run([sys.executable, "-m", "venv", root / "venv"], env=pip_env())
             run([python, "-m", "pip", "install", "-q", "-c", source / "requirements.txt", source,

@@ -32,7 +32,7 @@ from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
 HOSTAPP = APP_ROOT / "tests" / "hostapp"
-CRONBOX_PACKAGES = ("cronbox",)  # what a pip install would put on the path (its links lead to outbox/...)
+CRONBOX_PACKAGES = ("cronbox",)  # what a pip install would put on the path 
 BARE_PATH = "/usr/bin:/bin"
 SPEC = "clinic:create_app"
 RECEIPT_ERROR = "RuntimeError: receipt for appointment {} failed on purpose"

@@ -82,15 +82,10 @@ def normalized(name: str) -> str:
 
 
 def package_files() -> dict[str, Path]:
-    """Every file of the source folders in the checkout, by its path in a wheel: cronbox/ as itself, the
-    design card's outbox/, storage/ and cron/ as cronbox's subpackages."""
-    files = {}
-    for package in PACKAGES:
-        for path in (CHECKOUT / package).rglob("*"):  # not into cronbox/'s links: their folders come next
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                name = path.relative_to(CHECKOUT).as_posix()
-                files[name if package == "cronbox" else f"cronbox/{name}"] = path
-    return files
+    """Every file of the package folder in the checkout, by its path in a wheel: the same path (one real
+    folder, the design card's outbox/, storage/ and cron/ inside it)."""
+    return {path.relative_to(CHECKOUT).as_posix(): path for package in PACKAGES for path in (CHECKOUT / package).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"}
 
 
 def test_wheel_holds_one_package_cronbox_with_its_data_and_the_real_cron_script(build):
@@ -102,7 +97,6 @@ def test_wheel_holds_one_package_cronbox_with_its_data_and_the_real_cron_script(
         assert len(dist_info) == 1
         (meta,) = dist_info
         assert {name.split("/")[0] for name in infos} == {"cronbox", meta}
-        assert wheel.read(f"{meta}/top_level.txt").decode().split() == ["cronbox"]
         shipped = {name for name in infos if not name.startswith(meta)}
         assert "cronbox/py.typed" in shipped  # PEP 561: type checkers read the installed package's hints
         # Every source file, template, stylesheet and migration of the packages, and nothing else.
@@ -123,7 +117,6 @@ import json, sysconfig
 from importlib import metadata
 dist = metadata.distribution("cronbox")
 print(json.dumps({
-    "top_level": dist.read_text("top_level.txt").split(),
     "record": [str(f) for f in dist.files],
     "versions": {d.metadata["Name"]: d.version for d in metadata.distributions()},
     "purelib": sysconfig.get_paths()["purelib"],
@@ -133,7 +126,6 @@ print(json.dumps({
     proc = run(build, "-c", probe, cwd=cwd, home=home)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
-    assert found["top_level"] == ["cronbox"]
     in_site_packages = [f for f in found["record"] if not f.startswith("..")]  # ../../../bin/cronbox
     tops = {f.split("/")[0] for f in in_site_packages if ".dist-info/" not in f}
     assert tops == {"cronbox"}, tops  # no outbox, storage, cron, app, web, migrations, tests, examples...
@@ -372,10 +364,78 @@ def test_a_host_package_named_web_runs_beside_the_installed_cronbox(build, folde
     assert written_by_cronbox(build.venv) == [] and list(cwd.iterdir()) == []
 
 
+def copy_of_the_checkout(how: str, target: Path) -> Path:
+    """The checkout as a deploy would copy it: a tree copy keeping links (there must be none), `cp -rL`
+    following them, `rsync -a`, or what `git archive` exports (a ZIP upload to cPanel's File Manager
+    unpacks the same files)."""
+    if how == "copytree":
+        shutil.copytree(CHECKOUT, target, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    elif how == "git-archive":
+        target.mkdir()
+        archive = subprocess.run(["git", "-C", str(CHECKOUT), "archive", "--format=tar", "HEAD"], capture_output=True,
+                                 check=True, timeout=120).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, timeout=120)
+        # The working tree's own state, not HEAD's: what is being tested is this change.
+        shutil.rmtree(target / "cronbox")
+        shutil.copytree(CHECKOUT / "cronbox", target / "cronbox", ignore=shutil.ignore_patterns(*NOT_SOURCES))
+        shutil.copy2(CHECKOUT / "README.md", target / "README.md")
+    else:
+        target.mkdir()
+        command = {"cp-rL": ["cp", "-rL"], "rsync": ["rsync", "-a"]}[how]
+        for entry in CHECKOUT.iterdir():
+            if not any(entry.match(pattern) for pattern in NOT_SOURCES):
+                subprocess.run([*command, str(entry), str(target)], check=True, timeout=120)
+    return target
+
+
+def test_the_checkout_holds_no_links_and_ships_the_script_it_runs():
+    """One real package folder: no symbolic link anywhere in the checkout (a copy without them must
+    work), and the cron script at the root is the packaged one, byte for byte (`install-script .`
+    refreshes it)."""
+    links = [str(p.relative_to(CHECKOUT)) for p in CHECKOUT.rglob("*")
+             if p.is_symlink() and not any(part in NOT_SOURCES for part in p.relative_to(CHECKOUT).parts)]
+    assert links == []
+    assert (CHECKOUT / SCRIPT).read_bytes() == (CHECKOUT / "cronbox" / "cron" / SCRIPT).read_bytes()
+
+
+def test_the_old_top_level_names_are_unknown_modules_in_a_checkout():
+    """`import outbox` (storage, cron) from the checkout's root fails as any unknown module does: there is
+    no second copy of cronbox's modules to load under another name."""
+    for name in ("outbox", "storage", "cron"):
+        proc = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=str(CHECKOUT), capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+        assert proc.returncode == 1 and f"ModuleNotFoundError: No module named '{name}'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("how", ["copytree", "cp-rL", "rsync", "git-archive"])
+def test_every_copy_of_the_checkout_is_a_checkout_that_ticks(tmp_path, how):
+    """The checkout is known by where the package is (beside app.py and the cron script), which survives
+    every copy: the demo and a tick run in the copy, on its own embedded SQLite, importing the copy's
+    modules."""
+    if how == "rsync" and not shutil.which("rsync"):
+        pytest.skip("rsync is not installed")  # CI installs it (.ci/run)
+    if how == "git-archive" and not (CHECKOUT / ".git").exists():
+        pytest.skip("not a git checkout")
+    checkout = copy_of_the_checkout(how, tmp_path / "checkout")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "CRONBOX_APP_ROOT", "CRONBOX_APP", "CRONBOX_INSTANCE", "PYTHONPATH")}
+    env.update(HOME=str(tmp_path), CRONBOX_HANDLERS="cronbox.cron.demo")
+    where = subprocess.run([sys.executable, "-c", "import cronbox.outbox.core.settings as s; print(s.CHECKOUT)"],
+                           cwd=str(tmp_path), env={**env, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
+                           timeout=120)
+    assert where.stdout.strip() == str(checkout.resolve()), where.stderr
+    for command in (["demo"], ["tick", "--no-linger"]):
+        done = subprocess.run([sys.executable, "-m", "cronbox", *command], cwd=str(tmp_path),
+                              env={**env, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "tick: delivered 6" in done.stdout
+    assert (checkout / "instance" / "cronbox.db").is_file()
+
+
 def test_the_standalone_checkout_keeps_its_embedded_sqlite_default(tmp_path):
-    """README's "Try it" command, as written, in a copy of the checkout (its own venv, instance/)."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(CHECKOUT, checkout, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
+    """README's "Try it" command, as written, in a copy of the checkout made without links (its own venv,
+    instance/)."""
+    checkout = copy_of_the_checkout("cp-rL", tmp_path / "checkout")
     readme = (checkout / "README.md").read_text(encoding="utf-8")
     try_it = readme.split("## Try it", 1)[1]
     command = re.search(r"```sh\n(.+?)\n```", try_it, re.S).group(1)
@@ -400,9 +460,9 @@ def _tree(root: Path, *, skip=()) -> set[str]:
 
 
 def test_building_the_wheel_and_installing_leave_the_checkout_as_it_was(build):
-    """installed_build() ran `pip wheel` and `pip install` on its copy of this checkout: setuptools,
-    run by pip in the source folder, wrote build/ and cronbox.egg-info/ there (build_backend.py runs it
-    in a temporary copy instead). The copy holds exactly what was copied."""
+    """installed_build() ran `pip wheel` and `pip install` on its copy of this checkout, in the source
+    folder as pip does: the build backend wrote nothing there (no build/, dist/ or *.egg-info). The copy
+    holds exactly what was copied."""
     copied = {p.name for p in build.checkout.iterdir()}
     assert not {"build", "dist"} & copied and not [n for n in copied if n.endswith(".egg-info")], sorted(copied)
     assert copied == {p.name for p in CHECKOUT.iterdir() if not any(p.match(x) for x in NOT_SOURCES)}
@@ -430,9 +490,10 @@ def test_pip_install_of_a_git_checkout_leaves_git_status_clean(tmp_path):
 
 
 def test_an_editable_install_imports_the_same_one_name(tmp_path):
-    """`pip install -e` of a checkout: setuptools maps `cronbox` to the checkout's cronbox/, whose links
-    lead on to outbox/, storage/ and cron/. The same names as in the checkout and the wheel, and no other
-    top-level name (issue 26). The venv borrows this one's dependencies through a .pth file."""
+    """`pip install -e` of a checkout: hatchling maps `cronbox` (and nothing else: dev-mode-exact) to the
+    checkout's cronbox/. The same names as in the checkout and the wheel, and no other top-level name
+    (issue 26): not outbox, storage or cron, nor the checkout's app, tests or bench. The venv borrows this
+    one's dependencies through a .pth file."""
     source = tmp_path / "checkout"
     shutil.copytree(CHECKOUT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCES))
     venv = tmp_path / "venv"
@@ -448,7 +509,7 @@ def test_an_editable_install_imports_the_same_one_name(tmp_path):
     assert installed.returncode == 0, installed.stderr
     probe = ("import importlib.util, cronbox, cronbox.outbox.core.clock, cronbox.cron.cli, cronbox.storage.format\n"
              "print(cronbox.__file__)\n"
-             "print([n for n in ('outbox', 'storage', 'cron') if importlib.util.find_spec(n)])\n")
+             "print([n for n in ('outbox', 'storage', 'cron', 'app', 'tests', 'bench') if importlib.util.find_spec(n)])\n")
     home = tmp_path / "home"
     home.mkdir()
     proc = subprocess.run([str(python), "-c", probe], cwd=str(home), env=installed_env(home), capture_output=True,

@@ -33,7 +33,7 @@ def test_the_check_sees_a_private_attribute_of_another_object():
 
 
 def test_the_amqp_modules_use_no_private_attribute_of_another_object():
-    offenders = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / "outbox" / "events").glob("*.py"))
+    offenders = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / "cronbox" / "outbox" / "events").glob("*.py"))
                  if (hits := private_attributes(p.read_text(encoding="utf-8")))}
     assert offenders == {}
 
@@ -48,6 +48,6 @@ def test_the_amqp_modules_read_and_write_through_the_connection_not_its_transpor
     shows its socket (sock); its transport object is how it does so, not ours to drive."""
     assert transport_uses("connection.transport.read_frame()")
     assert not transport_uses("connection.blocking_read(1.0)")
-    offenders = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / "outbox" / "events").glob("*.py"))
+    offenders = {str(p.relative_to(ROOT)): hits for p in sorted((ROOT / "cronbox" / "outbox" / "events").glob("*.py"))
                  if (hits := transport_uses(p.read_text(encoding="utf-8")))}
     assert offenders == {}

@@ -8,7 +8,7 @@ import pytest
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.models import Heartbeat
 from tests.console_helpers import logged_in, make_app
-from cronbox.ops import chart
+from cronbox.web.ops import chart
 
 # The chart drawn from the rows: the server behind them changes nothing, so not PostgreSQL too (.ci/run's
 # 30 minutes; the console's queries run on it in tests/web/test_console.py).

@@ -1,4 +1,4 @@
-"""cronbox.formstream: a multipart body read forward once, fields before the file part first, whatever sizes
+"""cronbox.web.formstream: a multipart body read forward once, fields before the file part first, whatever sizes
 the input stream hands over (a chunked body arrives in arbitrary pieces)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from cronbox.formstream import FormError, FormReader
+from cronbox.web.formstream import FormError, FormReader
 from werkzeug.wrappers import Request
 
 BOUNDARY = "----formstream-boundary"

@@ -17,17 +17,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # The layers, lowest first: a module may import its own layer and the ones below it, never above.
-LAYERS = ["cronbox.outbox", "cronbox.storage", "cronbox.cron", "cronbox", "app"]
-SOURCES = ["outbox", "storage", "cron", "cronbox", "app.py", "passenger_wsgi.py"]  # cron/ holds migrations/
-SUBPACKAGES = ("outbox", "storage", "cron")  # folders at the top of the checkout, cronbox.* once installed
+LAYERS = ["cronbox.outbox", "cronbox.storage", "cronbox.cron", "cronbox.web", "cronbox", "app"]
+SOURCES = ["cronbox", "app.py", "passenger_wsgi.py"]  # cronbox/cron/ holds migrations/
+SUBPACKAGES = ("outbox", "storage", "cron")  # cronbox's subpackages: never importable by these names alone
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    if parts[0] in SUBPACKAGES:
-        parts.insert(0, "cronbox")
     return ".".join(parts)
 
 

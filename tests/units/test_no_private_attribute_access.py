@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ([p for d in ("outbox", "storage", "cron", "cronbox") for p in sorted((ROOT / d).rglob("*.py"))]
+SHIPPED = ([p for d in ("cronbox",) for p in sorted((ROOT / d).rglob("*.py"))]
            + [ROOT / "app.py", ROOT / "passenger_wsgi.py"])
 DOCUMENTED = {
     "os._exit": "the standard library's documented exit for a forked child (docs.python.org, os._exit)",

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OURS = {"cronbox", "app"}
 # No known exceptions: issue 25 removed the last ones (pymysql._auth, nacl._sodium).
 KNOWN: dict[str, list[str]] = {}
-SHIPPED = [p for d in ("outbox", "storage", "cron", "cronbox") for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
+SHIPPED = [p for d in ("cronbox",) for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
 
 
 def private_imports(source: str) -> list[str]:

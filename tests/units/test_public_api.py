@@ -11,7 +11,7 @@ import cronbox
 from tests.conftest import APP_ROOT, child_env
 
 PUBLIC = {
-    "Cronbox": "cronbox.extension", "record": "cronbox.outbox.events.record",
+    "Cronbox": "cronbox.web.extension", "record": "cronbox.outbox.events.record",
     "consumer": "cronbox.outbox.events.consumers", "forward": "cronbox.outbox.events.forward",
     "forward_jobs": "cronbox.outbox.queue.forward_jobs", "celery_task": "cronbox.outbox.queue.forward_jobs",
     "Event": "cronbox.outbox.engine.context", "Context": "cronbox.outbox.engine.context",
@@ -19,9 +19,9 @@ PUBLIC = {
     "send_email": "cronbox.outbox.channels.jobs", "send_webhook": "cronbox.outbox.channels.jobs",
     "notify": "cronbox.outbox.channels.jobs", "CronboxError": "cronbox.outbox.core.errors",
     "RetryLater": "cronbox.outbox.core.errors", "PermanentFailure": "cronbox.outbox.core.errors",
-    "seal_upload": "cronbox.uploads", "sealed_upload_route": "cronbox.uploads",
-    "upload_csrf_token": "cronbox.hostauth", "request_client": "cronbox.uploads", "UploadRefused": "cronbox.uploads",
-    "BodyAlreadyRead": "cronbox.uploads", "CsrfNotChecked": "cronbox.hostcsrf",
+    "seal_upload": "cronbox.web.uploads", "sealed_upload_route": "cronbox.web.uploads",
+    "upload_csrf_token": "cronbox.web.hostauth", "request_client": "cronbox.web.uploads", "UploadRefused": "cronbox.web.uploads",
+    "BodyAlreadyRead": "cronbox.web.uploads", "CsrfNotChecked": "cronbox.web.hostcsrf",
     "alembic_include_name": "cronbox.cron.schema", "alembic_include_object": "cronbox.cron.schema",
 }
 

@@ -12,9 +12,9 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.settings import load_settings
 from cronbox.storage.tokens import Tokens, TokenRefused
-from cronbox.client import client_ip
-from cronbox.disposition import clean_name, content_disposition, content_type
-from cronbox.ranges import plan
+from cronbox.web.client import client_ip
+from cronbox.web.disposition import clean_name, content_disposition, content_type
+from cronbox.web.ranges import plan
 
 ETAG = '"abc"'
 

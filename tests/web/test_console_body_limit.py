@@ -13,7 +13,7 @@ from tests.web.test_host_uploads import BOUNDARY, part
 from tests.web.test_storage_streaming import Server
 from tests.write_watch import writes  # noqa: F401  (the fixture)
 from cronbox import Cronbox
-from cronbox.ops.guard import FORM_MAX
+from cronbox.web.ops.guard import FORM_MAX
 
 # How the request is read, checked and streamed: the server behind the rows changes nothing, so not
 # PostgreSQL too (its storage rows are tested in test_storage_http, test_storage_hardening, test_host_uploads).

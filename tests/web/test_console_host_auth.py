@@ -21,7 +21,7 @@ from flask import Flask, abort, jsonify, redirect, request, session
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 from sqlalchemy import select
 
-from cronbox.ops import guard
+from cronbox.web.ops import guard
 from cronbox.outbox.core import clock
 
 import cronbox

@@ -14,7 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from cronbox import outbox
 from cronbox import Cronbox
-from cronbox.state import state
+from cronbox.web.state import state
 from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.events.models import OutboxEvent

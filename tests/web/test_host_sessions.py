@@ -1,4 +1,4 @@
-"""The host's `db.session` inside its handlers (cronbox.hosting.HostScope), in process: while a handler
+"""The host's `db.session` inside its handlers (cronbox.web.hosting.HostScope), in process: while a handler
 runs it is the handler's ctx.session, registered for the app context cronbox pushes through the
 host's session registry's public set()/clear(); the host's scoped session, its registry and its
 factory stay its own before, during and after cronbox, and outside handlers `db.session` is a

@@ -1,4 +1,4 @@
-"""cronbox.uploads.seal_upload in a host's own Flask route: sealed while it streams, nothing else written, refusals
+"""cronbox.web.uploads.seal_upload in a host's own Flask route: sealed while it streams, nothing else written, refusals
 leave nothing behind. On every backend."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from cronbox.storage.models import AuditEntry, SealedFile
 from tests.write_watch import writes  # noqa: F401  (the fixture)
 from tests.storage_helpers import files_under
 from cronbox import Cronbox
-from cronbox.uploads import UploadRefused, seal_upload
+from cronbox.web.uploads import UploadRefused, seal_upload
 
 # The host app's login and form handling: the server behind the rows changes nothing, so not PostgreSQL
 # too (.ci/run's 30 minutes; storage rows are tested on it by test_storage_http and test_storage_hardening).

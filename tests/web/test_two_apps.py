@@ -17,7 +17,7 @@ from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.registry import DEFAULT
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.queue.worker import Worker
-from cronbox.state import state
+from cronbox.web.state import state
 from tests.handlers.two_apps import ran
 from tests.helpers import relay
 

@@ -5,6 +5,6 @@ RAN: list[tuple[str, str, dict]] = []
 
 
 def note(handler: str, payload: dict) -> None:
-    from flask import current_app  # the app context the handler runs in (cronbox.hosting)
+    from flask import current_app  # the app context the handler runs in (cronbox.web.hosting)
 
     RAN.append((current_app.name, handler, payload))

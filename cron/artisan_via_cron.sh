@@ -1,1 +1,0 @@
-../artisan_via_cron.sh

@@ -1,2 +1,0 @@
-"""One module per console page; importing them registers their routes on cronbox.ops.bp."""
-from . import activity, auth, files, once, outbox, overview, queues, schedule  # noqa: F401
