@@ -178,7 +178,7 @@ def test_a_plain_tick_never_loads_the_broker_client_or_flask(env, settings, comm
     assert run_cli(env, "migrate").returncode == 0
     settings.sealed_dir.mkdir(parents=True, exist_ok=True)
     lean = tuple(m for m in LEAN if m != "cryptography" or not env["DATABASE_URL"].startswith("mysql"))
-    code = (f"import sys; from cron.cli import main; code = main({command!r}); "
+    code = (f"import sys; from cronbox.cron.cli import main; code = main({command!r}); "
             f"print(code, sorted(m for m in {lean!r} if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(env), cwd="/", capture_output=True,
                           text=True, timeout=120)
