@@ -11,15 +11,19 @@ importing `cronbox.cron.commands`, whose modules import `cronbox.cron.cli`, runs
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+
+from tests.source_tree import parsed, shipped
 
 ROOT = Path(__file__).resolve().parents[2]
 # The layers, lowest first: a module may import its own layer and the ones below it, never above.
 LAYERS = ["cronbox.outbox", "cronbox.storage", "cronbox.cron", "cronbox.web", "cronbox", "app"]
 SOURCES = ["cronbox", "app.py", "passenger_wsgi.py"]  # cronbox/cron/ holds migrations/
 SUBPACKAGES = ("outbox", "storage", "cron")  # cronbox's subpackages: never importable by these names alone
+OLD_IMPORT = re.compile(r"\s*(from\s+(outbox|storage|cron)[.\s]|import\s+([\w.]+\s*,\s*)*(outbox|storage|cron)\b)")
 
 
 def module_name(path: Path) -> str:
@@ -50,7 +54,7 @@ def _resolve_relative(module: str, is_package: bool, level: int, name: str | Non
 
 def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
     """The project modules `module` imports, anywhere in its body."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    source = parsed(path)
     is_package = path.name == "__init__.py"
     found: set[str] = set()
 
@@ -59,7 +63,7 @@ def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
             name = name.rpartition(".")[0]
         return name or None
 
-    for node in ast.walk(tree):
+    for node in source.nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 target = closest(alias.name)
@@ -177,16 +181,18 @@ def test_cycle_finder_finds_a_ring():
 
 
 def test_nothing_imports_the_folders_by_their_own_names():
-    """outbox/, storage/ and cron/ are importable only as cronbox.outbox, cronbox.storage and cronbox.cron
-    once installed (issue 26: one name in site-packages). A checkout still has them at its root, where
-    `import outbox` would work, load a second copy of every module, and then fail in the wheel."""
+    """outbox/, storage/ and cron/ are cronbox.outbox, cronbox.storage and cronbox.cron, in a checkout as
+    installed (issues 26, 36): nothing imports them by their own names, which no longer exist."""
     offenders = []
-    paths = [p for f in ("outbox", "storage", "cron", "cronbox", "tests", "bench", "examples")
-             for p in sorted((ROOT / f).rglob("*.py"))] + [ROOT / "app.py", ROOT / "passenger_wsgi.py"]
-    for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for source in shipped():
+        for node in source.nodes:
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+            offenders += [f"{source.relative}:{node.lineno}: {name}" for name in names
                           if name.split(".")[0] in SUBPACKAGES]
+    # Tests, bench and examples by their import lines (parsing them all would cost the unit tier seconds).
+    for path in (p for folder in ("tests", "bench", "examples") for p in sorted((ROOT / folder).rglob("*.py"))):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if OLD_IMPORT.match(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []

@@ -4,11 +4,9 @@ below are public by their owners' documentation despite the underscore (each say
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ([p for d in ("cronbox",) for p in sorted((ROOT / d).rglob("*.py"))]
-           + [ROOT / "app.py", ROOT / "passenger_wsgi.py"])
+from tests.source_tree import shipped
+
 DOCUMENTED = {
     "os._exit": "the standard library's documented exit for a forked child (docs.python.org, os._exit)",
     "current_app._get_current_object": "Flask's documented way to the object behind a proxy (Notes on Proxies)",
@@ -16,9 +14,10 @@ DOCUMENTED = {
 }
 
 
-def private_accesses(source: str) -> list[str]:
+def private_accesses(nodes) -> list[str]:
+    """`obj._name` among these nodes (a module's), for any obj but self, cls and super()."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes:
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             value = node.value
             if isinstance(value, ast.Name) and value.id in ("self", "cls"):
@@ -30,16 +29,15 @@ def private_accesses(source: str) -> list[str]:
 
 
 def test_the_check_sees_a_private_attribute_of_another_object():
-    assert private_accesses("engine.dialect._savepoint(conn)") == ["engine.dialect._savepoint"]
-    assert private_accesses("raw._sock.close()") == ["raw._sock"]
-    assert private_accesses("self._lock.release(); super()._ack(x); cls._made") == []
+    assert private_accesses(ast.walk(ast.parse("engine.dialect._savepoint(conn)"))) == ["engine.dialect._savepoint"]
+    assert private_accesses(ast.walk(ast.parse("raw._sock.close()"))) == ["raw._sock"]
+    assert private_accesses(ast.walk(ast.parse("self._lock.release(); super()._ack(x); cls._made"))) == []
 
 
 def test_shipped_code_reaches_no_private_attribute_of_another_object():
     offenders = {}
-    for path in SHIPPED:
-        hits = [h for h in private_accesses(path.read_text(encoding="utf-8"))
-                if not any(h.endswith(allowed) for allowed in DOCUMENTED)]
+    for source in shipped():
+        hits = [h for h in private_accesses(source.nodes) if not any(h.endswith(allowed) for allowed in DOCUMENTED)]
         if hits:
-            offenders[str(path.relative_to(ROOT))] = hits
+            offenders[source.relative] = hits
     assert offenders == {}

@@ -5,20 +5,19 @@ it has no need to: it names the attribute)."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = [p for d in ("cronbox",) for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
+from tests.source_tree import shipped
+
 LOOKUPS = {"getattr", "setattr", "hasattr", "delattr"}
 
 
-def private_lookups(source: str) -> list[str]:
+def private_lookups(nodes) -> list[str]:
     """The private attribute names `source` reaches through getattr/setattr/hasattr/delattr with a
     literal name (dunders such as `__qualname__` are the language's, not a package's)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in LOOKUPS
                 and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                 and isinstance(node.args[1].value, str)):
@@ -34,10 +33,9 @@ def private_lookups(source: str) -> list[str]:
     ('getattr(fn, "__qualname__", None)', []), ('getattr(x, name)', []), ('x._y', []),
 ])
 def test_the_check_sees_private_lookups_by_string(source, expected):
-    assert private_lookups(source) == expected
+    assert private_lookups(ast.walk(ast.parse(source))) == expected
 
 
 def test_shipped_code_looks_up_no_private_attribute_by_string():
-    offenders = {str(p.relative_to(ROOT)): hits for p in SHIPPED
-                 if (hits := private_lookups(p.read_text(encoding="utf-8")))}
+    offenders = {source.relative: hits for source in shipped() if (hits := private_lookups(source.nodes))}
     assert offenders == {}

@@ -4,21 +4,20 @@ the shipped code, since a private import is where such a use starts."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.source_tree import shipped
+
 OURS = {"cronbox", "app"}
 # No known exceptions: issue 25 removed the last ones (pymysql._auth, nacl._sodium).
 KNOWN: dict[str, list[str]] = {}
-SHIPPED = [p for d in ("cronbox",) for p in sorted((ROOT / d).rglob("*.py"))] + [ROOT / "app.py"]
 
 
-def private_imports(source: str) -> list[str]:
-    """The private names of other packages that `source` imports, as written."""
+def private_imports(nodes) -> list[str]:
+    """The private names of other packages that these nodes (a module's) import, as written."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes:
         if isinstance(node, ast.Import):
             modules = [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
@@ -42,10 +41,9 @@ def private_imports(source: str) -> list[str]:
     ("from . import _private", 0), ("from sqlalchemy.engine import Connection", 0),
 ])
 def test_the_check_sees_private_imports(source, expected):
-    assert len(private_imports(source)) == expected
+    assert len(private_imports(ast.walk(ast.parse(source)))) == expected
 
 
 def test_shipped_code_imports_no_private_name_of_another_package():
-    offenders = {str(p.relative_to(ROOT)): hits for p in SHIPPED
-                 if (hits := private_imports(p.read_text(encoding="utf-8")))}
+    offenders = {source.relative: hits for source in shipped() if (hits := private_imports(source.nodes))}
     assert offenders == KNOWN

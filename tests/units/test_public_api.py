@@ -2,13 +2,10 @@
 the docs describe, and importing cronbox (every process does, a tick included) loads no Flask."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 import cronbox
-from tests.conftest import APP_ROOT, child_env
+from tests.conftest import APP_ROOT
 
 PUBLIC = {
     "Cronbox": "cronbox.web.extension", "record": "cronbox.outbox.events.record",
@@ -54,15 +51,6 @@ def test_a_handlers_signals_are_not_cronboxs_errors():
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'recordd'"):
         cronbox.recordd  # noqa: B018
-
-
-def test_importing_cronbox_and_its_command_line_loads_no_flask():
-    code = ("import sys, cronbox, cronbox.cron.cli, cronbox.outbox, cronbox.storage; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'werkzeug')))")
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env({}), cwd=str(APP_ROOT), capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
 
 
 EXAMPLE_APP = [p for folder in ("clinic", "migrations") for p in sorted((APP_ROOT / "examples" / "clinic" / folder).rglob("*.py"))]
