@@ -5,11 +5,15 @@ messages read (outbox.queue.job_messages: a job id and the publisher's claim tok
 outbox.queue.publisher):
 1. read them; a message that is not a job message is dropped (acked, logged: the job's state is its
    row, nothing is lost with it);
-2. take their jobs (jobstore.take), in one short transaction: the rows still reserved under a token
-   the messages carry get a claim token of this worker's own, the attempt counted and the handler's
-   lease, exactly as the database worker's claim. Only one copy of a message can take its job; a
-   copy that finds it taken, finished, failed or sent again under another claim is stale. From here
-   the row is the job's only state: the messages are acked once the batch's jobs ran;
+2. take their jobs (jobstore.take), in one short transaction: a job of this worker's queues still
+   reserved under the token its own message carries gets a claim token of this worker's own, the
+   attempt counted and the handler's lease, exactly as the database worker's claim. Only one copy of
+   a message can take its job; any other message is refused and acked, its job untouched: a copy
+   that finds it taken, finished, failed or sent again under another claim (stale), another queue's
+   job, a token that is not the job's, no such job (forged). Each refusal, and each message that is
+   not a job message, is one WARNING line (the message id and why; never a token or payload), at
+   most REFUSALS_LOGGED a minute and then a count (outbox.core.logs.LimitedLines). From here the row
+   is the job's only state: the messages are acked once the batch's jobs ran;
 3. run the taken jobs through the worker's own path (Processor.process): the same pre-call gate
    (channel pause, concurrency-group slot, cost budgets, rate limit: shared through the database with
    every other worker, broker-fed or not), admission, timeout, and the same token-guarded writes of
@@ -39,6 +43,7 @@ from datetime import timedelta
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.logs import LimitedLines
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
@@ -48,7 +53,7 @@ from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
-from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again
+from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
 from cronbox.outbox.queue.worker import Worker
 
 log = logging.getLogger("cronbox")
@@ -56,11 +61,12 @@ log = logging.getLogger("cronbox")
 HEARTBEAT = 60
 UNKNOWN_HANDLER_WAIT = 60.0  # a job whose handler this worker lacks (another version's code) waits, no attempt used
 NAME = "cronbox worker"
+REFUSALS_LOGGED = 10  # WARNING lines a minute for refused or dropped messages; the rest are counted in one line
 
 
 @dataclass
 class BrokerWorkStats:
-    stale: int = 0  # copies whose job another copy took, or that finished, failed or was sent again: acked unrun
+    stale: int = 0  # messages refused (stale or forged: jobstore.take's reasons): acked unrun
     bad: int = 0  # messages that are not job messages: dropped
     connects: int = 0
     not_here: list[str] = field(default_factory=list)  # handlers named by jobs this worker lacks
@@ -76,9 +82,11 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
+        self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",
+                                     per_window=REFUSALS_LOGGED)
         self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
         self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
-                               run_inbound=self._run_inbound, connected=self._connected, release=self._release_db,
+                               run_inbound=self._run_inbound, connected=self._connected, release=self._at_rest,
                                sessions=lambda: self.sessions,  # the held connection's, while held
                                stop_when_empty=stop_when_empty)
 
@@ -88,7 +96,16 @@ class BrokerWorker(Worker):
     def work(self, budget: Budget) -> RunResult:
         """Run the queues' jobs as their messages come, until the budget says stop (or, with
         stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
-        return self.loop.run(budget)
+        try:
+            return self.loop.run(budget)
+        finally:
+            self.refusals.flush(final=True)
+
+    def _at_rest(self) -> None:
+        """Idle or stopping: the held connection given back; the refusals left out of the log counted
+        in a line once their minute is over."""
+        self.refusals.flush()
+        self._release_db()
 
     def _connected(self) -> str:
         self.broker_stats.connects += 1
@@ -138,8 +155,7 @@ class BrokerWorker(Worker):
             return read(message.body)
         except NotAJob as bad:
             self.broker_stats.bad += 1
-            mid = clean_text(str((getattr(message, "properties", None) or {}).get("message_id") or "-"), 80)
-            log.warning("amqp work: queues=%s message=%s dropped: %s", self.names, mid, bad)
+            self.refusals.log("amqp work: queues=%s message=%s dropped: %s", self.names, shown_id(message), bad)
             return None
 
     def _run_batch(self, left: list, budget: Budget) -> None:
@@ -153,24 +169,29 @@ class BrokerWorker(Worker):
             return
         now = clock.utcnow()
         margin = self.runtime.settings.lease_margin
-        taken, not_here = self._transaction(lambda s: jobstore.take(
-            s, self.registry, [(named.job_id, named.claim_token) for _m, named in batch], now=now, lease_margin=margin))
-        left.pop(0)  # taken, stale or waiting elsewhere: from here its messages only need their acks
-        self.broker_stats.stale += len(batch) - len(taken) - len(not_here)
+        named = [(job.job_id, job.claim_token) for _m, job in batch]
+        take = self._transaction(lambda s: jobstore.take(s, self.registry, self.queues, named, now=now,
+                                                         lease_margin=margin))
+        left.pop(0)  # taken, refused or waiting elsewhere: from here its messages only need their acks
+        for position, why in take.refused.items():
+            message, job = batch[position]
+            self.broker_stats.stale += 1
+            self.refusals.log("amqp work: queues=%s message=%s job=%d refused: %s", self.names, shown_id(message, job),
+                              job.job_id, clean_text(why, 200))
         started = False
         try:
-            for item in not_here:
+            for item in take.not_here:
                 self._not_here(item)
             started = True
-            if taken:
-                self.process(taken, budget)  # gives back what it does not start, also on an error
+            if take.taken:
+                self.process(take.taken, budget)  # gives back what it does not start, also on an error
         except BaseException:
             if not started:
-                self._release(taken, best_effort=True)
+                self._release(take.taken, best_effort=True)
             raise
         finally:
             try:
-                for message, _named in batch:
+                for message, _job in batch:
                     self.link.ack(message.delivery_tag)
             except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
                 self.link.close(graceful=False)

@@ -132,6 +132,9 @@ def test_what_cannot_run_is_one_line_and_a_non_zero_exit(setup):
         (env, ["queue", "work", "--queue", "sms", "--stop-when-empty"], 2, "amqp work --queue sms"),
         (env, ["amqp", "work", "--queue", "sms", "--prefetch", "0"], 2, "error: Invalid value for '--prefetch'"),
         (env, ["amqp", "work", "--queue", f"{prefix}-celery"], 1, "is forwarded as Celery task messages"),
+        # It would refuse the messages of a queue it does not run: it runs every queue of its broker queues.
+        ({**env, "TEST_SHARED_BROKER_QUEUE": "1"}, ["amqp", "work", "--queue", "mail"], 1,
+         f"error: broker queue '{prefix}.mail' also carries the jobs of queue 'digest'"),
     ]
     for environment, args, code, start in cases:
         proc = run_cli(environment, *args)
