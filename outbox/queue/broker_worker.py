@@ -20,7 +20,9 @@ outbox.queue.publisher):
    their outcomes: done with the handler's `ctx.session` writes in one transaction, a retry with the
    handler's backoff (the row ready again: the publisher sends it when due), RetryLater without an
    attempt, PermanentFailure or the last try -> failed (`queue failed`, the console, /metrics); jobs
-   taken but not started when the run stops are released (ready again, attempt given back).
+   taken but not started when the run stops go back to the broker (BrokerStore.release): each row
+   reserved again under its message's token, the attempt given back (jobstore.untake), and the
+   message requeued instead of acked, so the next worker runs it without waiting for a publish.
 
 A worker killed after its take leaves the jobs reserved under its token until their leases end, as a
 killed database worker does; the publisher then sends them again (same token, flagged "again"), and
@@ -54,7 +56,7 @@ from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
 from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
-from cronbox.outbox.queue.worker import Worker
+from cronbox.outbox.queue.worker import SlotStore, Worker
 
 log = logging.getLogger("cronbox")
 
@@ -72,6 +74,30 @@ class BrokerWorkStats:
     not_here: list[str] = field(default_factory=list)  # handlers named by jobs this worker lacks
 
 
+class BrokerStore(SlotStore):
+    """The worker's writes (SlotStore's), but a job it took and gives back unstarted (the run stops)
+    goes back to the broker as it came: reserved under its message's token (jobstore.untake, leased
+    for its queue's republish_after as after a publish) for the message the worker then requeues
+    (`given_back`), not ready for the next publish."""
+
+    def __init__(self, republish_after: dict[str, float]):
+        super().__init__()
+        self.republish_after = republish_after  # queue -> seconds
+        self.sent: dict[int, tuple[str, str]] = {}  # job id -> (its message's token, its queue), while taken here
+        self.given_back: set[int] = set()  # job ids whose messages go back to the queue
+
+    def release(self, session, ids, token, now):
+        back = {job_id: self.sent[job_id] for job_id in ids if job_id in self.sent}
+        released = jobstore.release(session, [job_id for job_id in ids if job_id not in back], token, now)
+        for queue in {queue for _token, queue in back.values()}:
+            lease = now + timedelta(seconds=self.republish_after[queue])
+            released += jobstore.untake(session, {job_id: sent for job_id, (sent, q) in back.items() if q == queue},
+                                        token, lease)
+        self._free(session, ids)
+        self.given_back.update(back)
+        return released
+
+
 class BrokerWorker(Worker):
     def __init__(self, runtime, address: BrokerAddress, forwarded: list[BrokerQueue], *, prefetch: int = 10,
                  heartbeat_seconds: int = HEARTBEAT, stop_when_empty: bool = False):
@@ -82,6 +108,7 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
+        self.store = BrokerStore({f.name: f.republish_after for f in forwarded})
         self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",
                                      per_window=REFUSALS_LOGGED)
         self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
@@ -172,12 +199,14 @@ class BrokerWorker(Worker):
         named = [(job.job_id, job.claim_token) for _m, job in batch]
         take = self._transaction(lambda s: jobstore.take(s, self.registry, self.queues, named, now=now,
                                                          lease_margin=margin))
-        left.pop(0)  # taken, refused or waiting elsewhere: from here its messages only need their acks
+        left.pop(0)  # taken, refused or waiting elsewhere: from here its messages only need their acks (or requeue)
         for position, why in take.refused.items():
             message, job = batch[position]
             self.broker_stats.stale += 1
             self.refusals.log("amqp work: queues=%s message=%s job=%d refused: %s", self.names, shown_id(message, job),
                               job.job_id, clean_text(why, 200))
+        for item in take.taken:
+            self.store.sent[item.id] = (named[take.taken_by[item.id]][1], item.queue)
         started = False
         try:
             for item in take.not_here:
@@ -190,11 +219,23 @@ class BrokerWorker(Worker):
                 self._release(take.taken, best_effort=True)
             raise
         finally:
-            try:
-                for message, _job in batch:
+            self._settle(batch, take)
+
+    def _settle(self, batch: list, take: jobstore.Take) -> None:
+        """The batch's messages, in delivery order: requeued if their job went back to the broker
+        unstarted (BrokerStore.release), else acked (the row says the rest)."""
+        back = {position for job_id, position in take.taken_by.items() if job_id in self.store.given_back}
+        for job_id in take.taken_by:
+            self.store.sent.pop(job_id, None)
+            self.store.given_back.discard(job_id)
+        try:
+            for position, (message, _job) in enumerate(batch):
+                if position in back:
+                    self.link.give_back(message.delivery_tag)
+                else:
                     self.link.ack(message.delivery_tag)
-            except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
-                self.link.close(graceful=False)
+        except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
+            self.link.close(graceful=False)
 
     def _give_back(self, batches: list) -> None:
         if not self.link.is_open:

@@ -8,7 +8,8 @@ available_at <= now). A reserved job whose lease ran out is due again, alone. Ev
 guarded by `claim_token`: rowcount 0 means the lease was lost.
 A queue forwarded to the broker (outbox.queue.forward_jobs) has the same states: the publisher's
 claim reserves its jobs under a publish token each, and a broker worker takes them (a token of its own,
-the attempt counted) by the id and token their messages carry.
+the attempt counted) by the id and token their messages carry, or gives one it did not start back
+(untake: under its publish token again, the attempt given back).
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
 # under a claim token of its own (one per job, never shared with the other jobs of its publish), its
 # message carries id and token; a broker worker takes it by both, paired, in a short transaction of
 # its own that gives it a token of the worker's own (only one copy of a message can), and every later
-# write is guarded by that one.
+# write is guarded by that one. A worker that stops before starting a job it took gives it back
+# (untake): reserved under its message's token again, as before the take, and the message requeued.
 
 PAIRS_PER_STATEMENT = 300  # (id, token) pairs cost 3 parameters each: SQLite before 3.32 allows 999 a statement
 
@@ -286,6 +288,18 @@ def take(session: Session, registry: Jobs, queues: list[str], named: list[tuple[
         for job_id in set(claims) - {item.id for item in taken}:
             refused[claims.pop(job_id)] = TAKEN_MEANWHILE
     return Take(taken, not_here, refused, claims)
+
+
+def untake(session: Session, sent: dict[int, str], token: str, lease_until: datetime) -> int:
+    """Give back to the broker jobs a worker took (under `token`) and did not start, the worker
+    stopping: each reserved again under the token its message carried (`sent`: job id -> token),
+    not taken (`reserved_at` cleared), the attempt given back, leased until `lease_until` (now +
+    republish_after, as a confirmed publish), so that message, requeued, takes it again. Guarded by
+    the worker's token: a job whose lease it lost is left alone."""
+    pairs = list(sent.items())
+    return sum(session.execute(update(J).where(_held([job_id for job_id, _t in chunk], token)).values(
+        claim_token=case(dict(chunk), value=J.c.id), reserved_at=None, attempts=J.c.attempts - 1,
+        available_at=lease_until)).rowcount for chunk in _chunks(pairs))
 
 
 CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,

@@ -480,19 +480,22 @@ def test_forward_jobs_refuses_what_the_broker_or_the_rows_cannot_take():
     assert registry.broker_queues.get("sms").broker_queue == "cronbox.jobs.sms"
 
 
-def test_a_stopping_worker_leaves_what_it_did_not_start_without_an_attempt(runtime, registry, rabbit, forwarded):
+def test_a_stopping_worker_gives_what_it_did_not_start_back_to_the_queue_as_it_was_sent(runtime, registry, rabbit,
+                                                                                       forwarded):
+    """Issue 35 (12): the jobs a stopping worker read, or took with the one it ran, but did not start
+    go back to the broker queue as they were sent: their rows reserved under their messages' tokens
+    again, no attempt used, so the next worker runs them with no tick in between."""
     ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(4)])
     publish(runtime)
+    sent = {r.id: r.claim_token for r in job_rows(runtime, ids).values()}
     worker = work(runtime, rabbit, forwarded, max_handled=1)  # stops after one job
     assert worker.stats.done == 1
-    rows = job_rows(runtime, ids)
-    # The other three: back on the broker untaken (their messages requeued, rows as sent) or, if taken
-    # with the first, released (ready: sent again). Either way no attempt used.
-    assert sorted(r.status for r in rows.values())[0] == "done"
-    assert {r.attempts for r in rows.values() if r.status != "done"} == {0}
-    assert waiting(rabbit, forwarded.broker_queue) == sum(r.status == "reserved" for r in rows.values())
-    publish(runtime)
-    work(runtime, rabbit, forwarded)
+    left = [r for r in job_rows(runtime, ids).values() if r.status != "done"]
+    assert len(left) == 3
+    assert [(r.status, r.claim_token, r.reserved_at, r.attempts) for r in left] == \
+           [("reserved", sent[r.id], None, 0) for r in left]
+    assert waiting(rabbit, forwarded.broker_queue) == 3
+    assert work(runtime, rabbit, forwarded).broker_stats.stale == 0  # no publish in between
     rows = job_rows(runtime, ids)
     assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
     assert sorted(n for _c, n, _a in effects(runtime)) == [0, 1, 2, 3]
