@@ -15,6 +15,7 @@ token, the one row and the ack UPDATE in one transaction, basic_ack).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -164,7 +165,8 @@ def job_message(queue: str, row) -> tuple:
     token, trace_id = floor_sql.text_of(row.claim_token), floor_sql.text_of(row.trace_id)
     body = json.dumps({"job": row.id, "claim_token": token}, separators=(",", ":")).encode()
     return (queue, body, {
-        "content_type": "application/json", "delivery_mode": 2, "message_id": f"cronbox-job-{row.id}-{token}",
+        "content_type": "application/json", "delivery_mode": 2,
+        "message_id": f"cronbox-job-{row.id}-{hashlib.sha256(token.encode()).hexdigest()[:16]}",
         "correlation_id": trace_id, "type": "cronbox.job", "app_id": "cronbox",
         "application_headers": {"x-cronbox-queue": floor_sql.text_of(row.queue),
                                 "x-cronbox-handler": floor_sql.text_of(row.handler), "x-trace-id": trace_id}})
@@ -190,13 +192,12 @@ def jobs_publish(engine) -> int:
     with engine.connect() as c:
         while True:
             with c.begin():
-                token, rows = floor_sql.claim_to_publish(engine, c, jobs, floor_sql.utcnow())
+                rows = floor_sql.claim_to_publish(engine, c, jobs, floor_sql.utcnow())
             if not rows:
                 break
             publisher.send([job_message(queue, row) for row in rows])
             with c.begin():
-                assert floor_sql.published(c, jobs, token, [r.id for r in rows],
-                                           floor_sql.utcnow() + floor_sql.REPUBLISH_AFTER) == len(rows)
+                assert floor_sql.published(c, jobs, rows, floor_sql.utcnow() + floor_sql.REPUBLISH_AFTER) == len(rows)
             done += len(rows)
     publisher.close()
     return done
@@ -215,8 +216,8 @@ def jobs_bare(n: int) -> None:
 
 def jobs_work(engine, n: int) -> None:
     """The bare broker worker: basic_consume with prefetch 10 (`amqp work`'s default) on one database
-    connection; per message its body parsed, the job taken by id and token (floor_sql.job_take: UPDATE
-    and read back, its own transaction), basic_ack (one per message), its payload parsed, then one
+    connection; per message its body parsed, the job taken by id and token (floor_sql.job_take: the row
+    read, then the UPDATE by its pair, its own transaction), basic_ack (one per message), its payload parsed, then one
     transaction: the one row INSERT in a savepoint (ctx.session's), the token-guarded ack UPDATE, COMMIT."""
     jobs = floor_sql.tables(engine).tables["cronbox_jobs"]
     ack = floor_sql.job_ack(jobs)

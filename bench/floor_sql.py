@@ -23,7 +23,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import MetaData, Table, bindparam, case, create_engine, event, select, text, update
+from sqlalchemy import MetaData, Table, and_, bindparam, case, create_engine, event, or_, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -260,11 +260,25 @@ PUBLISH_LEASE = timedelta(seconds=10 + 30)  # the claim's lease: confirm wait (1
 REPUBLISH_AFTER = timedelta(seconds=1800)  # forward_jobs' default: the lease once the broker confirmed
 
 
+PAIRS_PER_STATEMENT = 300  # jobstore's: (id, token) pairs per statement
+
+
+def _chunks(items: list):
+    return [items[start:start + PAIRS_PER_STATEMENT] for start in range(0, len(items), PAIRS_PER_STATEMENT)]
+
+
+def _paired(jobs: Table, pairs):
+    """jobstore._paired: rows by (id, token), each id with its own token, the ids for the primary key."""
+    return and_(jobs.c.id.in_([job_id for job_id, _t in pairs]),
+                or_(*(and_(jobs.c.id == job_id, jobs.c.claim_token == ident(jobs, "claim_token", t))
+                      for job_id, t in pairs)))
+
+
 def claim_to_publish(engine, c, jobs: Table, now):
     """jobstore.claim_to_publish for one queue, nothing expired: the reserved jobs whose lease ran out
     (none here), then up to PUBLISH_BATCH ready ones, each read locked with FOR UPDATE SKIP LOCKED
-    (SQLite: plain, under BEGIN IMMEDIATE), stamped reserved under a new token and read back.
-    Returns (token, rows)."""
+    (SQLite: plain, under BEGIN IMMEDIATE), stamped reserved under a new token, given a token each
+    (one UPDATE per PAIRS_PER_STATEMENT jobs) and read back. Returns the rows."""
     token = uuid.uuid4().hex
     queue, handlers = ident(jobs, "queue", JOBS_QUEUE), [ident(jobs, "handler", JOB_WRITE)]
 
@@ -276,35 +290,42 @@ def claim_to_publish(engine, c, jobs: Table, now):
     assert not c.scalars(candidates("reserved")).all()  # the bench never lets a lease run out
     ids = c.scalars(candidates("ready")).all()
     if not ids:
-        return token, []
+        return []
     c.execute(update(jobs).where(jobs.c.id.in_(ids)).values(
         claim_token=ident(jobs, "claim_token", token), status="reserved", available_at=now + PUBLISH_LEASE))
-    return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(jobs.c.id.in_(ids))).all()
+    for chunk in _chunks(ids):
+        c.execute(update(jobs).where(jobs.c.id.in_(chunk), jobs.c.claim_token == ident(jobs, "claim_token", token))
+                  .values(claim_token=case({i: ident(jobs, "claim_token", uuid.uuid4().hex) for i in chunk},
+                                           value=jobs.c.id)))
+    return c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(jobs.c.id.in_(ids))).all()
 
 
-def published(c, jobs: Table, token: str, ids, lease_until) -> int:
-    """jobstore.published: the confirmed jobs' lease extended (never shortened), guarded by the token."""
+def published(c, jobs: Table, rows, lease_until) -> int:
+    """jobstore.published: the confirmed jobs' lease extended (never shortened), guarded by each job's token."""
     later = case((jobs.c.available_at > lease_until, jobs.c.available_at), else_=lease_until)
-    return c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token),
-                                        jobs.c.status == "reserved").values(available_at=later)).rowcount
+    pairs = [(r.id, text_of(r.claim_token)) for r in rows]
+    return sum(c.execute(update(jobs).where(_paired(jobs, chunk), jobs.c.status == "reserved")
+                         .values(available_at=later)).rowcount for chunk in _chunks(pairs))
 
 
 JOB_TIMEOUT = 30  # floor_handlers' one-row job: its lease at the take is timeout + CRONBOX_LEASE_MARGIN (30 s)
 
 
 def job_take(c, jobs: Table, named: list[tuple[int, str]], now):
-    """jobstore.take: the jobs the messages name, still reserved under a token a message carries,
-    stamped with a token of the worker's own, the attempt counted and the handler's lease; read back.
-    Returns (token, rows)."""
+    """jobstore.take: the rows the messages name read (with their status and queue, to check each
+    message's own token), then the ones still reserved under it stamped with a token of the worker's
+    own, the attempt counted and the handler's lease, by (id, token) pairs. Returns (token, rows as read)."""
     token = uuid.uuid4().hex
-    ids = [job_id for job_id, _token in named]
-    tokens = list(dict.fromkeys(ident(jobs, "claim_token", t) for _id, t in named))
-    c.execute(update(jobs).where(jobs.c.id.in_(ids), jobs.c.claim_token.in_(tokens), jobs.c.status == "reserved",
+    ids = list(dict.fromkeys(job_id for job_id, _token in named))
+    rows = c.execute(select(*(jobs.c[name] for name in CLAIMED), jobs.c.status).where(jobs.c.id.in_(ids))).all()
+    by_id = {r.id: r for r in rows}
+    assert all(text_of(by_id[i].claim_token) == t for i, t in named)  # the bench sends only its own
+    c.execute(update(jobs).where(_paired(jobs, named), jobs.c.status == "reserved",
+                                 jobs.c.queue.in_([ident(jobs, "queue", JOBS_QUEUE)]),
                                  jobs.c.handler.in_([ident(jobs, "handler", JOB_WRITE)])).values(
         claim_token=ident(jobs, "claim_token", token), attempts=jobs.c.attempts + 1, reserved_at=now,
         available_at=now + timedelta(seconds=JOB_TIMEOUT + 30)))
-    return token, c.execute(select(*(jobs.c[name] for name in CLAIMED)).where(
-        jobs.c.id.in_(ids), jobs.c.claim_token == ident(jobs, "claim_token", token))).all()
+    return token, rows
 
 
 def job_ack(jobs: Table):

@@ -5,6 +5,7 @@ PermanentFailure, the failed list and `queue retry`, a redelivered job's attempt
 worker lacks, and the broker unreachable for a while."""
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -161,6 +162,97 @@ def test_duplicate_stale_and_foreign_copies_never_run_twice(runtime, registry, r
     assert job_rows(runtime, [job_id])[job_id].status == "done"
 
 
+SECRET = "PAYLOAD-SECRET-7731"  # in every payload: never in a log line
+
+
+def refusal_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and r.getMessage().startswith("amqp work:") and " refused: " in r.getMessage()]
+
+
+def test_a_message_runs_only_its_own_job_of_its_own_queue_and_each_refused_copy_is_one_warning(
+        runtime, registry, rabbit, forwarded, caplog):
+    """Issue 35 (3, 9): a job message is a claim on one job of one queue. On the sms worker's broker
+    queue: a report job's message, a real sms job's id with the token of another job of the same
+    publish, the copy of a job already done, a forged id. Each is refused: its job untouched, one
+    WARNING line with the message id and the reason (no token, no payload); the right worker runs
+    every job exactly once."""
+    caplog.set_level("INFO", logger="cronbox")
+
+    @outbox.job("report", name="report", registry=registry)  # registered in the sms worker too: same code
+    def report(payload, ctx):
+        ctx.session.execute(consumed.insert().values(consumer="report", n=payload["n"], attempt=ctx.attempt))
+
+    reports = forward_jobs("report", broker_queue=rabbit.name("jobs.report"), republish_after=60, registry=registry)
+    rabbit.queues.append(reports.broker_queue)
+    [done_id] = dispatch(runtime, registry, "send", [{"n": 0, "secret": SECRET}])
+    publish(runtime)
+    [done_copy] = rabbit.take(forwarded.broker_queue)
+    rabbit.channel.basic_publish(done_copy, exchange="", routing_key=forwarded.broker_queue)
+    work(runtime, rabbit, forwarded)
+    assert job_rows(runtime, [done_id])[done_id].status == "done"
+
+    ids = dispatch(runtime, registry, "send", [{"n": 1, "secret": SECRET}, {"n": 2, "secret": SECRET}])
+    [report_id] = dispatch(runtime, registry, "report", [{"n": 3, "secret": SECRET}])
+    publish(runtime)
+    sms_messages = rabbit.take(forwarded.broker_queue)
+    [report_message] = rabbit.take(reports.broker_queue)
+    tokens = {json.loads(m.body)["job"]: json.loads(m.body)["claim_token"]
+              for m in [*sms_messages, report_message, done_copy]}
+    refused = [  # (body, message id, what its WARNING line says)
+        (report_message.body, report_message.properties["message_id"], "queue report"),
+        (json.dumps({"job": ids[0], "claim_token": tokens[ids[1]]}), "forged-other-token", "claim token"),
+        (done_copy.body, done_copy.properties["message_id"], "done"),
+        (json.dumps({"job": 10 ** 9, "claim_token": tokens[ids[0]]}), "forged-id", "no such job"),
+    ]
+    for body, message_id, _why in refused:  # ahead of the real ones: read and taken in one batch with them
+        rabbit.channel.basic_publish(amqp.Message(body, message_id=message_id), exchange="",
+                                     routing_key=forwarded.broker_queue)
+    for message in sms_messages:
+        rabbit.channel.basic_publish(message, exchange="", routing_key=forwarded.broker_queue)
+    before = job_rows(runtime, [report_id])[report_id]
+    caplog.clear()
+    worker = work(runtime, rabbit, forwarded)
+    assert worker.stats.done == 2 and worker.broker_stats.stale == 4
+    after = job_rows(runtime, [report_id])[report_id]
+    assert (after.status, after.claim_token, after.attempts, after.available_at, after.reserved_at) == \
+           (before.status, before.claim_token, before.attempts, before.available_at, before.reserved_at)
+    lines = refusal_lines(caplog)
+    assert len(lines) == len(refused), lines
+    for (_body, message_id, why), line in zip(refused, lines):
+        assert f"message={message_id} " in line and why in line, line
+
+    rabbit.channel.basic_publish(report_message, exchange="", routing_key=reports.broker_queue)
+    report_worker = BrokerWorker(runtime, parse_url(rabbit.url), [reports], stop_when_empty=True)
+    assert report_worker.work(Budget(max_time=30, memory_mb=None)).exit_code == 0
+    assert sorted(effects(runtime)) == [("report", 3, 1), ("send", 0, 1), ("send", 1, 1), ("send", 2, 1)]
+    assert {r.status for r in job_rows(runtime, [done_id, *ids, report_id]).values()} == {"done"}
+    for token in tokens.values():
+        assert token not in caplog.text
+    assert SECRET not in caplog.text
+
+
+@pytest.mark.backends("sqlite")  # how many lines a flood costs does not depend on the database
+def test_a_flood_of_forged_messages_costs_a_bounded_number_of_log_lines_and_a_count(runtime, registry, rabbit,
+                                                                                  forwarded, caplog):
+    caplog.set_level("INFO", logger="cronbox")
+    flood = 60
+    rabbit.channel.queue_declare(forwarded.broker_queue, durable=True, auto_delete=False)  # as a publish would
+    for n in range(flood):
+        body = json.dumps({"job": 10 ** 9 + n, "claim_token": "f" * 32}) if n % 3 else "not a job"
+        rabbit.channel.basic_publish(amqp.Message(body, message_id=f"forged-{n}"), exchange="",
+                                     routing_key=forwarded.broker_queue)
+    worker = work(runtime, rabbit, forwarded)
+    assert worker.broker_stats.stale + worker.broker_stats.bad == flood
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    one_each = [w for w in warnings if " refused: " in w or " dropped: " in w]
+    summaries = [w for w in warnings if "more not logged" in w]
+    # A minute's window: a slow run may open a second one, never more lines than that.
+    assert 1 <= len(one_each) <= 2 * 10 and summaries, warnings
+    left_out = sum(int(w.split(" more not logged")[0].rsplit(" ", 1)[1]) for w in summaries)
+    assert len(one_each) + left_out == flood, warnings
+
+
 def test_retries_wait_their_backoff_and_are_published_again(runtime, registry, rabbit, forwarded):
     [job_id] = dispatch(runtime, registry, "send", [{"n": 1, "fail": 2}])
     row = run_until_done(runtime, rabbit, forwarded, job_id)
@@ -205,24 +297,34 @@ def test_permanent_failure_is_failed_where_operators_look_and_the_console_retry_
 def test_only_one_copy_takes_a_job_and_the_take_counts_its_attempt(runtime, registry, rabbit, forwarded):
     ids = dispatch(runtime, registry, "send", [{"n": 1}, {"n": 2}])
     publish(runtime)
-    # What a worker reads: the id and the publish's token, nothing of the payload.
+    # What a worker reads: the id and the job's own token, nothing of the payload; the message id names
+    # the claim without its token.
     message = rabbit.channel.basic_get(forwarded.broker_queue, no_ack=True)
-    token = job_rows(runtime, ids)[ids[0]].claim_token
-    assert json.loads(message.body) == {"job": ids[0], "claim_token": token}
-    assert message.properties["delivery_mode"] == 2 and message.properties["message_id"] == f"cronbox-job-{ids[0]}-{token}"
+    tokens = [job_rows(runtime, ids)[job_id].claim_token for job_id in ids]
+    assert tokens[0] != tokens[1]  # one publish, a token per job
+    assert json.loads(message.body) == {"job": ids[0], "claim_token": tokens[0]}
+    digest = hashlib.sha256(tokens[0].encode()).hexdigest()[:16]
+    assert message.properties["delivery_mode"] == 2 and message.properties["message_id"] == f"cronbox-job-{ids[0]}-{digest}"
     assert message.properties["application_headers"]["x-cronbox-handler"] == "send"
     rabbit.channel.queue_purge(forwarded.broker_queue)
-    named = [(ids[0], token), (ids[0], token), (ids[1], token)]  # a copy of the first message came twice
+    # A copy of the first message came twice; the second job is named with the first's token, then with its own.
+    named = [(ids[0], tokens[0]), (ids[0], tokens[0]), (ids[1], tokens[0]), (ids[1], tokens[1])]
     now = clock.utcnow()
     with runtime.sessions() as session:
-        taken, not_here = jobstore.take(session, registry.jobs, named, now=now, lease_margin=5)
+        took = jobstore.take(session, registry.jobs, ["sms"], named, now=now, lease_margin=5)
         session.commit()
-    assert [item.id for item in taken] == ids and not_here == []
-    assert {item.attempts for item in taken} == {1} and taken[0].claim_token != token
+    taken = took.taken
+    assert [item.id for item in taken] == ids and took.not_here == [] and took.taken_by == {ids[0]: 0, ids[1]: 3}
+    assert took.refused == {1: jobstore.COPY_IN_BATCH, 2: jobstore.TOKEN_NOT_THE_JOBS}
+    assert {item.attempts for item in taken} == {1} and taken[0].claim_token not in tokens
     assert taken[0].lease_until == now + timedelta(seconds=10 + 5)  # the handler's timeout + margin, as a claim's
+    rows = job_rows(runtime, ids)  # what the take returned is what it wrote
+    assert [(rows[i].claim_token, rows[i].attempts, rows[i].available_at, rows[i].reserved_at) for i in ids] == \
+           [(item.claim_token, item.attempts, item.lease_until, now) for item in taken]
     with runtime.sessions() as session:  # a later copy, or one racing it: the token it carries is gone
-        assert jobstore.take(session, registry.jobs, named, now=now, lease_margin=5) == ([], [])
+        again = jobstore.take(session, registry.jobs, ["sms"], named, now=now, lease_margin=5)
         session.commit()
+    assert (again.taken, again.not_here) == ([], []) and set(again.refused.values()) == {jobstore.TOKEN_NOT_THE_JOBS}
     # The taker died: once the lease ends the publisher sends them again under the taker's token,
     # flagged, and the next worker takes each alone; the attempt the dead one used stays used.
     with runtime.sessions() as session:
@@ -250,7 +352,8 @@ def test_a_job_on_its_last_try_whose_taker_died_fails_without_running_again(runt
     token = job_rows(runtime, [job_id])[job_id].claim_token
     with runtime.sessions() as session:  # taken three times by workers that died (tries=3)
         for _ in range(3):
-            [item], _ = jobstore.take(session, registry.jobs, [(job_id, token)], now=clock.utcnow(), lease_margin=5)
+            [item] = jobstore.take(session, registry.jobs, ["sms"], [(job_id, token)], now=clock.utcnow(),
+                                   lease_margin=5).taken
             token = item.claim_token
         session.execute(update(J).where(J.c.id == job_id).values(available_at=clock.utcnow() - timedelta(seconds=1)))
         session.commit()
@@ -377,19 +480,22 @@ def test_forward_jobs_refuses_what_the_broker_or_the_rows_cannot_take():
     assert registry.broker_queues.get("sms").broker_queue == "cronbox.jobs.sms"
 
 
-def test_a_stopping_worker_leaves_what_it_did_not_start_without_an_attempt(runtime, registry, rabbit, forwarded):
+def test_a_stopping_worker_gives_what_it_did_not_start_back_to_the_queue_as_it_was_sent(runtime, registry, rabbit,
+                                                                                       forwarded):
+    """Issue 35 (12): the jobs a stopping worker read, or took with the one it ran, but did not start
+    go back to the broker queue as they were sent: their rows reserved under their messages' tokens
+    again, no attempt used, so the next worker runs them with no tick in between."""
     ids = dispatch(runtime, registry, "send", [{"n": n} for n in range(4)])
     publish(runtime)
+    sent = {r.id: r.claim_token for r in job_rows(runtime, ids).values()}
     worker = work(runtime, rabbit, forwarded, max_handled=1)  # stops after one job
     assert worker.stats.done == 1
-    rows = job_rows(runtime, ids)
-    # The other three: back on the broker untaken (their messages requeued, rows as sent) or, if taken
-    # with the first, released (ready: sent again). Either way no attempt used.
-    assert sorted(r.status for r in rows.values())[0] == "done"
-    assert {r.attempts for r in rows.values() if r.status != "done"} == {0}
-    assert waiting(rabbit, forwarded.broker_queue) == sum(r.status == "reserved" for r in rows.values())
-    publish(runtime)
-    work(runtime, rabbit, forwarded)
+    left = [r for r in job_rows(runtime, ids).values() if r.status != "done"]
+    assert len(left) == 3
+    assert [(r.status, r.claim_token, r.reserved_at, r.attempts) for r in left] == \
+           [("reserved", sent[r.id], None, 0) for r in left]
+    assert waiting(rabbit, forwarded.broker_queue) == 3
+    assert work(runtime, rabbit, forwarded).broker_stats.stale == 0  # no publish in between
     rows = job_rows(runtime, ids)
     assert {r.status for r in rows.values()} == {"done"} and {r.attempts for r in rows.values()} == {1}
     assert sorted(n for _c, n, _a in effects(runtime)) == [0, 1, 2, 3]

@@ -27,6 +27,8 @@ _prefix = os.environ.get("TEST_BROKER_PREFIX", "cronbox-test")
 _republish = float(os.environ.get("TEST_REPUBLISH_AFTER", "60"))
 for _queue in QUEUES:
     cronbox.forward_jobs(_queue, broker_queue=f"{_prefix}.{_queue}", republish_after=_republish)
+if os.environ.get("TEST_SHARED_BROKER_QUEUE"):  # a fourth queue, whose messages go to mail's broker queue too
+    cronbox.forward_jobs("digest", broker_queue=f"{_prefix}.mail", republish_after=_republish)
 # A task of the user's Celery, on a queue forwarded as Celery task messages: `amqp work` refuses that queue.
 CELERY_QUEUE = f"{_prefix}-celery"
 cronbox.celery_task("reports.build", queue=CELERY_QUEUE)

@@ -141,3 +141,30 @@ def test_handler_error_texts_escape_controls_and_bidi_marks(char):
     escaped = f"\\x{ord(char):02x}" if ord(char) <= 0xFF else f"\\u{ord(char):04x}"
     assert not has_unshowable(one_line) and one_line == f"pay{escaped}gnp.exe"
     assert traceback.splitlines()[0] == "File x" and not has_unshowable(traceback.replace("\n", ""))
+
+
+def test_limited_lines_log_a_bounded_number_a_window_then_say_how_many_were_left_out(caplog):
+    """outbox.core.logs.LimitedLines (amqp work's refused messages): per window, the first lines and
+    then a count, said once the window is over (idle) or at once when the run stops (final)."""
+    import logging
+
+    from cronbox.outbox.core.logs import LimitedLines
+
+    now = [0.0]
+    lines = LimitedLines(logging.getLogger("cronbox.test"), "refused", per_window=2, window=60, monotonic=lambda: now[0])
+    caplog.set_level("INFO", logger="cronbox.test")
+    for n in range(5):
+        lines.log("message %d", n)
+    lines.flush()  # the window is not over: nothing yet
+    assert [r.getMessage() for r in caplog.records] == ["message 0", "message 1"]
+    now[0] = 60.0
+    lines.flush()
+    assert caplog.records[-1].getMessage() == "refused: 3 more not logged (at most 2 lines every 60s)"
+    lines.flush(final=True)  # said once
+    now[0] = 70.0
+    for n in range(5, 9):  # the next burst: a new window, its own first lines, and a count when the run stops
+        lines.log("message %d", n)
+    lines.flush(final=True)
+    assert [r.getMessage() for r in caplog.records][3:] == ["message 5", "message 6",
+                                                            "refused: 2 more not logged (at most 2 lines every 60s)"]
+    assert {r.levelname for r in caplog.records} == {"WARNING"}

@@ -117,6 +117,7 @@ def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, hear
             raise CommandFailed(f"queue {clean_text(name, 80)!r} is forwarded as Celery task messages: your "
                                 f"`celery worker -Q {declared.broker_queue}` runs them")
         forwarded.append(declared)
+    _refuse_shared_broker_queues(rt.registry.broker_queues.in_order(), forwarded)
     worker = BrokerWorker(rt, _address(rt), forwarded, prefetch=prefetch, heartbeat_seconds=heartbeat,
                           stop_when_empty=stop_when_empty)
     started = clock.monotonic()
@@ -124,11 +125,22 @@ def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, hear
                                 time_headroom=time_headroom(rt.settings)))
     s, b = worker.stats, worker.broker_stats
     click.echo(f"amqp work: {s.done + s.retried + s.gave_up} jobs ({s.done} done, {s.retried} retried, {s.gave_up} "
-               f"failed, {s.deferred} deferred), {b.stale} stale copies, {b.bad} bad messages in "
+               f"failed, {s.deferred} deferred), {b.stale} refused (stale or forged), {b.bad} bad messages in "
                f"{clock.monotonic() - started:.2f}s; stopped: {result.stop_reason}")
     if result.error:
         click.echo(f"error: {result.error}", err=True)
     ctx.exit(result.exit_code)
+
+
+def _refuse_shared_broker_queues(declared, served) -> None:
+    """A worker refuses every message of a queue it does not run (jobstore.take): so it must run every
+    queue whose messages go to the broker queues it reads, or those would be refused, and wait."""
+    names, broker_queues = {f.name for f in served}, {f.broker_queue for f in served}
+    for other in declared:
+        if other.name not in names and other.broker_queue in broker_queues:
+            raise CommandFailed(f"broker queue {clean_text(other.broker_queue, 80)!r} also carries the jobs of queue "
+                                f"{clean_text(other.name, 80)!r}, which this worker would refuse: run them together "
+                                f"(--queue {clean_text(other.name, 80)}), or give each its own broker_queue")
 
 
 @amqp.command()

@@ -111,6 +111,42 @@ def configure_logging(logs_dir: Path, *, level: int = logging.INFO, stderr: bool
     return logger
 
 
+class LimitedLines:
+    """Log lines of one kind that an outsider can cause at will (a forged message on a broker queue, one
+    line each): at most `per_window` of them every `window` seconds, the rest only counted, and one
+    line saying how many were left out once their window has ended. A flood costs a bounded number of
+    lines; a long run still shows every burst, and the count is never lost: `flush()` is called when
+    the run is idle (the window over: say it) and when it stops (`final`: say it now)."""
+
+    def __init__(self, logger: logging.Logger, what: str, *, per_window: int = 10, window: float = 60.0,
+                 level: int = logging.WARNING, monotonic=time.monotonic):
+        self.logger, self.what, self.level = logger, what, level
+        self.per_window, self.window = per_window, window
+        self._monotonic = monotonic
+        self._started: float | None = None  # the current window's start
+        self._shown = 0  # lines logged in it
+        self.left_out = 0  # lines counted instead, not yet summed up in a line
+
+    def log(self, message: str, *args) -> None:
+        now = self._monotonic()
+        if self._started is None or now - self._started >= self.window:
+            self.flush(final=True)
+            self._started, self._shown = now, 0
+        if self._shown < self.per_window:
+            self._shown += 1
+            self.logger.log(self.level, message, *args)
+        else:
+            self.left_out += 1
+
+    def flush(self, *, final: bool = False) -> None:
+        """The line saying how many were left out, once their window has ended (or now: `final`)."""
+        if not self.left_out or not (final or self._monotonic() - self._started >= self.window):
+            return
+        self.logger.log(self.level, "%s: %d more not logged (at most %d lines every %.0fs)", self.what,
+                        self.left_out, self.per_window, self.window)
+        self.left_out = 0
+
+
 def mask_phone(number: str | None) -> str:
     """+989121234567 -> +98*******567: enough to tell numbers apart, not to dial one."""
     if not number:

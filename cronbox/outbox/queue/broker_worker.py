@@ -5,18 +5,24 @@ messages read (outbox.queue.job_messages: a job id and the publisher's claim tok
 outbox.queue.publisher):
 1. read them; a message that is not a job message is dropped (acked, logged: the job's state is its
    row, nothing is lost with it);
-2. take their jobs (jobstore.take), in one short transaction: the rows still reserved under a token
-   the messages carry get a claim token of this worker's own, the attempt counted and the handler's
-   lease, exactly as the database worker's claim. Only one copy of a message can take its job; a
-   copy that finds it taken, finished, failed or sent again under another claim is stale. From here
-   the row is the job's only state: the messages are acked once the batch's jobs ran;
+2. take their jobs (jobstore.take), in one short transaction: a job of this worker's queues still
+   reserved under the token its own message carries gets a claim token of this worker's own, the
+   attempt counted and the handler's lease, exactly as the database worker's claim. Only one copy of
+   a message can take its job; any other message is refused and acked, its job untouched: a copy
+   that finds it taken, finished, failed or sent again under another claim (stale), another queue's
+   job, a token that is not the job's, no such job (forged). Each refusal, and each message that is
+   not a job message, is one WARNING line (the message id and why; never a token or payload), at
+   most REFUSALS_LOGGED a minute and then a count (outbox.core.logs.LimitedLines). From here the row
+   is the job's only state: the messages are acked once the batch's jobs ran;
 3. run the taken jobs through the worker's own path (Processor.process): the same pre-call gate
    (channel pause, concurrency-group slot, cost budgets, rate limit: shared through the database with
    every other worker, broker-fed or not), admission, timeout, and the same token-guarded writes of
    their outcomes: done with the handler's `ctx.session` writes in one transaction, a retry with the
    handler's backoff (the row ready again: the publisher sends it when due), RetryLater without an
    attempt, PermanentFailure or the last try -> failed (`queue failed`, the console, /metrics); jobs
-   taken but not started when the run stops are released (ready again, attempt given back).
+   taken but not started when the run stops go back to the broker (BrokerStore.release): each row
+   reserved again under its message's token, the attempt given back (jobstore.untake), and the
+   message requeued instead of acked, so the next worker runs it without waiting for a publish.
 
 A worker killed after its take leaves the jobs reserved under its token until their leases end, as a
 killed database worker does; the publisher then sends them again (same token, flagged "again"), and
@@ -39,6 +45,7 @@ from datetime import timedelta
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
+from cronbox.outbox.core.logs import LimitedLines
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
@@ -48,22 +55,47 @@ from cronbox.outbox.events.consumer_link import Link
 from cronbox.outbox.events.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
-from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again
-from cronbox.outbox.queue.worker import Worker
+from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
+from cronbox.outbox.queue.worker import SlotStore, Worker
 
 log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60
 UNKNOWN_HANDLER_WAIT = 60.0  # a job whose handler this worker lacks (another version's code) waits, no attempt used
 NAME = "cronbox worker"
+REFUSALS_LOGGED = 10  # WARNING lines a minute for refused or dropped messages; the rest are counted in one line
 
 
 @dataclass
 class BrokerWorkStats:
-    stale: int = 0  # copies whose job another copy took, or that finished, failed or was sent again: acked unrun
+    stale: int = 0  # messages refused (stale or forged: jobstore.take's reasons): acked unrun
     bad: int = 0  # messages that are not job messages: dropped
     connects: int = 0
     not_here: list[str] = field(default_factory=list)  # handlers named by jobs this worker lacks
+
+
+class BrokerStore(SlotStore):
+    """The worker's writes (SlotStore's), but a job it took and gives back unstarted (the run stops)
+    goes back to the broker as it came: reserved under its message's token (jobstore.untake, leased
+    for its queue's republish_after as after a publish) for the message the worker then requeues
+    (`given_back`), not ready for the next publish."""
+
+    def __init__(self, republish_after: dict[str, float]):
+        super().__init__()
+        self.republish_after = republish_after  # queue -> seconds
+        self.sent: dict[int, tuple[str, str]] = {}  # job id -> (its message's token, its queue), while taken here
+        self.given_back: set[int] = set()  # job ids whose messages go back to the queue
+
+    def release(self, session, ids, token, now):
+        back = {job_id: self.sent[job_id] for job_id in ids if job_id in self.sent}
+        released = jobstore.release(session, [job_id for job_id in ids if job_id not in back], token, now)
+        for queue in {queue for _token, queue in back.values()}:
+            lease = now + timedelta(seconds=self.republish_after[queue])
+            released += jobstore.untake(session, {job_id: sent for job_id, (sent, q) in back.items() if q == queue},
+                                        token, lease)
+        self._free(session, ids)
+        self.given_back.update(back)
+        return released
 
 
 class BrokerWorker(Worker):
@@ -76,9 +108,12 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
+        self.store = BrokerStore({f.name: f.republish_after for f in forwarded})
+        self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",
+                                     per_window=REFUSALS_LOGGED)
         self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
         self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
-                               run_inbound=self._run_inbound, connected=self._connected, release=self._release_db,
+                               run_inbound=self._run_inbound, connected=self._connected, release=self._at_rest,
                                sessions=lambda: self.sessions,  # the held connection's, while held
                                stop_when_empty=stop_when_empty)
 
@@ -88,7 +123,16 @@ class BrokerWorker(Worker):
     def work(self, budget: Budget) -> RunResult:
         """Run the queues' jobs as their messages come, until the budget says stop (or, with
         stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
-        return self.loop.run(budget)
+        try:
+            return self.loop.run(budget)
+        finally:
+            self.refusals.flush(final=True)
+
+    def _at_rest(self) -> None:
+        """Idle or stopping: the held connection given back; the refusals left out of the log counted
+        in a line once their minute is over."""
+        self.refusals.flush()
+        self._release_db()
 
     def _connected(self) -> str:
         self.broker_stats.connects += 1
@@ -138,8 +182,7 @@ class BrokerWorker(Worker):
             return read(message.body)
         except NotAJob as bad:
             self.broker_stats.bad += 1
-            mid = clean_text(str((getattr(message, "properties", None) or {}).get("message_id") or "-"), 80)
-            log.warning("amqp work: queues=%s message=%s dropped: %s", self.names, mid, bad)
+            self.refusals.log("amqp work: queues=%s message=%s dropped: %s", self.names, shown_id(message), bad)
             return None
 
     def _run_batch(self, left: list, budget: Budget) -> None:
@@ -153,27 +196,46 @@ class BrokerWorker(Worker):
             return
         now = clock.utcnow()
         margin = self.runtime.settings.lease_margin
-        taken, not_here = self._transaction(lambda s: jobstore.take(
-            s, self.registry, [(named.job_id, named.claim_token) for _m, named in batch], now=now, lease_margin=margin))
-        left.pop(0)  # taken, stale or waiting elsewhere: from here its messages only need their acks
-        self.broker_stats.stale += len(batch) - len(taken) - len(not_here)
+        named = [(job.job_id, job.claim_token) for _m, job in batch]
+        take = self._transaction(lambda s: jobstore.take(s, self.registry, self.queues, named, now=now,
+                                                         lease_margin=margin))
+        left.pop(0)  # taken, refused or waiting elsewhere: from here its messages only need their acks (or requeue)
+        for position, why in take.refused.items():
+            message, job = batch[position]
+            self.broker_stats.stale += 1
+            self.refusals.log("amqp work: queues=%s message=%s job=%d refused: %s", self.names, shown_id(message, job),
+                              job.job_id, clean_text(why, 200))
+        for item in take.taken:
+            self.store.sent[item.id] = (named[take.taken_by[item.id]][1], item.queue)
         started = False
         try:
-            for item in not_here:
+            for item in take.not_here:
                 self._not_here(item)
             started = True
-            if taken:
-                self.process(taken, budget)  # gives back what it does not start, also on an error
+            if take.taken:
+                self.process(take.taken, budget)  # gives back what it does not start, also on an error
         except BaseException:
             if not started:
-                self._release(taken, best_effort=True)
+                self._release(take.taken, best_effort=True)
             raise
         finally:
-            try:
-                for message, _named in batch:
+            self._settle(batch, take)
+
+    def _settle(self, batch: list, take: jobstore.Take) -> None:
+        """The batch's messages, in delivery order: requeued if their job went back to the broker
+        unstarted (BrokerStore.release), else acked (the row says the rest)."""
+        back = {position for job_id, position in take.taken_by.items() if job_id in self.store.given_back}
+        for job_id in take.taken_by:
+            self.store.sent.pop(job_id, None)
+            self.store.given_back.discard(job_id)
+        try:
+            for position, (message, _job) in enumerate(batch):
+                if position in back:
+                    self.link.give_back(message.delivery_tag)
+                else:
                     self.link.ack(message.delivery_tag)
-            except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
-                self.link.close(graceful=False)
+        except Exception:  # the connection gone (a long job outlived its heartbeats): they come back, stale
+            self.link.close(graceful=False)
 
     def _give_back(self, batches: list) -> None:
         if not self.link.is_open:

@@ -3,16 +3,20 @@
 The body names the row and the claim it was published under, nothing more: `{"job": 42,
 "claim_token": "..."}` (JSON). The payload stays in the database (no PHI on the broker), and the row
 is the job's only state: a worker runs the job only while the row still holds that token
-(jobstore.take). Properties: persistent, JSON, `message_id` "cronbox-job-<id>-<token>" (the same for
-every copy of one claim), the job's trace id as `correlation_id`, type "cronbox.job", and headers
+(jobstore.take); each job of a publish has a token of its own, so a message is worth nothing for any
+other job. Properties: persistent, JSON, `message_id` "cronbox-job-<id>-<16 hex digits of the
+token's SHA-256>" (the same for every copy of one claim, and safe to log: the token never is), the
+job's trace id as `correlation_id`, type "cronbox.job", and headers
 naming the queue and handler for an operator looking at the broker (and, on a copy published again
 after its lease ran out, `x-cronbox-again`: taken alone).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
+from cronbox.outbox.core.text import clean_text
 from cronbox.outbox.events.broker import Outgoing
 
 TYPE = "cronbox.job"
@@ -30,7 +34,7 @@ def message_for(broker_queue: str, item, *, again: bool = False) -> Outgoing:
     return Outgoing("", broker_queue, body, {
         "content_type": CONTENT_TYPE,
         "delivery_mode": 2,  # persistent
-        "message_id": f"cronbox-job-{item.id}-{item.claim_token}",
+        "message_id": f"cronbox-job-{item.id}-{hashlib.sha256(item.claim_token.encode()).hexdigest()[:16]}",
         "correlation_id": item.trace_id,
         "type": TYPE,
         "app_id": "cronbox",
@@ -43,6 +47,13 @@ def sent_again(message) -> bool:
     """Is this the copy of a job published again after its lease ran out (AGAIN_HEADER)?"""
     headers = (getattr(message, "properties", None) or {}).get("application_headers") or {}
     return bool(headers.get(AGAIN_HEADER)) if isinstance(headers, dict) else False
+
+
+def shown_id(message, named: JobMessage | None = None) -> str:
+    """A message's `message_id` for a log line: cleaned, cut, and without the token its body carries
+    should the id hold it (a forged message's id is the sender's, and a token is never logged)."""
+    shown = clean_text(str((getattr(message, "properties", None) or {}).get("message_id") or "-"), 80)
+    return shown.replace(named.claim_token, "<token>") if named is not None and named.claim_token in shown else shown
 
 
 @dataclass(frozen=True)

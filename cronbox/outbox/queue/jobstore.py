@@ -7,16 +7,17 @@ one (NULL once finished); the claim reads one index range (queue, status,
 available_at <= now). A reserved job whose lease ran out is due again, alone. Every change after the claim is
 guarded by `claim_token`: rowcount 0 means the lease was lost.
 A queue forwarded to the broker (outbox.queue.forward_jobs) has the same states: the publisher's
-claim reserves its jobs under a publish token, and a broker worker takes them (a token of its own, the
-attempt counted) by the id and token their messages carry.
+claim reserves its jobs under a publish token each, and a broker worker takes them (a token of its own,
+the attempt counted) by the id and token their messages carry, or gives one it did not start back
+(untake: under its publish token again, the attempt given back).
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, case, delete, exists, func, select, update
+from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
@@ -111,15 +112,43 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
 
 # ---- jobs served by the broker (outbox.queue.forward_jobs) ------------------------
 # The publisher's claim and the broker worker's take. Same states: a job on the broker is `reserved`
-# under the publisher's claim token, its message carries id and token; a broker worker takes it by
-# both, in a short transaction of its own that gives it a token of its own (only one copy of a
-# message can), and every later write is guarded by that one.
+# under a claim token of its own (one per job, never shared with the other jobs of its publish), its
+# message carries id and token; a broker worker takes it by both, paired, in a short transaction of
+# its own that gives it a token of the worker's own (only one copy of a message can), and every later
+# write is guarded by that one. A worker that stops before starting a job it took gives it back
+# (untake): reserved under its message's token again, as before the take, and the message requeued.
+
+PAIRS_PER_STATEMENT = 300  # (id, token) pairs cost 3 parameters each: SQLite before 3.32 allows 999 a statement
+
+
+def _chunks(items: list, size: int = PAIRS_PER_STATEMENT):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _paired(pairs: list[tuple[int, str]]):
+    """Rows by (id, claim token), each id with its own token only (the id list lets every server go
+    by the primary key)."""
+    return and_(J.c.id.in_([job_id for job_id, _token in pairs]),
+                or_(*(and_(J.c.id == job_id, J.c.claim_token == token) for job_id, token in pairs)))
+
+
+def _own_tokens(session: Session, ids: list[int], guard) -> None:
+    """Give each of `ids` (rows this transaction holds, still matching `guard`) a claim token of its
+    own: a message then names one job, and its token is worth nothing for any other (a publish's
+    shared token would let any message of it take every job of it)."""
+    for chunk in _chunks(ids):
+        session.execute(update(J).where(J.c.id.in_(chunk), guard).values(
+            claim_token=case({job_id: uuid.uuid4().hex for job_id in chunk}, value=J.c.id)))
+
 
 def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datetime, limit: int, mode: str,
                      lease_until: datetime) -> tuple[list[ClaimedJob], list[ClaimedJob], set[int]]:
     """The jobs of a forwarded queue to publish now: (claimed, again, the ids of `again` a worker had taken).
 
-    claimed: due ready jobs, reserved with a new claim token (`reserved_at` cleared: not taken yet).
+    claimed: due ready jobs, reserved with a new claim token each (`reserved_at` cleared: not taken
+    yet): the claim stamps one token, then one more UPDATE gives each job its own (per
+    PAIRS_PER_STATEMENT jobs), what a message naming only its own job costs.
     No attempt is counted: a job's attempt starts when a worker takes it (take).
     again: reserved jobs whose lease ran out. One never taken (its publish not confirmed, the
     publisher killed; or confirmed but not taken within republish_after) keeps its token: a copy still
@@ -142,73 +171,149 @@ def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datet
     taken_before = {row.id for row in found if row.reserved_at is not None}
     again: list[ClaimedJob] = []
     if ids:
-        retaken = case((J.c.reserved_at.is_(None), J.c.claim_token), else_=uuid.uuid4().hex)
-        session.execute(update(J).where(J.c.id.in_(ids), expired).values(
-            claim_token=retaken, reserved_at=None, available_at=lease_until))
+        if taken_before:  # re-checked under the row lock: a row given back meanwhile is not expired
+            _own_tokens(session, sorted(taken_before), and_(expired, J.c.reserved_at.is_not(None)))
+        session.execute(update(J).where(J.c.id.in_(ids), expired).values(reserved_at=None, available_at=lease_until))
         # What this UPDATE changed, read back by the exact lease it wrote (microseconds on every backend):
         # in token mode (no row locks on the read) a row a worker took meanwhile is not ours to send.
         again = _rows(session, and_(J.c.id.in_(ids), J.c.status == RESERVED, J.c.available_at == lease_until), ids)
-    values = {"claim_token": uuid.uuid4().hex, "status": RESERVED, "available_at": lease_until, "reserved_at": None}
+    token = uuid.uuid4().hex
+    values = {"claim_token": token, "status": RESERVED, "available_at": lease_until, "reserved_at": None}
     claimable = and_(J.c.queue == queue, J.c.status == READY, J.c.available_at <= now)
     fresh = (select(J.c.id).where(claimable, J.c.handler.in_(names))
              .order_by(J.c.available_at, J.c.id).limit(limit - len(again)))
     claimed_ids = claim(session, J, fresh, claimable, values, mode=mode) if len(again) < limit else []
+    if claimed_ids:
+        _own_tokens(session, claimed_ids, J.c.claim_token == token)
     claimed = _rows(session, J.c.id.in_(claimed_ids), claimed_ids) if claimed_ids else []
     return claimed, again, taken_before & {item.id for item in again}
 
 
 def published(session: Session, items: list[ClaimedJob], lease_until: datetime) -> int:
     """The broker has these (confirmed), or a failed publish is to be tried again then: their lease
-    becomes `lease_until`, never shorter than it is. Guarded by each claim token: a job a worker took
-    already (its message can be taken before the confirm is read) has a token of its own, and is left alone."""
-    by_token: dict[str, list[int]] = {}
-    for item in items:
-        by_token.setdefault(item.claim_token, []).append(item.id)
+    becomes `lease_until`, never shorter than it is. Guarded by each job's claim token: a job a worker
+    took already (its message can be taken before the confirm is read) has a token of its own, and is
+    left alone."""
     later = case((J.c.available_at > lease_until, J.c.available_at), else_=lease_until)
-    return sum(session.execute(update(J).where(_held(ids, token)).values(available_at=later)).rowcount
-               for token, ids in by_token.items())
+    pairs = [(item.id, item.claim_token) for item in items]
+    return sum(session.execute(update(J).where(_paired(chunk), J.c.status == RESERVED)
+                               .values(available_at=later)).rowcount for chunk in _chunks(pairs))
 
 
-def take(session: Session, registry: Jobs, named: list[tuple[int, str]], *, now: datetime,
-         lease_margin: float) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
-    """The broker worker's claim of the jobs its messages name ((id, claim token) pairs): (taken, not_here).
+def ack_published(session: Session, items: list[ClaimedJob], now: datetime) -> int:
+    """Done once the broker confirmed them (a Celery task message's jobs: Celery has them), guarded by
+    each job's claim token as ACK is by the batch's."""
+    pairs = [(item.id, item.claim_token) for item in items]
+    done = {**DONE_VALUES, "finished_at": now}
+    return sum(session.execute(update(J).where(_paired(chunk), J.c.status == RESERVED).values(done)).rowcount
+               for chunk in _chunks(pairs))
 
-    taken: the named jobs still reserved under a token a message carries, of handlers registered
-    here, now reserved under one new token with this attempt counted and the handler's lease
-    (timeout + lease_margin), as the database worker's claim does. The UPDATE locks each row and
-    re-reads it (READ COMMITTED): of two copies of one message taken at once, the second finds the
-    token changed and takes nothing; a copy that comes later is stale the same way. Only publish
-    tokens are ever in a message (a job sent again after a worker took it gets a new one:
-    claim_to_publish), so a job a worker holds is never matched.
-    not_here: named jobs still on the broker whose handler this worker does not have (read only when
-    some named job was not taken)."""
+
+@dataclass
+class Take:
+    """What a broker worker's take made of each message of its batch (`named`, by position)."""
+    taken: list[ClaimedJob]  # this worker's now, in message order
+    not_here: list[ClaimedJob]  # valid claims of this worker's queues whose handler it does not have
+    refused: dict[int, str]  # message position -> why it runs nothing (no token, no payload in it)
+    taken_by: dict[int, int]  # taken job id -> the position of the message that took it
+
+
+# Why a message names nothing to run here, by the job's status (the claim token compared after it).
+NOT_ON_THE_BROKER = {DONE: "the job is done", FAILED: "the job failed",
+                     READY: "the job is not on the broker (ready: published again when due)"}
+TOKEN_NOT_THE_JOBS = "not the job's claim token (a copy taken already, a claim sent again, or forged)"
+COPY_IN_BATCH = "a copy of a message taken in this batch"
+TAKEN_MEANWHILE = "another worker took the job meanwhile"
+
+
+def take(session: Session, registry: Jobs, queues: list[str], named: list[tuple[int, str]], *, now: datetime,
+         lease_margin: float) -> Take:
+    """The broker worker's claim of the jobs its messages name ((id, claim token) pairs), for a worker
+    of `queues`.
+
+    One read of the named rows says what each message may take: a job of one of `queues`, reserved
+    under the very token its own message carries (never a token of another message of the batch),
+    whose handler is registered here, first message first. Everything else is refused, with the
+    reason, and left untouched: no such job, another queue's job (a message moved to this worker's
+    broker queue), a job done, failed or ready, a token that is not the job's (a copy taken already,
+    or sent again under a new claim, or forged), a second copy in the batch. A job whose handler this
+    worker lacks is `not_here`. Then one UPDATE (per PAIRS_PER_STATEMENT) takes the claimable ones,
+    each by its own pair: a
+    token of the worker's own, the attempt counted, the handler's lease (timeout + lease_margin), as
+    the database worker's claim. It re-checks every condition under the row lock (READ COMMITTED: the
+    latest committed version; SQLite: BEGIN IMMEDIATE, nobody in between), so of two copies of one
+    message taken at once the second takes nothing; the rows are read back only if it took fewer
+    than it was given (another worker's take in between), else built from the read."""
     if not named:
-        return [], []
+        return Take([], [], {}, {})
+    handlers = {h.name: h for h in registry.all() if h.queue in queues}
     ids = list(dict.fromkeys(job_id for job_id, _token in named))
-    tokens = list(dict.fromkeys(token for _job_id, token in named))
-    on_broker = and_(J.c.id.in_(ids), J.c.claim_token.in_(tokens), J.c.status == RESERVED)
-    leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in registry.all()}
-    token = uuid.uuid4().hex
-    taken: list[ClaimedJob] = []
-    if leases:
-        session.execute(update(J).where(on_broker, J.c.handler.in_(list(leases))).values(
-            claim_token=token, attempts=J.c.attempts + 1, reserved_at=now,
-            available_at=case(leases, value=J.c.handler, else_=max(leases.values()))))
-        taken = _rows(session, and_(J.c.id.in_(ids), J.c.claim_token == token), ids)
+    rows = {r.id: r for chunk in _chunks(ids) for r in session.execute(select(*CLAIMED, J.c.status)
+                                                                        .where(J.c.id.in_(chunk)))}
+    claims: dict[int, int] = {}  # job id -> the position of the message that may take it
     not_here: list[ClaimedJob] = []
-    if len(taken) < len(ids):
-        not_here = _rows(session, on_broker if not leases else and_(on_broker, J.c.handler.not_in(list(leases))), ids)
-    return taken, not_here
+    refused: dict[int, str] = {}
+    for position, (job_id, token) in enumerate(named):
+        row = rows.get(job_id)
+        if row is None:
+            refused[position] = "no such job"
+        elif row.queue not in queues:
+            refused[position] = f"a job of queue {row.queue}, which this worker does not run"
+        elif row.status != RESERVED:
+            refused[position] = NOT_ON_THE_BROKER.get(row.status, f"the job is {row.status}")
+        elif row.claim_token != token:
+            refused[position] = TOKEN_NOT_THE_JOBS
+        elif job_id in claims or any(item.id == job_id for item in not_here):
+            refused[position] = COPY_IN_BATCH
+        elif row.handler not in handlers:
+            not_here.append(_claimed(row))
+        else:
+            claims[job_id] = position
+    if not claims:
+        return Take([], not_here, refused, {})
+    leases = {name: now + timedelta(seconds=h.timeout + lease_margin) for name, h in handlers.items()}
+    mine = uuid.uuid4().hex
+    pairs = [(job_id, named[position][1]) for job_id, position in claims.items()]
+    values = {"claim_token": mine, "attempts": J.c.attempts + 1, "reserved_at": now,
+              "available_at": case(leases, value=J.c.handler, else_=max(leases.values()))}
+    took = sum(session.execute(update(J).where(_paired(chunk), J.c.status == RESERVED, J.c.queue.in_(queues),
+                                               J.c.handler.in_(list(leases))).values(values)).rowcount
+               for chunk in _chunks(pairs))
+    order = list(claims)  # in message order
+    if took == len(claims):
+        taken = [replace(_claimed(rows[job_id]), attempts=rows[job_id].attempts + 1, claim_token=mine,
+                         lease_until=leases[rows[job_id].handler]) for job_id in order]
+    else:
+        taken = _rows(session, and_(J.c.id.in_(order), J.c.claim_token == mine), order)
+        for job_id in set(claims) - {item.id for item in taken}:
+            refused[claims.pop(job_id)] = TAKEN_MEANWHILE
+    return Take(taken, not_here, refused, claims)
+
+
+def untake(session: Session, sent: dict[int, str], token: str, lease_until: datetime) -> int:
+    """Give back to the broker jobs a worker took (under `token`) and did not start, the worker
+    stopping: each reserved again under the token its message carried (`sent`: job id -> token),
+    not taken (`reserved_at` cleared), the attempt given back, leased until `lease_until` (now +
+    republish_after, as a confirmed publish), so that message, requeued, takes it again. Guarded by
+    the worker's token: a job whose lease it lost is left alone."""
+    pairs = list(sent.items())
+    return sum(session.execute(update(J).where(_held([job_id for job_id, _t in chunk], token)).values(
+        claim_token=case(dict(chunk), value=J.c.id), reserved_at=None, attempts=J.c.attempts - 1,
+        available_at=lease_until)).rowcount for chunk in _chunks(pairs))
+
+
+CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
+           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)  # a ClaimedJob's columns, in order
+
+
+def _claimed(row) -> ClaimedJob:
+    return ClaimedJob(*row[:len(CLAIMED)])
 
 
 def _rows(session: Session, where, order: list[int]) -> list[ClaimedJob]:
-    rows = session.execute(
-        select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-               J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost).where(where)).all()
+    rows = session.execute(select(*CLAIMED).where(where)).all()
     position = {job_id: index for index, job_id in enumerate(order)}
-    return [ClaimedJob(r.id, r.queue, r.handler, r.payload, r.attempts, r.claim_token, r.available_at,
-                       r.retry_until, r.trace_id, r.concurrency_group, r.cost)
-            for r in sorted(rows, key=lambda r: position.get(r.id, len(position)))]
+    return [_claimed(r) for r in sorted(rows, key=lambda r: position.get(r.id, len(position)))]
 
 
 def _held(ids, token):
@@ -216,9 +321,10 @@ def _held(ids, token):
 
 
 # Built once, as deliveries.ACK: the ack runs once a job when its writes commit with it.
-ACK = (update(J).where(_held(bindparam("ids", expanding=True), bindparam("token")))
-       .values(status=DONE, available_at=None, claim_token=None, unique_key=None, finished_at=bindparam("now"),
-               last_error=None, error_class=None, traceback=None))
+DONE_VALUES = {"status": DONE, "available_at": None, "claim_token": None, "unique_key": None, "last_error": None,
+               "error_class": None, "traceback": None}  # and finished_at
+ACK = update(J).where(_held(bindparam("ids", expanding=True), bindparam("token"))).values(
+    {**DONE_VALUES, "finished_at": bindparam("now")})
 
 
 def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:

@@ -2,7 +2,7 @@
 
 Per forwarded queue and batch:
 1. one short transaction claims what is due (jobstore.claim_to_publish): ready jobs get a new claim
-   token (their attempt is counted when a worker takes them), reserved ones whose lease ran out are
+   token each (their attempt is counted when a worker takes them), reserved ones whose lease ran out are
    sent again: under their token if no worker took them, else under a new one and flagged (a worker
    takes such a copy alone). Their lease is the publish's time (the confirm wait and
    CRONBOX_LEASE_MARGIN);
@@ -123,11 +123,7 @@ class JobPublisher:
         def record(session):
             now = clock.utcnow()
             if forwarded.protocol == CELERY:  # Celery has it: from here its own retry rules apply
-                by_token: dict[str, list[int]] = {}
-                for item in confirmed:
-                    by_token.setdefault(item.claim_token, []).append(item.id)
-                for token, ids in by_token.items():
-                    jobstore.ack(session, ids, token, now)
+                jobstore.ack_published(session, confirmed, now)
             else:
                 jobstore.published(session, confirmed, now + timedelta(seconds=forwarded.republish_after))
             jobstore.published(session, failed, now + timedelta(seconds=PUBLISH_RETRY))
