@@ -1,7 +1,7 @@
 """The forwarder: a forward target's claimed deliveries published to the broker, each acked once
 the broker confirmed it.
 
-A forward target (outbox.forward) is a consumer whose "handler" is a publisher. Its deliveries are
+A forward target (`cronbox.forward`) is a consumer whose "handler" is a publisher. Its deliveries are
 ordinary delivery rows, claimed by the relay like every other consumer's (outbox.events.relay,
 deliveries.claim_due); this module takes over from there, per target and claimed batch:
 
