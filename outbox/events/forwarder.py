@@ -105,9 +105,7 @@ class Forwarder:
             if not self.processor.lease_covers(item, target):
                 continue
             if item.attempts > target.max_attempts:
-                self.processor.give_up(item, target, Outcome(
-                    "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {target.max_attempts} was claimed "
-                                      "but never finished (process killed or lease expired)"))
+                self.processor.give_up_exhausted(item, target)
                 continue
             try:
                 messages.append(message_for(target, item))
