@@ -46,6 +46,21 @@ def invoke(env: dict, *args: str):
     return result
 
 
+def cronbox_log(runtime) -> str:
+    """What cronbox's processes with this runtime's settings logged (their daily files)."""
+    return "".join(p.read_text() for p in sorted(runtime.settings.logs_dir.glob("cronbox-*.log")))
+
+
+def table_column(output: str, header: str) -> list[str]:
+    """One column of a command's table (`queue failed`, `outbox dead`: cron.format.table), a cell per
+    row. Its cells are right-aligned under the header, so each ends where the header does; for
+    columns whose cells have no spaces (ids, counts)."""
+    lines = output.splitlines()
+    start = next(n for n, line in enumerate(lines) if header in line.split())
+    end = lines[start].index(header) + len(header)
+    return [line[:end].split()[-1] for line in lines[start + 1:] if line.strip() and not line.startswith("more:")]
+
+
 def kill_connection(admin_engine, thread_id: int, timeout: float = 10.0) -> None:
     """KILL a MariaDB connection and wait until the server has ended it. KILL only marks the thread:
     it lets go of its named locks and leaves the process list a moment later, so a test that looks

@@ -7,7 +7,7 @@ in the same transaction and delivered by the tick.
 
 The demo's tables are its own (`demo_*`, created here with create_all), not part
 of cronbox's migrated schema. Register its consumers with
-CRONBOX_HANDLERS=cron.demo.
+CRONBOX_HANDLERS=cronbox.cron.demo.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from decimal import Decimal
 from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, Numeric, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from cronbox import outbox
+from cronbox import Context, Event, consumer, record
 from cronbox.outbox.core import clock
 
 
@@ -74,21 +74,21 @@ def pay_appointment(session: Session, *, clinic: str, amount: Decimal) -> Appoin
     session.add(payment)
     session.flush()
     session.add(Escrow(payment_id=payment.id, amount=amount, status="held"))
-    outbox.record(session, "appointment.paid",
-                  {"appointment_id": appointment.id, "clinic": clinic, "amount": str(amount)},
-                  key=f"appointment:{appointment.id}")
+    record(session, "appointment.paid",
+           {"appointment_id": appointment.id, "clinic": clinic, "amount": str(amount)},
+           key=f"appointment:{appointment.id}")
     return appointment
 
 
-@outbox.consumer("appointment.paid", name="demo.notify_patient")
-def notify_patient(event: outbox.Event, ctx: outbox.Context) -> None:
+@consumer("appointment.paid", name="demo.notify_patient")
+def notify_patient(event: Event, ctx: Context) -> None:
     """Writes an in-app notification through ctx.session: committed with the ack, so exactly once."""
     ctx.session.add(Notification(appointment_id=event.payload["appointment_id"], kind="payment-received",
                                  delivery_key=ctx.idempotency_key))
 
 
-@outbox.consumer("appointment.paid", name="demo.clinic_receipt")
-def clinic_receipt(event: outbox.Event, ctx: outbox.Context) -> None:
+@consumer("appointment.paid", name="demo.clinic_receipt")
+def clinic_receipt(event: Event, ctx: Context) -> None:
     ctx.session.add(Notification(appointment_id=event.payload["appointment_id"], kind="clinic-receipt",
                                  delivery_key=ctx.idempotency_key))
 

@@ -1,14 +1,19 @@
 """cronbox's outbox: events written in your transaction, delivered in-process by a cron tick.
 
-    from cronbox import outbox
+Its names for an app are cronbox's own (README, "Python API"):
 
-    @outbox.consumer("appointment.paid", name="notify_patient")
+    from cronbox import consumer, record
+
+    @consumer("appointment.paid", name="notify_patient")
     def notify(event, ctx):
         ctx.session.add(Notification(...))   # commits together with the ack
 
     with sessions.begin() as session:        # your domain transaction
         session.add(payment)
-        outbox.record(session, "appointment.paid", {"id": 7}, key="appointment:7")
+        record(session, "appointment.paid", {"id": 7}, key="appointment:7")
+
+What this package adds is what an app rarely needs: its settings (`load_settings`, `Settings`) and
+the runtime of a process of its own (`open_runtime`, `Runtime`).
 """
 from cronbox.outbox.engine.context import Context, Event
 from cronbox.outbox.events.consumers import consumer

@@ -48,7 +48,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         from . import service
         return getattr(service, name)
-    raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def configure(settings: Settings | None = None, sessions: sessionmaker[Session] | None = None) -> Storage:

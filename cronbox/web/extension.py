@@ -10,7 +10,7 @@
 
 Settings come from `app.config["CRONBOX_*"]` first, then the environment, then the app root's
 `.env` (as everywhere in cronbox, the environment wins over `.env`). The database is the host's (`db`'s engine URL) unless CRONBOX_DATABASE_URL says
-otherwise, so `outbox.record(db.session, ...)` and the cron tick always meet in one database.
+otherwise, so `cronbox.record(db.session, ...)` and the cron tick always meet in one database.
 The instance folder is `<app.instance_path>/cronbox` unless CRONBOX_INSTANCE is set: cronbox
 writes only there. `cronbox.storage` is the current app's sealed storage (keys in that folder), as
 `db.session` is its session; the module-level `storage.*` calls use the same one in its context.
@@ -19,7 +19,7 @@ cronbox keeps an engine of its own (a small pool on the web side, one connection
 process) rather than borrowing the host's: its connections are set to READ COMMITTED and UTC
 (and SQLite's BEGIN IMMEDIATE), which the host's own queries must not inherit, and its claims
 and locks must not wait behind the host's pool. A host's `db.session` still writes cronbox's
-event rows in the host's transaction (`outbox.record`); in cron processes the host's session
+event rows in the host's transaction (`cronbox.record`); in cron processes the host's session
 is bound to the handler's connection instead (cronbox.web.hosting).
 
 Each part is a blueprint, switched off with CRONBOX_<PART>=off and moved with

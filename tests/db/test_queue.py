@@ -210,6 +210,7 @@ def test_retry_later_uses_no_attempt_and_stops_at_retry_until(rt, jobs):
     # 605 s asks to wait again after retry_until has passed: failed.
     assert calls == [1, 1, 1, 1, 1, 1]
     assert row.status == "failed" and "retry_until has passed" in row.last_error
+    assert row.attempts == 0  # the last RetryLater used no attempt either (issue 35: it kept its claim's)
 
 
 def test_permanent_failure_fails_at_once(rt, jobs):

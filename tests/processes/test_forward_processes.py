@@ -19,6 +19,7 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers import jobs as test_jobs
+from tests.helpers import cronbox_log, table_column
 from tests.rabbit import url
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
@@ -98,6 +99,31 @@ def test_crash_at_every_boundary_of_the_publisher(fwd_env, runtime, rabbit, step
         assert duplicates >= 1  # confirmed, not acked: published again, same message_id
     # after-publish: written, confirms not read. Copies are possible, not certain: RabbitMQ may drop
     # publishes it had read and not yet routed when their connection dies with the process.
+
+
+def test_a_delivery_whose_tick_dies_every_publish_is_dead_with_the_attempts_that_ran(fwd_env, runtime):
+    """A forward target with max_attempts=3 whose tick is killed after publishing, before the confirms
+    are read, three times: the fourth tick gives the delivery up without publishing it again, and the
+    row, its error, the log line and `outbox dead` say 3 attempts (issue 35: the fourth claim's
+    attempt, which never runs, was kept)."""
+    env, _queue = fwd_env
+    env = {**env, "TEST_FORWARD_MAX_ATTEMPTS": "3"}
+    record(runtime, 1)
+    codes = []
+    for _ in range(6):
+        proc = run_cli(env, "tick", "--no-linger", "--max-time", "30", CRONBOX_CRASH_AT="after-publish")
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        time.sleep(LEASE)  # the killed run's lease expires
+    assert codes == [CRASH_EXIT_CODE] * 3 + [0], proc.stderr[-2000:]
+    with runtime.sessions() as session:
+        [row] = session.scalars(select(Delivery))
+    assert row.status == "dead" and row.attempts == 3
+    assert row.last_error.startswith("gave up: attempt 3 of 3 was claimed but never finished")
+    assert "outcome=dead attempt=3/3" in cronbox_log(runtime)
+    listed = run_cli(env, "outbox", "dead")
+    assert table_column(listed.stdout, "attempts") == ["3"] and "attempt 3 of 3" in listed.stdout, listed.stdout
 
 
 def test_random_sigkills(fwd_env, runtime, rabbit):

@@ -16,6 +16,7 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 from cronbox.outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
+from tests.helpers import cronbox_log, table_column
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.processes.test_tick import LEASE, _wait_for
@@ -144,7 +145,13 @@ def test_a_job_that_kills_the_worker_every_time_ends_failed(runtime, job_env):
         time.sleep(LEASE)
     assert codes == [9, 9, 9, 0]  # the fourth claim finds the tries used up and fails it without running
     [row] = job_rows(runtime)
-    assert row.status == "failed" and "never finished" in row.last_error
+    # The attempts that ran (tries=3), everywhere: the row, its error, the log line, `queue failed` (issue 35:
+    # the fourth claim's attempt, which never runs, was kept: `attempts 4` beside "attempt 3 of 3").
+    assert row.status == "failed" and row.attempts == 3
+    assert row.last_error.startswith("gave up: attempt 3 of 3 was claimed but never finished")
+    assert "outcome=failed attempt=3/3" in cronbox_log(runtime)
+    listed = run_cli(job_env, "queue", "failed")
+    assert table_column(listed.stdout, "attempts") == ["3"] and "attempt 3 of 3" in listed.stdout, listed.stdout
 
 
 def test_sigterm_finishes_the_current_job_and_releases_the_rest_at_once(runtime, job_env, tmp_path):

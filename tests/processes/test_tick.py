@@ -24,7 +24,7 @@ from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import deliveries
+from tests.helpers import cronbox_log, deliveries, table_column
 
 HANDLERS = "tests.handlers.effects"
 LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, and a little
@@ -118,7 +118,13 @@ def test_a_consumer_that_kills_the_process_every_time_ends_dead(runtime, tick_en
         time.sleep(LEASE)
     assert codes == [9, 9, 9, 0]  # three attempts die with the process; the fourth claim gives up
     [row] = deliveries(runtime)
-    assert row.status == "dead" and "never finished" in row.last_error
+    # The attempts that ran (max_attempts=3), everywhere: the row, its error, the log line, `outbox dead`
+    # (issue 35: the fourth claim's attempt, which never runs, was kept).
+    assert row.status == "dead" and row.attempts == 3
+    assert row.last_error.startswith("gave up: attempt 3 of 3 was claimed but never finished")
+    assert "outcome=dead attempt=3/3" in cronbox_log(runtime)
+    listed = run_cli(tick_env, "outbox", "dead")
+    assert table_column(listed.stdout, "attempts") == ["3"] and "attempt 3 of 3" in listed.stdout, listed.stdout
 
 
 def test_four_ticks_released_together_exactly_one_works(runtime, tick_env, tmp_path):

@@ -23,8 +23,10 @@ def test_an_unsaid_place_is_refused_only_next_to_a_matching_forward(pattern, ref
     outbox.forward(pattern, exchange="x", name="fwd", registry=registry)
     outbox.consumer("appointment.paid", name="notify", registry=registry)(lambda e, c: None)
     if refused:
-        with pytest.raises(RegistrationError, match="consumer 'notify' of 'appointment.paid' is also forwarded"):
+        with pytest.raises(RegistrationError, match="consumer 'notify' of 'appointment.paid' is also forwarded") as refusal:
             placement.check(registry.consumers)
+        # the fix in 0.7's spelling (issue 35: it named `@outbox.consumer`, which 0.7 does not install)
+        assert '@cronbox.consumer(..., runs="tick")' in str(refusal.value)
     else:
         placement.check(registry.consumers)
 

@@ -15,7 +15,7 @@ from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events import queues
 from cronbox.outbox.events.broker import NO_URL, parse_url
 
-amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of outbox.forward), its dead queue, and "
+amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of cronbox.forward), its dead queue, and "
                                  "run the jobs of queues forwarded to it (forward_jobs).")
 
 

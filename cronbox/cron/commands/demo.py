@@ -1,6 +1,6 @@
 """`demo`: example paid appointments, for the README's "Try it".
 
-cron.demo is imported inside the command, never when this module loads: importing it registers
+cronbox.cron.demo is imported inside the command, never when this module loads: importing it registers
 its two consumers, and every process builds the command tree (the host's `outbox status`, its
 Flask app), where they would fan out each `appointment.paid` and die on the missing demo tables.
 Its consumers exist only in a process that runs the demo or names it in CRONBOX_HANDLERS.
@@ -25,4 +25,4 @@ def demo(count):
             s, clinic=f"clinic-{number % 3 + 1}", amount=Decimal("120.00") + number))
     click.echo(f"demo: {count} paid appointments recorded; {count} appointment.paid events are in the outbox")
     if "cronbox.cron.demo" not in rt.settings.handlers:
-        click.echo("note: CRONBOX_HANDLERS does not include cron.demo, so a tick will not deliver them")
+        click.echo("note: CRONBOX_HANDLERS does not include cronbox.cron.demo, so a tick will not deliver them")

@@ -14,7 +14,7 @@ target_metadata = metadata
 
 def include_name(name, type_, parent_names):
     """Only cronbox's own tables (the host's are the host's); the host's env.py uses the complement,
-    cron.schema.include_name."""
+    `cronbox.alembic_include_name`."""
     if type_ == "table":
         return is_cronbox_table(name) and name != VERSION_TABLE
     return True

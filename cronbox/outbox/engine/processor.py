@@ -4,7 +4,8 @@ For each claimed item, in claim order:
 1. stop if the budget says so, giving back (releasing) what was claimed but not started;
 2. make sure the lease still covers the handler's timeout, extending it if the
    batch took long (a lease that ran out could let another run start the same item);
-3. give up at once on an item whose attempts are used up (a crash mid-attempt);
+3. give up at once on an item whose attempts are used up (a crash mid-attempt), giving back the
+   attempt its claim counted (give_up_exhausted: the row keeps the attempts that ran);
 4. call the handler with a fresh Context, then
    - success with ctx.session used: the ack joins the handler's transaction (exactly once;
      the handler's session only ever holds savepoints in it, see outbox.engine.context);
@@ -63,7 +64,8 @@ class LeaseStore(Protocol):
     def ack(self, session: Session, ids: list[int], token: str, now: datetime) -> int: ...
     def reschedule(self, session: Session, item, next_at: datetime, error: str | None,
                    refund_attempt: bool) -> bool: ...
-    def give_up(self, session: Session, item, error: str, traceback: str | None, now: datetime) -> bool: ...
+    def give_up(self, session: Session, item, error: str, traceback: str | None, now: datetime, *,
+                refund_attempt: bool = False) -> bool: ...
     def release(self, session: Session, ids: list[int], token: str, now: datetime) -> int: ...
     def extend(self, session: Session, item, lease_until: datetime) -> bool: ...
 
@@ -288,9 +290,7 @@ class Processor:
         if not self._lease_covers(item, handler):
             return False
         if item.attempts > handler.max_attempts:
-            self._give_up(item, handler, Outcome(
-                "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {handler.max_attempts} was claimed "
-                                  "but never finished (process killed or lease expired)"))
+            self.give_up_exhausted(item, handler)
             return True
         crash_point("after-claim")
         # The random trace id makes the key unique for good: SQLite (and MySQL 5.7 after a restart)
@@ -561,7 +561,11 @@ class Processor:
 
                 self._then(group, report)
                 return
-            outcome = Outcome(PERMANENT, outcome.seconds, f"{outcome.error}; retry_until has passed")
+            # Given up as a RetryLater, which uses no attempt (nor does a refusal before the call):
+            # the claim's attempt is given back, as a reschedule would.
+            self._give_up(item, handler, Outcome(PERMANENT, outcome.seconds, f"{outcome.error}; retry_until has passed"),
+                          group, refund_attempt=True)
+            return
         next_at = self._retry_at(item, handler, outcome, now)
         if next_at is None:
             self._give_up(item, handler, outcome, group)
@@ -587,26 +591,41 @@ class Processor:
         self.stats.retried += 1
         self._log(item, handler, "retry", outcome, f"next in {(next_at - now).total_seconds():.0f}s")
 
-    def _gave_up(self, item, handler, outcome: Outcome) -> None:
-        """Counters and log line of a committed give-up (dead / failed)."""
+    def _gave_up(self, item, handler, outcome: Outcome, attempt: int) -> None:
+        """Counters and log line of a committed give-up (dead / failed) after `attempt` attempts."""
         self.stats.gave_up += 1
-        self._log(item, handler, self.gave_up_word, outcome)
+        self._log(item, handler, self.gave_up_word, outcome, attempt=attempt)
 
-    def _give_up(self, item, handler, outcome: Outcome, group: CommitGroup | None = None) -> None:
+    def give_up_exhausted(self, item, handler) -> None:
+        """Give up, without running it, on an item claimed again after its last attempt was claimed and
+        never finished (the process was killed, or its lease ran out): dead / failed. This claim counted
+        one more attempt, which never runs: the give-up takes it back in the same UPDATE, so the row
+        (`queue failed`, `outbox dead`, the console), its error and the log line all say the attempts
+        that ran (issue 35: a `tries=3` job showed `attempts 4` beside "attempt 3 of 3")."""
+        self._give_up(item, handler, Outcome(
+            "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {handler.max_attempts} was claimed but "
+                              "never finished (process killed or lease expired)"), refund_attempt=True)
+
+    def _give_up(self, item, handler, outcome: Outcome, group: CommitGroup | None = None, *,
+                 refund_attempt: bool = False) -> None:
+        """Dead / failed. refund_attempt: given up on without using an attempt (the claim's is given back
+        in the same UPDATE, and the log line says the attempts that ran)."""
         held = self._write(group, lambda s: self.store.give_up(s, item, outcome.error or "failed", outcome.traceback,
-                                                               clock.utcnow()))
+                                                               clock.utcnow(), refund_attempt=refund_attempt))
+        attempt = item.attempts - 1 if refund_attempt else item.attempts
 
         def report():
-            if self._lease_held(held, item, handler, outcome):
-                self._gave_up(item, handler, outcome)
+            if self._lease_held(held, item, handler, outcome, attempt=attempt):
+                self._gave_up(item, handler, outcome, attempt)
 
         self._then(group, report)
 
-    def _lease_held(self, held: bool, item, handler, outcome: Outcome) -> bool:
+    def _lease_held(self, held: bool, item, handler, outcome: Outcome, *, attempt: int | None = None) -> bool:
         """A token-guarded update that matched nothing: another run holds the item now; say so."""
         if not held:
             self.stats.lease_lost += 1
-            self._log(item, handler, "lease-lost", outcome, "another run holds it now; this outcome is not recorded")
+            self._log(item, handler, "lease-lost", outcome, "another run holds it now; this outcome is not recorded",
+                      attempt=attempt)
         return held
 
     gave_up_word = "dead"
@@ -624,10 +643,13 @@ class Processor:
             return
         log.info("%s: released %d claimed but not started", self.kind, released)
 
-    def _log(self, item, handler, outcome_name: str, outcome: Outcome | None, note: str | None = None) -> None:
+    def _log(self, item, handler, outcome_name: str, outcome: Outcome | None, note: str | None = None, *,
+             attempt: int | None = None) -> None:
+        """One line per outcome; `attempt`: the attempts that ran, when not the claim's count."""
         ms = f"{outcome.seconds * 1000:.1f}" if outcome else "-"
+        attempt = item.attempts if attempt is None else attempt
         line = (f"{self._describe(item)} outcome={outcome_name} "
-                f"attempt={item.attempts}/{handler.max_attempts if handler else '?'} trace={item.trace_id} ms={ms}")
+                f"attempt={attempt}/{handler.max_attempts if handler else '?'} trace={item.trace_id} ms={ms}")
         if outcome is not None and outcome.error:
             line += f" error={log_text(outcome.error)!r}"  # the full text is in the item's row
         if note:

@@ -189,11 +189,17 @@ def extend(session: Session, item, lease_until: datetime) -> bool:
     return result.rowcount == 1
 
 
-def give_up(session: Session, item, error: str, traceback: str | None, now: datetime) -> bool:
-    """Dead: it holds its key for this consumer until `outbox retry` or `outbox skip`."""
+def give_up(session: Session, item, error: str, traceback: str | None, now: datetime, *,
+            refund_attempt: bool = False) -> bool:
+    """Dead: it holds its key for this consumer until `outbox retry` or `outbox skip`.
+    refund_attempt: given up without running (its attempts were used up before this claim), so the
+    attempt the claim counted is given back: the row keeps the attempts that ran."""
+    values = {"status": DEAD, "claim_token": None, "lease_until": None, "last_error": error[:ERROR_MAX],
+              "finished_at": now}
+    if refund_attempt:
+        values["attempts"] = D.c.attempts - 1
     result = session.execute(
-        update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING)
-        .values(status=DEAD, claim_token=None, lease_until=None, last_error=error[:ERROR_MAX], finished_at=now)
+        update(D).where(D.c.id == item.id, D.c.claim_token == item.claim_token, D.c.status == PENDING).values(values)
     )
     return result.rowcount == 1
 

@@ -64,9 +64,6 @@ class DeliveryProcessor(Processor):
         """A failed attempt: retried after the consumer's backoff, or dead after its last attempt."""
         self._after_failure(item, consumer, outcome)
 
-    def give_up(self, item, consumer, outcome: Outcome) -> None:
-        self._give_up(item, consumer, outcome)
-
     def lease_covers(self, item, consumer) -> bool:
         """Extend the lease if the consumer's timeout would outlast it; False if it is no longer ours."""
         return self._lease_covers(item, consumer)

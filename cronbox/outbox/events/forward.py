@@ -1,7 +1,9 @@
 """Forwarding events to a message broker: the declaration and the message it becomes.
 
-    outbox.forward("appointment.*", exchange="clinic")            # routing key: the event type
-    outbox.forward("*", exchange="audit", routing_key="all", name="audit-feed")
+    from cronbox import forward
+
+    forward("appointment.*", exchange="clinic")            # routing key: the event type
+    forward("*", exchange="audit", routing_key="all", name="audit-feed")
 
 A forward target is registered as a consumer like any other (same registry, same name rules): its
 own delivery rows, per-key order, backoff, dead state, `outbox status/dead/retry/skip`, console and

@@ -1,7 +1,7 @@
 """The forwarder: a forward target's claimed deliveries published to the broker, each acked once
 the broker confirmed it.
 
-A forward target (outbox.forward) is a consumer whose "handler" is a publisher. Its deliveries are
+A forward target (`cronbox.forward`) is a consumer whose "handler" is a publisher. Its deliveries are
 ordinary delivery rows, claimed by the relay like every other consumer's (outbox.events.relay,
 deliveries.claim_due); this module takes over from there, per target and claimed batch:
 
@@ -105,9 +105,7 @@ class Forwarder:
             if not self.processor.lease_covers(item, target):
                 continue
             if item.attempts > target.max_attempts:
-                self.processor.give_up(item, target, Outcome(
-                    "exhausted", 0.0, f"gave up: attempt {item.attempts - 1} of {target.max_attempts} was claimed "
-                                      "but never finished (process killed or lease expired)"))
+                self.processor.give_up_exhausted(item, target)
                 continue
             try:
                 messages.append(message_for(target, item))

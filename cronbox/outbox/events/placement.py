@@ -3,9 +3,9 @@ runs it for each message of its type), or both. A consumer's type is matched exa
 those are a forward target's). "both" next to a matching forward target means two runs per event, one
 in each place, each with its own idempotency key (the tick's delivery row, `amqp consume`'s inbox row).
 
-    @outbox.consumer("appointment.paid", name="notify_patient", runs="tick")    # the relay calls it
-    @outbox.consumer("appointment.paid", name="bill", runs="broker")            # amqp consume does
-    @outbox.consumer("appointment.paid", name="keep", runs="both")              # both: twice per event
+    @cronbox.consumer("appointment.paid", name="notify_patient", runs="tick")   # the relay calls it
+    @cronbox.consumer("appointment.paid", name="bill", runs="broker")           # amqp consume does
+    @cronbox.consumer("appointment.paid", name="keep", runs="both")             # both: twice per event
 
 Unsaid (runs=None) is fine while no forward target in the process matches the consumer's type: there
 is nothing to choose between, and each command runs it for the events it sees (the tick the events
@@ -46,5 +46,5 @@ def check(consumers) -> None:
         if target is not None:
             raise RegistrationError(
                 f"consumer {consumer.name!r} of {consumer.event_type!r} is also forwarded to the broker by "
-                f"{target.name!r}: say where it runs, @outbox.consumer(..., runs=\"tick\") in this process, "
+                f"{target.name!r}: say where it runs, @cronbox.consumer(..., runs=\"tick\") in this process, "
                 "runs=\"broker\" off the queue (amqp consume), or runs=\"both\"")

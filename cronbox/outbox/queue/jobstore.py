@@ -347,14 +347,17 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
     return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1
 
 
-def give_up(session: Session, item, error: str, traceback: str | None, now: datetime) -> bool:
-    """Failed, with the error's class apart so the failed list can be read at a glance."""
+def give_up(session: Session, item, error: str, traceback: str | None, now: datetime, *,
+            refund_attempt: bool = False) -> bool:
+    """Failed, with the error's class apart so the failed list can be read at a glance.
+    refund_attempt: given up without running (its tries were used up before this claim), so the
+    attempt the claim counted is given back: the row keeps the attempts that ran."""
     error_class = error.split(":", 1)[0] if ":" in error else None
-    return session.execute(
-        update(J).where(_held([item.id], item.claim_token))
-        .values(status=FAILED, available_at=None, claim_token=None, unique_key=None, finished_at=now,
-                last_error=error[:ERROR_MAX], error_class=(error_class or "")[:191] or None, traceback=traceback)
-    ).rowcount == 1
+    values = {"status": FAILED, "available_at": None, "claim_token": None, "unique_key": None, "finished_at": now,
+              "last_error": error[:ERROR_MAX], "error_class": (error_class or "")[:191] or None, "traceback": traceback}
+    if refund_attempt:
+        values["attempts"] = J.c.attempts - 1
+    return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1
 
 
 def release(session: Session, ids: list[int], token: str, now: datetime) -> int:

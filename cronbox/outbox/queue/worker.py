@@ -65,8 +65,8 @@ class SlotStore:
         self._free(session, [item.id])
         return held
 
-    def give_up(self, session, item, error, traceback, now):
-        held = jobstore.give_up(session, item, error, traceback, now)
+    def give_up(self, session, item, error, traceback, now, *, refund_attempt=False):
+        held = jobstore.give_up(session, item, error, traceback, now, refund_attempt=refund_attempt)
         self._free(session, [item.id])
         return held
 
