@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
 import cronbox
+from tests.source_tree import shipped
 
-ROOT = Path(__file__).resolve().parents[2]
 OLD_PACKAGES = "outbox|storage|cron"
 # What a user would write in the spelling before 0.7 (README, "Upgrading to 0.7"), as classes:
 OLD_SPELLINGS = re.compile("|".join(f"(?:{pattern})" for pattern in (
