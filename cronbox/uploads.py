@@ -7,8 +7,8 @@ written into a SealingWriter as it arrives. Never touch `request.files` or
 plaintext temporary file. A body something else already read is refused,
 before anything is written, with BodyAlreadyRead (a 500: the route's bug).
 A host route under Flask-WTF's CSRFProtect (which reads the form before any
-view) takes `@sealed_upload_route(csrf=csrf)`: exempt from CSRFProtect, it
-checks the host's token itself, from a header or a field before the file part.
+view) takes `@sealed_upload_route`: exempt from CSRFProtect (this route alone),
+it checks the host's token itself, from a header or a field before the file part.
 
 Every refusal (malformed body or Content-Length, no owner, two files, over
 CRONBOX_UPLOAD_MAX, an interrupted body, a full disk) is an `UploadRefused`
@@ -54,7 +54,7 @@ class BodyAlreadyRead(RuntimeError):
     view), `request.data`, `get_data()`, `get_json()` or a read of `request.stream`
     have already consumed the body, and a multipart file part went to a plaintext
     temporary file on the way. A 500 with this message, logged: use
-    `@sealed_upload_route(csrf=csrf)` on the route and read nothing of the body
+    `@sealed_upload_route` on the route and read nothing of the body
     before seal_upload.
     """
 
@@ -154,20 +154,21 @@ def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field:
 
 def sealed_upload_route(view: View | None = None, *, csrf=None):
     """Decorate a host route that calls seal_upload (under the route decorator: `@app.post(...)` above):
-    `@sealed_upload_route(csrf=csrf)` with the host's Flask-WTF CSRFProtect, bare without one.
+    `@sealed_upload_route`, with or without the host's Flask-WTF CSRFProtect.
 
     CSRFProtect would read the whole form, file and all, into a plaintext
-    temporary file before the view; so the route is exempted from it
-    (`csrf.exempt`) and gets the same check here, before the view runs: the
+    temporary file before the view; so the route is exempted from it (the app's
+    CSRFProtect, `app.extensions["csrf"]`, found at each request before its check:
+    cronbox.hostcsrf) and gets the same check here, before the view runs: the
     host's token from its X-CSRFToken / X-CSRF-Token header, or from its
     `csrf_token` field sent *before* the file part (a token after the file is
     not seen: refused as missing). A refusal is Flask-WTF's CSRFError (400),
-    nothing read of the file, nothing stored. A body already read when the route
-    is reached (CSRFProtect on the app but not given here) is BodyAlreadyRead, a
-    500. Without CSRFProtect nothing is checked. The host's other routes keep
-    CSRFProtect. The decorator written above the route decorator registers the
-    bare view, which CSRFProtect still takes as exempt: seal_upload then finds the
-    request unchecked and refuses it (hostcsrf.CsrfNotChecked, a 500).
+    nothing read of the file, nothing stored. Without CSRFProtect nothing is
+    checked. The exemption is this route's alone: the host's other routes keep
+    CSRFProtect, whatever their names. `csrf=` (the host's CSRFProtect) is not
+    needed; given, the route is exempted from it at once. The decorator written
+    above the route decorator registers the bare view: a request to it is
+    refused before its body is read (hostcsrf.CsrfNotChecked, a 500, logged).
     """
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -176,6 +177,7 @@ def sealed_upload_route(view: View | None = None, *, csrf=None):
             hostcsrf.check_host_token(current_request)
             return view(*args, **kwargs)
 
+        hostcsrf.take_over(receiving, view)
         if csrf is not None:
             csrf.exempt(receiving)
         return cast(View, receiving)
@@ -251,7 +253,7 @@ def _refuse_a_read_body(req: Request) -> None:
             f"seal_upload: the body of this request to {req.endpoint} was already read before it (request.form, "
             "request.files, request.data, get_data(), get_json() or the stream, e.g. by Flask-WTF's CSRFProtect), "
             "so a file part may have gone to a plaintext temporary file. Decorate the route with "
-            "@cronbox.sealed_upload_route(csrf=<your CSRFProtect>) and read nothing of the body before seal_upload.")
+            "@cronbox.sealed_upload_route (under the route decorator) and read nothing of the body before seal_upload.")
 
 
 def _declared_length(req: Request) -> int | None:
