@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar, cast
@@ -34,6 +33,7 @@ from cronbox.storage import audit
 from cronbox.storage.errors import StorageError, TooLarge
 from cronbox.storage.service import Sealed, Storage, owner_text
 from cronbox.outbox.core.session_types import AnySession
+from cronbox.outbox.core.text import ascii_number
 
 from . import formstream, hostcsrf
 from .client import audit_client
@@ -42,7 +42,6 @@ from .state import state
 log = logging.getLogger("cronbox")
 View = TypeVar("View", bound=Callable)
 
-_DIGITS = re.compile(r"[0-9]{1,30}")
 # Bodies that are forms but cannot carry a file: sealing one as "the file" would store a form.
 _NOT_A_FILE = ("application/x-www-form-urlencoded",)
 
@@ -266,9 +265,10 @@ def _declared_length(req: Request) -> int | None:
     raw = req.environ.get("CONTENT_LENGTH")
     if raw is None or raw == "":
         return None
-    if not _DIGITS.fullmatch(raw):
+    length = ascii_number(raw, 30)  # 30 digits: far past any limit, so a 413
+    if length is None:
         raise UploadRefused("Content-Length must be a number of bytes (digits only)", 400)
-    return int(raw)
+    return length
 
 
 def _owner(value: str | None, field: str = "owner") -> str:
