@@ -78,7 +78,7 @@ def take_over(wrapper: Callable, view: Callable) -> None:
     sealed_upload_route 3)"), since Flask-WTF keys an exempt view by `module.function` and
     the function name must stay the host's (Flask's default endpoint). `view` is remembered (weakly)
     to refuse a request that reaches it registered bare."""
-    wrapper.__module__ = f"{view.__module__} (cronbox sealed_upload_route {next(_wrapper_numbers)})"
+    wrapper.__module__ = f"{getattr(view, '__module__', None)} (cronbox sealed_upload_route {next(_wrapper_numbers)})"
     setattr(wrapper, CHECKING_VIEW, True)
     try:
         _wrapped_views.add(view)
