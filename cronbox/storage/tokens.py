@@ -31,8 +31,8 @@ from cronbox.outbox.core import clock
 
 SALT_DOWNLOAD = "cronbox.files.download.v1"
 MAX_TOKEN_LENGTH = 512
-_TOKEN_CHARS = re.compile(r"^[A-Za-z0-9_\-.]+$")
-_GRANT_ID = re.compile(r"^[0-9a-f]{32}$")
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-.]+")  # matched whole (fullmatch: `$` takes a final newline)
+_GRANT_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def now_epoch() -> int:
@@ -79,7 +79,7 @@ class Tokens:
         return token, claims
 
     def verify(self, token: str) -> Claims:
-        if not token or len(token) > MAX_TOKEN_LENGTH or not _TOKEN_CHARS.match(token):
+        if not token or len(token) > MAX_TOKEN_LENGTH or not _TOKEN_CHARS.fullmatch(token):
             raise TokenRefused("malformed")
         try:
             payload, signed_at = self._serializer.loads(token, max_age=self.max_ttl, return_timestamp=True)
@@ -113,7 +113,7 @@ def _claims(payload) -> Claims | None:
     if not isinstance(payload, dict) or set(payload) != {"g", "j", "e"}:
         return None
     grant_id, jti, exp = payload["g"], payload["j"], payload["e"]
-    if not (isinstance(grant_id, str) and _GRANT_ID.match(grant_id) and isinstance(jti, str) and 0 < len(jti) <= 64
+    if not (isinstance(grant_id, str) and _GRANT_ID.fullmatch(grant_id) and isinstance(jti, str) and 0 < len(jti) <= 64
             and isinstance(exp, int) and not isinstance(exp, bool)):
         return None
     return Claims(grant_id, jti, exp)

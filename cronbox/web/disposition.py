@@ -23,7 +23,7 @@ _UNSAFE = re.compile(f'[{UNSHOWABLE}"*:<>?|;\\\\/]')
 _ASCII_UNSAFE = re.compile(r"[^A-Za-z0-9._()+,=@!#$&~^ -]")
 _RESERVED = re.compile(r"^(con|prn|aux|nul|com\d|lpt\d)(\..*)?$", re.IGNORECASE)
 _ATTR_CHAR = "!#$&+-.^_`|~"  # RFC 8187 attr-char punctuation, left unescaped
-_TOKEN_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}$")
+_TOKEN_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}\Z")
 
 
 def clean_name(name: str | None) -> str:

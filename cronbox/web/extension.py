@@ -39,6 +39,7 @@ from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
 from cronbox import storage as sealed_storage
 
+from . import hostcsrf
 from .state import PARTS, CronboxState
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class Cronbox:
                              extension=self)
         app.extensions["cronbox"] = state
         sealed_storage.mark_hosted()  # module-level storage.* outside an app context now refuses (whose keys?)
+        hostcsrf.watch_requests(app)  # the host's sealed_upload_route views, before its CSRFProtect reads them
         _register_parts(app, state)
         from cronbox.cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
 

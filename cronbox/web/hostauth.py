@@ -31,6 +31,8 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from flask import Request, current_app, g, request
 
+from cronbox.outbox.core.text import ascii_number
+
 from . import formstream
 from .client import referrer_refusal
 
@@ -99,6 +101,7 @@ def requested_path() -> str:
 UPLOAD_TOKEN_FIELD = "csrf_token"  # a form field sent before the file part (read up to it: cronbox.web.formstream)
 UPLOAD_TOKEN_HEADER = "X-CSRF-Token"  # or this header, for a script of the host's pages
 UPLOAD_TOKEN_AGE = 8 * 3600  # a working day's page left open
+ISSUED_DIGITS = 12  # the token's issue time, Unix seconds: ten digits until the year 2286
 _UPLOAD_KEYS = b"cronbox upload csrf v1"
 
 
@@ -143,13 +146,14 @@ def upload_operator(req: Request, settings) -> str | None:
         sent = req.headers.get(UPLOAD_TOKEN_HEADER) or formstream.field_before_file(req, UPLOAD_TOKEN_FIELD) or ""
     except ValueError:  # a malformed form: no token in it
         sent = ""
-    issued, _, mac = sent.partition(".")
-    if not issued.isdigit() or not mac:
+    text, _, mac = sent.partition(".")
+    issued = ascii_number(text, ISSUED_DIGITS)
+    if issued is None or not mac:
         raise UploadForbidden("the CSRF token is missing")
-    if not 0 <= time.time() - int(issued) <= UPLOAD_TOKEN_AGE:
+    if not 0 <= time.time() - issued <= UPLOAD_TOKEN_AGE:
         raise UploadForbidden("the CSRF token has expired, reload the page")
     keys = current_app.extensions["cronbox"].derived_keys(_UPLOAD_KEYS)
-    if not any(hmac.compare_digest(mac.encode("utf-8", "replace"), _upload_mac(key, int(issued), who).encode())
+    if not any(hmac.compare_digest(mac.encode("utf-8", "replace"), _upload_mac(key, issued, who).encode())
                for key in keys):
         raise UploadForbidden("the CSRF token is invalid")
     refusal = referrer_refusal(req, settings.trusted_proxies)

@@ -11,22 +11,38 @@ url_value_preprocessor, the only hook of a blueprint that runs before the app's 
 before_request functions, so the order of `csrf.init_app(app)` and `cronbox.init_app(app)`
 does not matter. The host's own routes stay protected exactly as before.
 
-A host route decorated with `cronbox.sealed_upload_route(csrf=csrf)` is exempted by the
-decorator itself (`csrf.exempt`: no hook on the host's app), and gets the check
-CSRFProtect would have made from `check_host_token`: the token from one of the host's
-WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field (or one whose name ends with it, as
-Flask-WTF takes a prefixed form's) *before the file part* (cronbox.web.formstream reads the form only
-that far), validated by Flask-WTF's public `validate_csrf`; a refusal is Flask-WTF's own
-CSRFError, so the host's handler for it answers. Flask-WTF is imported only when the host's app
-uses it. The check marks the request; seal_upload refuses a request with no mark on an app with
-CSRFProtect (`refuse_unchecked`): the decorator written above the route decorator exempts the
-bare view by its name and never runs.
+A host route decorated with `cronbox.sealed_upload_route` is the host's, not in a blueprint of
+ours, and CSRFProtect reading its form would spool the file part to a plaintext temporary file.
+The host's CSRFProtect is found in `app.extensions["csrf"]` (where Flask-WTF puts it), in
+whichever order the host set things up, by a receiver of Flask's `request_started` signal for
+the app (`watch_requests`, connected by init_app): it runs before any url_value_preprocessor or
+before_request of the app and adds no hook to the app itself. For a request to a checking
+wrapper it asks CSRFProtect to leave that view alone (its public `exempt`). Flask-WTF keys an
+exempt view by `module.function`, and the wrapper keeps the host view's name (Flask makes the
+endpoint from it), so the wrapper gets a `__module__` of its own (`take_over`): a name no
+importable module has, one per decorated view, so the exemption can never reach another view
+(a host form view of the same function name in the same module keeps its check). The one view
+left out is the bare view a decorator written *above* the route decorator wrapped (the route
+registered it, not the wrapper): exempting it would exempt it by the host's own names, so the
+request is refused instead (CsrfNotChecked, a 500, logged) before anything reads its body.
+
+The wrapper makes the check CSRFProtect would have made, in `check_host_token`: the token from
+one of the host's WTF_CSRF_HEADERS, or from its WTF_CSRF_FIELD_NAME field (or one whose name
+ends with it, as Flask-WTF takes a prefixed form's) *before the file part* (cronbox.web.formstream
+reads the form only that far), validated by Flask-WTF's public `validate_csrf`; a refusal is
+Flask-WTF's own CSRFError, so the host's handler for it answers. Flask-WTF is imported only
+when the host's app uses it. The check marks the request; seal_upload refuses a request with no
+mark on an app with CSRFProtect (`refuse_unchecked`): a view that calls seal_upload without the
+decorator, or that the host exempted itself, never seals unchecked.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
+from typing import Callable
 
-from flask import Blueprint, Request, current_app, has_app_context
+from flask import Blueprint, Flask, Request, current_app, has_app_context, request, request_started
 
 from . import formstream
 from .client import referrer_refusal
@@ -35,13 +51,16 @@ log = logging.getLogger("cronbox")
 
 _METHODS = ("POST", "PUT", "PATCH", "DELETE")  # Flask-WTF's default WTF_CSRF_METHODS
 CHECKED_KEY = "cronbox.host_csrf_checked"  # in the request's WSGI environ, once check_host_token ran
+CHECKING_VIEW = "cronbox_checks_host_csrf"  # set on the checking wrapper; functools.wraps above it copies it
+_wrapper_numbers = itertools.count(1)
+_wrapped_views: weakref.WeakSet = weakref.WeakSet()  # the views sealed_upload_route wrapped
 
 
 class CsrfNotChecked(RuntimeError):
     """seal_upload on an app with CSRFProtect in a request that `sealed_upload_route` never checked: a bug of
-    the route, never the client's. `@sealed_upload_route(csrf=csrf)` written *above* `@app.post(...)`
-    registers the bare view, which CSRFProtect still takes as exempt (by its name): no check at all would
-    run. A 500 with this message, logged, nothing written."""
+    the route, never the client's. `@sealed_upload_route` written *above* `@app.post(...)`
+    registers the bare view: no check at all would run. A 500 with this message, logged, before anything
+    reads the request's body (or, in a view that calls seal_upload unchecked, nothing written)."""
 
 
 def host_protect():
@@ -50,6 +69,42 @@ def host_protect():
     if type(protect).__module__.startswith("flask_wtf") and callable(getattr(protect, "exempt", None)):
         return protect
     return None
+
+
+def take_over(wrapper: Callable, view: Callable) -> None:
+    """Make `wrapper` (sealed_upload_route's check around `view`) a view CSRFProtect can exempt alone.
+
+    Its `__module__` becomes one no importable module can have ("clinic.views (cronbox
+    sealed_upload_route 3)"), since Flask-WTF keys an exempt view by `module.function` and
+    the function name must stay the host's (Flask's default endpoint). `view` is remembered (weakly)
+    to refuse a request that reaches it registered bare."""
+    wrapper.__module__ = f"{getattr(view, '__module__', None)} (cronbox sealed_upload_route {next(_wrapper_numbers)})"
+    setattr(wrapper, CHECKING_VIEW, True)
+    try:
+        _wrapped_views.add(view)
+    except TypeError:  # a callable that takes no weak reference: never a plain view function
+        pass
+
+
+def watch_requests(app: Flask) -> None:
+    """Connect `leave_uploads_to_cronbox` for `app` (a weak reference to the app: nothing kept alive)."""
+    request_started.connect(leave_uploads_to_cronbox, app)
+
+
+def leave_uploads_to_cronbox(app: Flask, **_extra) -> None:
+    """Before CSRFProtect's check: exempt this request's view when it is a checking wrapper (or a host
+    decorator's functools.wraps around one); refuse it when it is a view such a wrapper wrapped,
+    registered bare, before anything reads its body."""
+    view = app.view_functions.get(request.endpoint) if request.endpoint else None
+    if view is None:
+        return
+    protect = host_protect()
+    if protect is None:
+        return
+    if getattr(view, CHECKING_VIEW, False):
+        protect.exempt(view)  # a set: again costs nothing
+    elif view in _wrapped_views and _csrfprotect_checks(request):
+        _refuse(request)
 
 
 def exempt_from_host_csrf(bp: Blueprint) -> None:
@@ -72,12 +127,27 @@ def refuse_unchecked(req: Request) -> None:
     """CsrfNotChecked, logged, when the app has CSRFProtect and check_host_token did not pass this request."""
     if req.environ.get(CHECKED_KEY) or not has_app_context() or host_protect() is None:
         return
+    _refuse(req)
+
+
+def _refuse(req: Request) -> None:
     log.error("files: seal_upload in %s: the route has no CSRF check (sealed_upload_route missing, or above "
               "the route decorator); refused", req.endpoint)
     raise CsrfNotChecked(
         f"seal_upload: the request to {req.endpoint} was not CSRF-checked although the app has CSRFProtect. "
-        "Put @cronbox.sealed_upload_route(csrf=<your CSRFProtect>) under the route decorator "
-        "(@app.post(...) above it), so that the route registered is the checked one.")
+        "Put @cronbox.sealed_upload_route under the route decorator (@app.post(...) above it), so that the "
+        "route registered is the checked one.")
+
+
+def _csrf_applies(req: Request) -> bool:
+    """Whether the host's CSRF settings ask for a token on this request."""
+    config = current_app.config
+    return bool(config.get("WTF_CSRF_ENABLED", True)) and req.method in config.get("WTF_CSRF_METHODS", _METHODS)
+
+
+def _csrfprotect_checks(req: Request) -> bool:
+    """Whether the app's CSRFProtect checks this request from its before_request (and so reads its form)."""
+    return _csrf_applies(req) and bool(current_app.config.get("WTF_CSRF_CHECK_DEFAULT", True))
 
 
 def _token_field(req: Request, field: str) -> str | None:
@@ -92,9 +162,9 @@ def _token_field(req: Request, field: str) -> str | None:
 def _check(req: Request) -> None:
     if host_protect() is None:
         return
-    config = current_app.config
-    if not config.get("WTF_CSRF_ENABLED", True) or req.method not in config.get("WTF_CSRF_METHODS", _METHODS):
+    if not _csrf_applies(req):
         return
+    config = current_app.config
     from flask_wtf.csrf import CSRFError, validate_csrf
     from wtforms import ValidationError
 

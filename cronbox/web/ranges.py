@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SPEC = re.compile(r"^(\d*)-(\d*)$")
+_SPEC = re.compile(r"([0-9]*)-([0-9]*)")  # ASCII digits only (RFC 9110's DIGIT), matched whole
 _HUGE = 10 ** 19  # digits beyond int64 mean "past any file we hold"
 
 
@@ -53,7 +53,7 @@ def plan(range_header: str | None, if_range: str | None, etag: str, size: int) -
     specs = [part.strip() for part in ranges.split(",") if part.strip()]
     if len(specs) != 1:
         return whole
-    match = _SPEC.match(specs[0])
+    match = _SPEC.fullmatch(specs[0])
     if not match or match.group(1) == match.group(2) == "":
         return whole
     first, last = match.groups()

@@ -72,11 +72,14 @@ class CronboxState:
     @property
     def storage(self):
         """This app's sealed storage, on its runtime and the settings init_app resolved (its instance
-        folder's keys): what `cronbox.storage` and, in this app's context, the module-level `storage.*` use."""
+        folder's keys): what `cronbox.storage` and, in this app's context, the module-level `storage.*` use.
+        Built on the checked runtime (`checked_runtime`): a host's first request may be a `seal_upload`,
+        which must not seal a file its row cannot follow (a fresh SQLite database migrated first, an
+        unmigrated server database refused before a byte is sealed)."""
         if self._storage is None:
             from cronbox.storage.service import Storage  # here: libsodium and cryptography load only when files are used
 
-            runtime = self.runtime
+            runtime = self.checked_runtime()
             with self._lock:
                 if self._storage is None:
                     self._storage = Storage(self.settings, runtime.sessions)

@@ -7,8 +7,8 @@ written into a SealingWriter as it arrives. Never touch `request.files` or
 plaintext temporary file. A body something else already read is refused,
 before anything is written, with BodyAlreadyRead (a 500: the route's bug).
 A host route under Flask-WTF's CSRFProtect (which reads the form before any
-view) takes `@sealed_upload_route(csrf=csrf)`: exempt from CSRFProtect, it
-checks the host's token itself, from a header or a field before the file part.
+view) takes `@sealed_upload_route`: exempt from CSRFProtect (this route alone),
+it checks the host's token itself, from a header or a field before the file part.
 
 Every refusal (malformed body or Content-Length, no owner, two files, over
 CRONBOX_UPLOAD_MAX, an interrupted body, a full disk) is an `UploadRefused`
@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar, cast
@@ -34,6 +33,7 @@ from cronbox.storage import audit
 from cronbox.storage.errors import StorageError, TooLarge
 from cronbox.storage.service import Sealed, Storage, owner_text
 from cronbox.outbox.core.session_types import AnySession
+from cronbox.outbox.core.text import ascii_number
 
 from . import formstream, hostcsrf
 from .client import audit_client
@@ -42,7 +42,6 @@ from .state import state
 log = logging.getLogger("cronbox")
 View = TypeVar("View", bound=Callable)
 
-_DIGITS = re.compile(r"[0-9]{1,30}")
 # Bodies that are forms but cannot carry a file: sealing one as "the file" would store a form.
 _NOT_A_FILE = ("application/x-www-form-urlencoded",)
 
@@ -54,7 +53,7 @@ class BodyAlreadyRead(RuntimeError):
     view), `request.data`, `get_data()`, `get_json()` or a read of `request.stream`
     have already consumed the body, and a multipart file part went to a plaintext
     temporary file on the way. A 500 with this message, logged: use
-    `@sealed_upload_route(csrf=csrf)` on the route and read nothing of the body
+    `@sealed_upload_route` on the route and read nothing of the body
     before seal_upload.
     """
 
@@ -154,20 +153,21 @@ def receive(st: Storage, req: Request, *, owner: str | None = None, owner_field:
 
 def sealed_upload_route(view: View | None = None, *, csrf=None):
     """Decorate a host route that calls seal_upload (under the route decorator: `@app.post(...)` above):
-    `@sealed_upload_route(csrf=csrf)` with the host's Flask-WTF CSRFProtect, bare without one.
+    `@sealed_upload_route`, with or without the host's Flask-WTF CSRFProtect.
 
     CSRFProtect would read the whole form, file and all, into a plaintext
-    temporary file before the view; so the route is exempted from it
-    (`csrf.exempt`) and gets the same check here, before the view runs: the
+    temporary file before the view; so the route is exempted from it (the app's
+    CSRFProtect, `app.extensions["csrf"]`, found at each request before its check:
+    cronbox.web.hostcsrf) and gets the same check here, before the view runs: the
     host's token from its X-CSRFToken / X-CSRF-Token header, or from its
     `csrf_token` field sent *before* the file part (a token after the file is
     not seen: refused as missing). A refusal is Flask-WTF's CSRFError (400),
-    nothing read of the file, nothing stored. A body already read when the route
-    is reached (CSRFProtect on the app but not given here) is BodyAlreadyRead, a
-    500. Without CSRFProtect nothing is checked. The host's other routes keep
-    CSRFProtect. The decorator written above the route decorator registers the
-    bare view, which CSRFProtect still takes as exempt: seal_upload then finds the
-    request unchecked and refuses it (hostcsrf.CsrfNotChecked, a 500).
+    nothing read of the file, nothing stored. Without CSRFProtect nothing is
+    checked. The exemption is this route's alone: the host's other routes keep
+    CSRFProtect, whatever their names. `csrf=` (the host's CSRFProtect) is not
+    needed; given, the route is exempted from it at once. The decorator written
+    above the route decorator registers the bare view: a request to it is
+    refused before its body is read (hostcsrf.CsrfNotChecked, a 500, logged).
     """
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -176,6 +176,7 @@ def sealed_upload_route(view: View | None = None, *, csrf=None):
             hostcsrf.check_host_token(current_request)
             return view(*args, **kwargs)
 
+        hostcsrf.take_over(receiving, view)
         if csrf is not None:
             csrf.exempt(receiving)
         return cast(View, receiving)
@@ -251,7 +252,7 @@ def _refuse_a_read_body(req: Request) -> None:
             f"seal_upload: the body of this request to {req.endpoint} was already read before it (request.form, "
             "request.files, request.data, get_data(), get_json() or the stream, e.g. by Flask-WTF's CSRFProtect), "
             "so a file part may have gone to a plaintext temporary file. Decorate the route with "
-            "@cronbox.sealed_upload_route(csrf=<your CSRFProtect>) and read nothing of the body before seal_upload.")
+            "@cronbox.sealed_upload_route (under the route decorator) and read nothing of the body before seal_upload.")
 
 
 def _declared_length(req: Request) -> int | None:
@@ -264,9 +265,10 @@ def _declared_length(req: Request) -> int | None:
     raw = req.environ.get("CONTENT_LENGTH")
     if raw is None or raw == "":
         return None
-    if not _DIGITS.fullmatch(raw):
+    length = ascii_number(raw, 30)  # 30 digits: far past any limit, so a 413
+    if length is None:
         raise UploadRefused("Content-Length must be a number of bytes (digits only)", 400)
-    return int(raw)
+    return length
 
 
 def _owner(value: str | None, field: str = "owner") -> str:

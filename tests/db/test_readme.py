@@ -193,7 +193,7 @@ def post_scans(runtime, snippet: str):
     app.secret_key = "the host's"
     Cronbox().init_app(app, settings=runtime.settings).use_runtime(runtime)
     exec(compile(snippet, "README.md", "exec"),
-         {"app": app, "Session": runtime.sessions, "__name__": "clinic.views"})  # a module, as CSRFProtect.exempt needs
+         {"app": app, "Session": runtime.sessions, "__name__": "clinic.views"})  # the module the snippet is in
     app.add_url_rule("/token", "token", generate_csrf)  # the host's page with the form
     client = app.test_client()
     token = client.get("/token").get_data(as_text=True)

@@ -29,15 +29,8 @@ def migrate(ctx):
 def _narrow_database(url: str) -> None:
     """A host app's SQLite file is made 0644 by Flask-SQLAlchemy: cronbox's tables in it hold job
     payloads. Narrowed when this user owns it; another owner's file is left to them, with a warning."""
-    database = sqlite_files.database_path(url)
-    if database is None:
-        return
-    narrowed, left = sqlite_files.narrow(database)
-    for path, mode in narrowed:
-        click.echo(f"migrate: {path} was mode {mode:#o}, open to other users: narrowed to 0600")
-    for path, mode in left:
-        click.echo(f"warning: {path} is mode {mode:#o}, open to other users, and not yours: its owner should "
-                   f"chmod 600 it", err=True)
-    folder = database.parent
-    if folder.stat().st_mode & sqlite_files.PRIVATE:
-        click.echo(f"warning: {folder} (the database's folder) is open to other users: chmod 700 it", err=True)
+    done, warnings = sqlite_files.make_private(url)
+    for line in done:
+        click.echo(f"migrate: {line}")
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)

@@ -43,7 +43,7 @@ from cronbox.outbox.events.record import new_trace_id
 
 log = logging.getLogger("cronbox")
 R = cast(Table, ScheduleRun.__table__)
-NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: `$` would take a final newline
 EPOCH = datetime(1970, 1, 1)
 
 

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
+from cronbox.outbox.core import sqlite_files
 from cronbox.outbox.core.errors import SchemaError
 from cronbox.outbox.core.settings import Settings
 
@@ -68,20 +69,33 @@ def upgrade(settings: Settings, engine: Engine) -> tuple[str | None, str]:
 
 
 def ensure_schema(settings: Settings, engine: Engine, lock_factory) -> None:
-    """Fresh SQLite databases are migrated on first use; MySQL must be migrated on purpose."""
+    """Fresh SQLite databases are migrated on first use; MySQL must be migrated on purpose.
+
+    A SQLite database is also made private here, as `migrate` makes it (outbox.core.sqlite_files): a
+    host app's file (0644 from Flask-SQLAlchemy) that only ever migrates this way, in a web process or
+    a tick, would otherwise stay open to other accounts. Each file narrowed is logged; what is left
+    open (another owner's file, the folder) is logged when this call migrated, not at every check."""
     revision = current_revision(engine)
-    if revision == SCHEMA_HEAD:
-        return
-    if engine.dialect.name == "sqlite":
+    if engine.dialect.name != "sqlite":
+        if revision == SCHEMA_HEAD:
+            return
+        if revision is None:
+            raise SchemaError("the cronbox tables do not exist yet: run `python -m cronbox migrate`")
+        raise SchemaError(f"the database schema is at {revision}, this code needs {SCHEMA_HEAD}: "
+                          "run `python -m cronbox migrate`")
+    migrated = False
+    if revision != SCHEMA_HEAD:
         lock = lock_factory("migrate")
         if not lock.acquire():
             raise SchemaError("the database is being migrated by another process; try again in a moment")
         try:
             if current_revision(engine) != SCHEMA_HEAD:
                 upgrade(settings, engine)
+                migrated = True
         finally:
             lock.release()
-        return
-    if revision is None:
-        raise SchemaError("the cronbox tables do not exist yet: run `python -m cronbox migrate`")
-    raise SchemaError(f"the database schema is at {revision}, this code needs {SCHEMA_HEAD}: run `python -m cronbox migrate`")
+    done, warnings = sqlite_files.make_private(settings.database_url)
+    for line in done:
+        log.warning("sqlite: %s", line)
+    for line in warnings if migrated else []:
+        log.warning("sqlite: %s", line)

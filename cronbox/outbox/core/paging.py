@@ -16,8 +16,11 @@ from typing import Any, Sequence
 from sqlalchemy import and_, or_
 from sqlalchemy.orm import Session
 
+from cronbox.outbox.core.text import ascii_number
+
 PAGE_SIZE = 50
 MAX_ID = 2**63 - 1  # BIGINT; a larger number is nobody's id (and SQLite cannot even bind it)
+ID_DIGITS = len(str(MAX_ID))
 _SEPARATOR = "~"
 
 
@@ -36,12 +39,12 @@ def parse_cursor(text: str | None, kinds: Sequence[type]) -> tuple | None:
     if not text:
         return None
     parts = text.split(_SEPARATOR)
-    if len(parts) != len(kinds) or len(text) > 200:
+    if len(parts) != len(kinds) or len(text) > 200 or not text.isascii():  # a cursor we made is ASCII
         raise BadCursor("the page cursor is malformed")
     values = []
     try:
         for part, kind in zip(parts, kinds):
-            value = datetime.fromisoformat(part) if kind is datetime else kind(part)
+            value = datetime.fromisoformat(part) if kind is datetime else _number(part) if kind is int else kind(part)
             if kind is int and not 0 <= value <= MAX_ID:
                 raise ValueError("out of range")
             if kind is datetime and value.tzinfo is not None:
@@ -50,6 +53,13 @@ def parse_cursor(text: str | None, kinds: Sequence[type]) -> tuple | None:
     except (ValueError, TypeError) as exc:
         raise BadCursor("the page cursor is malformed") from exc
     return tuple(values)
+
+
+def _number(text: str) -> int:
+    number = ascii_number(text, ID_DIGITS)
+    if number is None:
+        raise ValueError("not a number")
+    return number
 
 
 def _format(values: Sequence[Any]) -> str:

@@ -4,9 +4,10 @@ group/other-readable in a folder it can enter.
 
 - A database file cronbox creates is created 0600 (before SQLite would make it 0644 under the usual
   umask); SQLite gives its -wal, -shm and -journal files the database file's mode.
-- `migrate` narrows an existing database file (and its side files) to 0600 when this user owns it
-  (a host app's file made by Flask-SQLAlchemy is 0644), and says so; a file of another owner is left
-  as it is, for its owner.
+- `migrate`, and the migration a SQLite database gets on first use (outbox.core.migrate.ensure_schema,
+  e.g. in a host app's web process nobody ran `migrate` for), narrow an existing database file (and its
+  side files) to 0600 when this user owns it (a host app's file made by Flask-SQLAlchemy is 0644), and
+  say so (`make_private`); a file of another owner is left as it is, for its owner.
 - Health fails while the file, a side file or its folder is open to the group or others.
 
 The umask is never touched (it is process-wide, and a web process has other threads creating files),
@@ -84,3 +85,19 @@ def narrow(database: Path) -> tuple[list[tuple[Path, int]], list[tuple[Path, int
         except FileNotFoundError:  # a -journal or -wal gone meanwhile
             continue
     return narrowed, left
+
+
+def make_private(url: str) -> tuple[list[str], list[str]]:
+    """Narrow the SQLite database of `url` (`narrow`) and say what happened: one line per file narrowed,
+    and one warning per file (another owner's) or folder still open to others. Nothing for other databases."""
+    database = database_path(url)
+    if database is None:
+        return [], []
+    narrowed, left = narrow(database)
+    done = [f"{path} was mode {mode:#o}, open to other users: narrowed to 0600" for path, mode in narrowed]
+    warnings = [f"{path} is mode {mode:#o}, open to other users, and not yours: its owner should chmod 600 it"
+                for path, mode in left]
+    folder = database.parent
+    if folder.stat().st_mode & PRIVATE:
+        warnings.append(f"{folder} (the database's folder) is open to other users: chmod 700 it")
+    return done, warnings

@@ -37,6 +37,18 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+def ascii_number(text: str | None, max_digits: int) -> int | None:
+    """The number `text` writes in ASCII digits alone (0-9, 1 to `max_digits` of them), else None.
+
+    For what a client sends (a header, a form field, a query or path parameter): `int()` also takes
+    other scripts' digits ("١٢"), a sign, underscores and spaces around, and `str.isdigit()` says yes
+    to "²", which `int()` then refuses (a 500 where a 400 belongs). A run of digits longer than any
+    number of ours is refused too, before `int()` (past 4300 digits it raises) or a float would see it."""
+    if text and len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> str:
     """`text` made safe to print, log and store: lone surrogates, control and bidi characters escaped,
     line breaks turned into spaces (unless `one_line` is False), at most `limit` characters."""

@@ -38,7 +38,7 @@ from cronbox.outbox.queue.ratelimit import RateLimit
 
 S = ConcurrencyGroupSlot.__table__
 R = RateWindow.__table__
-GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")  # \Z: `$` would take a final newline
 MAX_LIMIT = 1000  # slots are rows: a larger limit is no limit on a shared host
 MAX_COST = 1_000_000
 DEFAULT_WAIT = 2.0  # CRONBOX_GROUP_WAIT: a group-full job is tried again at most this much later

@@ -29,7 +29,7 @@ from cronbox.outbox.queue.ratelimit import RateLimit
 from cronbox.outbox.core.session_types import Transactional
 
 MAX_NAME = 191
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")  # \Z: `$` would take a final newline
 J = cast(Table, Job.__table__)
 # Built once; SQLAlchemy compiles it once per dialect and keeps it in the engine's compiled cache.
 _INSERT = insert(J)

@@ -24,7 +24,8 @@ from cronbox.web import formstream, hostauth
 from cronbox.web.client import client_ip
 
 from . import bp, cookie, csrf
-from cronbox.outbox.core.paging import MAX_ID, BadCursor
+from cronbox.outbox.core.paging import ID_DIGITS, MAX_ID, BadCursor
+from cronbox.outbox.core.text import ascii_number
 
 log = logging.getLogger("cronbox")
 T = TypeVar("T")
@@ -287,9 +288,8 @@ def form_ids(name: str = "id") -> list[int]:
     values = request.form.getlist(name)
     if len(values) > 1000:
         abort(400, description="at most 1000 ids at a time")
-    try:
-        ids = [int(v) for v in values]
-    except ValueError:
+    ids = [ascii_number(v, ID_DIGITS) for v in values]
+    if None in ids:
         abort(400, description="ids must be numbers")
     if any(not 1 <= i <= MAX_ID for i in ids):
         abort(400, description="ids must be positive numbers")

@@ -57,7 +57,7 @@ def pay(appointment_id: int):
 
 
 @bp.post("/patients/<int:patient_id>/scans")
-@sealed_upload_route  # with Flask-WTF: @sealed_upload_route(csrf=csrf), the token a field before the file
+@sealed_upload_route  # with Flask-WTF too (its CSRFProtect is found): the token a field before the file
 def upload_scan(patient_id: int):
     """A multipart form with one file part, sealed while it streams: never touch request.files here."""
     db.get_or_404(Patient, patient_id)

@@ -55,7 +55,7 @@ def once_add():
     return done(f"One-off run #{row.id} is pending; the next tick runs it.", "ops.once")
 
 
-@bp.get("/once/<int:request_id>")
+@bp.get("/once/<cronbox_id:request_id>")
 def once_show(request_id: int):
     if request_id > paging.MAX_ID:
         abort(404)
