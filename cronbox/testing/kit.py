@@ -124,6 +124,7 @@ class Kit:
         self._schema_ok = False
         self._busy = False  # running handlers: a commit inside them starts no inline run of its own
         self._watched: Any = None  # what inline mode listens to
+        self._committed: set[int] = set()  # watched sessions whose transaction committed and has not ended yet
         self._side: sessionmaker[Session] | None = None  # see _side_sessions
 
     # ---- life ---------------------------------------------------------------------------------
@@ -308,15 +309,17 @@ class Kit:
         if self._mode == INLINE:
             raise KitError("the kit is in inline mode already")
         target = self._watch_target(session)
-        listener = self._after_commit
-        event.listen(target, "after_commit", listener)
+        committed, ended = self._after_commit, self._after_transaction_end
+        event.listen(target, "after_commit", committed)
+        event.listen(target, "after_transaction_end", ended)
         self._mode, self._watched = INLINE, target
         try:
             yield self
             self._check_inline()
         finally:
-            event.remove(target, "after_commit", listener)
-            self._mode, self._watched = MANUAL, None
+            event.remove(target, "after_commit", committed)
+            event.remove(target, "after_transaction_end", ended)
+            self._mode, self._watched, self._committed = MANUAL, None, set()
 
     # ---- inside -------------------------------------------------------------------------------
     def _deliver(self, type: str | None) -> Ran:
@@ -418,8 +421,17 @@ class Kit:
         raise DrainLoop("inline mode ran deliveries and jobs round after round and work was still due")
 
     def _after_commit(self, session: Session) -> None:
-        if not self._busy and self._stack is not None:
-            self._settle()
+        """A watched session committed: run what it wrote once its transaction has ended (below). At
+        after_commit the session still holds its connection, which may be the one connection of the
+        pool cronbox's run needs (an app writing through the runtime's own sessions)."""
+        if not self._busy:
+            self._committed.add(id(session))
+
+    def _after_transaction_end(self, session: Session, transaction: Any) -> None:
+        if transaction.parent is None and id(session) in self._committed:
+            self._committed.discard(id(session))
+            if not self._busy and self._stack is not None:
+                self._settle()
 
     def _clock_moved(self) -> None:
         if self._mode == INLINE and not self._busy:
