@@ -13,8 +13,9 @@ from .rows import KitError
 
 
 class Clock:
-    """`now`, `advance(minutes=5)`, `set(datetime(2026, 12, 3, 3, 0))`. Only forward: leases, slots and
-    backoff all assume time does not run back. `moved` is told after each move (inline mode runs what
+    """`now`, `advance(minutes=5)`, `set(datetime(2026, 12, 3, 3, 0))`. advance() only goes forward;
+    set() goes anywhere, for a test that starts on a given day (once work has run, leases, slots and
+    backoff all assume time does not run back). `moved` is told after each move (inline mode runs what
     became due)."""
 
     def __init__(self, moved: Callable[[], None] | None = None):
@@ -38,9 +39,12 @@ class Clock:
         return clock.utcnow()
 
     def set(self, at: datetime) -> datetime:
-        """Move cronbox's clock to `at` (naive UTC, or aware in any zone), no earlier than now."""
+        """Move cronbox's clock to `at` (naive UTC, or aware in any zone)."""
         target = at.astimezone(timezone.utc).replace(tzinfo=None) if at.tzinfo is not None else at
-        return self.advance(target - self._frozen_or_fail())
+        clock.advance((target - self._frozen_or_fail()).total_seconds())
+        if self._moved is not None:
+            self._moved()
+        return clock.utcnow()
 
     def _frozen_or_fail(self) -> datetime:
         now = clock.utcnow()

@@ -239,7 +239,7 @@ def test_bad_use_is_a_clear_error(kit, registry, runtime):
     with pytest.raises(KitError, match="already started"):
         kit.start()
     with pytest.raises(KitError, match=r"the clock only moves forward"):
-        kit.clock.set(T0 - timedelta(seconds=1))
+        kit.clock.advance(seconds=-1)
     with pytest.raises(KitError, match="in the past"):
         kit.drain(until=T0 - timedelta(days=1))
     with pytest.raises(KitError, match="takes a Flask app set up with Cronbox"):
