@@ -367,6 +367,11 @@ def test_a_channel_without_the_test_driver_is_not_read_as_empty(runtime, registr
                 kit.outbox.refuse("sms")
     finally:
         rt.dispose()
+    from cronbox.outbox.channels.config import channel_config
+    from cronbox.outbox.core.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="CRONBOX_WEBHOOK_DRIVER='pigeon' is not one of http, test"):
+        channel_config(load_settings(environ={**env, "CRONBOX_WEBHOOK_DRIVER": "pigeon"}))
 
 
 def test_inline_mode_runs_what_a_commit_wrote_and_refuses_an_unwatched_session(kit, registry, runtime,
