@@ -25,8 +25,9 @@ The public API, all importable from here:
 - Alembic in your app: `alembic_include_name`, `alembic_include_object`.
 
 Two more subpackages are documented, for what an app rarely needs: `cronbox.outbox` (settings,
-the runtime) and `cronbox.cron` (the command line). Every other module is internal: its names may
-change in any release.
+the runtime) and `cronbox.cron` (the command line); and one for your tests, `cronbox.testing` (the test
+kit and its pytest plugin: docs/testing.md). Every other module is internal: its names may change in
+any release.
 """
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 EXCERPT = re.compile(r"# (examples/\S+\.py)( \(abridged\))?\n")
 
 
-def all_snippets() -> list[str]:
-    return SNIPPET.findall((APP_ROOT / "README.md").read_text(encoding="utf-8"))
+def all_snippets(page: str = "README.md") -> list[str]:
+    return SNIPPET.findall((APP_ROOT / page).read_text(encoding="utf-8"))
 
 
 # Snippets run by a test of their own (below), each named by a line only it has.
@@ -70,10 +70,12 @@ def snippet_with(mark: str) -> str:
     return snippet
 
 
-def test_the_readme_excerpts_of_the_example_app_are_its_code():
+@pytest.mark.parametrize("page", ["README.md", "docs/testing.md"])
+def test_the_readme_excerpts_of_the_example_app_are_its_code(page):
     """A snippet opening with `# examples/...py` (abridged) shows lines of that file, in its order
-    (`...` stands for lines left out): what the README teaches is what examples/clinic's tests run."""
-    excerpts = [s for s in all_snippets() if EXCERPT.match(s)]
+    (`...` stands for lines left out): what the README (and docs/testing.md, the clinic's own tests)
+    teaches is what examples/clinic's tests run."""
+    excerpts = [s for s in all_snippets(page) if EXCERPT.match(s)]
     assert len(excerpts) >= 3
     for snippet in excerpts:
         first, *lines = snippet.splitlines()

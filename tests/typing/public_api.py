@@ -71,3 +71,25 @@ def in_a_request(app: Flask, extension: Cronbox, db: SQLAlchemy) -> str:
         url: str = store.signed_url(grant_id, ttl=300)
         assert cronbox.CronboxError is not None and callable(alembic_include_name) and callable(alembic_include_object)
         return url + token
+
+
+def a_users_test(app: Flask) -> None:
+    """cronbox.testing as docs/testing.md and examples/clinic's tests use it."""
+    from datetime import datetime
+
+    from cronbox import testing
+    from cronbox.testing import Kit, assert_dispatched
+
+    with Kit(app, now=datetime(2026, 12, 2, 9, 0)) as kit:
+        [event] = kit.assert_recorded("appointment.paid", appointment_id=7)
+        assert event.delivery("clinic.receipt").status == "done"
+        ran: testing.Ran = kit.deliver() + kit.drain(until=timedelta(minutes=1))
+        assert ran.handled >= 0
+        jobs: list[testing.JobRow] = assert_dispatched(send_sms, to="+989121234567")
+        assert jobs[0].retrying or jobs[0].done
+        kit.clock.advance(minutes=5)
+        testing.clock.set(datetime(2026, 12, 3, 18, 0))
+        assert kit.tick().jobs_done >= 0 and kit.perform(send_sms, {"to": "+1", "text": "t"}).ok
+        assert [message.text for message in kit.outbox.sms] == [message.text for message in testing.outbox.sms]
+        with kit.inline():
+            kit.refute_dispatched(send_sms, queue="sms")

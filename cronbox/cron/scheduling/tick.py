@@ -84,8 +84,9 @@ def _check_schema(runtime: Runtime, run_command: CommandRunner) -> None:
 
 
 def run_tick(runtime: Runtime, *, run_command: CommandRunner, max_time: float = DEFAULT_MAX_TIME,
-             linger: bool = True, memory_mb: float = DEFAULT_MEMORY_MB) -> TickReport:
-    """One tick. `run_command` runs the one-off requests' command lines (`cronbox.cron.cli.main`)."""
+             linger: bool = True, memory_mb: float | None = DEFAULT_MEMORY_MB) -> TickReport:
+    """One tick. `run_command` runs the one-off requests' command lines (`cronbox.cron.cli.main`).
+    `memory_mb=None`: no RSS limit (cronbox.testing's tick, inside a test process of any size)."""
     workers = tick_workers(runtime.settings)
     if workers > 1:
         try:  # on MySQL the tick's lock has a connection of its own

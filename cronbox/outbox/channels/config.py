@@ -1,18 +1,19 @@
 """Channel settings, read from the run's Settings (.env, then the environment).
 
 | setting | default | meaning |
-| CRONBOX_SMS_DRIVER | log | log, kavenegar or twilio |
+| CRONBOX_SMS_DRIVER | log | log, kavenegar, twilio, or test (kept in memory for cronbox.testing: captured.py) |
 | CRONBOX_SMS_SENDER | - | Kavenegar line number / Twilio From number |
 | CRONBOX_KAVENEGAR_API_KEY, CRONBOX_KAVENEGAR_URL | -, https://api.kavenegar.com | |
 | CRONBOX_TWILIO_ACCOUNT_SID, CRONBOX_TWILIO_AUTH_TOKEN, CRONBOX_TWILIO_URL | -, -, https://api.twilio.com | |
 | CRONBOX_SMS_RATE, CRONBOX_MAIL_RATE | - | shared rate limits, e.g. 5/s, 100/m |
 | CRONBOX_CHANNEL_TIMEOUT | 10 | seconds for each network step |
 | CRONBOX_CHANNEL_PAUSE | 900 | seconds a channel waits after "out of credit" / "bad credentials" |
-| CRONBOX_MAIL_DRIVER | smtp | smtp, or log (development: nothing is sent) |
+| CRONBOX_MAIL_DRIVER | smtp | smtp, log (development: nothing is sent) or test (captured.py) |
 | CRONBOX_SMTP_HOST, _PORT, _USER, _PASSWORD, _SECURITY | -, 587, -, -, starttls | security: starttls, ssl or none |
 | CRONBOX_MAIL_FROM | - | From address |
 | CRONBOX_ADMIN_PHONE, CRONBOX_ADMIN_EMAIL | - | where admin alerts go |
 | CRONBOX_ALERT_WEBHOOK_URL, CRONBOX_ALERT_WEBHOOK_SECRET | - | admin alerts as a signed POST (webhook.py); https, http only to loopback; both or neither |
+| CRONBOX_WEBHOOK_DRIVER | http | http, or test (the alert is kept in memory, not posted: captured.py) |
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from urllib.parse import urlsplit
 from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.queue.ratelimit import RateLimit
 
-SMS_DRIVERS = ("log", "kavenegar", "twilio")
-MAIL_DRIVERS = ("smtp", "log")
+SMS_DRIVERS = ("log", "kavenegar", "twilio", "test")
+MAIL_DRIVERS = ("smtp", "log", "test")
+WEBHOOK_DRIVERS = ("http", "test")
 SMTP_SECURITY = ("starttls", "ssl", "none")
 
 
@@ -52,6 +54,7 @@ class ChannelConfig:
     admin_email: str | None
     webhook_url: str | None = None
     webhook_secret: str | None = field(default=None, repr=False)  # never in a repr, a log or an error
+    webhook_driver: str = "http"
 
 
 def channel_config(settings) -> ChannelConfig:
@@ -75,6 +78,9 @@ def _parse(settings) -> ChannelConfig:
     mail_driver = (get("CRONBOX_MAIL_DRIVER") or "smtp").lower()
     if mail_driver not in MAIL_DRIVERS:
         raise SettingsError(f"CRONBOX_MAIL_DRIVER={mail_driver!r} is not one of {', '.join(MAIL_DRIVERS)}")
+    webhook_driver = (get("CRONBOX_WEBHOOK_DRIVER") or "http").lower()
+    if webhook_driver not in WEBHOOK_DRIVERS:
+        raise SettingsError(f"CRONBOX_WEBHOOK_DRIVER={webhook_driver!r} is not one of {', '.join(WEBHOOK_DRIVERS)}")
     security = (get("CRONBOX_SMTP_SECURITY") or "starttls").lower()
     if security not in SMTP_SECURITY:
         raise SettingsError(f"CRONBOX_SMTP_SECURITY={security!r} is not one of {', '.join(SMTP_SECURITY)}")
@@ -101,6 +107,7 @@ def _parse(settings) -> ChannelConfig:
         admin_email=get("CRONBOX_ADMIN_EMAIL"),
         webhook_url=_webhook_url(get),
         webhook_secret=get("CRONBOX_ALERT_WEBHOOK_SECRET"),
+        webhook_driver=webhook_driver,
     )
 
 

@@ -1,4 +1,5 @@
-"""E-mail over SMTP (smtplib): STARTTLS, implicit TLS or plain, with timeouts; or a log driver for development.
+"""E-mail over SMTP (smtplib): STARTTLS, implicit TLS or plain, with timeouts; or a log driver for
+development, or the test driver (captured.py).
 
 SMTP has no idempotency key. Every message carries a Message-ID made from the
 job's idempotency key, so if an attempt's outcome is unknown (timeout after
@@ -42,6 +43,11 @@ def build_message(config: ChannelConfig, ctx, *, to: str, subject: str, text: st
 def send(config: ChannelConfig, ctx, *, to: str, subject: str, text: str, html: str | None = None) -> None:
     if config.mail_driver == "log":
         _log_only(ctx, to=to, text=text, html=html)
+        return
+    if config.mail_driver == "test":
+        from cronbox.outbox.channels.captured import SENT, Message
+
+        SENT.send(ctx, Message(CHANNEL, to, text, subject=subject, html=html))
         return
     if not config.smtp_host or not config.mail_from:
         raise ChannelPaused(CHANNEL, config.pause_seconds, "SMTP is not configured (CRONBOX_SMTP_HOST, CRONBOX_MAIL_FROM)")

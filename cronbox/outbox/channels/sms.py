@@ -1,4 +1,4 @@
-"""SMS drivers: Kavenegar, Twilio, and a log driver for development.
+"""SMS drivers: Kavenegar, Twilio, a log driver for development, and a test driver (captured.py).
 
 Each `send(ctx, to, text)` records every attempt and ends in one of the ways
 errors.py lists. A timeout is an unknown outcome, never a failure to resend
@@ -26,7 +26,7 @@ CHANNEL = "sms"
 
 
 def driver_for(config: ChannelConfig):
-    return {"log": LogSms, "kavenegar": Kavenegar, "twilio": Twilio}[config.sms_driver](config)
+    return {"log": LogSms, "kavenegar": Kavenegar, "twilio": Twilio, "test": TestSms}[config.sms_driver](config)
 
 
 def _send(ctx, provider: str, to: str, request, classify) -> None:
@@ -61,6 +61,18 @@ class LogSms:
                         detail=f"{len(text)} characters")
         log.info("sms (log driver) to=%s chars=%d key=%s trace=%s", attempts.mask_recipient(to), len(text),
                  ctx.idempotency_key, ctx.trace_id)
+
+
+class TestSms:
+    """Test driver: the message is kept in this process for cronbox.testing (captured.py)."""
+
+    def __init__(self, config: ChannelConfig):
+        self.config = config
+
+    def send(self, ctx, to: str, text: str) -> None:
+        from cronbox.outbox.channels.captured import SENT, Message
+
+        SENT.send(ctx, Message(CHANNEL, to, text))
 
 
 # ---- Kavenegar ------------------------------------------------------------------

@@ -60,6 +60,11 @@ def send(config: ChannelConfig, ctx, payload: dict) -> None:
         raise PermanentFailure("no webhook configured (CRONBOX_ALERT_WEBHOOK_URL, CRONBOX_ALERT_WEBHOOK_SECRET)")
     target = where(url)
     body = body_of(payload, ctx.idempotency_key)
+    if config.webhook_driver == "test":  # kept in this process for cronbox.testing (captured.py), not posted
+        from cronbox.outbox.channels.captured import SENT, Message
+
+        SENT.send(ctx, Message(CHANNEL, target, body.decode("utf-8")))
+        return
     timestamp = int((clock.utcnow() - EPOCH).total_seconds())  # clock.utcnow() is naive UTC (frozen in tests)
     headers = {HEADER: sign(secret, timestamp, body), "Content-Type": "application/json"}
     attempts.record(ctx, channel=CHANNEL, recipient=target, outcome="sending")

@@ -42,6 +42,11 @@ def frozen(at: datetime):
         _frozen = previous
 
 
+def is_frozen() -> bool:
+    """Is utcnow() frozen (inside frozen())? cronbox.testing's clock moves only then."""
+    return _frozen is not None
+
+
 def advance(seconds: float) -> None:
     global _frozen
     if _frozen is None:

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, QueuePool
 
 from cronbox.outbox.core import sqlite_files
 from cronbox.outbox.core.errors import SettingsError
@@ -74,9 +74,11 @@ def _pool_args(role: str) -> dict:
     if role == "lock":
         return {"poolclass": NullPool}
     # Reset on return is done by _reset_on_return below.
+    # QueuePool named (it is the default for files and servers): SQLAlchemy would pick a
+    # SingletonThreadPool for a named in-memory SQLite database (`file:NAME?mode=memory&cache=shared`).
     if role == "cron":
-        return {"pool_size": 1, "max_overflow": 0, "pool_timeout": 30, "pool_reset_on_return": None}
-    return {"pool_size": 2, "max_overflow": 2, "pool_timeout": 10, "pool_reset_on_return": None}
+        return {"poolclass": QueuePool, "pool_size": 1, "max_overflow": 0, "pool_timeout": 30, "pool_reset_on_return": None}
+    return {"poolclass": QueuePool, "pool_size": 2, "max_overflow": 2, "pool_timeout": 10, "pool_reset_on_return": None}
 
 
 def _reset_on_return(dbapi_connection, record, reset_state) -> None:

@@ -444,3 +444,24 @@ def overview(session: Session, registry: Consumers, now: datetime) -> Overview:
     names = sorted(set(per_consumer) | registered)
     return Overview([(n, n in registered, per_consumer.get(n) or ConsumerStatus(n)) for n in names],
                     unfanned_count(session), blocked_keys(session))
+
+
+# ---- what a test looks at (cronbox.testing) ------------------------------------------
+
+def recorded(session: Session, *, type: str | None = None) -> list[tuple]:
+    """Every event (of `type`), in id order, each with its delivery rows (by id): the read model of
+    cronbox.testing's `recorded()`. Two statements; a test database holds few rows (the operator's
+    views page instead: dead_page, status)."""
+    query = select(E.c.id, E.c.type, E.c.key, E.c.payload, E.c.created_at, E.c.available_at, E.c.fanned_out_at)
+    if type is not None:
+        query = query.where(E.c.type == type)
+    events = session.execute(query.order_by(E.c.id)).all()
+    if not events:
+        return []
+    rows: dict[int, list] = {event.id: [] for event in events}
+    for delivery in session.execute(
+            select(D.c.id, D.c.event_id, D.c.consumer, D.c.status, D.c.attempts, D.c.next_attempt_at,
+                   D.c.last_error, D.c.finished_at)
+            .where(D.c.event_id.in_(_event_ids(list(rows)))).order_by(D.c.id)).all():
+        rows[delivery.event_id].append(delivery)
+    return [(event, rows[event.id]) for event in events]

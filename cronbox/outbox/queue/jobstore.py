@@ -515,3 +515,54 @@ def overview(session: Session, queues: list[str], now: datetime) -> list[QueueSt
     """`queues` (a runtime's default ones, in priority order) then any other queue with jobs."""
     per_queue = status(session, now)
     return [per_queue.get(n) or QueueStatus(n) for n in dict.fromkeys(queues + sorted(per_queue))]
+
+
+# ---- what a test looks at (cronbox.testing) ------------------------------------------
+
+def listed(session: Session, *, handler: str | None = None, queue: str | None = None) -> list:
+    """Every job (of `handler`, on `queue`), in dispatch order, with its payload and outcome: the read
+    model of cronbox.testing's `dispatched()`. A test database holds few rows; a deployment's is never
+    read this way (the operator's views page: failed_page, status)."""
+    rows = select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.status, J.c.attempts, J.c.available_at,
+                  J.c.retry_until, J.c.last_error, J.c.error_class, J.c.created_at, J.c.reserved_at, J.c.finished_at)
+    if handler is not None:
+        rows = rows.where(J.c.handler == handler)
+    if queue is not None:
+        rows = rows.where(J.c.queue == queue)
+    return list(session.execute(rows.order_by(J.c.id)).all())
+
+
+def next_due(session: Session, registry: Jobs, queues: list[str], until: datetime) -> datetime | None:
+    """When the next job a worker of `queues` would claim becomes due, if at or before `until`: a ready
+    job's due time or a reserved one's lease end (the claim's own condition, jobs of handlers registered
+    here). cronbox.testing's `drain(until=)` moves its clock there."""
+    handlers = [h.name for h in registry.all() if h.queue in queues]
+    if not handlers:
+        return None
+    return session.scalar(select(func.min(J.c.available_at)).where(
+        J.c.queue.in_(queues), J.c.status.in_((READY, RESERVED)), J.c.handler.in_(handlers),
+        J.c.available_at <= until))
+
+
+def unregistered_due(session: Session, registry: Jobs, queues: list[str] | None, now: datetime) -> list[tuple]:
+    """(queue, handler, count) of due jobs (of `queues`, None: any) whose handler is not registered
+    here: a worker passes over them, so they wait (as deliveries.unregistered_due's)."""
+    query = (select(J.c.queue, J.c.handler, func.count())
+             .where(J.c.status.in_((READY, RESERVED)), J.c.available_at <= now)
+             .group_by(J.c.queue, J.c.handler).order_by(J.c.queue, J.c.handler))
+    if queues is not None:
+        query = query.where(J.c.queue.in_(queues))
+    names = registry.names()
+    if names:
+        query = query.where(J.c.handler.not_in(names))
+    return [(queue, handler, int(count)) for queue, handler, count in session.execute(query).all()]
+
+
+def never_claimed_due(session: Session, handlers: list[str], now: datetime) -> int:
+    """Ready jobs of `handlers` due now that no worker ever claimed (no attempt counted, never reserved):
+    what cronbox.testing's inline mode should have run at the commit that dispatched them."""
+    if not handlers:
+        return 0
+    return session.scalar(select(func.count()).select_from(J).where(
+        J.c.status == READY, J.c.handler.in_(handlers), J.c.attempts == 0, J.c.reserved_at.is_(None),
+        J.c.available_at <= now)) or 0

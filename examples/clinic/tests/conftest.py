@@ -1,6 +1,7 @@
-"""The clinic's tests: its routes through Flask's test client, its cron line as a real `python -m cronbox`
-subprocess, on SQLite and (with TEST_MYSQL_URL, TEST_POSTGRES_URL) on MariaDB and PostgreSQL, each
-in a database of their own.
+"""The clinic's tests: its routes through Flask's test client, what follows a payment through cronbox's
+test kit (the `cronbox_kit` and `cronbox_inline` fixtures of cronbox's pytest plugin, on the app
+`cronbox_app` returns), its cron line as a real `python -m cronbox` subprocess, on SQLite and (with
+TEST_MYSQL_URL, TEST_POSTGRES_URL) on MariaDB and PostgreSQL, each in a database of their own.
 
 They run against whichever cronbox is importable: the installed package (as a user has it), or the
 checkout with PYTHONPATH=<checkout> for quick runs. Settings go in through the environment, as a
@@ -143,9 +144,20 @@ def make_app(migrated):
             runtime.dispose()
 
 
+# The in-process app's SMS and e-mail go to cronbox's test driver: the kit shows them (cronbox_kit.outbox).
+# The cron subprocesses build the app from the environment above: the log drivers there.
+TEST_DRIVERS = {"CRONBOX_SMS_DRIVER": "test", "CRONBOX_MAIL_DRIVER": "test"}
+
+
 @pytest.fixture
 def app(make_app):
-    return make_app()
+    return make_app(TEST_DRIVERS)
+
+
+@pytest.fixture
+def cronbox_app(app):
+    """The app cronbox's test kit runs the clinic's handlers in (cronbox's pytest plugin asks for it)."""
+    return app
 
 
 @pytest.fixture
