@@ -32,13 +32,17 @@ def packaged_script() -> bytes:
 
 def cron_line(target: Path, python: str | None) -> str:
     """The per-minute line for cPanel's Cron Jobs page. CRONBOX_PYTHON names this Python unless the
-    script finds it by itself (DIR/venv or DIR/.venv): cron's python3 on PATH has no cronbox."""
+    script finds its virtualenv by itself (DIR/venv or DIR/.venv, whichever of its interpreters runs
+    this: `venv/bin/python3` is the same virtualenv as the script's `venv/bin/python`): cron's
+    python3 on PATH has no cronbox."""
     line = f"* * * * * {shlex.quote(str(target))} tick"
-    folder = target.parent
-    if python and Path(python).is_absolute() and Path(python) not in (
-            folder / "venv" / "bin" / "python", folder / ".venv" / "bin" / "python"):
+    if python and Path(python).is_absolute() and not _in_a_virtualenv_the_script_finds(Path(python), target.parent):
         line = f"* * * * * CRONBOX_PYTHON={shlex.quote(python)} {shlex.quote(str(target))} tick"
     return line.replace("%", "\\%")  # cron turns a bare % into a newline
+
+
+def _in_a_virtualenv_the_script_finds(python: Path, folder: Path) -> bool:
+    return python.name.startswith("python") and python.parent in (folder / "venv" / "bin", folder / ".venv" / "bin")
 
 
 @click.command("install-script")
