@@ -32,6 +32,7 @@ exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
 myst_heading_anchors = 4  # [text](page.md#a-heading) links work as on GitHub
 
+default_role = "code"  # `name` in a docstring, as in Markdown
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": False}

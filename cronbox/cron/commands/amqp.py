@@ -133,7 +133,8 @@ def work(ctx, names, prefetch, stop_when_empty, max_time, max_jobs, memory, hear
 
 @amqp.command()
 @QUEUE
-@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True,
+              help="List at most this many parked messages (they stay parked).")
 def dead(queue, limit):
     """List the messages parked in QUEUE.dead (they stay there)."""
     from cronbox.outbox.events.parked import DeadQueue

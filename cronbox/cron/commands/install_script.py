@@ -50,7 +50,7 @@ def _in_a_virtualenv_the_script_finds(python: Path, folder: Path) -> bool:
                 type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path))
 @click.option("--force", is_flag=True, help=f"Replace an existing {SCRIPT} that differs from this cronbox's.")
 def install_script(folder: Path, force: bool):
-    """Copy artisan_via_cron.sh into DIR (default: here), the app's folder, and print its cron line."""
+    """Copy artisan_via_cron.sh into DIR (default: here), the app's folder, mode 0755, and print its cron line."""
     content = packaged_script()
     target = folder.resolve() / SCRIPT
     if target.is_dir():
