@@ -4,7 +4,8 @@ Directives (Markdown pages use them as ```{cronbox-settings}``` blocks):
 
 - `cronbox-settings`: every setting, from cronbox.outbox.core.settings_table.SETTINGS;
 - `cronbox-tables`: every database table, from cronbox.cron.schema.metadata and the models' docstrings;
-- `cronbox-metrics`: every family `GET /metrics` shows, from cronbox.cron.scheduling.metrics.FAMILIES.
+- `cronbox-metrics`: every family `GET /metrics` shows, from cronbox.cron.scheduling.metrics.FAMILIES;
+- `cronbox-screenshots`: the console's pages as bench/screenshots.py saved them (docs/_static/console-*.png).
 
 At the end of reading, every name of `cronbox.__all__` must have been documented by autodoc (a warning,
 so an error under `-W`, names the missing ones), and so must every model's table have a docstring.
@@ -96,6 +97,29 @@ def metrics_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+CAPTIONS = {
+    "overview": "Overview: health checks, backlogs, recent ticks and the 24-hour chart",
+    "outbox": "Outbox: deliveries per consumer, dead deliveries to retry or skip",
+    "queues": "Queues: jobs per queue, paused channels, failed jobs to retry, forget or flush",
+    "schedule": "Schedule: tasks, last run, next due, Run now",
+    "once": "One-off runs: ask for an allow-listed command, see its output",
+    "files": "Files: the access audit, grants to revoke, the upload form",
+    "activity": "Activity: every action and login, with operator, time and IP",
+    "confirm": "A destructive action asks first",
+}
+
+
+def screenshots_markdown(static=None) -> str:
+    """The console screenshots bench/screenshots.py made (docs/_static/console-*.png), those present."""
+    from pathlib import Path
+
+    static = Path(static or Path(__file__).resolve().parent.parent / "_static")
+    shown = [f"```{{figure}} ../_static/console-{name}.png\n:alt: {caption}\n\n{caption}\n```\n"
+             for name, caption in CAPTIONS.items() if (static / f"console-{name}.png").is_file()]
+    return "\n".join(shown) or ("No screenshots in this copy: `python bench/screenshots.py` makes them "
+                                "from the console's browser test.\n")
+
+
 def public_names() -> list[str]:
     import cronbox
 
@@ -103,7 +127,7 @@ def public_names() -> list[str]:
 
 
 GENERATORS = {"cronbox-settings": settings_markdown, "cronbox-tables": tables_markdown,
-              "cronbox-metrics": metrics_markdown}
+              "cronbox-metrics": metrics_markdown, "cronbox-screenshots": screenshots_markdown}
 
 
 def _documented_objects(env) -> Iterator[str]:

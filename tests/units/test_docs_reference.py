@@ -114,3 +114,16 @@ def test_every_metric_and_table_is_in_the_reference():
     tables = module.tables_markdown()
     assert [name for name in schema.metadata.tables if f"## `{name}`" not in tables] == []
     assert module.undocumented_tables() == []
+
+
+def test_the_console_guide_shows_the_screenshots_the_command_makes():
+    """bench/screenshots.py copies the pages the console guide captions, no more, no fewer; the guide shows
+    those present in docs/_static/."""
+    from bench.screenshots import PAGES
+
+    module = reference_module()
+    assert tuple(module.CAPTIONS) == PAGES
+    assert "```{cronbox-screenshots}" in (DOCS / "howto" / "console.md").read_text(encoding="utf-8")
+    shown = module.screenshots_markdown()
+    for name in PAGES:
+        assert (f"console-{name}.png" in shown) == (DOCS / "_static" / f"console-{name}.png").is_file()
