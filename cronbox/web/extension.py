@@ -54,7 +54,8 @@ class Cronbox:
     console; each switched off or moved by a setting), the `flask cron ...` commands, and keeps its state
     in `app.extensions["cronbox"]`; nothing else of your app is changed.
 
-    `Cronbox(app, db=db)` sets it up at once. The keyword arguments `console_operator`,
+    `Cronbox(app, db=db)` sets it up at once; `db` and `settings` given here are `init_app`'s defaults
+    for every app this object is set up on. The keyword arguments `console_operator`,
     `console_login_url`, `console_logout_url` and `upload_operator` are `init_app`'s, given here for
     every app this object is set up on; any other keyword is a `TypeError`.
     """

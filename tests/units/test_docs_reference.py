@@ -127,3 +127,35 @@ def test_the_console_guide_shows_the_screenshots_the_command_makes():
     shown = module.screenshots_markdown()
     for name in PAGES:
         assert (f"console-{name}.png" in shown) == (DOCS / "_static" / f"console-{name}.png").is_file()
+
+
+def public_callables():
+    """Each public function (and the extension's constructor and init_app), with its docstring: what
+    the API reference shows for it."""
+    import inspect
+
+    from cronbox import storage
+
+    for name in cronbox.__all__:
+        value = getattr(cronbox, name)
+        if isinstance(value, type):
+            if name == "Cronbox":
+                yield "Cronbox", value.__init__, inspect.getdoc(value)
+                yield "Cronbox.init_app", value.init_app, inspect.getdoc(value.init_app)
+        elif callable(value):
+            yield name, value, inspect.getdoc(value)
+    for name in ("put", "grant", "signed_url", "revoke", "open_file"):
+        yield f"storage.{name}", getattr(storage, name), inspect.getdoc(getattr(storage, name))
+
+
+def test_every_parameter_of_the_public_api_is_named_in_its_docstring():
+    """Docstrings of the public API are complete (issue 37): each parameter is named in its function's
+    docstring (`registry` is the tests' own, `hooks` init_app's, named there)."""
+    import inspect
+
+    missing = []
+    for name, function, doc in public_callables():
+        for parameter in inspect.signature(function).parameters:
+            if parameter not in ("self", "registry", "hooks") and not re.search(rf"\b{parameter}\b", doc or ""):
+                missing.append(f"{name}({parameter})")
+    assert missing == []
