@@ -176,13 +176,6 @@ stretches (see the load average), so the share of its CPU time is the steadier o
 drain's on/off ratio carries the run-to-run noise of a shared two-core machine, so its min-max
 ranges are printed beside it.
 
-Before this, per job: a `pread` of `statm` before the call (~1.5-2 µs) and, for a handler whose
-profile grew, another in the check besides the budget's, a `getpid` per probe, and every sample of
-a run held until its write: 6.7 µs a job on SQLite on a quiet machine (the calls alone, timed
-differently), 7.6 % of its no-op job (MariaDB 2.8 %). The same calls (this
-bench's loop) of the code before and after, run alternately three times on SQLite in one session
-(load ~9): 5.7-6.1 µs a job before, 3.3-3.4 µs after.
-
 The workers are started through `/bin/sh`, as cron starts them. A worker forked straight from a large
 process (this bench, a test runner) inherits that process's peak in `ru_maxrss`, so its profiles read
 the peak from `/proc/self/status` instead (`VmHWM`), about 15 µs more per job: started that way, the

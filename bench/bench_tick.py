@@ -136,19 +136,10 @@ The last runs of this table shared the machine with other work (load average 4-9
 floor took 0.9-1.3 s of wall time, 0.36 s on a quiet machine). Wall and CPU ratios move with such load;
 the instruction counts below do not move.
 
-Before 2026-12-01 late the children inherited this machine's PYTHONDONTWRITEBYTECODE=1 and compiled
-every cronbox module from source in every run (~100 ms of the tick's start-up), which the floor,
-loading installed packages' bytecode, never paid; they now run with the bytecode cache, as on a host
-(see the script's docstring). Earlier ratios in this section's history (tick 1.21-1.46×) include it.
-
 Instructions (callgrind, PYTHONHASHSEED=0: the same count whatever the machine's load; same pass,
-2026-12-01 late): floor 1.332 G; tick 1.898 G (1.43×) on the previous code, 1.631 G (1.22×) now;
-`queue work` 1.905 G (1.43×), now 1.595 G (1.20×). What went: `python -m cronbox` loaded the command tree
-and the command's own module with the cyclic collector off, then froze what loaded (start-up makes a
-few hundred thousand long-lived objects and no garbage, and the collections walking them were ~6% of
-even the floor's instructions); issue 25 took that out again (cronbox tunes no part of the process it
-runs in: the interpreter runs with its defaults); every command module is imported only when used (`cron/cli.py`, `COMMANDS`), and so
-are the daily and five-minute tasks' code (retention loads the console's tables), the channels'
+2026-12-01 late): floor 1.332 G; tick 1.631 G (1.22×); `queue work` 1.595 G (1.20×). The interpreter
+runs with its defaults (cronbox tunes no part of the process it runs in); every command module is
+imported only when used (`cronbox/cron/cli.py`, `COMMANDS`), and so are the daily and five-minute tasks' code (retention loads the console's tables), the channels'
 drivers (smtplib, http.client) and, on MySQL, the SQLite dialect. What is left over the floor is
 mostly cronbox's own modules: the declarative models (~17 mapped classes, a few ms each), the tick's
 stages and store modules; then the run (two connections' set-up, the statements below).

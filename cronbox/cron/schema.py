@@ -31,13 +31,20 @@ def is_cronbox_table(name: str | None) -> bool:
 
 
 def include_name(name, type_, parent_names) -> bool:
-    """For the host's `context.configure(include_name=...)`: skip reflecting cronbox's tables."""
+    """For the host's `context.configure(include_name=...)`: skip reflecting cronbox's tables.
+
+    Alembic calls it with each reflected `name`, its `type_` ("table", "column", ...) and
+    `parent_names`; False (leave it out) for every table whose name starts with `cronbox_`."""
     return not (type_ == "table" and is_cronbox_table(name))
 
 
 def include_object(object_, name, type_, reflected, compare_to) -> bool:
     """For the host's `context.configure(include_object=...)`: skip cronbox's tables and what is on them
-    (columns, indexes, constraints), whether found in the database or in the host's metadata."""
+    (columns, indexes, constraints), whether found in the database or in the host's metadata.
+
+    Alembic calls it with the schema item `object_`, its `name` and `type_`, whether it was `reflected`
+    from the database, and what it is compared to (`compare_to`); call it from your own filter and
+    leave the item out when it returns False."""
     if type_ == "table":
         return not is_cronbox_table(name)
     table = getattr(object_, "table", None)

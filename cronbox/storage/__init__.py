@@ -113,27 +113,42 @@ def _app_storage() -> Storage | None:
 
 
 def put(session: AnySession, stream, *, filename: str, content_type: str, owner: str) -> str:
-    """Seal `stream` (read to its end, constant memory) and add its row to `session`; returns the file id."""
+    """Seal `stream` (read to its end, constant memory) and add its row to `session`; returns the file id.
+
+    `filename` and `content_type` are sealed with the file; `owner` is an opaque id (`patient:1842`),
+    never a name. Raises `StorageError` for a bad argument, `KeyFolderError` for an unsafe key folder,
+    `NoAppContext` outside an app context in a host process; a full disk is an `OSError` (`ENOSPC`).
+    Nothing is committed: the row commits with `session`."""
     return current().put(session, stream, filename=filename, content_type=content_type, owner=owner)
 
 
 def grant(session: AnySession, file_id: str, subject: str, *, expires_in: float = 3600, max_uses: int | None = None) -> str:
-    """Let `subject` download `file_id` for `expires_in` seconds, at most `max_uses` times; returns the grant id."""
+    """Let `subject` download `file_id` for `expires_in` seconds, at most `max_uses` times; returns the grant id.
+
+    The grant's row is added to `session` (not committed). Raises `NotFound` for no such file,
+    `StorageError` for a bad subject, `expires_in` or `max_uses`."""
     return current().grant(session, file_id, subject, expires_in=expires_in, max_uses=max_uses)
 
 
 def revoke(session: AnySession, grant_id: str) -> bool:
+    """End the grant `grant_id` in `session` (not committed): every link issued for it stops working at
+    once. Returns whether it was still active. Raises `NotFound` for no such grant."""
     return current().revoke(session, grant_id)
 
 
 def signed_url(grant_id: str, ttl: int = 300, *, session: Session | None = None, absolute: bool = False) -> str:
-    """`/files/<token>` for the grant, valid `ttl` seconds (at most CRONBOX_URL_MAX_TTL); with `absolute=True`
-    `<CRONBOX_BASE_URL>/files/<token>` (BaseUrlMissing when that is not set)."""
+    """`/files/<token>` for the grant `grant_id`, valid `ttl` seconds (at most CRONBOX_URL_MAX_TTL); with
+    `absolute=True` `<CRONBOX_BASE_URL>/files/<token>` (BaseUrlMissing when that is not set). With a
+    `session`, the link's audit entry is added to it (else written in a transaction of its own).
+    Raises `NotFound` for no such grant, `GrantInvalid` for one revoked, expired or used up,
+    `StorageError` for a bad `ttl`."""
     return current().signed_url(grant_id, ttl, session=session, absolute=absolute)
 
 
 def open_file(session: AnySession, file_id: str) -> OpenedFile:
-    """Open a sealed file for reading in your own code (e.g. to attach it to a message); close() it after."""
+    """Open the sealed file `file_id` (its row read through `session`) for reading in your own code, e.g. to
+    attach it to a message; close() it after. Raises `NotFound` for no such file, `UnknownKey` when its
+    master key is not in the key folder, `IntegrityError` when it fails authentication."""
     return current().open_file(session, file_id)
 
 

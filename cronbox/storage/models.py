@@ -25,6 +25,10 @@ FileId = ExactString(32)  # random hex, but compared as an identity all the same
 
 
 class SealedFile(Base):
+    """One sealed file: its owner, sizes, sealed name and type, and its data key wrapped by a master key;
+    the ciphertext is `<instance>/private/<first two characters of id>/<id>.sealed` (docs/sealed-format.md,
+    "Database row")."""
+
     __tablename__ = "cronbox_files"
 
     id: Mapped[str] = mapped_column(FileId, primary_key=True)

@@ -37,10 +37,11 @@ from flask import Flask, Request, current_app, has_app_context
 
 from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
+from cronbox.outbox.core.settings_table import PARTS  # each part: a CRONBOX_<PART> switch and _PREFIX
 from cronbox import storage as sealed_storage
 
 from . import hostcsrf
-from .state import PARTS, CronboxState
+from .state import CronboxState
 
 if TYPE_CHECKING:
     from cronbox.storage.service import Storage  # loaded on first use (libsodium), as cronbox.web.state does
@@ -49,6 +50,17 @@ HOOKS = ("console_operator", "console_login_url", "console_logout_url", "upload_
 
 
 class Cronbox:
+    """cronbox as a Flask extension: create it unbound, then `cronbox.init_app(app, db=db)` in your factory,
+    after `db.init_app(app)`. It registers its blueprints (sealed files, health, metrics, web cron, the
+    console; each switched off or moved by a setting), the `flask cron ...` commands, and keeps its state
+    in `app.extensions["cronbox"]`; nothing else of your app is changed.
+
+    `Cronbox(app, db=db)` sets it up at once; `db` and `settings` given here are `init_app`'s defaults
+    for every app this object is set up on. The keyword arguments `console_operator`,
+    `console_login_url`, `console_logout_url` and `upload_operator` are `init_app`'s, given here for
+    every app this object is set up on; any other keyword is a `TypeError`.
+    """
+
     def __init__(self, app: Flask | None = None, *, db: Any = None, settings: Settings | None = None, **hooks: Any):
         """`hooks`: init_app's console_operator, console_login_url, console_logout_url, upload_operator,
         for every app this object is set up on."""
@@ -66,11 +78,19 @@ class Cronbox:
                  console_login_url: str | Callable[[str], str] | None = None,
                  console_logout_url: str | None = None,
                  upload_operator: Callable[[Request], str | None | bool] | None = None) -> CronboxState:
-        """Set cronbox up on `app`. `db`: the host's Flask-SQLAlchemy (initialised on `app` first);
-        `settings`: ready-made Settings (the standalone app) instead of reading the configuration.
+        """Set cronbox up on `app`. `db`: the host's Flask-SQLAlchemy (initialised on `app` first), whose
+        database cronbox uses (unless `CRONBOX_DATABASE_URL` names another); `settings`: ready-made
+        Settings (the standalone app) instead of reading the configuration (`app.config`'s `CRONBOX_*`,
+        then the environment, then the app root's `.env`). Imports the `CRONBOX_HANDLERS` modules.
+        Returns the app's cronbox state.
 
-        The host's login instead of cronbox's own (cronbox.web.hostauth, README "Use your app's login for
-        the console"): `console_operator(request)` returns who is using the console (a string for the
+        Raises `RuntimeError` when cronbox is already set up on `app`; `TypeError` for a hook that is not
+        callable, or login/logout URLs without `console_operator`;
+        `cronbox.outbox.core.errors.SettingsError` (a `CronboxError`) for a setting it cannot use, with
+        one line naming it.
+
+        The host's login instead of cronbox's own (cronbox.web.hostauth; the docs' console guide, "Use
+        your app's login for the console"): `console_operator(request)` returns who is using the console (a string for the
         activity log), None (nobody signed in) or False (signed in, may not: always the 403 page), asked
         on every console request; then cronbox's password, login, setup and logout pages are gone. A
         browser refused with None gets a 403 page, or is sent to `console_login_url` (a URL, `next` added; or a function of the console path returning the

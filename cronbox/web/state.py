@@ -23,7 +23,6 @@ from cronbox.outbox.core.settings import Settings
 from cronbox.outbox.engine.registry import DEFAULT, HandlerModules, module_of
 from cronbox.outbox.engine.runtime import Runtime, load_handlers, open_runtime
 
-PARTS = ("files", "health", "metrics", "webcron", "ops")
 log = logging.getLogger("cronbox")
 
 

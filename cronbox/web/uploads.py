@@ -190,8 +190,13 @@ def seal_upload(request: Request | None = None, *, session: AnySession, owner: s
     """Seal the current request's upload while it streams and add its row to `session` (not committed).
 
     For a host route: `request` defaults to Flask's, `storage` to the app's
-    (set up by Cronbox().init_app). Raises UploadRefused (400/411/
-    413/507) with nothing kept. Commit `session` soon: the sealed file is on
+    (set up by Cronbox().init_app). `owner`: the file's owner (an opaque id such as `patient:7`);
+    without it, the form's `owner_field` text field (sent before the file part) names it. `client`:
+    who the audit entry names (default: `request_client()`); `actor`: the operator or user the audit
+    entry records, if any. Returns the sealed upload: `file_id`, `size`, `filename`, `content_type`,
+    `fields` (the form's text fields). Raises UploadRefused (400/411/
+    413/507) with nothing kept; `BodyAlreadyRead` or `CsrfNotChecked` (500s: the route's bug) before
+    anything is written. Commit `session` soon: the sealed file is on
     disk before its row, and `storage sweep` removes a file whose row has not
     committed after an hour (a rollback leaves just such an orphan).
     """

@@ -1,6 +1,6 @@
 """The host app's own Alembic, in a database cronbox shares: its autogenerate must leave cronbox's tables alone.
 
-The README's "Alembic in your app" lines run as written (with a stand-in for alembic.context that keeps
+docs/howto/alembic.md's env.py lines run as written (with a stand-in for alembic.context that keeps
 what they configure), then Alembic compares the host's metadata with a database holding cronbox's tables.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, inspect
 
 from cronbox.cron import schema
 from tests.conftest import ONE_MYSQL_MODE
-from tests.db.test_readme import readme_snippets
+from tests.docs_snippets import snippet
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
@@ -26,11 +26,11 @@ def host_metadata() -> MetaData:
 
 
 def readme_env_py(connection, target_metadata) -> dict:
-    """What the README's env.py lines pass to context.configure()."""
-    snippet = next(s for s in readme_snippets() if "alembic_include_name" in s)
+    """What docs/howto/alembic.md's env.py lines pass to context.configure()."""
+    code = snippet("docs/howto/alembic.md", "context.configure(")
     configured: dict = {}
     context = SimpleNamespace(configure=lambda **options: configured.update(options))
-    exec(compile(snippet, "README.md", "exec"),
+    exec(compile(code, "docs/howto/alembic.md", "exec"),
          {"context": context, "connection": connection, "target_metadata": target_metadata})
     return configured
 

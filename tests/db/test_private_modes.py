@@ -3,7 +3,9 @@ and its -wal/-shm (job payloads, audit subjects), logs, locks, keys, sealed file
 the console's setup token. On every backend (the database files only exist on SQLite)."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -89,4 +91,28 @@ def test_a_world_readable_instance_folder_is_still_a_health_failure(env):
     instance.mkdir(mode=0o700)
     instance.chmod(0o755)
     check = health._instance_check(instance)
-    assert check.status == health.FAIL and "chmod 700" in check.detail
+    assert check.status == health.FAIL and f"chmod 700 {instance}" in check.detail
+
+
+def test_every_permission_failure_of_health_names_the_path_its_chmod_fixes(env, tmp_path):
+    """`health` names each path with the `chmod` that fixes it (issue 37: "chmod 700 it" said which
+    folder nowhere): the instance folder, a key file, the database's folder, as the
+    operator reads them from `python -m cronbox health`."""
+    instance = Path(env["CRONBOX_INSTANCE"])
+    assert run_cli(env, "migrate").returncode == 0
+    assert run_cli(env, "storage", "keys").returncode == 0  # creates the keys
+    instance.chmod(0o755)
+    database = instance / "cronbox.db"  # SQLite's only (cronbox narrows its own file as it opens it)
+    [key, *_] = sorted((instance / "keys").glob("*.key"))
+    key.chmod(0o644)
+    done = run_cli(env, "health", "--json")
+    failing = {c["name"]: c["detail"] for c in json.loads(done.stdout)["checks"] if c["status"] == "fail"}
+    fixes = [detail for detail in failing.values() if "chmod" in detail]
+    assert len(fixes) >= 2 + database.exists(), failing
+    for detail in fixes:
+        for command in re.findall(r"chmod \d+( [^;:()]*)?", detail):
+            assert command.strip().startswith("/"), f"a chmod without its path: {detail!r}"
+    assert f"chmod 700 {instance}" in failing["instance"]
+    assert f"chmod 600 {key}" in failing[f"key.{key.name}"]
+    if database.exists():
+        assert f"chmod 700 {instance}" in failing["database_file"]

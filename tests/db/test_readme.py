@@ -1,11 +1,16 @@
-"""The README's Python snippets, run as written against a real database.
+"""The docs' Python snippets (README.md and docs/, tests/docs_snippets.py), run as written against a real
+database.
 
-Each ```python block of README.md runs in order in one namespace holding what the README leaves to
-the reader's app: `Session` (a sessionmaker), `payment` and `Notification` (the app's models), and
-`request.stream` (an upload); the upload-route snippet gets `app`, a host Flask app with cronbox's
-blueprints registered, and its route is then called with a real multipart form, with and without
-Flask-WTF's token. Consumers and jobs register in this test's registry. Then the tick's
-relay and worker run, and the effects the README promises are checked.
+The guides' blocks marked `<!-- run: tests/db/test_readme.py -->` run in order in one namespace
+holding what the pages leave to the reader's app: `Session` (a sessionmaker), `payment` and
+`Notification` (the app's models), and `request.stream` (an upload): docs/howto/events.md,
+forward-rabbitmq.md, jobs.md, channels.md, sealed-files.md; the upload-route snippet
+(docs/howto/uploads.md) gets `app`, a host Flask app with cronbox's blueprints registered, and its
+route is then called with a real multipart form, with and without Flask-WTF's token. Consumers and
+jobs register in this test's registry. Then the tick's relay and worker run, and the effects the
+pages promise are checked. docs/howto/host-app.md's storage snippet, periodic-tasks.md,
+jobs-rabbitmq.md and celery-outbox.md have tests of their own below; the excerpts of examples/clinic
+(docs/tutorial.md) are checked against its files.
 """
 from __future__ import annotations
 
@@ -41,45 +46,34 @@ from cronbox.outbox.queue.publisher import JobPublisher
 from cronbox.outbox.queue.worker import Worker
 from cronbox.storage.models import SealedFile
 from tests.conftest import APP_ROOT, child_env, run_cli
+from tests.docs_snippets import all_blocks, snippet
 from cronbox import Cronbox
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
-SNIPPET = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+# The snippets test_the_snippets_run_as_written runs, in order: (page, a line only that block has).
+IN_ORDER = (("docs/howto/events.md", "    record("), ("docs/howto/forward-rabbitmq.md", "\nforward("),
+            ("docs/howto/jobs.md", ".dispatch("), ("docs/howto/channels.md", "send_sms.dispatch"),
+            ("docs/howto/sealed-files.md", "storage.put("))
+UPLOAD = ("docs/howto/uploads.md", "seal_upload(")
+HOSTED_STORAGE = ("docs/howto/host-app.md", "from clinic import cronbox, db")
+SCHEDULE = ("docs/howto/periodic-tasks.md", "from cronbox import record, schedule")
+FORWARD_JOBS = ("docs/howto/jobs-rabbitmq.md", "from cronbox import forward_jobs")
+CELERY_TASK = ("docs/howto/celery-outbox.md", "from cronbox import celery_task")
 
 
-EXCERPT = re.compile(r"# (examples/\S+\.py)( \(abridged\))?\n")
+def run(where: tuple[str, str], namespace: dict) -> None:
+    page, mark = where
+    exec(compile(snippet(page, mark), page, "exec"), namespace)
 
 
-def all_snippets(page: str = "README.md") -> list[str]:
-    return SNIPPET.findall((APP_ROOT / page).read_text(encoding="utf-8"))
-
-
-# Snippets run by a test of their own (below), each named by a line only it has.
-OWN_TESTS = ("from clinic import cronbox, db", "from cronbox import record, schedule", "from cronbox import forward_jobs",
-             "from cronbox import celery_task")
-
-
-def readme_snippets() -> list[str]:
-    """The snippets run in order by test_the_readme_snippets_run_as_written: all but the excerpts of
-    the example app (whose own tests run them) and those with a test of their own."""
-    return [s for s in all_snippets() if not EXCERPT.match(s) and not any(mark in s for mark in OWN_TESTS)]
-
-
-def snippet_with(mark: str) -> str:
-    [snippet] = [s for s in all_snippets() if mark in s]
-    return snippet
-
-
-@pytest.mark.parametrize("page", ["README.md", "docs/testing.md"])
-def test_the_readme_excerpts_of_the_example_app_are_its_code(page):
+def test_the_excerpts_of_the_example_app_are_its_code():
     """A snippet opening with `# examples/...py` (abridged) shows lines of that file, in its order
-    (`...` stands for lines left out): what the README (and docs/testing.md, the clinic's own tests)
-    teaches is what examples/clinic's tests run."""
-    excerpts = [s for s in all_snippets(page) if EXCERPT.match(s)]
-    assert len(excerpts) >= 3
-    for snippet in excerpts:
-        first, *lines = snippet.splitlines()
-        path = EXCERPT.match(first + "\n").group(1)
+    (`...` stands for lines left out): what the docs teach is what examples/clinic's tests run."""
+    excerpts = [b for b in all_blocks() if b.excerpt]
+    assert len(excerpts) >= 4
+    for block in excerpts:
+        first, *lines = block.code.splitlines()
+        path = block.excerpt
         source = iter((APP_ROOT / path).read_text(encoding="utf-8").splitlines())
         for line in lines:
             if line.strip() in ("", "..."):
@@ -109,18 +103,7 @@ def app_models():
     return metadata, Payment, Notification
 
 
-def test_the_readme_has_the_snippets_this_test_runs():
-    snippets = readme_snippets()
-    assert len(snippets) == 9
-    assert "    record(" in snippets[0] and "\nforward(" in snippets[1] and ".dispatch(" in snippets[2]
-    assert "send_sms.dispatch" in snippets[3] and "storage.put(" in snippets[4]
-    assert "seal_upload(" in snippets[5]
-    assert "include_name" in snippets[6]  # the host's env.py lines: run by test_host_alembic.py
-    assert "console_operator=staff_only" in snippets[7]  # the host's login: test_console_host_auth.py's hook
-    assert "def verify_cronbox_alert" in snippets[8]  # a webhook receiver's check: test_webhook.py runs it
-
-
-def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeypatch, rabbit):
+def test_the_snippets_run_as_written(runtime, registry, settings, monkeypatch, rabbit):
     metadata, Payment, Notification = app_models()
     metadata.create_all(runtime.engine)
     # The forwarding snippet's exchanges, in this session's own vhost, each with a queue bound.
@@ -133,19 +116,18 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
     monkeypatch.setattr(outbox, "consumer", partial(outbox.consumer, registry=registry))
     monkeypatch.setattr(outbox, "forward", partial(outbox.forward, registry=registry))
     monkeypatch.setattr(outbox, "job", partial(outbox.job, registry=registry))
-    for name in ("consumer", "forward", "job"):  # the README's own spelling: from cronbox import consumer
+    for name in ("consumer", "forward", "job"):  # the docs' own spelling: from cronbox import consumer
         monkeypatch.setattr(cronbox, name, getattr(outbox, name))
     storage.configure(replace(settings, base_url="https://clinic.example"), runtime.sessions)
     namespace = {"Session": runtime.sessions, "payment": Payment("120.00"), "Notification": Notification,
                  "request": SimpleNamespace(stream=io.BytesIO(b"%PDF-1.7 a scan" * 1000))}
-    snippets = readme_snippets()
     try:
-        for snippet in snippets[:3]:
-            exec(compile(snippet, "README.md", "exec"), namespace)
+        for where in IN_ORDER[:3]:
+            run(where, namespace)
         with runtime.sessions.begin() as session:  # the channels snippet runs inside the reader's transaction
-            exec(compile(snippets[3], "README.md", "exec"), {**namespace, "session": session})
-        exec(compile(snippets[4], "README.md", "exec"), namespace)
-        uploaded, refused = post_scans(runtime, snippets[5])
+            run(IN_ORDER[3], {**namespace, "session": session})
+        run(IN_ORDER[4], namespace)
+        uploaded, refused = post_scans(runtime, UPLOAD)
     finally:
         storage.configure(settings, runtime.sessions)  # a fresh default, not this test's, for later tests
 
@@ -161,7 +143,7 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
     arrived = {exchange: rabbit.take(queue) for exchange, queue in queues.items()}
     assert [m.properties["type"] for m in arrived["clinic"]] == ["appointment.paid"]
     assert [m.delivery_info["routing_key"] for m in arrived["audit"]] == ["all"] and arrived["lab"] == []
-    assert jobs["send_reminder"] == "done"  # registered and run from the README's own decorator
+    assert jobs["send_reminder"] == "done"  # registered and run from the page's own decorator
     assert {"cronbox.sms", "cronbox.email", "cronbox.notify"} <= set(jobs)  # dispatched in the transaction
     assert namespace["url"].startswith("/files/")
     assert namespace["link"].startswith("https://clinic.example/files/")
@@ -189,13 +171,12 @@ def test_the_readme_snippets_run_as_written(runtime, registry, settings, monkeyp
 SCAN = b"%PDF-1.7 an uploaded scan " * 40000  # 1 MiB: over Werkzeug's 500 KiB spool threshold
 
 
-def post_scans(runtime, snippet: str):
+def post_scans(runtime, where: tuple[str, str]):
     """The upload snippet's route in a host Flask app with cronbox registered, then two uploads to it."""
     app = Flask("clinic")
     app.secret_key = "the host's"
     Cronbox().init_app(app, settings=runtime.settings).use_runtime(runtime)
-    exec(compile(snippet, "README.md", "exec"),
-         {"app": app, "Session": runtime.sessions, "__name__": "clinic.views"})  # the module the snippet is in
+    run(where, {"app": app, "Session": runtime.sessions, "__name__": "clinic.views"})  # a module, as CSRFProtect.exempt needs
     app.add_url_rule("/token", "token", generate_csrf)  # the host's page with the form
     client = app.test_client()
     token = client.get("/token").get_data(as_text=True)
@@ -214,20 +195,20 @@ from clinic import create_app
 
 app = create_app()
 scan = io.BytesIO(b"%PDF-1.7 a scan")
-exec(compile(SNIPPET, "README.md", "exec"))
+exec(compile(SNIPPET, "docs/howto/host-app.md", "exec"))
 answer = app.test_client().get(link.removeprefix("https://clinic.example"))
 print(link.split("/files/")[0], answer.status_code, answer.get_data(as_text=True))
 """
 
 
 def test_the_host_app_storage_snippet_runs_in_the_example_app(runtime, env, tmp_path):
-    """The README's `cronbox.storage` snippet, with examples/clinic's own names (`from clinic import
+    """docs/howto/host-app.md's `cronbox.storage` snippet, with examples/clinic's own names (`from clinic import
     cronbox, db`), in that app built by its factory: the link it makes downloads, and the keys are in
     the app's instance folder (`<instance>/cronbox/keys` by default; CRONBOX_INSTANCE here)."""
-    snippet = snippet_with("from clinic import cronbox, db")
+    code = snippet(*HOSTED_STORAGE)
     instance = tmp_path / "clinic-instance"
     proc = subprocess.run(
-        [sys.executable, "-c", f"SNIPPET = {snippet!r}\n" + HOSTED],
+        [sys.executable, "-c", f"SNIPPET = {code!r}\n" + HOSTED],
         env=child_env(env, CRONBOX_INSTANCE=str(instance), CRONBOX_BASE_URL="https://clinic.example",
                       CRONBOX_APP_ROOT=str(APP_ROOT / "examples" / "clinic")),
         cwd=APP_ROOT / "examples" / "clinic", capture_output=True, text=True, timeout=120)
@@ -246,12 +227,12 @@ def run_ticks(runtime, *instants: str) -> list[int]:
     return ran
 
 
-def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, monkeypatch):
+def test_the_periodic_tasks_snippet_runs_as_its_page_says(runtime, registry, monkeypatch):
     """Each slot once (overlapping ticks skip it), the latest slot only after missed ones, `every` on UTC
     multiples and `cron` in its time zone."""
     monkeypatch.setattr(schedule, "every", partial(schedule.every, registry=registry))
     monkeypatch.setattr(schedule, "cron", partial(schedule.cron, registry=registry))
-    exec(compile(snippet_with("from cronbox import record, schedule"), "README.md", "exec"), {})
+    run(SCHEDULE, {})
     assert {t.name: t.describe() for t in registry.tasks.all()} == {
         "clinic.reminders": "every 15m", "clinic.settle_escrow": "cron 0 3 * * * (Asia/Tehran)"}
 
@@ -271,10 +252,10 @@ def test_the_periodic_tasks_snippet_runs_as_the_readme_says(runtime, registry, m
         ("clinic.settle_escrow", "01 23:30", "ok"), ("clinic.settle_escrow", "02 23:30", "ok")]  # 03:00 +03:30
 
 
-def test_schedule_list_and_run_show_and_run_the_readmes_tasks(env, runtime, tmp_path):
+def test_schedule_list_and_run_show_and_run_the_pages_tasks(env, runtime, tmp_path):
     """The snippet as a CRONBOX_HANDLERS module: `schedule list` shows its tasks, `schedule run NAME`
     runs one now."""
-    (tmp_path / "readme_tasks.py").write_text(snippet_with("from cronbox import record, schedule"))
+    (tmp_path / "readme_tasks.py").write_text(snippet(*SCHEDULE))
     extra = {"CRONBOX_HANDLERS": "readme_tasks", "PYTHONPATH": f"{APP_ROOT}:{tmp_path}"}
     listed = run_cli(env, "schedule", "list", **extra)
     assert listed.returncode == 0, listed.stderr
@@ -293,11 +274,11 @@ def test_the_jobs_on_rabbitmq_and_celery_snippets_run_as_written(runtime, regist
     transaction becomes a Celery task message on the broker once published."""
     for name in ("forward_jobs", "celery_task"):
         monkeypatch.setattr(cronbox, name, partial(getattr(cronbox, name), registry=registry))
-    exec(compile(snippet_with("from cronbox import forward_jobs"), "README.md", "exec"), {})
+    run(FORWARD_JOBS, {})
     assert [q.broker_queue for q in registry.broker_queues.in_order()] == ["cronbox.jobs.sms", "cronbox.jobs.exports"]
     rabbit.queues += ["cronbox.jobs.sms", "cronbox.jobs.exports", "reports"]
     settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
-    exec(compile(snippet_with("from cronbox import celery_task"), "README.md", "exec"), {"Session": runtime.sessions})
+    run(CELERY_TASK, {"Session": runtime.sessions})
     assert runtime.default_queues() == []  # none of them run in the tick
     publisher = JobPublisher(runtime)
     publisher.run(Budget(max_time=30, memory_mb=None))

@@ -1,11 +1,10 @@
-"""Webhook alerts against a real HTTP server on loopback: signed as the README's receiver code checks,
+"""Webhook alerts against a real HTTP server on loopback: signed as the docs' receiver code checks,
 once per problem per hour with a recovery notice (health.alert_on), a 500 retried, 401 pausing the
 channel, and neither the secret nor the URL's path in a log line or an attempt row."""
 from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 from datetime import datetime, timedelta
 
@@ -24,9 +23,10 @@ from cronbox.outbox.engine.registry import DEFAULT
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.queue.models import ChannelPause, Job
 from cronbox.outbox.queue.worker import Worker
-from tests.conftest import APP_ROOT, ONE_MYSQL_MODE
+from tests.conftest import ONE_MYSQL_MODE
 from tests.fake_providers import SHAPES, WebhookReceiver, measured, wait_for
 from tests.registries import copy_of
+from tests.docs_snippets import snippet
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
 
@@ -36,11 +36,10 @@ PATH = "/hooks/T0KEN-IN-THE-PATH"
 
 
 def readme_verify():
-    """The receiver's code from the README's "Webhook alerts" section, as a reader would paste it."""
-    snippets = re.findall(r"^```python\n(.*?)^```$", (APP_ROOT / "README.md").read_text(encoding="utf-8"), re.S | re.M)
-    [code] = [s for s in snippets if "def verify_cronbox_alert" in s]
+    """The receiver's code from docs/howto/metrics-alerts.md's "Webhook alerts", as a reader would paste it."""
+    code = snippet("docs/howto/metrics-alerts.md", "def verify_cronbox_alert")
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/howto/metrics-alerts.md", "exec"), namespace)
     return namespace["verify_cronbox_alert"]
 
 

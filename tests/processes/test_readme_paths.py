@@ -1,8 +1,8 @@
-"""Every instance path the README names is where cronbox really puts or reads it (issue 24: a
-`migrate.cmd` dropped where the README said was ignored in a host app).
+"""Every instance path the docs name (README.md and docs/) is where cronbox really puts or reads it
+(issue 24: a `migrate.cmd` dropped where the README said was ignored in a host app).
 
-The README writes them `<instance>/...` and says once what `<instance>` is: `instance/` in the app
-root for the standalone app, `instance/cronbox/` for a host app. Each path named is checked here
+The docs write them `<instance>/...` and say once, in docs/install.md, what `<instance>` is:
+`instance/` in the app root for the standalone app, `instance/cronbox/` for a host app. Each path named is checked here
 against tests/hostapp's clinic run by cron (`artisan_via_cron.sh` under `env -i`, CRONBOX_APP in its
 .env), and the standalone's own folder against a bare app root. A path the README gains without a
 check here fails the first test.
@@ -19,13 +19,14 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.conftest import APP_ROOT, child_env
+from tests.docs_snippets import all_text
 from tests.processes.test_host_cron import Host, artisan_root, finish, host  # noqa: F401  (the fixture)
 
 # The README's paths and file names as a host app uses them: the server changes nothing, so not
 # PostgreSQL too (.ci/run's 30 minutes; the README's code runs on it in tests/db/test_readme.py).
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked")
 
-README = (APP_ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = all_text()
 NAMED = re.compile(r"<instance>/([\w.-]+(?:/[\w.-]+)*/?)")
 # `instance/...` written without `<instance>`: each is right as written, for the reason given.
 AS_WRITTEN = {
@@ -37,17 +38,19 @@ AS_WRITTEN = {
     "instance/cronbox/keys/": "a host app's keys, beside <instance>/keys/",
     "instance/app.db": "the host app's own database file, in Flask's instance folder (not cronbox's)",
 }
-CHECKED = {"cronbox.db", "keys", "keys/", "logs/", "logs/cron-YYYY-MM-DD.log", "logs/cronbox-YYYY-MM-DD.log",
-           "ops-password", "ops-setup-token", "run-once/archive/", "run-once/migrate.cmd"}
+CHECKED = {"cronbox.db", "keys", "keys/", "keys/enc-NNNN-xxxxxxxx.key", "keys/sig-NNNN-xxxxxxxx.key", "logs/",
+           "logs/cron-YYYY-MM-DD.log", "logs/cronbox-YYYY-MM-DD.log", "ops-password", "ops-setup-token", "private/",
+           "run-once/", "run-once/archive/", "run-once/migrate.cmd"}
 
 
-def test_the_readme_names_instance_paths_as_checked_here():
-    named = {match.rstrip(".") for match in NAMED.findall(README)}
-    assert named == CHECKED, f"a README path without a check here: {named - CHECKED}; gone: {CHECKED - named}"
-    bare = set(re.findall(r"(?<![<\w/.-])instance/[\w./-]*", README))
+def test_the_docs_name_instance_paths_as_checked_here():
+    named = {match.rstrip(".") for match in NAMED.findall(DOCS)}
+    assert named == CHECKED, f"a docs path without a check here: {named - CHECKED}; gone: {CHECKED - named}"
+    bare = set(re.findall(r"(?<![<\w/.-])instance/[\w./-]*", DOCS))
     assert bare <= set(AS_WRITTEN), f"write these as <instance>/...: {bare - set(AS_WRITTEN)}"
-    assert ("`<instance>` below is cronbox's instance folder: `instance/` in the app root for the standalone app,\n"
-            "`instance/cronbox/` for your own Flask app") in README
+    definition = ("`<instance>` is cronbox's instance folder: `instance/` in the app root for the standalone app,\n"
+                  "`instance/cronbox/` for your own Flask app")
+    assert definition in (APP_ROOT / "docs" / "install.md").read_text(encoding="utf-8")
 
 
 def today() -> str:
@@ -64,12 +67,14 @@ def artisan(host: Host, *args: str, stdin: str | None = None) -> subprocess.Comp
     return finish(proc)
 
 
-def test_every_readme_instance_path_is_where_a_host_app_has_it(host, tmp_path):
+def test_every_docs_instance_path_is_where_a_host_app_has_it(host, tmp_path):
     artisan_root(host)
     instance = host.root / "instance" / "cronbox"  # <instance> for a host app
 
-    # <instance>/run-once/migrate.cmd: the next tick runs it and files it in <instance>/run-once/archive/
+    # <instance>/run-once/migrate.cmd: the next tick runs it and files it in <instance>/run-once/archive/;
+    # <instance>/run-once/ is the operator's to make (0700), as docs/howto/cpanel.md says
     inbox = instance / "run-once"
+    assert not inbox.exists()
     inbox.mkdir(mode=0o700, parents=True, exist_ok=True)
     (inbox / "migrate.cmd").write_text("migrate\n")
     past = time.time() - 60  # older than the 10 s a file waits
@@ -91,6 +96,9 @@ def test_every_readme_instance_path_is_where_a_host_app_has_it(host, tmp_path):
     put = artisan(host, "storage", "put", str(scan), "--owner", "patient:1")
     assert put.returncode == 0, put.stdout + put.stderr
     assert sorted(p.name[:4] for p in (instance / "keys").glob("*.key")) == ["enc-", "sig-"]
+    # <instance>/keys/enc-NNNN-xxxxxxxx.key, <instance>/keys/sig-NNNN-xxxxxxxx.key; <instance>/private/
+    assert all(re.fullmatch(r"(enc|sig)-\d{4}-[0-9a-f]{8}\.key", p.name) for p in (instance / "keys").glob("*.key"))
+    assert len(list((instance / "private").rglob("*.sealed"))) == 1
 
     # <instance>/ops-setup-token and <instance>/ops-password
     assert artisan(host, "ops", "setup-token").returncode == 0

@@ -12,6 +12,14 @@ def test_the_line_names_the_python_unless_the_script_finds_it_by_itself():
     script = APP / "artisan_via_cron.sh"
     assert cron_line(script, "/home/u/clinic/.venv/bin/python") == "* * * * * /home/u/clinic/artisan_via_cron.sh tick"
     assert cron_line(script, "/home/u/clinic/venv/bin/python") == "* * * * * /home/u/clinic/artisan_via_cron.sh tick"
+    # any interpreter of the app's own virtualenv: the script runs the same one (issue 37: venv/bin/python3
+    # printed a CRONBOX_PYTHON= the docs' line did not have)
+    for name in ("python3", "python3.11"):
+        for venv in ("venv", ".venv"):
+            assert cron_line(script, f"/home/u/clinic/{venv}/bin/{name}") == (
+                "* * * * * /home/u/clinic/artisan_via_cron.sh tick")
+    assert cron_line(script, "/home/u/clinic/venv/lib/python") == (
+        "* * * * * CRONBOX_PYTHON=/home/u/clinic/venv/lib/python /home/u/clinic/artisan_via_cron.sh tick")
     assert cron_line(script, "/home/u/virtualenv/clinic/3.11/bin/python") == (
         "* * * * * CRONBOX_PYTHON=/home/u/virtualenv/clinic/3.11/bin/python /home/u/clinic/artisan_via_cron.sh tick")
     assert cron_line(script, "") == cron_line(script, None) == "* * * * * /home/u/clinic/artisan_via_cron.sh tick"

@@ -89,16 +89,18 @@ def test_the_check_sees_an_internal_import(tmp_path):
     assert cronbox_imports(probe) == ["cronbox.client.client_ip", "cronbox.storage.audit", "cronbox.Cronbox"]
 
 
-def test_the_readmes_python_blocks_import_public_names_only():
-    """The README teaches the public API: every `cronbox` import in its Python blocks (those that parse
-    alone; an abridged excerpt starts indented) is a name of `cronbox.__all__` or `cronbox.storage`."""
-    import re
+def test_the_docs_python_blocks_import_public_names_only():
+    """The docs teach the public API: every `cronbox` import in the Python blocks of README.md and docs/
+    (those that parse alone; an abridged excerpt starts indented) is a name of `cronbox.__all__` or
+    `cronbox.storage`."""
+    from tests.docs_snippets import all_blocks
 
-    readme = (APP_ROOT / "README.md").read_text(encoding="utf-8")
     used = []
-    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+    for block in all_blocks():
+        if block.language != "python":
+            continue
         try:
-            used += cronbox_imports_in(block)
+            used += cronbox_imports_in(block.code)
         except SyntaxError:
             continue
     allowed = {f"cronbox.{name}" for name in cronbox.__all__} | {"cronbox.storage"}

@@ -398,3 +398,40 @@ def test_a_raising_login_url_function_is_a_refusal_too(make, caplog):
         assert browser(app).get("/ops/").status_code == 403
     assert [r.getMessage() for r in caplog.records if r.name == "cronbox"] == [
         "cronbox: console_login_url raised KeyError; request refused"]
+
+
+class DocsUser(UserMixin):
+    """A user as docs/howto/console.md's hook reads one: `email`, `is_staff`."""
+
+    def __init__(self, email: str, is_staff: bool):
+        self.id, self.email, self.is_staff = email, email, is_staff
+
+
+def test_the_console_guides_hook_runs_as_written(runtime, env, tmp_path):
+    """docs/howto/console.md's `staff_only` and its `init_app` call, in a Flask-Login app: staff reach the
+    console under their e-mail, other users get the 403 page, nobody signed in is sent to /login."""
+    from tests.docs_snippets import snippet
+
+    users = {u.email: u for u in (DocsUser("ada@clinic.example", True), DocsUser("bob@clinic.example", False))}
+    app = Flask("clinic", root_path=str(tmp_path))
+    app.config.update(SECRET_KEY="the clinic's own secret key", TESTING=True)
+    LoginManager(app).user_loader(users.get)
+
+    @app.get("/sign-in/<email>")
+    def sign_in(email: str):
+        login_user(users[email])
+        return "signed in"
+
+    code = snippet("docs/howto/console.md", "console_operator=staff_only")
+    exec(compile(code, "docs/howto/console.md", "exec"),
+         {"app": app, "db": None, "cronbox": Cronbox(settings=load_settings(environ=env))})
+    app.extensions["cronbox"].use_runtime(runtime)
+
+    ada = browser(app, "ada@clinic.example")
+    assert ada.get("/ops/").status_code == 200
+    assert ada.post("/ops/once", data={"command": "migrate", "csrf_token": token(ada)}).status_code == 303
+    assert logged_actions(runtime)[-1][:2] == ("ada@clinic.example", "once.add")
+    assert browser(app, "bob@clinic.example").get("/ops/").status_code == 403
+    anonymous = browser(app).get("/ops/queues")
+    assert anonymous.status_code == 302 and urlsplit(anonymous.location).path == "/login"
+    assert parse_qs(urlsplit(anonymous.location).query)["next"] == ["/ops/queues"]

@@ -58,11 +58,13 @@ def seed(runtime) -> None:
 
 
 def samples(text: str) -> dict[tuple, float]:
-    """{(name, ((label, value), ...)): value} from the reference parser, which also checks HELP/TYPE."""
+    """{(name, ((label, value), ...)): value} from the reference parser, which also checks HELP/TYPE.
+    Every family and its labels are metrics.FAMILIES' (the documented ones, docs/reference/metrics.md)."""
     out = {}
     for family in text_string_to_metric_families(text):
         assert family.type == "gauge" and family.documentation, family.name
         for sample in family.samples:
+            assert tuple(sample.labels) == metrics.FAMILIES[family.name][0], (family.name, sample.labels)
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
 

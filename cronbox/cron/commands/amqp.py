@@ -145,7 +145,8 @@ def _refuse_shared_broker_queues(declared, served) -> None:
 
 @amqp.command()
 @QUEUE
-@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True,
+              help="List at most this many parked messages (they stay parked).")
 def dead(queue, limit):
     """List the messages parked in QUEUE.dead (they stay there)."""
     from cronbox.outbox.events.parked import DeadQueue

@@ -14,9 +14,11 @@ from cronbox.outbox.core.transactions import in_transaction
 
 
 @click.command()
-@click.option("--count", type=click.IntRange(min=1, max=10000), default=3, show_default=True)
+@click.option("--count", type=click.IntRange(min=1, max=10000), default=3, show_default=True,
+              help="How many paid appointments to record.")
 def demo(count):
-    """Record example paid appointments (payment + escrow written synchronously, events in the outbox)."""
+    """Record example paid appointments (tables demo_*: payment + escrow written synchronously, events in the
+    outbox)."""
     from cronbox.cron import demo as domain  # here, not at the top: see the module's docstring
     rt = runtime()
     domain.create_tables(rt.engine)

@@ -14,7 +14,10 @@ from cronbox.cron.scheduling.health import FAIL, run_checks
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 @click.pass_context
 def health(ctx, as_json):
-    """Check database, tick, backlogs, failures, disk and key permissions; exit 1 when something fails."""
+    """Check the database, the tick's age, backlogs, dead and failed counts, the `amqp consume` and `amqp work`
+    runs per queue (fail: stopped beating, e.g. killed; warn: ended with an error), disk, memory headroom,
+    key and folder permissions (each failing path named with the chmod that fixes it); exit 1 when
+    something fails."""
     report = run_checks(runtime(migrate=False))
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2))

@@ -32,13 +32,17 @@ def packaged_script() -> bytes:
 
 def cron_line(target: Path, python: str | None) -> str:
     """The per-minute line for cPanel's Cron Jobs page. CRONBOX_PYTHON names this Python unless the
-    script finds it by itself (DIR/venv or DIR/.venv): cron's python3 on PATH has no cronbox."""
+    script finds its virtualenv by itself (DIR/venv or DIR/.venv, whichever of its interpreters runs
+    this: `venv/bin/python3` is the same virtualenv as the script's `venv/bin/python`): cron's
+    python3 on PATH has no cronbox."""
     line = f"* * * * * {shlex.quote(str(target))} tick"
-    folder = target.parent
-    if python and Path(python).is_absolute() and Path(python) not in (
-            folder / "venv" / "bin" / "python", folder / ".venv" / "bin" / "python"):
+    if python and Path(python).is_absolute() and not _in_a_virtualenv_the_script_finds(Path(python), target.parent):
         line = f"* * * * * CRONBOX_PYTHON={shlex.quote(python)} {shlex.quote(str(target))} tick"
     return line.replace("%", "\\%")  # cron turns a bare % into a newline
+
+
+def _in_a_virtualenv_the_script_finds(python: Path, folder: Path) -> bool:
+    return python.name.startswith("python") and python.parent in (folder / "venv" / "bin", folder / ".venv" / "bin")
 
 
 @click.command("install-script")
@@ -46,7 +50,7 @@ def cron_line(target: Path, python: str | None) -> str:
                 type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path))
 @click.option("--force", is_flag=True, help=f"Replace an existing {SCRIPT} that differs from this cronbox's.")
 def install_script(folder: Path, force: bool):
-    """Copy artisan_via_cron.sh into DIR (default: here), the app's folder, and print its cron line."""
+    """Copy artisan_via_cron.sh into DIR (default: here), the app's folder, mode 0755, and print its cron line."""
     content = packaged_script()
     target = folder.resolve() / SCRIPT
     if target.is_dir():

@@ -31,7 +31,8 @@ def once_add(command):
 
 
 @once.command("list")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many requests, latest first.")
 def once_list(limit):
     """Recent requests: pending, running, done, failed or refused."""
     rt = runtime()
@@ -66,7 +67,7 @@ def once_show(request_id):
 
 @once.command("run")
 def once_run():
-    """Collect *.cmd files and run pending requests now (what the tick does)."""
+    """Collect the run-once folder's .cmd files and run pending requests now (what the tick does)."""
     rt = runtime()
     lock = rt.lock("once")  # the tick's run-once stage takes the same lock
     if not lock.acquire():

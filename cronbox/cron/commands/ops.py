@@ -70,7 +70,7 @@ def set_password(print_hash):
 @ops.command("setup-token")
 @click.option("--reset", is_flag=True, help="Also remove the password file, so the setup page can set a new one.")
 def setup_token(reset):
-    """Write a one-time setup token to the instance folder (read it in File Manager, never in a log)."""
+    """Write a one-time setup token to <instance>/ops-setup-token (read it in File Manager, never in a log)."""
     settings = runtime(migrate=False).settings
     try:
         path = credentials.new_setup_token(settings, reset=reset)

@@ -43,7 +43,7 @@ def publish(ctx, max_time):
 
 @outbox.command()
 def status():
-    """Per consumer: pending, due, dead, blocked keys, oldest due age."""
+    """Per consumer: pending, due, dead, blocked keys, oldest due age; then consumers that never fit a run."""
     rt = runtime()
     now = clock.utcnow()
     view, never = in_transaction(rt.sessions, lambda s: (deliveries.overview(s, rt.consumers, now),
@@ -62,7 +62,8 @@ def status():
 
 
 @outbox.command()
-@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True,
+              help="Show at most this many dead deliveries (a full page ends with the --after to continue).")
 @click.option("--after", "cursor", type=PageCursor(deliveries.DEAD_KEY), default=None,
               help="Continue after this cursor (printed at the end of a full page).")
 def dead(limit, cursor):

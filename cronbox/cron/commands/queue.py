@@ -54,7 +54,8 @@ def _queue_list(text: str | None) -> list[str] | None:
 @click.option("--max-workers", type=click.IntRange(min=1), default=None, help="See --min-workers.")
 @click.pass_context
 def work(ctx, queues, stop_when_empty, once, max_time, max_jobs, memory, sleep, workers, min_workers, max_workers):
-    """Run jobs. Limits are checked between jobs; SIGTERM finishes the current job, then exits 0."""
+    """Run jobs, queues in strict priority order, in this process or a pool of worker processes (--workers).
+    Limits are checked between jobs; SIGTERM finishes the current job, then exits 0."""
     names = _queue_list(queues)
     smallest, largest = _pool_size(workers, min_workers, max_workers, once)
     rt = runtime(migrate=False)  # the schema is checked below, its lock wait bounded by --max-time
@@ -129,7 +130,7 @@ def _work_in_pool(ctx, rt, names, smallest, largest, *, stop_when_empty, max_tim
 @queue.command()
 def status():
     """Per queue: ready, delayed, reserved, failed, oldest ready age; then paused channels, concurrency
-    groups and cost budgets (when there are any), and the last worker pool."""
+    groups and cost budgets (when there are any), the last worker pool, and handlers that never fit a run."""
     rt = runtime()
     now = clock.utcnow()
     queues, paused, pools, in_groups, spent, never = in_transaction(rt.sessions, lambda s: (
@@ -157,7 +158,8 @@ def status():
 
 @queue.command(name="profiles")
 def profiles_():
-    """Recent duration and memory per handler (admission's profiles; CRONBOX_PROFILE_WINDOW / _TTL)."""
+    """Per handler (jobs and deliveries): runs, mean duration, peak RSS growth, last update (stale past
+    CRONBOX_PROFILE_TTL), never-fits reason: admission's profiles."""
     rt = runtime()
     now = clock.utcnow()
     window = profiles.ProfileSettings.of(rt.settings)
@@ -172,7 +174,8 @@ def profiles_():
 
 
 @queue.command()
-@click.option("--limit", type=click.IntRange(min=1, max=100), default=10, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=100), default=10, show_default=True,
+              help="Show at most this many pool runs, latest first.")
 def pools(limit):
     """The last worker pools (`queue work --workers`, the tick's CRONBOX_TICK_WORKERS): workers, restarts, outcome."""
     rt = runtime()
@@ -217,7 +220,8 @@ def _show_groups(in_groups, spent, *, quiet: bool) -> None:
 
 @queue.command()
 @click.option("--queue", "queue_name", type=QUEUE, default=None, help="Only this queue.")
-@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=200, show_default=True,
+              help="Show at most this many failed jobs (a full page ends with the --after to continue).")
 @click.option("--after", "cursor", type=PageCursor(jobstore.FAILED_KEY), default=None,
               help="Continue after this cursor (printed at the end of a full page).")
 def failed(queue_name, limit, cursor):
@@ -241,7 +245,7 @@ def failed(queue_name, limit, cursor):
 @click.option("--all", "all_", is_flag=True, help="Retry every failed job (of --queue).")
 @click.option("--queue", "queue_name", type=QUEUE, default=None, help="With --all: only this queue.")
 def retry(ids, all_, queue_name):
-    """Put failed jobs back on their queue with fresh attempts."""
+    """Put failed jobs back on their queue with fresh attempts (unknown ids are reported)."""
     if bool(ids) == bool(all_):
         raise click.UsageError("give job ids or --all (not both)")
     rt = runtime()

@@ -119,7 +119,8 @@ def verify(file_id, all_):
 
 
 @storage.command()
-@click.option("--batch-size", type=click.IntRange(min=1, max=5000), default=maintenance.BATCH, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1, max=5000), default=maintenance.BATCH, show_default=True,
+              help="Rows read and re-wrapped per batch (the run checks its lock between batches).")
 def rewrap(batch_size):
     """Re-wrap every data key under the active master key (resumable; no file is rewritten)."""
     rt = runtime()
@@ -145,7 +146,8 @@ def rewrap(batch_size):
 
 @storage.command(name="audit")
 @click.option("--file", "file_id", type=FILE_ID, default=None, help="Only entries of this file.")
-@click.option("--limit", type=click.IntRange(min=1, max=10000), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=10000), default=50, show_default=True,
+              help="Show at most this many entries, latest first.")
 def audit_(file_id, limit):
     """Show the latest audit entries (uploads, grants, links issued, downloads and refusals)."""
     st = _storage()

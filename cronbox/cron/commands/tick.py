@@ -13,7 +13,8 @@ from cronbox.outbox.events.forward import is_forward
               help="Stop claiming work when the process's RSS passes this many MB.")
 @click.pass_context
 def tick(ctx, max_time, no_linger, memory):
-    """Run everything due (outbox relay, then queued jobs), then keep polling until --max-time. Install this in cron."""
+    """Run everything due (scheduled tasks, one-off runs, the outbox relay, then queued jobs), then keep polling
+    until --max-time. Install this in cron."""
     # The schema is checked under the tick lock, where a `migrate` request file can still fix it.
     rt = runtime(migrate=False)
     report = run_tick(rt, run_command=command_runner(), max_time=max_time,

@@ -261,8 +261,8 @@ def _instance_check(folder) -> Check:
     except OSError:
         return Check("instance", FAIL, "instance folder missing")
     if mode & stat.S_IRWXO:
-        return Check("instance", FAIL, f"instance folder is accessible to other users (mode {oct(mode & 0o777)}): "
-                                       "chmod 700 it")
+        return Check("instance", FAIL, f"instance folder {folder} is accessible to other users (mode "
+                                       f"{oct(mode & 0o777)}): chmod 700 {folder}")
     return Check("instance", OK, f"mode {oct(mode & 0o777)}")
 
 
@@ -330,7 +330,8 @@ def _key_checks(settings) -> list[Check]:
             continue
         mode = path.stat().st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            checks.append(Check(f"key.{path.name}", FAIL, f"readable by others (mode {oct(mode & 0o777)}): chmod 600"))
+            checks.append(Check(f"key.{path.name}", FAIL,
+                                f"readable by others (mode {oct(mode & 0o777)}): chmod 600 {path}"))
         elif not os.access(path, os.R_OK):
             checks.append(Check(f"key.{path.name}", FAIL, "not readable by this user"))
         else:

@@ -38,6 +38,60 @@ class Family:
         self.samples.append((labels, value))
 
 
+# Every family GET /metrics shows: its labels and its HELP text ({span}: the window cronbox_handled and
+# cronbox_runs sum over). The docs' metrics reference is generated from this table.
+FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cronbox_outbox_pending": (("consumer",),
+        "Deliveries not yet done per consumer: waiting, retrying or leased (due ones included)."),
+    "cronbox_outbox_due": (("consumer",),
+        "Pending deliveries whose time has come, per consumer."),
+    "cronbox_outbox_oldest_due_age_seconds": (("consumer",),
+        "Age of the oldest due delivery per consumer, from its due time; 0 when none is due."),
+    "cronbox_outbox_dead": (("consumer",),
+        "Dead deliveries per consumer (attempts used up; `outbox retry`)."),
+    "cronbox_outbox_blocked_keys": (("consumer",),
+        "Keys whose later deliveries wait behind a retrying or dead one, per consumer."),
+    "cronbox_outbox_unfanned_events": ((),
+        "Recorded events the relay has not yet fanned out to their consumers."),
+    "cronbox_jobs": (("queue", "state"),
+        "Jobs per queue and state: ready (due now, expired leases included), delayed (due later), "
+        "reserved (leased by a worker), failed (tries used up or refused for good; `queue retry`)."),
+    "cronbox_jobs_oldest_ready_age_seconds": (("queue",),
+        "Age of the oldest ready job per queue, from its due time; 0 when none is ready."),
+    "cronbox_group_limit": (("group",),
+        "Concurrency limit per group, as its jobs declare it (absent for a group no job declares)."),
+    "cronbox_group_slots_in_use": (("group",),
+        "Slots held now per concurrency group (live leases: a killed holder's slot counts until its lease "
+        "ends)."),
+    "cronbox_group_waiting": (("group",),
+        "Ready jobs (due or deferred) per concurrency group."),
+    "cronbox_budget_used": (("scope", "name"),
+        "Cost spent in the current window per budget (CRONBOX_QUEUE_BUDGETS, CRONBOX_GROUP_BUDGETS)."),
+    "cronbox_budget_limit": (("scope", "name"),
+        "Cost allowed per window per budget."),
+    "cronbox_budget_window_seconds": (("scope", "name"),
+        "The window of each budget."),
+    "cronbox_handled": (("command", "outcome"),
+        "Items handled by the runs started in {span}, per command and outcome (delivered, retried, dead: "
+        "deliveries; jobs_done, jobs_failed: jobs). A sum of heartbeat rows over a sliding window, not a "
+        "counter: do not rate() it."),
+    "cronbox_runs": (("command", "outcome"),
+        "Runs started in {span}, per command and how they ended (running: not finished, or killed)."),
+    "cronbox_metrics_window_seconds": ((),
+        "The window cronbox_handled and cronbox_runs sum over."),
+    "cronbox_last_run_age_seconds": (("command",),
+        "Seconds since the latest run of each command started: the tick always, other commands while they "
+        "ran in {span} (then alert on cronbox_runs being absent)."),
+    "cronbox_last_run_duration_seconds": (("command",),
+        f"Wall time of the latest finished run of each command (among its last {RECENT_RUNS})."),
+}
+
+
+def _family(name: str, *, span: str = "") -> Family:
+    """An empty family of FAMILIES, its HELP text said for this scrape's window."""
+    return Family(name, "gauge", FAMILIES[name][1].replace("{span}", span))
+
+
 def metrics_token(settings) -> str | None:
     """CRONBOX_METRICS_TOKEN, else CRONBOX_HEALTH_TOKEN: a scraper that may read /health in full may read this."""
     return settings.get("CRONBOX_METRICS_TOKEN") or settings.health_token
@@ -66,14 +120,11 @@ def _age(now: datetime, then: datetime | None) -> float:
 def _outbox(session, registry, now: datetime) -> list[Family]:
     per_consumer = deliveries.status(session, now)  # not overview(): its list of blocked keys is not shown here
     names = sorted(set(per_consumer) | set(registry.names()))  # registered consumers with nothing pending: zeros
-    pending = Family("cronbox_outbox_pending", "gauge",
-                     "Deliveries not yet done per consumer: waiting, retrying or leased (due ones included).")
-    due = Family("cronbox_outbox_due", "gauge", "Pending deliveries whose time has come, per consumer.")
-    oldest = Family("cronbox_outbox_oldest_due_age_seconds", "gauge",
-                    "Age of the oldest due delivery per consumer, from its due time; 0 when none is due.")
-    dead = Family("cronbox_outbox_dead", "gauge", "Dead deliveries per consumer (attempts used up; `outbox retry`).")
-    blocked = Family("cronbox_outbox_blocked_keys", "gauge",
-                     "Keys whose later deliveries wait behind a retrying or dead one, per consumer.")
+    pending = _family("cronbox_outbox_pending")
+    due = _family("cronbox_outbox_due")
+    oldest = _family("cronbox_outbox_oldest_due_age_seconds")
+    dead = _family("cronbox_outbox_dead")
+    blocked = _family("cronbox_outbox_blocked_keys")
     for name in names:
         st = per_consumer.get(name) or deliveries.ConsumerStatus(name)
         pending.add(st.pending, consumer=name)
@@ -81,18 +132,14 @@ def _outbox(session, registry, now: datetime) -> list[Family]:
         oldest.add(round(_age(now, st.oldest_due_at), 3), consumer=name)
         dead.add(st.dead, consumer=name)
         blocked.add(st.blocked_keys, consumer=name)
-    unfanned = Family("cronbox_outbox_unfanned_events", "gauge",
-                      "Recorded events the relay has not yet fanned out to their consumers.")
+    unfanned = _family("cronbox_outbox_unfanned_events")
     unfanned.add(deliveries.unfanned_count(session))
     return [pending, due, oldest, dead, blocked, unfanned]
 
 
 def _jobs(session, queues: list[str], now: datetime) -> list[Family]:
-    jobs = Family("cronbox_jobs", "gauge",
-                  "Jobs per queue and state: ready (due now, expired leases included), delayed (due later), "
-                  "reserved (leased by a worker), failed (tries used up or refused for good; `queue retry`).")
-    oldest = Family("cronbox_jobs_oldest_ready_age_seconds", "gauge",
-                    "Age of the oldest ready job per queue, from its due time; 0 when none is ready.")
+    jobs = _family("cronbox_jobs")
+    oldest = _family("cronbox_jobs_oldest_ready_age_seconds")
     for q in jobstore.overview(session, queues, now):  # the registered queues (zeros too), then any with jobs
         for state in ("ready", "delayed", "reserved", "failed"):
             jobs.add(getattr(q, state), queue=q.queue, state=state)
@@ -101,21 +148,17 @@ def _jobs(session, queues: list[str], now: datetime) -> list[Family]:
 
 
 def _groups(session, jobs, settings, now: datetime) -> list[Family]:
-    limit = Family("cronbox_group_limit", "gauge",
-                   "Concurrency limit per group, as its jobs declare it (absent for a group no job declares).")
-    in_use = Family("cronbox_group_slots_in_use", "gauge",
-                    "Slots held now per concurrency group (live leases: a killed holder's slot counts until its "
-                    "lease ends).")
-    waiting = Family("cronbox_group_waiting", "gauge", "Ready jobs (due or deferred) per concurrency group.")
+    limit = _family("cronbox_group_limit")
+    in_use = _family("cronbox_group_slots_in_use")
+    waiting = _family("cronbox_group_waiting")
     for use in groups.overview(session, jobs, now):
         if use.limit is not None:
             limit.add(use.limit, group=use.name)
         in_use.add(use.in_use, group=use.name)
         waiting.add(use.waiting, group=use.name)
-    used = Family("cronbox_budget_used", "gauge",
-                  "Cost spent in the current window per budget (CRONBOX_QUEUE_BUDGETS, CRONBOX_GROUP_BUDGETS).")
-    budget_limit = Family("cronbox_budget_limit", "gauge", "Cost allowed per window per budget.")
-    budget_window = Family("cronbox_budget_window_seconds", "gauge", "The window of each budget.")
+    used = _family("cronbox_budget_used")
+    budget_limit = _family("cronbox_budget_limit")
+    budget_window = _family("cronbox_budget_window_seconds")
     for spent in groups.budget_overview(session, settings, now):
         b = spent.budget
         used.add(spent.used, scope=b.scope, name=b.name)
@@ -127,14 +170,9 @@ def _groups(session, jobs, settings, now: datetime) -> list[Family]:
 def _runs(session, now: datetime, window: float) -> list[Family]:
     since = now - timedelta(seconds=window)
     span = f"the last {window:g} s (CRONBOX_METRICS_WINDOW)"
-    handled = Family("cronbox_handled", "gauge",
-                     f"Items handled by the runs started in {span}, per command and outcome (delivered, retried, "
-                     "dead: deliveries; jobs_done, jobs_failed: jobs). A sum of heartbeat rows over a sliding "
-                     "window, not a counter: do not rate() it.")
-    runs = Family("cronbox_runs", "gauge",
-                  f"Runs started in {span}, per command and how they ended (running: not finished, or killed).")
-    window_family = Family("cronbox_metrics_window_seconds", "gauge",
-                           "The window cronbox_handled and cronbox_runs sum over.")
+    handled = _family("cronbox_handled", span=span)
+    runs = _family("cronbox_runs", span=span)
+    window_family = _family("cronbox_metrics_window_seconds")
     window_family.add(window)
     sums: dict[tuple[str, str], int] = {}
     seen = set()
@@ -145,11 +183,8 @@ def _runs(session, now: datetime, window: float) -> list[Family]:
             sums[(command, name)] = sums.get((command, name), 0) + int(value or 0)
     for (command, name), value in sorted(sums.items()):
         handled.add(value, command=command, outcome=name)
-    age = Family("cronbox_last_run_age_seconds", "gauge",
-                 f"Seconds since the latest run of each command started: the tick always, other commands while "
-                 f"they ran in {span} (then alert on cronbox_runs being absent).")
-    duration = Family("cronbox_last_run_duration_seconds", "gauge",
-                      f"Wall time of the latest finished run of each command (among its last {RECENT_RUNS}).")
+    age = _family("cronbox_last_run_age_seconds", span=span)
+    duration = _family("cronbox_last_run_duration_seconds")
     # The tick always (as health reads it); another command only when it ran in the window: looking up
     # one that never ran would read the started_at index back through all 7 days of rows (~27 ms for
     # 10k ticks on MariaDB 10.11), on every scrape.

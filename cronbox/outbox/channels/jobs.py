@@ -41,7 +41,8 @@ def _text(payload, name: str, *, limit: int, required: bool = True) -> str | Non
 @job("sms", name="cronbox.sms", tries=5, backoff=30, timeout=60, channel="sms",
      rate_limit=lambda settings: channel_config(settings).sms_rate)
 def send_sms(payload, ctx):
-    """payload: {"to": "+98912...", "text": "..."}"""
+    """An SMS through the configured driver (CRONBOX_SMS_DRIVER). payload: {"to": "+98912...", "text": "..."}.
+    Dispatch it (`send_sms.dispatch(session, payload)`); the worker calls it with the job's `ctx`."""
     to = _text(payload, "to", limit=32)
     text = _text(payload, "text", limit=1600)
     from cronbox.outbox.channels import sms
@@ -60,7 +61,8 @@ def send_sms(payload, ctx):
 @job("mail", name="cronbox.email", tries=5, backoff=60, timeout=90, channel="mail",
      rate_limit=lambda settings: channel_config(settings).mail_rate)
 def send_email(payload, ctx):
-    """payload: {"to": "a@b.c", "subject": "...", "text": "...", "html": optional}"""
+    """An e-mail through SMTP (or the log driver). payload: {"to": "a@b.c", "subject": "...", "text": "...",
+    "html": optional}. Dispatch it; the worker calls it with the job's `ctx`."""
     from cronbox.outbox.channels import email
 
     email.send(channel_config(ctx.settings), ctx, to=_text(payload, "to", limit=254),
@@ -71,7 +73,8 @@ def send_email(payload, ctx):
 @job("webhook", name="cronbox.webhook", tries=8, backoff=30, timeout=60, channel="webhook")
 def send_webhook(payload, ctx):
     """payload: {"check", "status", "message", "time", "host", "recovery"}: posted as JSON, signed
-    (outbox/channels/webhook.py). Dispatched by admin_alert, not meant for other messages."""
+    (outbox/channels/webhook.py). Dispatched by admin_alert, not meant for other messages; the worker
+    calls it with the job's `ctx`."""
     if not isinstance(payload, dict) or not isinstance(payload.get("recovery"), bool):
         raise PermanentFailure("payload must be an alert: check, status, message, time, host, recovery")
     fields = {name: _text(payload, name, limit=4000) for name in ("check", "status", "message", "time", "host")}
@@ -83,7 +86,7 @@ def send_webhook(payload, ctx):
 @job("notifications", name="cronbox.notify", tries=5, backoff=5, timeout=30)
 def notify(payload, ctx):
     """payload: {"to": recipient id, "kind": "...", "title": "...", "body": "...", "data": optional JSON}.
-    Written through ctx.session with the job's idempotency key: exactly one row per job."""
+    Written through `ctx.session` (the job's) with the job's idempotency key: exactly one row per job."""
     add_notification(ctx.session, recipient=_text(payload, "to", limit=191), kind=_text(payload, "kind", limit=64),
                      title=_text(payload, "title", limit=255), body=_text(payload, "body", limit=65000),
                      data=payload.get("data"), dedupe_key=ctx.idempotency_key)

@@ -53,6 +53,10 @@ from cronbox.outbox.core.text import describe
 
 @dataclass(frozen=True)
 class Event:
+    """What a consumer receives: the recorded event, frozen. `id` is the event row's (on a message `amqp
+    consume` took, the publisher's `x-event-id` header, or None); `payload` is the JSON value given to
+    `record()`; `created_at` is naive UTC."""
+
     id: int
     type: str
     key: str | None
@@ -182,6 +186,17 @@ class HandlerTransaction:
 
 
 class Context:
+    """What a consumer or job receives beside its event or payload (a scheduled task gets its own,
+    with `slot`, `trace_id` and `session`).
+
+    - `attempt`: this attempt's number, from 1;
+    - `trace_id`: the id the logs, the failed-job list and forwarded messages carry;
+    - `idempotency_key`: stable over the retries of one delivery or job (give it to outside services,
+      whose effects are at least once);
+    - `session`: a SQLAlchemy session whose writes commit together with the ack, exactly once;
+    - `commit_now()`: commit what `session` wrote so far at once (at least once).
+    """
+
     def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
                  settings=None, commit_group=None, savepoint: bool = True):
         self.attempt = attempt
@@ -195,6 +210,9 @@ class Context:
 
     @property
     def session(self) -> Session:
+        """The attempt's session, in a savepoint of the transaction that carries the ack: its writes
+        commit with the ack or not at all (`commit()` releases the savepoint, `rollback()` undoes the
+        writes since the last one). In a host app, Flask-SQLAlchemy's `db.session` is this session."""
         if self._transaction is None:
             self._transaction = HandlerTransaction(self._connection, self._commit_group, savepoint=self._savepoint)
         return self._transaction.session

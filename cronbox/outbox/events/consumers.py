@@ -45,6 +45,13 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
     """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
     each gets its own delivery rows, retries and dead state.
 
+    name: the consumer's identity, stored in its delivery rows (default module.qualname: set it, as
+    renaming the function would make a new consumer). max_attempts: attempts before a delivery is
+    dead. backoff: the first retry's delay in seconds (doubling, capped at 15 min, +-20% jitter), or a
+    list of delays. timeout: seconds an attempt may run (its lease is this plus
+    CRONBOX_LEASE_MARGIN). Raises `RegistrationError` (a `CronboxError`) for a bad argument or a name
+    already taken by another consumer.
+
     runs: where it runs when its events are also forwarded to a broker: "tick" (the relay calls it),
     "broker" (`amqp consume` does), or "both"; unsaid is refused then (outbox.events.placement).
 

@@ -80,7 +80,12 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
     """Forward events whose type matches `event_type` (shell-style: `*`, `?`, `[...]`; default: all
     events) to `exchange` on the broker at CRONBOX_AMQP_URL. The name (default
     "amqp:<exchange>:<pattern>") is the identity stored in the delivery rows: set it explicitly if
-    you may change the exchange or pattern later."""
+    you may change the exchange or pattern later.
+
+    routing_key: None (the event type), a string, or a function of the event returning one.
+    max_attempts, backoff (seconds, doubling, or a list), timeout (seconds a batch waits for the
+    broker's confirms): as a consumer's. Returns the target. Raises `RegistrationError` (a
+    `CronboxError`) for a bad argument or a name already taken."""
     if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
         raise RegistrationError(f"event type pattern must be a non-empty string of at most {MAX_NAME} characters")
     if not isinstance(exchange, str) or len(exchange) > MAX_EXCHANGE:

@@ -15,6 +15,9 @@ HOLDING = (PENDING, DEAD)
 
 
 class OutboxEvent(Base):
+    """One recorded event: inserted by `record()` in the caller's transaction, fanned out by the relay
+    (`fanned_out_at`) into one delivery per consumer, deleted by `outbox prune` once delivered."""
+
     __tablename__ = "cronbox_events"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -34,6 +37,10 @@ class OutboxEvent(Base):
 
 
 class Delivery(Base):
+    """One event for one consumer (or forward target): its own attempts, lease (`claim_token`,
+    `lease_until`), next attempt, last error and status (pending, done, dead, skipped). The CLI's and
+    the console's delivery ids are these rows' ids."""
+
     __tablename__ = "cronbox_deliveries"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)

@@ -58,6 +58,13 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
     events: a consumer gets events of one key one at a time, in the order they were recorded
     (writers of one key must serialise, e.g. by locking the aggregate row, since ids are given at
     INSERT). `delay` postpones the first attempt.
+
+    `type` names the event (what consumers register for); `payload` is a JSON value (str, int, float,
+    bool, None, list, dict), stored as given. Returns the recorded event (its `id` set).
+
+    Raises `cronbox.outbox.core.errors.PayloadError` (a `CronboxError` and a `TypeError`) for a
+    payload that is not plain JSON, naming the offending key, or a type or key that is empty, too long
+    or holds a NUL; nothing is written then.
     """
     if not isinstance(type, str) or not type or len(type) > MAX_TEXT:
         raise PayloadError(f"event type must be a non-empty string of at most {MAX_TEXT} characters")

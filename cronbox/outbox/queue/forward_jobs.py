@@ -69,7 +69,11 @@ def forward_jobs(queue: str, *, protocol: str = CRONBOX, broker_queue: str | Non
     for `amqp work --queue QUEUE` to run (protocol "cronbox"), or as Celery task messages for the
     user's `celery worker -Q QUEUE` (protocol "celery": the job's name is the Celery task's, its
     payload the task's arguments; outbox.queue.celery_messages). `broker_queue`: the AMQP queue
-    (default "cronbox.jobs.<queue>", or <queue> for Celery), declared durable by the publisher."""
+    (default "cronbox.jobs.<queue>", or <queue> for Celery), declared durable by the publisher.
+    `republish_after`: seconds after which a job confirmed but not taken by a worker is published
+    again (its message lost with a purged queue, or no worker running). Returns the queue's
+    declaration. Raises `RegistrationError` (a `CronboxError`) for a bad queue name, protocol,
+    broker queue or `republish_after`."""
     return _declare(queue, protocol, broker_queue, republish_after, registry, _caller_module())
 
 
@@ -100,7 +104,8 @@ def _declare(queue, protocol, broker_queue, republish_after, registry, module) -
 
 
 def celery_task(name: str, *, queue: str = "celery", registry: Registry | None = None) -> JobHandler:
-    """A Celery task of the user's, dispatched in the caller's transaction like a job:
+    """A Celery task of the user's, named `name` (the name its Celery registered), sent to `queue`,
+    dispatched in the caller's transaction like a job:
 
         build_report = cronbox.celery_task("reports.build", queue="reports")
         build_report.dispatch(db.session, [report_id])          # a list: the task's args
@@ -108,7 +113,9 @@ def celery_task(name: str, *, queue: str = "celery", registry: Registry | None =
 
     Its queue is forwarded with protocol "celery" (declared here if it is not yet): the tick publishes
     the task message once the transaction committed, and the row is done when the broker confirmed
-    it; Celery's own retry rules apply from there. Returns the job (its `.dispatch`)."""
+    it; Celery's own retry rules apply from there. Returns the job (its `.dispatch`). Raises
+    `RegistrationError` (a `CronboxError`) for a bad name, or a queue already forwarded to cronbox's
+    own workers."""
     from cronbox.outbox.engine.backoff import Backoff
     from cronbox.outbox.queue.jobs import MAX_NAME, JobHandler
 

@@ -146,6 +146,13 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         registry: Registry | None = None) -> Callable[[Callable[..., Any]], JobFunction]:
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
+    name: the job's identity, stored in its rows (default module.qualname). tries: attempts before the
+    job fails. timeout: seconds an attempt may run (its lease is this plus CRONBOX_LEASE_MARGIN).
+    concurrency_group, concurrency_limit: at most `concurrency_limit` jobs of the group run at once,
+    over every worker sharing the database. cost: what one run spends of its queue's and group's
+    cost budgets (CRONBOX_QUEUE_BUDGETS, CRONBOX_GROUP_BUDGETS). Raises `RegistrationError` (a
+    `CronboxError`) for a bad argument, a clash with another job's name, or a group given two limits.
+
     backoff: base seconds (doubling, capped at 15 min, +-20% jitter) or a list of delays.
     unique: while a job with the same unique key waits or runs, dispatch is a no-op (the key
     defaults to a hash of the payload). retry_until: how long after dispatch RetryLater may keep

@@ -15,6 +15,10 @@ READY, RESERVED, DONE, FAILED = "ready", "reserved", "done", "failed"
 
 
 class Job(Base):
+    """One job: dispatched in the caller's transaction (status ready), claimed by a worker under a lease
+    (reserved, `claim_token`), then done, ready again for a retry (attempts, `available_at`, last error)
+    or failed; `unique_key` keeps one waiting or running job per key."""
+
     __tablename__ = "cronbox_jobs"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
