@@ -220,7 +220,9 @@ SETTINGS: tuple[Setting, ...] = (
             "how long `storage sweep` keeps the file access audit and the daily prune the console's action "
             "log; at least `2192d` (HIPAA 45 CFR 164.316(b)(2): six years), less is refused.", "files"),
     # --- channels -----------------------------------------------------------------------------------
-    Setting("CRONBOX_SMS_DRIVER", "choice", "log", "`log`, `kavenegar` or `twilio`.", "channels"),
+    Setting("CRONBOX_SMS_DRIVER", "choice", "log",
+            "`log`, `kavenegar` or `twilio`; `test` in tests (messages kept in memory: `cronbox.testing`).",
+            "channels"),
     Setting("CRONBOX_SMS_SENDER", "text", "unset", "the Kavenegar line number or Twilio From number.",
             "channels"),
     Setting("CRONBOX_KAVENEGAR_API_KEY", "secret", "unset", "Kavenegar's API key.", "channels"),
@@ -238,7 +240,11 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a channel waits after \"out of credit\" / \"bad credentials\" (`queue resume` ends it "
             "early).", "channels"),
     Setting("CRONBOX_MAIL_DRIVER", "choice", "smtp",
-            "`smtp`, or `log` (development: nothing is sent, the attempt is recorded).", "channels"),
+            "`smtp`, or `log` (development: nothing is sent, the attempt is recorded); `test` in tests (kept in "
+            "memory: `cronbox.testing`).", "channels"),
+    Setting("CRONBOX_WEBHOOK_DRIVER", "choice", "http",
+            "`http`, or `test` in tests (a webhook alert is kept in memory, not posted: `cronbox.testing`).",
+            "channels"),
     Setting("CRONBOX_SMTP_HOST", "text", "unset",
             "the SMTP server; without it (and the `smtp` driver) the e-mail channel pauses and alerts.",
             "channels"),
