@@ -1,9 +1,9 @@
 """Parse the human durations settings and options take: 500ms, 90s, 5m, 48h, 7d, 2w.
 
 The one parser for every duration with units (CRONBOX_*_RETENTION, CRONBOX_*_TTL, CRONBOX_METRICS_WINDOW,
-CRONBOX_ACK_FLUSH, `--older-than`, `--expires-in`, `--ttl`, `--grace`, ...). A bare number is refused, never read as
-seconds: `CRONBOX_AUDIT_RETENTION=2192` meant days, and read as 2,192 seconds it erased six years of
-audit trail. Settings and options defined in a unit by their contract (`--max-time S`, `--sleep S`,
+CRONBOX_ACK_FLUSH, `--older-than`, `--expires-in`, `--ttl`, `--grace`, ...). A bare number is
+refused, never read as seconds: `CRONBOX_AUDIT_RETENTION=2192` meant days, and read as 2,192 seconds
+it erased six years of audit trail. Settings and options defined in a unit by their contract (`--max-time S`, `--sleep S`,
 CRONBOX_LEASE_MARGIN seconds, CRONBOX_CRON_INTERVAL minutes) are plain numbers and do not come here.
 """
 from __future__ import annotations

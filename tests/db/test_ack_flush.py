@@ -69,6 +69,21 @@ def job_acks(rt, calls):
     acks.close()
 
 
+@pytest.fixture
+def delivery_acks(rt):
+    acks = Acks(rt.engine, deliveries.ACK)
+    yield acks
+    acks.close()
+
+
+def relay_events(runtime, event_type: str, count: int) -> int:
+    """Record `count` events, then run the relay; how many deliveries it finished."""
+    with runtime.sessions.begin() as session:
+        for n in range(count):
+            outbox.record(session, event_type, {"n": n})
+    return relay(runtime).done
+
+
 def work(runtime, queue: str) -> Worker:
     worker = Worker(runtime, [queue])
     worker.run(Budget(max_time=60, memory_mb=None))
@@ -96,20 +111,13 @@ def test_a_batch_of_fast_quiet_jobs_is_acked_with_one_update(rt, registry, job_a
     assert job_acks.sizes == [100]  # the worker's batch: one claim, one ack
 
 
-def test_a_batch_of_fast_quiet_deliveries_is_acked_with_one_update(rt, registry):
+def test_a_batch_of_fast_quiet_deliveries_is_acked_with_one_update(rt, registry, delivery_acks):
     @consumer("noop", name="noop", registry=registry)
     def noop(event, ctx):
         pass
 
-    with rt.sessions.begin() as session:
-        for n in range(100):
-            outbox.record(session, "noop", {"n": n})
-    acks = Acks(rt.engine, deliveries.ACK)
-    try:
-        assert relay(rt).done == 100
-    finally:
-        acks.close()
-    assert acks.sizes == [100]  # the relay's batch
+    assert relay_events(rt, "noop", 100) == 100
+    assert delivery_acks.sizes == [100]  # the relay's batch
 
 
 def test_slow_quiet_jobs_are_acked_once_the_window_of_handler_time_passed(rt, registry, job_acks):
@@ -125,22 +133,15 @@ def test_slow_quiet_jobs_are_acked_once_the_window_of_handler_time_passed(rt, re
     assert max(job_acks.sizes) <= PER_ACK, job_acks.sizes  # never the whole batch of 12 at its end
 
 
-def test_slow_quiet_deliveries_are_acked_once_the_window_of_handler_time_passed(rt, registry):
+def test_slow_quiet_deliveries_are_acked_once_the_window_of_handler_time_passed(rt, registry, delivery_acks):
     windowed(rt)
 
     @consumer("slow", name="slow", registry=registry)
     def slow(event, ctx):
         time.sleep(SLEEP)
 
-    with rt.sessions.begin() as session:
-        for n in range(12):
-            outbox.record(session, "slow", {"n": n})
-    acks = Acks(rt.engine, deliveries.ACK)
-    try:
-        assert relay(rt).done == 12
-    finally:
-        acks.close()
-    assert sum(acks.sizes) == 12 and max(acks.sizes) <= PER_ACK, acks.sizes
+    assert relay_events(rt, "slow", 12) == 12
+    assert sum(delivery_acks.sizes) == 12 and max(delivery_acks.sizes) <= PER_ACK, delivery_acks.sizes
 
 
 def test_the_time_of_handlers_acked_on_their_own_counts_toward_the_window(rt, registry, job_acks, calls):
