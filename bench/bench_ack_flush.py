@@ -1,16 +1,17 @@
 """Acks of handlers that do not use ctx.session, before and after CRONBOX_ACK_FLUSH (issue 35, item 2).
 
-    .venv/bin/python -m bench.bench_ack_flush --before REV [--mysql URL] [--postgres URL] [--runs 3]
+    .venv/bin/python -m bench.bench_ack_flush --before REV [--mysql URL] [--postgres URL] [--runs 5]
 
 REV is the commit before the window (e.g. the merge base with main): `git archive REV` is unpacked
-into a temporary folder (with bench/quiet_handlers.py copied in), and every measure runs once from
-there ("before") and once from this checkout ("after"), one `queue work --stop-when-empty` each, in
-the same fresh database:
-- drain 5,000 no-op jobs: jobs/s (jobs / (last finished_at - first reserved_at), start-up not
+into a temporary folder (with bench/quiet_handlers.py copied in), and every measure runs from
+there ("before") and from this checkout ("after"), one `queue work --stop-when-empty` each, in
+the same fresh database, the two taking turns:
+- drain 10,000 no-op jobs: jobs/s (jobs / (last finished_at - first reserved_at), start-up not
   counted) and the ack statements it took (distinct finished_at: one per UPDATE);
 - drain 200 jobs of 50 ms: the same;
 - the issue's crash: 100 jobs of 50 ms appending a line to a file, the worker SIGKILLed once the file
-  shows 65 lines (mid-window: the window holds 10 of them), then (the leases ended) a second worker: lines in all, and repeats.
+  shows 65 lines (mid-window: the window holds 10 of them), then (the leases ended) a second
+  worker: lines in all, and repeats.
 Leases: the 50 ms jobs' timeout (1 s) + CRONBOX_LEASE_MARGIN 5 s, which outlasts the batch, as the
 default margin (30 s) does, so the second worker need not wait 30 s. Rewrites the "Acks of quiet
 handlers" section of docs/benchmarks.md.
@@ -36,7 +37,7 @@ from bench.report import write_section
 from cronbox.outbox.core import clock
 from cronbox.outbox.queue.models import Job
 
-NOOP_JOBS, SLOW_JOBS, CRASH_JOBS, KILL_AT = 5000, 200, 100, 65
+NOOP_JOBS, SLOW_JOBS, CRASH_JOBS, KILL_AT = 10_000, 200, 100, 65
 LEASE_MARGIN = "5"
 
 
@@ -113,11 +114,18 @@ def crash(t: Target, code: Path, folder: Path) -> dict:
     return {"before_kill": before, "acked": acked, "total": len(total), "repeats": len(total) - CRASH_JOBS}
 
 
-def measure(t: Target, code: Path, runs: int, folder: Path) -> dict:
-    noop = [drain(t, code, quiet_handlers.noop, NOOP_JOBS) for _ in range(runs)]
-    slow = [drain(t, code, quiet_handlers.call, SLOW_JOBS) for _ in range(runs)]
-    crashes = [crash(t, code, folder) for _ in range(runs)]
-    return {"noop": noop, "slow": slow, "crash": crashes}
+def measure(t: Target, trees: dict[str, Path], runs: int, folder: Path) -> dict[str, dict[str, list]]:
+    """Each measure `runs` times per tree, the trees taking turns, first one then the other: a load
+    that comes and goes on a shared machine, and whatever the database keeps of the run before, fall
+    on both alike."""
+    results = {name: {"noop": [], "slow": [], "crash": []} for name in trees}
+    for run in range(runs):
+        for name in (list(trees) if run % 2 == 0 else list(reversed(trees))):
+            code = trees[name]
+            results[name]["noop"].append(drain(t, code, quiet_handlers.noop, NOOP_JOBS))
+            results[name]["slow"].append(drain(t, code, quiet_handlers.call, SLOW_JOBS))
+            results[name]["crash"].append(crash(t, code, folder))
+    return results
 
 
 def rate_cell(results: list[dict]) -> str:
@@ -130,7 +138,7 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the commit to measure as before (e.g. the merge base)")
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--postgres", default=None)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     before_rev = subprocess.run(["git", "-C", str(APP_ROOT), "rev-parse", "--short", args.before], capture_output=True,
                                 text=True, check=True).stdout.strip()
@@ -143,8 +151,7 @@ def main() -> None:
         for label, url in stores:
             t = Target(label, url)
             try:
-                for name, code in trees.items():
-                    r = measure(t, code, args.runs, folder)
+                for name, r in measure(t, trees, args.runs, folder).items():
                     crashes = r["crash"]
                     row = (label, name, rate_cell(r["noop"]), f"{statistics.median(x['acks'] for x in r['noop']):.0f}",
                            rate_cell(r["slow"]), f"{statistics.median(x['acks'] for x in r['slow']):.0f}",
