@@ -177,10 +177,12 @@ NOTES = """
 out); "after" is this checkout with the default CRONBOX_ACK_FLUSH (500ms of handler time). One
 `queue work --stop-when-empty` per drain, in one fresh database per store; acks counted as distinct
 `finished_at` values (one per ack UPDATE). No-op jobs never fill the window: one ack per claimed batch
-of 100, as before. Jobs of 50 ms fill it every 10 jobs: one small UPDATE per 10 instead of per 100,
-which costs nothing visible next to 50 ms of handler time. The crash is the issue's: a worker SIGKILLed
-once 65 of 100 jobs wrote their line; before, every call of its batch ran again (the whole batch was
-still reserved); after, only those finished in the last window (and the one in hand).
+of 100, as before; the rates differ within this shared machine's noise (load average 8-9 on 2 cores
+during these runs; the two codes take turns, first one then the other). Jobs of 50 ms fill it every
+10 jobs: about 20 more small UPDATEs for 200 jobs (before: 4-6, at a batch's end or where this bench's
+6 s lease would run out), which costs nothing visible next to 50 ms of handler time. The crash is the
+issue's: a worker SIGKILLed once 65 of 100 jobs wrote their line; before, all 65 ran again (the whole
+batch was still reserved); after, the 5 finished since the last ack (at 60), as the window allows.
 """
 
 if __name__ == "__main__":
