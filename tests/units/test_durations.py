@@ -20,7 +20,7 @@ from tests.conftest import APP_ROOT
 # Every setting that takes a duration with a unit, and a value each one accepts.
 DURATION_SETTINGS = {"CRONBOX_URL_MAX_TTL": "15m", "CRONBOX_AUDIT_RETENTION": "2192d", "CRONBOX_METRICS_WINDOW": "1h",
                      "CRONBOX_PROFILE_TTL": "7d", "CRONBOX_ADMISSION_TIME_HEADROOM": "2s",
-                     "CRONBOX_FORWARD_WARN_AFTER": "10m", "CRONBOX_FORWARD_FAIL_AFTER": "1h"}
+                     "CRONBOX_FORWARD_WARN_AFTER": "10m", "CRONBOX_FORWARD_FAIL_AFTER": "1h", "CRONBOX_ACK_FLUSH": "500ms"}
 BARE = ["2192", "0", "7", "1.5", " 30 ", "3600"]
 NEGATIVE = ["-1d", "-5", "-0.5h"]
 ZERO = ["0s", "0d", "0.0h", "000m"]
@@ -41,7 +41,8 @@ def test_the_module_table_names_every_duration_setting_a_module_reads():
 
 
 @pytest.mark.parametrize("text, seconds", [(" 7d ", 604800), ("\t48h\n", 172800), ("7 d", 604800), ("90S", 90),
-                                           ("36600d", 36600 * 86400), ("0.5s", 0.5), ("2W", 1209600)])
+                                           ("36600d", 36600 * 86400), ("0.5s", 0.5), ("2W", 1209600),
+                                           ("500ms", 0.5), ("1.5 MS", 0.0015)])
 def test_units_with_surrounding_or_inner_spaces_and_any_case_are_read(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -39,6 +39,8 @@ SEAL_ALGORITHMS = ("auto", "aes-256-gcm", "xchacha20-poly1305")
 # years: HIPAA 45 CFR 164.316(b)(2). Six years hold up to two leap days, hence 2192 days, the default too.
 AUDIT_RETENTION_FLOOR_DAYS = 2192
 AUDIT_FLOOR_WHY = "HIPAA (45 CFR 164.316(b)(2)) asks six years for audit records"
+ACK_FLUSH_DEFAULT = 0.5  # seconds of handler time (CRONBOX_ACK_FLUSH)
+ACK_FLUSH_BOUNDS, ACK_FLUSH_WHY = (0.001, 3600.0), "1ms and 1h"
 # Duration settings a module parses itself, with its own bounds (Settings.duration); load_settings
 # parses each one too, so a bare number or a typo stops every command and init_app at once.
 MODULE_DURATIONS = ("CRONBOX_METRICS_WINDOW", "CRONBOX_PROFILE_TTL", "CRONBOX_ADMISSION_TIME_HEADROOM",
@@ -78,6 +80,10 @@ class Settings:
     # transaction at most, and for how long (ms) it stays open past its first handler at most.
     group_max: int = 50
     group_ms: int = 200
+    # CRONBOX_ACK_FLUSH (outbox.engine.processor.QuietAcks): the handler time, in seconds, after which the
+    # finished items of handlers that wrote nothing are acked, whatever is left of their batch. A crash
+    # runs again what is not acked yet: at most this much handler time of them (and the item in hand).
+    ack_flush: float = ACK_FLUSH_DEFAULT
     # Every value from .env and the environment, for settings a module parses itself
     # (channels: CRONBOX_SMS_*, CRONBOX_SMTP_*...). Not shown in repr: it holds secrets.
     raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -231,6 +237,8 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         lease_margin=_number(get, "CRONBOX_LEASE_MARGIN", 30.0, float, minimum=0),
         group_max=_number(get, "CRONBOX_GROUP_MAX", 50, int, minimum=1),
         group_ms=_number(get, "CRONBOX_GROUP_MS", 200, int, minimum=0),
+        ack_flush=_duration(get, "CRONBOX_ACK_FLUSH", ACK_FLUSH_DEFAULT, bounds=ACK_FLUSH_BOUNDS, why=ACK_FLUSH_WHY,
+                            example_unit="ms"),
         cron_interval=_number(get, "CRONBOX_CRON_INTERVAL", 1, int, minimum=1),
         health_token=get("CRONBOX_HEALTH_TOKEN"),
         cron_token=get("CRONBOX_CRON_TOKEN"),
@@ -300,23 +308,23 @@ def _size(get, name: str, default: int) -> int:
 
 
 def _duration(get, name: str, default: float, *, bounds: tuple[float, float] | None = None,
-              why: str = "", floor: tuple[float, str] | None = None) -> float:
-    """A duration setting ("90s", "15m", "2h", "7d"; a bare number is refused) in seconds: at least
-    1 s, or within `bounds` (said as `why` in the error), or at least `floor` (seconds, and the floor
-    and its reason in words)."""
+              why: str = "", floor: tuple[float, str] | None = None, example_unit: str = "d") -> float:
+    """A duration setting ("500ms", "90s", "15m", "2h", "7d"; a bare number is refused, its error
+    suggesting `example_unit`) in seconds: within `bounds` (said as `why` in the error) when given,
+    else at least 1 s; and at least `floor` (seconds, and the floor and its reason in words)."""
     raw = get(name)
     if raw is None:
         return default
     raw = raw if raw.isprintable() else repr(raw)  # the error stays one line
     try:
-        value = parse_duration(raw)
+        value = parse_duration(raw, example_unit=example_unit)
     except ValueError as exc:
         raise SettingsError(f"{name}={raw}: {exc}") from None
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         raise SettingsError(f"{name}={raw} must be between {why}")
     if floor is not None and value < floor[0]:
         raise SettingsError(f"{name}={raw} is below its floor of {floor[1]}")
-    if value < 1:
+    if bounds is None and value < 1:
         raise SettingsError(f"{name}={raw} must be at least 1 second")
     return value
 

@@ -41,7 +41,7 @@ KINDS = {
     "seconds": "a number of seconds",
     "minutes": "a number of minutes",
     "days": "a number of days",
-    "duration": "a duration with its unit: `90s`, `15m`, `2h`, `7d`, `1w`",
+    "duration": "a duration with its unit: `500ms`, `90s`, `15m`, `2h`, `7d`, `1w`",
     "number": "a whole number",
     "percent": "a percentage",
     "megabytes": "a number of MB",
@@ -120,6 +120,10 @@ SETTINGS: tuple[Setting, ...] = (
             "`SKIP LOCKED`).", "work"),
     Setting("CRONBOX_LEASE_MARGIN", "seconds", "30",
             "added to a handler's `timeout` to make its lease.", "work"),
+    Setting("CRONBOX_ACK_FLUSH", "duration", "500ms",
+            "handler time (`1ms` to `1h`, with its unit) after which the finished items of handlers that do not "
+            "use `ctx.session` are acked, rather than at their batch's end: a killed run repeats at most that "
+            "much of them, plus the item in hand (it also caps `CRONBOX_GROUP_MS`).", "work"),
     Setting("CRONBOX_GROUP_MAX", "number", "50",
             "group commit: items in one transaction at most.", "work"),
     Setting("CRONBOX_GROUP_MS", "number", "200",

@@ -3,7 +3,8 @@
 A handler registered with `grouped=True` (no network calls: forward targets and the built-in
 channels never are) may share its transaction with the grouped items claimed after it. The
 processor (outbox.engine.processor, `Processor._run_group`) meets the first such item in its loop
-and runs members while they may join (`may_join`, CRONBOX_GROUP_MAX, CRONBOX_GROUP_MS); this module
+and runs members while they may join (`may_join`, CRONBOX_GROUP_MAX, CRONBOX_GROUP_MS, capped by
+CRONBOX_ACK_FLUSH: what a killed run calls again); this module
 is the group itself: its transaction on the run's connection, what each member's outcome does to
 it (`CommitGroup.settle`), and the one UPDATE that acks the members that succeeded just before the
 one COMMIT (`CommitGroup.commit`). A group of N costs two statements instead of 2N, and each ack

@@ -9,7 +9,8 @@ For each claimed item, in claim order:
 4. call the handler with a fresh Context, then
    - success with ctx.session used: the ack joins the handler's transaction (exactly once;
      the handler's session only ever holds savepoints in it, see outbox.engine.context);
-   - success without it: the ack is batched with the others (nothing to protect);
+   - success without it: the ack is batched with the others (nothing to protect), written at the
+     batch's end, or once handlers ran CRONBOX_ACK_FLUSH since (QuietAcks: what a crash repeats);
    - RetryLater: back to waiting without using an attempt (subclasses may bound it);
    - failure: retry after the handler's backoff, or give up (dead / failed).
 
@@ -82,19 +83,38 @@ class RunStats:
 
 class QuietAcks:
     """Finished items whose handlers wrote nothing: acked together in one statement, before the
-    earliest of their leases runs out."""
+    earliest of their leases runs out, and once handlers ran `window` seconds (CRONBOX_ACK_FLUSH)
+    since the first of them started. A run killed before their ack runs them all again once their
+    leases end, repeating whatever they did outside the database: the window bounds that repeat to
+    the items finished in its last `window` of handler time (and the one in hand), while fast
+    items still share one UPDATE per batch. Handler time, not wall time: the repeats are handler
+    calls, and a loaded machine stretching the processor's own steps does not split a batch."""
 
-    def __init__(self):
+    def __init__(self, window: float):
+        self.window = window
         self.items: list = []
         self.earliest_lease: datetime | None = None
+        self.handler_seconds = 0.0  # handler time since the first item's handler started
 
-    def add(self, item) -> None:
+    def add(self, item, seconds: float) -> None:
+        """A finished item, whose handler ran `seconds`."""
         self.items.append(item)
+        self.handler_seconds += seconds
         if self.earliest_lease is None or item.lease_until < self.earliest_lease:
             self.earliest_lease = item.lease_until
 
+    def ran(self, seconds: float) -> None:
+        """Another item's handler ran `seconds` (its outcome written on its own) while these waited."""
+        if self.items:
+            self.handler_seconds += seconds
+
+    @property
+    def due(self) -> bool:
+        """Have they waited their window? Then they are acked before another handler starts."""
+        return bool(self.items) and self.handler_seconds >= self.window
+
     def take(self) -> list:
-        items, self.items, self.earliest_lease = self.items, [], None
+        items, self.items, self.earliest_lease, self.handler_seconds = self.items, [], None, 0.0
         return items
 
     def __bool__(self) -> bool:
@@ -193,7 +213,7 @@ class Processor:
         if claimed:
             self._profiles(lambda: self.admission.start(self.sessions))
             self._bound_lock_waits()
-        quiet_acks = QuietAcks()
+        quiet_acks = QuietAcks(self.runtime.settings.ack_flush)
         handled = 0
         work = list(claimed)  # a lost group puts its members back here, to run alone
         alone: set[int] = set()
@@ -285,8 +305,10 @@ class Processor:
         if handler is None:  # not registered here any more: give the lease back
             self._release([item])
             return False
-        if quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease):
-            self._flush(quiet_acks)  # ack them while their leases still hold, or another run repeats them
+        if quiet_acks.due or (quiet_acks and self._outlasts(handler, quiet_acks.earliest_lease)):
+            # Ack them while their leases still hold, or another run repeats them; and before a crash
+            # would repeat more than the window's worth of them.
+            self._flush(quiet_acks)
         if not self._lease_covers(item, handler):
             return False
         if item.attempts > handler.max_attempts:
@@ -304,10 +326,12 @@ class Processor:
                 self._started = True
                 outcome = self._call(handler, self._args(item, ctx), ctx, budget)
             if outcome.ok and not ctx.session_used:
-                quiet_acks.add(item)
-                if self._holds_until_ack(item):
+                quiet_acks.add(item, outcome.seconds)
+                # A due ack frees a held slot too: no handover to the next job (_holds_until_ack) then.
+                if quiet_acks.due or self._holds_until_ack(item):
                     self._flush(quiet_acks)
                 return True
+            quiet_acks.ran(outcome.seconds)
             if outcome.ok:
                 outcome = self._ack_with_session(item, handler, ctx, outcome)
                 if outcome.ok or outcome.kind == "lease-lost":
@@ -331,7 +355,8 @@ class Processor:
         group = CommitGroup(self.connection, work[start].claim_token)
         ran: list = []  # members whose handler was called, in order
         culprit = None  # (item, handler, outcome) whose own timeout lost the group
-        deadline = clock.monotonic() + settings.group_ms / 1000
+        # The group's acks commit at its end: it stays open no longer than CRONBOX_ACK_FLUSH either.
+        deadline = clock.monotonic() + min(settings.group_ms / 1000, settings.ack_flush)
         index = start
         self._group = group
         try:
