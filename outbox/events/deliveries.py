@@ -125,7 +125,7 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
         earlier.event_id < D.c.event_id,
     )
     candidates = (
-        select(D.c.id)
+        select(D.c.id, D.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
         .where(claimable, D.c.consumer.in_([c.name for c in consumers]), or_(D.c.key.is_(None), ~held_back))
         .order_by(D.c.id)
         .limit(limit)
