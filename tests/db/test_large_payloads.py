@@ -3,18 +3,25 @@ that stopped on memory never claims (and reads) again what it gave back, for del
 on every backend and claim path. The whole tick under --memory: tests/processes/test_large_payloads.py."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 
 from cronbox import outbox
 from cronbox.outbox.core import clock
+from cronbox.outbox.core.resources import rss_kb
+from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.claim import CLAIM_BYTES
 from cronbox.outbox.events import deliveries as delivery_store
 from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.relay import Relay
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.jobs import job
-from tests.helpers import fan_out
+from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.worker import Worker
+from tests.helpers import deliveries, fan_out
 
 KB, MB = 1000, 1000 * 1000
 # A backlog of mixed sizes (bytes of each payload's blob): small ones, large ones, one larger than a
@@ -101,3 +108,80 @@ def test_a_batch_of_small_payloads_is_one_claim(runtime, registry, family):
     make(runtime, registry, [4 * KB] * 100)
     batches = claims_until_empty(runtime, claim)
     assert [len(batch) for batch in batches] == [100]
+
+
+# ---- a run stopped by its memory ---------------------------------------------------------------
+
+BALLAST: list[bytearray] = []  # what the first handler holds: the run's RSS passes its --memory
+
+
+def hold_ballast() -> None:
+    if not BALLAST:  # 64 MB, every page touched; more than glibc's mmap threshold, so freed at once
+        BALLAST.append(bytearray(b"\x01") * (64 * 2 ** 20))
+
+
+def payload_reads(runtime, table: str, free_on: str) -> list[str]:
+    """The statements that read `table`'s payloads, as they run. And the ballast let go at the first
+    UPDATE of `free_on` after it was taken (the run's release of what it did not start): the
+    memory that stopped the run falls back, as it does once a stopped run drops the batch it gave back."""
+    reads: list[str] = []
+    column = re.compile(rf"\b{table}\.payload\b")
+
+    def watch(conn, cursor, statement, parameters, context, executemany):
+        verb = statement.lstrip()[:6].upper()
+        if verb == "SELECT" and column.search(statement):
+            reads.append(statement)
+        elif verb == "UPDATE" and free_on in statement and BALLAST:
+            BALLAST.clear()
+
+    event.listen(runtime.engine, "after_cursor_execute", watch)
+    return reads
+
+
+@pytest.fixture
+def ballast():
+    BALLAST.clear()
+    yield
+    BALLAST.clear()
+
+
+def memory_budget() -> Budget:
+    """A budget whose --memory the claim of a few 1 MB payloads stays under and the ballast passes."""
+    return Budget(max_time=60, memory_mb=rss_kb() / 1024 + 32)
+
+
+def test_a_relay_stopped_by_its_memory_does_not_claim_what_it_gave_back(runtime, registry, ballast):
+    @consumer("big.made", name="big.heavy", registry=registry)
+    def heavy(event, ctx):
+        hold_ballast()
+
+    for _ in range(6):
+        with runtime.sessions.begin() as session:
+            outbox.record(session, "big.made", blob(MB))  # four to a claim
+    reads = payload_reads(runtime, "cronbox_events", "UPDATE cronbox_deliveries")
+    relay = Relay(runtime)
+    relay.run(memory_budget())
+    assert relay.stats.done == 1 and len(reads) == 1, (relay.stats, len(reads))
+    rows = deliveries(runtime)
+    assert [(d.status, d.attempts, d.claim_token) for d in rows] == [("done", 1, None)] + [("pending", 0, None)] * 5
+    relay = Relay(runtime)  # the next run takes the rest
+    relay.run(Budget(max_time=60, memory_mb=None))
+    assert relay.stats.done == 5 and [d.status for d in deliveries(runtime)] == ["done"] * 6
+
+
+def test_a_worker_stopped_by_its_memory_does_not_claim_what_it_gave_back(runtime, registry, ballast):
+    @job("big", name="big.heavy", registry=registry)
+    def heavy(payload, ctx):
+        hold_ballast()
+
+    ids = []
+    for _ in range(6):
+        with runtime.sessions.begin() as session:
+            ids.append(heavy.dispatch(session, blob(MB)))
+    reads = payload_reads(runtime, "cronbox_jobs", "UPDATE cronbox_jobs")
+    worker = Worker(runtime, ["big"])
+    worker.run(memory_budget())
+    assert worker.stats.done == 1 and len(reads) == 1, (worker.stats, len(reads))
+    with runtime.sessions() as session:
+        rows = [session.get(Job, job_id) for job_id in ids]
+        assert [(j.status, j.attempts, j.claim_token) for j in rows] == [("done", 1, None)] + [("ready", 0, None)] * 5
