@@ -15,10 +15,11 @@ from cronbox.outbox.core.errors import SchemaError
 from cronbox.outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.runtime import Runtime
-from cronbox.outbox.events.models import OutboxEvent
+from cronbox.outbox.events.models import Delivery, OutboxEvent
 from cronbox.outbox.events.relay import Relay
+from cronbox.outbox.queue.models import Job
 from tests.conftest import ONE_MYSQL_MODE
-from tests.helpers import deliveries
+from tests.helpers import deliveries, fan_out
 
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)  # the claim mode changes nothing these tests check
 
@@ -80,13 +81,14 @@ def test_upgrading_in_the_middle_of_a_flight_lands_it_as_leased_rows_delivered_a
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "#")
     outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
-    with runtime.engine.begin() as connection:
-        command.downgrade(alembic_config(runtime.settings, connection), PREVIOUS_HEAD)
+    # Recorded by today's record() before going down to 0010 (which has no payload_bytes column).
     with clock.frozen(T0), runtime.sessions.begin() as session:
         events = [outbox.record(session, "thing.flew", {"n": n}) for n in range(2)]
         session.flush()
         ids = [e.id for e in events]
         session.execute(update(OutboxEvent).values(fanned_out_at=T0))
+    with runtime.engine.begin() as connection:
+        command.downgrade(alembic_config(runtime.settings, connection), PREVIOUS_HEAD)
     lease_until = T0 + timedelta(seconds=35)
     with runtime.engine.begin() as connection:
         connection.execute(insert(_flights_table()).values(
@@ -121,3 +123,35 @@ def test_downgrading_below_0011_makes_the_flights_table_again_empty(runtime):
     with runtime.engine.begin() as connection:
         command.upgrade(alembic_config(runtime.settings, connection), "head")
         command.check(alembic_config(runtime.settings, connection))
+
+
+def test_upgrading_to_0013_sizes_the_payloads_still_to_be_claimed(runtime, registry):
+    """0013 adds payload_bytes (the claim's byte bound: outbox.engine.claim) and fills it, in UTF-8
+    bytes on every backend, for the rows a claim may still take: events not fanned out, deliveries
+    pending or dead, jobs ready, reserved or failed. What record() and dispatch() write is the same."""
+    outbox.consumer("mig.made", name="mig.take", registry=registry)(lambda event, ctx: None)
+    mail = outbox.job("mig", name="mig.mail", registry=registry)(lambda payload, ctx: None)
+    wide = {"text": "é€😀 " * 50}  # 2-, 3- and 4-byte characters: bytes, not characters, are counted
+    size = len(json.dumps(wide, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    with runtime.sessions.begin() as session:
+        for _ in range(3):
+            outbox.record(session, "mig.made", wide)
+    fan_out(runtime)
+    done = deliveries(runtime)[2].id
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "mig.made", wide)  # not fanned out yet
+        jobs = [mail.dispatch(session, wide) for _ in range(3)]
+        session.execute(update(Delivery).where(Delivery.id == done).values(status="done"))
+        session.execute(update(Job).where(Job.id == jobs[1]).values(status="failed"))
+        session.execute(update(Job).where(Job.id == jobs[2]).values(status="done"))
+
+    def sizes():
+        with runtime.sessions() as session:
+            return tuple([row.payload_bytes for row in session.scalars(select(model).order_by(model.id))]
+                         for model in (OutboxEvent, Delivery, Job))
+
+    assert sizes() == ([size] * 4, [size] * 3, [size] * 3)  # as written
+    with runtime.engine.begin() as connection:
+        command.downgrade(alembic_config(runtime.settings, connection), "0012_postgresql")
+        command.upgrade(alembic_config(runtime.settings, connection), "head")
+    assert sizes() == ([None, None, None, size], [size, size, None], [size, size, None])  # as filled

@@ -26,6 +26,13 @@ def dump_payload(payload) -> str:
     return body
 
 
+def payload_bytes(body: str) -> int:
+    """The size of a dumped payload in UTF-8 bytes, stored beside it: what a claim that takes it
+    reads and holds (outbox.engine.claim bounds a batch by the sum). An ASCII body (most are) is
+    its length; the flag is kept on the string, so asking costs nothing."""
+    return len(body) if body.isascii() else len(body.encode("utf-8"))
+
+
 def _is_json(value) -> bool:
     """_check's test without the key paths it formats for its message (every record() and dispatch()
     passes here; only a refused payload needs the path)."""

@@ -8,7 +8,9 @@ largest RSS growth over the recent window) is compared with what the run has lef
   process's real limit where the kernel shows one (cgroup memory.max, an LVE's lMEMPHY:
   outbox.core.memlimit) minus its use and the same headroom. Passing --memory only stops the run;
   passing the kernel's limit is a SIGKILL (CloudLinux kills the account's process), so both count.
-A handler with no fresh profile is admitted (and measured).
+A handler with no fresh profile is admitted (and measured). The RSS compared with includes the
+payloads of the items claimed and not yet started, which a claim bounds (outbox.engine.claim's
+CLAIM_BYTES): a batch of large payloads does not look like a run out of memory before it starts.
 
 Not fitting now ("later"): the item is given back (released, no attempt used) and the run stops,
 as it would have at its limit: time only runs out, and a Python process's RSS rarely shrinks, so

@@ -1,12 +1,13 @@
 """The limits of one cron-started run, checked between handlers, never by killing one.
 
 A run stops claiming when elapsed + the time headroom + the expected handler time would pass
---max-time, when RSS passes --memory, or when a signal asked it to stop. The expected time is the
-mean, over the items this run handled, of their handlers' profiles (outbox.engine.profiles), each
-item's own measured time where its handler has none (or admission is off). Before each item, the
-processor asks admission (outbox.engine.admission) whether that item's own profile fits what is
-left: one rule, per run here and per item there. Batch sizes shrink as time runs out, so a run
-never holds leases on work it cannot reach.
+--max-time, when RSS passes --memory, or when a signal asked it to stop; a stop is for good (the
+next run is a fresh process, with the time and memory to take what this one gave back). The
+expected time is the mean, over the items this run handled, of their handlers' profiles
+(outbox.engine.profiles), each item's own measured time where its handler has none (or admission
+is off). Before each item, the processor asks admission (outbox.engine.admission) whether that
+item's own profile fits what is left: one rule, per run here and per item there. Batch sizes
+shrink as time runs out, so a run never holds leases on work it cannot reach.
 """
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ class Budget:
             current = self._rss_kb = PROBE.rss_kb()  # before every item: a pread, not an open (rss_kb() shares it)
             self.peak_rss_kb = max(self.peak_rss_kb, current)
             if current >= self.memory_kb:
+                # For good: RSS falls back once the items the run gives back unstarted are freed
+                # (their payloads), and a run that went on would claim and read them again, and
+                # stop again after one item, each time.
+                self.stop("memory")
                 return "memory"
         return None
 

@@ -55,7 +55,8 @@ class Claimed(NamedTuple):
 def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) -> tuple[int, int]:
     """Make delivery rows for events not yet fanned out, oldest first: one pending row per
     consumer registered now, in this process, that runs in the tick (forward targets included:
-    their rows are claimed and acked like every other consumer's).
+    their rows are claimed and acked like every other consumer's), with the event's payload size
+    (what the claim's byte bound counts).
 
     Delivery rows are inserted with INSERT IGNORE on (event_id, consumer), so two relays fanning
     out the same event (plain reads, no claim) cannot make duplicates; the UPDATE that marks the
@@ -63,7 +64,7 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) ->
     Returns (events, deliveries).
     """
     events = session.execute(
-        select(E.c.id, E.c.type, E.c.key, E.c.available_at)
+        select(E.c.id, E.c.type, E.c.key, E.c.available_at, E.c.payload_bytes)
         .where(E.c.fanned_out_at.is_(None)).order_by(E.c.id).limit(limit)
     ).all()
     if not events:
@@ -75,7 +76,8 @@ def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) ->
         if consumers is None:
             consumers = consumers_of[event.type] = [c for c in registry.for_type(event.type) if runs_in_tick(c)]
         rows += [{"event_id": event.id, "consumer": consumer.name, "key": event.key, "status": PENDING,
-                  "attempts": 0, "next_attempt_at": event.available_at, "created_at": now}
+                  "attempts": 0, "next_attempt_at": event.available_at, "created_at": now,
+                  "payload_bytes": event.payload_bytes}
                  for consumer in consumers]
     if rows:
         insert_ignore(session, D, rows)
@@ -123,7 +125,7 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
         earlier.event_id < D.c.event_id,
     )
     candidates = (
-        select(D.c.id)
+        select(D.c.id, D.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
         .where(claimable, D.c.consumer.in_([c.name for c in consumers]), or_(D.c.key.is_(None), ~held_back))
         .order_by(D.c.id)
         .limit(limit)

@@ -24,6 +24,10 @@ class OutboxEvent(Base):
     type: Mapped[str] = mapped_column(ExactString(191))
     key: Mapped[str | None] = mapped_column(ExactString(191))
     payload: Mapped[str] = mapped_column(LongText)
+    # The payload's size in UTF-8 bytes, written with it (outbox.core.payload.payload_bytes): the claim
+    # bounds a batch by it without reading a payload (outbox.engine.claim). NULL: written by a cronbox
+    # older than migration 0013 (unknown, counted as nothing).
+    payload_bytes: Mapped[int | None] = mapped_column(Integer)
     trace_id: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     # When deliveries may first be attempted (record(..., delay=)).
@@ -48,6 +52,9 @@ class Delivery(Base):
     consumer: Mapped[str] = mapped_column(ExactString(191))
     # Copied from the event so the ordering check needs no join.
     key: Mapped[str | None] = mapped_column(ExactString(191))
+    # Copied from the event at fan-out, so the claim's candidate query bounds a batch by payload
+    # bytes without a join (outbox.engine.claim). NULL: unknown (a row older than migration 0013).
+    payload_bytes: Mapped[int | None] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
-from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.core.payload import dump_payload, payload_bytes
 from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.events.models import OutboxEvent
 from cronbox.outbox.core.session_types import Transactional
@@ -80,7 +80,7 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
     body = dump_payload(payload)
     now = clock.utcnow()
     trace_id, available_at = new_trace_id(), now + timedelta(seconds=seconds) if seconds else now
-    row = {"type": type, "key": key, "payload": body, "trace_id": trace_id, "created_at": now,
-           "available_at": available_at}
+    row = {"type": type, "key": key, "payload": body, "payload_bytes": payload_bytes(body), "trace_id": trace_id,
+           "created_at": now, "available_at": available_at}
     event_id = connection_of(session).execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]
     return RecordedEvent(event_id, type, key, body, trace_id, now, available_at)

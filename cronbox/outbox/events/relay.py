@@ -75,6 +75,7 @@ class Relay:
                 if not claimed and not fanned:
                     break
                 work += fanned + self._hand_on(claimed, budget)
+                del claimed  # the batch's payloads go before the next claim reads more
         except BaseException:
             self.forwarder.ack_confirmed(best_effort=True)
             raise

@@ -17,7 +17,7 @@ from sqlalchemy import Table, insert
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
-from cronbox.outbox.core.payload import dump_payload
+from cronbox.outbox.core.payload import dump_payload, payload_bytes
 from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
@@ -100,6 +100,7 @@ class JobHandler:
             "queue": self.queue,
             "handler": self.name,
             "payload": body,
+            "payload_bytes": payload_bytes(body),
             "status": READY,
             "attempts": 0,
             "available_at": now + timedelta(seconds=seconds),

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX
-from cronbox.outbox.engine.claim import SKIP_LOCKED, claim
+from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
@@ -90,7 +90,7 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
            lease_margin: float) -> list[ClaimedJob]:
     claimable = and_(J.c.queue == queue, J.c.status == status, J.c.available_at <= now)
     candidates = (
-        select(J.c.id)
+        select(J.c.id, J.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
         .where(claimable, J.c.handler.in_([h.name for h in handlers]))
         .order_by(J.c.available_at, J.c.id)
         .limit(limit)
@@ -156,18 +156,20 @@ def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datet
     (`reserved_at` set) and never finished (the worker died, or is still on the jobs before it) gets a
     new token, as a claim would: the worker that took it can no longer extend its lease or ack it, so
     it never runs beside the worker that takes the new copy. Both get `lease_until` (the publish's
-    time); the publisher extends it once the broker confirmed. Again first, up to `limit` in all."""
+    time); the publisher extends it once the broker confirmed. Again first, up to `limit` in all, and
+    up to CLAIM_BYTES of payloads as any claim (the fresh ones' first may pass it by one payload)."""
     handlers = [h for h in registry.all() if h.queue == queue]
     if not handlers or limit <= 0:
         return [], [], set()
     names = [h.name for h in handlers]
     expired = and_(J.c.queue == queue, J.c.status == RESERVED, J.c.available_at <= now)
-    candidates = (select(J.c.id, J.c.reserved_at).where(expired, J.c.handler.in_(names))
+    candidates = (select(J.c.id, J.c.reserved_at, J.c.payload_bytes).where(expired, J.c.handler.in_(names))
                   .order_by(J.c.available_at, J.c.id).limit(limit))
     if mode == SKIP_LOCKED:
         candidates = candidates.with_for_update(skip_locked=True)
-    found = session.execute(candidates).all()
-    ids = [row.id for row in found]
+    candidates_found = session.execute(candidates).all()
+    ids = within_bytes([(row.id, row.payload_bytes) for row in candidates_found], CLAIM_BYTES)
+    found = candidates_found[:len(ids)]
     taken_before = {row.id for row in found if row.reserved_at is not None}
     again: list[ClaimedJob] = []
     if ids:
@@ -180,9 +182,12 @@ def claim_to_publish(session: Session, registry: Jobs, queue: str, *, now: datet
     token = uuid.uuid4().hex
     values = {"claim_token": token, "status": RESERVED, "available_at": lease_until, "reserved_at": None}
     claimable = and_(J.c.queue == queue, J.c.status == READY, J.c.available_at <= now)
-    fresh = (select(J.c.id).where(claimable, J.c.handler.in_(names))
+    fresh = (select(J.c.id, J.c.payload_bytes).where(claimable, J.c.handler.in_(names))
              .order_by(J.c.available_at, J.c.id).limit(limit - len(again)))
-    claimed_ids = claim(session, J, fresh, claimable, values, mode=mode) if len(again) < limit else []
+    again_ids = {item.id for item in again}
+    bytes_left = CLAIM_BYTES - sum(row.payload_bytes or 0 for row in found if row.id in again_ids)
+    room = len(again) < limit and len(found) == len(candidates_found) and bytes_left > 0  # not cut by bytes
+    claimed_ids = claim(session, J, fresh, claimable, values, mode=mode, max_bytes=bytes_left) if room else []
     if claimed_ids:
         _own_tokens(session, claimed_ids, J.c.claim_token == token)
     claimed = _rows(session, J.c.id.in_(claimed_ids), claimed_ids) if claimed_ids else []

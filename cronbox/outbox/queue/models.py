@@ -25,6 +25,9 @@ class Job(Base):
     queue: Mapped[str] = mapped_column(ExactString(64))
     handler: Mapped[str] = mapped_column(ExactString(191))
     payload: Mapped[str] = mapped_column(LongText)
+    # The payload's size in UTF-8 bytes, written with it: the claim bounds a batch by it without
+    # reading a payload (outbox.engine.claim). NULL: unknown (a row older than migration 0013).
+    payload_bytes: Mapped[int | None] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=READY)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     available_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -128,6 +128,7 @@ class Worker(Processor):
                 break
             busy = 0
             handled += self.process(claimed, budget)
+            del claimed  # the batch's payloads go before the next claim reads more
         return handled
 
     def _due_but_taken(self) -> bool:
