@@ -33,15 +33,17 @@ def setup(env, runtime, registry, rabbit, tmp_path):
     (tmp_path / "calls.txt").touch()
     env = {**env, "CRONBOX_HANDLERS": "tests.handlers.broker_jobs", "CRONBOX_AMQP_URL": rabbit.url,
            "TEST_BROKER_PREFIX": prefix, "TEST_CALLS_FILE": str(tmp_path / "calls.txt"),
-           "TEST_INSIDE_FILE": str(tmp_path / "inside"), "CRONBOX_LEASE_MARGIN": "1", "TEST_REPUBLISH_AFTER": "15"}
+           "TEST_INSIDE_FILE": str(tmp_path / "inside"), "TEST_RELEASE_FILE": str(tmp_path / "release"),
+           "CRONBOX_LEASE_MARGIN": "1", "TEST_REPUBLISH_AFTER": "15"}
     # The same names and queues as the worker's jobs, in this test's registry: dispatch only needs those.
     for queue in QUEUES:
         outbox.job(queue, name=f"broker.{queue}", registry=registry)(lambda payload, ctx: None)
+    outbox.job("sms", name="broker.held", registry=registry)(lambda payload, ctx: None)
     return env, prefix
 
 
-def dispatch(runtime, registry, queue, payloads, *, rollback=False) -> None:
-    job = registry.jobs.get(f"broker.{queue}")
+def dispatch(runtime, registry, queue, payloads, *, rollback=False, handler: str | None = None) -> None:
+    job = registry.jobs.get(handler or f"broker.{queue}")
     with runtime.sessions() as session:
         for payload in payloads:
             job.dispatch(session, payload)
@@ -65,18 +67,20 @@ def tick(env) -> None:
 
 def test_sigterm_mid_job_finishes_it_and_gives_back_what_was_read_ahead(setup, runtime, registry, rabbit):
     env, prefix = setup
-    dispatch(runtime, registry, "sms", [{"n": 1, "sleep": 2}, {"n": 2}, {"n": 3}])
+    dispatch(runtime, registry, "sms", [{"n": 1}], handler="broker.held")  # runs until the test releases it
+    dispatch(runtime, registry, "sms", [{"n": 2}, {"n": 3}])
     tick(env)
     proc = start_cli(env, "amqp", "work", "--queue", "sms", "--prefetch", "5")
     inside = Path(env["TEST_INSIDE_FILE"])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not inside.exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     health = run_cli(env, "health")
     assert "broker-worker.sms" in health.stdout and "running the jobs of sms" in health.stdout, health.stdout
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    proc.send_signal(signal.SIGTERM)  # while the first job still runs, however long health took
+    Path(env["TEST_RELEASE_FILE"]).write_text("go")
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert "1 done" in out and "stopped: signal" in out
     assert effects(runtime) == Counter({("sms", 1): 1})
