@@ -5,7 +5,6 @@ TEST_CALLS_FILE per call ("<consumer> <n> <attempt> <time>": an external effect,
 What a call does comes from the payload, so one process can get differently behaving messages:
   "fail": N      consume.a fails its first N attempts
   "permanent": 1 consume.a raises PermanentFailure
-  "later_until": unix time  consume.a raises RetryLater(0.2) until then
   "sleep": S     consume.a writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
   "kill": 1      consume.a SIGKILLs its own process (a poison message)
 Backoff [0.5, 1.0] seconds, 3 attempts, timeout 10 s.
@@ -51,8 +50,6 @@ def consume_a(event, ctx):
         raise outbox.PermanentFailure("this one cannot work")
     if ctx.attempt <= p.get("fail", 0):
         raise RuntimeError(f"failing attempt {ctx.attempt}")
-    if time.time() < p.get("later_until", 0):
-        raise outbox.RetryLater(0.2, "not yet")
 
 
 @outbox.consumer("amqp.write", name="consume.b", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
