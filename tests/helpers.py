@@ -40,6 +40,19 @@ def count_events(runtime) -> int:
         return session.scalar(select(func.count()).select_from(OutboxEvent))
 
 
+def run_until(run, done, *, pause: float, seconds: float = 180) -> None:
+    """Clean runs until `done()`: `run()` (which checks its own outcome), then `pause` seconds (the
+    leases a killed run held expire meanwhile) and again, as many as a loaded machine needs, bounded
+    by `seconds`. Not a fixed number of rounds: each round's share of the work shrinks with the load."""
+    deadline = time.monotonic() + seconds
+    while True:
+        run()
+        if done():
+            return
+        assert time.monotonic() < deadline, f"not done after {seconds:.0f} s of clean runs"
+        time.sleep(pause)
+
+
 def invoke(env: dict, *args: str):
     """Run a cron command in-process (shares clock.frozen with the test)."""
     result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)

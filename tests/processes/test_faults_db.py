@@ -17,6 +17,7 @@ from cronbox.outbox.queue.models import Job
 from tests.conftest import start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job
+from tests.helpers import run_until
 from tests.tcp_proxy import TcpProxy
 from tests.db.test_mysql import _lock_holder
 from tests.processes.test_tick import _wait_for, heartbeats, record
@@ -144,12 +145,13 @@ def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_appli
     out, err = finish(proc)
     assert proc.returncode == 0, out + err
     assert "stopped: max-time" in out and err == ""
-    deadline = time.monotonic() + 120  # leases (3 s) of what the cut batches held may outlast the first tick
-    while not_done(runtime) and time.monotonic() < deadline:
-        time.sleep(1)
+    def follow_up() -> None:  # leases (3 s) of what the cut batches held may outlast the first tick
         follow = start_cli(tick_env, "tick", "--no-linger")
         out, err = finish(follow)
         assert follow.returncode == 0, out + err
+
+    if not_done(runtime):
+        run_until(follow_up, lambda: not_done(runtime) == 0, pause=1)
     assert not_done(runtime) == 0
     assert db_effects(runtime, "faults.db") == Counter({i: 1 for i in ids})  # DB effects exactly once
     assert db_effects(runtime, "faults.write") == Counter({n: 1 for n in range(12)})
