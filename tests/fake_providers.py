@@ -1,7 +1,8 @@
 """A real HTTP server on loopback playing Kavenegar and Twilio, driven by the recipient number.
 
 Numbers ending in: 0000 ok · 1111 invalid number · 4290 throttled (429) · 5000 server error ·
-4180 out of credit · 9999 slow (answers after `slow_seconds`, but the message IS sent).
+4180 out of credit · 9999 slow (answers after `slow_seconds`, or once `release` is set, but the
+message IS sent).
 Any answer's body can be made huge, endless or slow (`shape`, `answer`).
 """
 from __future__ import annotations
@@ -121,6 +122,7 @@ class LoopbackServer:
 class Providers(LoopbackServer):
     def __init__(self, slow_seconds: float = 1.5):
         self.slow_seconds = slow_seconds
+        self.release = threading.Event()  # ends the slow answers' wait early
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, form)
         self.kavenegar_sent: dict[str, int] = {}  # localid -> messageid
         self.twilio_sent: list[dict] = []
@@ -187,7 +189,7 @@ class Providers(LoopbackServer):
                 message_id = next(providers._ids)
                 providers.kavenegar_sent[form.get("localid")] = message_id
                 if receptor.endswith("9999"):
-                    time.sleep(providers.slow_seconds)
+                    providers.release.wait(providers.slow_seconds)
                 entry = {"messageid": message_id, "status": 1, "receptor": receptor, "cost": 120}
                 self._reply(200, {"return": {"status": 200, "message": "ok"}, "entries": [entry]})
 
@@ -209,7 +211,7 @@ class Providers(LoopbackServer):
                            "date_created": format_datetime(datetime.now(timezone.utc), usegmt=True)}
                 providers.twilio_sent.append(message)
                 if to.endswith("9999"):
-                    time.sleep(providers.slow_seconds)
+                    providers.release.wait(providers.slow_seconds)
                 self._reply(201, message)
 
         return Handler

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
@@ -38,6 +40,31 @@ def deliveries(runtime, **where) -> list[Delivery]:
 def count_events(runtime) -> int:
     with runtime.sessions() as session:
         return session.scalar(select(func.count()).select_from(OutboxEvent))
+
+
+def run_until(run, done, *, pause: float, seconds: float = 180) -> None:
+    """Clean runs until `done()`: `run()` (which checks its own outcome), then `pause` seconds (the
+    leases a killed run held expire meanwhile) and again, as many as a loaded machine needs, bounded
+    by `seconds`. Not a fixed number of rounds: each round's share of the work shrinks with the load."""
+    deadline = time.monotonic() + seconds
+    while True:
+        run()
+        if done():
+            return
+        assert time.monotonic() < deadline, f"not done after {seconds:.0f} s of clean runs"
+        time.sleep(pause)
+
+
+def seconds_after_its_run(logs: Path, command: str, exited_at: float) -> float:
+    """How long a command's process lived after its run: from the run's summary line in the log
+    folder `logs` ("tick: ..." for command "tick", cronbox's own timestamp) to `exited_at` (time.time()
+    once the process had exited). A bound on the whole process would count the interpreter's
+    start-up, seconds on a loaded machine, which is not what such tests check."""
+    lines = [line for path in sorted(logs.glob("cronbox-*.log")) for line in path.read_text().splitlines()
+             if f"] {command}: " in line]
+    assert lines, f"no {command} summary in {logs}"
+    stamp = datetime.strptime(lines[-1].split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return exited_at - stamp.timestamp()
 
 
 def invoke(env: dict, *args: str):

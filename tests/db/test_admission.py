@@ -249,26 +249,29 @@ def test_bad_settings_are_refused_by_name(env, name, value, says):
 
 
 def test_the_cli_shows_profiles_never_fits_and_the_last_pools(env, runtime):
-    put_profile(runtime, "cli.quick", ms=12, kb=3 * 1024)
-    put_profile(runtime, "cli.stale", ms=50, kb=0, at=clock.utcnow() - timedelta(days=30))
-    put_profile(runtime, "cli.consumer", ms=7, kb=0, kind="delivery")
-    with runtime.sessions.begin() as session:
-        row = session.get(HandlerProfile, ("job", "cli.quick"))
-        row.never_fits, row.never_fits_at = "runs 120.0s on average, longer than --max-time 55s", clock.utcnow()
-        session.add(Heartbeat(command="pool", host="h", pid=1, started_at=clock.utcnow() - timedelta(minutes=3),
-                              finished_at=clock.utcnow() - timedelta(minutes=2), outcome="empty",
-                              detail="workers 3 (peak 3), started 4, restarts 1, jobs 40 done, 0 failed"))
-    out = invoke(env, "queue", "profiles").output
-    quick = next(line for line in out.splitlines() if "cli.quick" in line)
-    assert "12" in quick and "3.0" in quick and "longer than --max-time 55s" in quick
-    assert "(stale)" in next(line for line in out.splitlines() if "cli.stale" in line)
-    assert "delivery" in next(line for line in out.splitlines() if "cli.consumer" in line)
-    status = invoke(env, "queue", "status").output
-    assert "never fits: cli.quick (job, 0s ago): runs 120.0s on average" in status
-    assert "restarts 1" in status  # the last pool
-    assert "never fits" not in invoke(env, "outbox", "status").output  # only deliveries' there
-    pools = invoke(env, "queue", "pools").output
-    assert "workers 3 (peak 3), started 4, restarts 1" in pools and "empty" in pools and "1m" in pools
+    """At a frozen clock: "0s ago" is what the status says however long a loaded machine takes between
+    writing the row and running the commands."""
+    with clock.frozen(clock.utcnow()):
+        put_profile(runtime, "cli.quick", ms=12, kb=3 * 1024)
+        put_profile(runtime, "cli.stale", ms=50, kb=0, at=clock.utcnow() - timedelta(days=30))
+        put_profile(runtime, "cli.consumer", ms=7, kb=0, kind="delivery")
+        with runtime.sessions.begin() as session:
+            row = session.get(HandlerProfile, ("job", "cli.quick"))
+            row.never_fits, row.never_fits_at = "runs 120.0s on average, longer than --max-time 55s", clock.utcnow()
+            session.add(Heartbeat(command="pool", host="h", pid=1, started_at=clock.utcnow() - timedelta(minutes=3),
+                                  finished_at=clock.utcnow() - timedelta(minutes=2), outcome="empty",
+                                  detail="workers 3 (peak 3), started 4, restarts 1, jobs 40 done, 0 failed"))
+        out = invoke(env, "queue", "profiles").output
+        quick = next(line for line in out.splitlines() if "cli.quick" in line)
+        assert "12" in quick and "3.0" in quick and "longer than --max-time 55s" in quick
+        assert "(stale)" in next(line for line in out.splitlines() if "cli.stale" in line)
+        assert "delivery" in next(line for line in out.splitlines() if "cli.consumer" in line)
+        status = invoke(env, "queue", "status").output
+        assert "never fits: cli.quick (job, 0s ago): runs 120.0s on average" in status
+        assert "restarts 1" in status  # the last pool
+        assert "never fits" not in invoke(env, "outbox", "status").output  # only deliveries' there
+        pools = invoke(env, "queue", "pools").output
+        assert "workers 3 (peak 3), started 4, restarts 1" in pools and "empty" in pools and "1m" in pools
 
 
 def test_a_profile_summary_follows_its_window():

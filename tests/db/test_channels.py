@@ -32,8 +32,11 @@ SECRET_TEXT = "Your code is 4711-SECRET"
 
 @pytest.fixture
 def providers():
-    with Providers(slow_seconds=1.5) as p:
+    # A slow answer comes long after CRONBOX_CHANNEL_TIMEOUT (0.5 s) however loaded the machine; the
+    # end of the test releases it.
+    with Providers(slow_seconds=30) as p:
         yield p
+        p.release.set()
 
 
 def make_runtime(env, runtime, **channel_env) -> Runtime:
@@ -181,9 +184,14 @@ def test_timeout_is_an_unknown_outcome_and_never_resent_blindly(sms_rt, provider
 
 def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, providers, monkeypatch):
     """No socket timeout this time: the job's own timer interrupts the POST (as a SIGKILL would):
-    only the "sending" row tells the next attempt that the message may be out."""
-    slow = make_runtime_like(sms_rt, CRONBOX_CHANNEL_TIMEOUT="5")
-    slow.registry.jobs.add(_replace(slow.registry.jobs.get("cronbox.sms"), timeout=0.3))
+    only the "sending" row tells the next attempt that the message may be out.
+    The provider holds its answer until the test is done (at most 120 s, longer than the socket
+    timeout), so the timer can only fire inside the POST once the handler got there: 5 s, which the
+    "sending" row's commit and a loopback connect take well within on a loaded machine (0.3 s did
+    not: the timer fired before the POST, nothing was sent, the next attempt sent it)."""
+    providers.slow_seconds = 120
+    slow = make_runtime_like(sms_rt, CRONBOX_CHANNEL_TIMEOUT="60")
+    slow.registry.jobs.add(_replace(slow.registry.jobs.get("cronbox.sms"), timeout=5))
     try:
         with clock.frozen(clock.utcnow()):
             job_id = dispatch_sms(slow, "+989129999999")
@@ -197,6 +205,7 @@ def test_a_send_cut_off_by_the_job_timeout_is_looked_up_not_resent(sms_rt, provi
         assert len(providers.sends(sms_rt.driver)) == 1
         assert outcomes(slow) == ["found"]
     finally:
+        providers.release.set()
         slow.dispose()
 
 

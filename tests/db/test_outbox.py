@@ -431,23 +431,27 @@ def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_
 
 
 def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runtime, registry, settings):
-    """Leases are 1 s; the batch's third item waits 1.2 s. Another run claims it meanwhile: the first
-    run must notice before starting it (its lease can't be extended) and leave it to the other.
+    """Leases are the handler's timeout (no margin here); each item takes 0.6 of it, so the batch's
+    third item waits 1.2 timeouts. Another run claims it meanwhile: the first run must notice before
+    starting it (its lease can't be extended) and leave it to the other.
     The handlers move a frozen clock rather than sleep: a sleep's real time on a loaded machine
-    would let the second item's lease run out as well."""
+    would let the second item's lease run out as well. And the timeout is long in real time: its
+    timer is real (SIGALRM), and on a loaded machine the other run inside the second item outlasted a
+    1 s one."""
     from cronbox.outbox.engine.runtime import Runtime
     from cronbox.outbox.engine.registry import Registry
 
+    timeout = 300
     runs = []
     other_registry = Registry()
     other = Runtime(settings, registry=other_registry)
-    consumer("slow", name="slow", timeout=1, registry=other_registry)(
+    consumer("slow", name="slow", timeout=timeout, registry=other_registry)(
         lambda event, ctx: runs.append(("other", event.payload["n"])))
 
-    @consumer("slow", name="slow", timeout=1, registry=registry)
+    @consumer("slow", name="slow", timeout=timeout, registry=registry)
     def slow(event, ctx):
         runs.append(("first", event.payload["n"]))
-        clock.advance(0.6)
+        clock.advance(0.6 * timeout)
         if event.payload["n"] == 1:
             relay(other)  # the third item's lease has run out by now: the other run takes it
 

@@ -5,22 +5,22 @@ Three queues, "sms", "mail" and "report" (and "<TEST_BROKER_PREFIX>-celery", Cel
 queue's job writes a test_consumed row (consumer = the queue, n = the payload's "n": its database
 effect, in the job's transaction) and appends "<queue> <n> <attempt>" to TEST_CALLS_FILE (an outside
 effect, at least once). What a call does comes from the payload:
-  "sleep": S   writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
   "fail": N    fails its first N attempts
-And "broker.poison" on "sms" (tries 2, timeout 2 s): SIGKILLs its own process, as a job that runs a
-worker out of memory does.
+And on "sms": "broker.held" (timeout 120 s), the same job after it writes TEST_INSIDE_FILE and waits
+for TEST_RELEASE_FILE (tests.handlers.effects.wait_for_release), so that a test signals its worker
+while it runs, however slow the machine; "broker.poison" (tries 2, timeout 2 s), which SIGKILLs its
+own process, as a job that runs a worker out of memory does.
 """
 from __future__ import annotations
 
 import os
 import signal
 import time
-from pathlib import Path
-
 from sqlalchemy import insert
 
 import cronbox
 from tests.handlers.consuming import consumed
+from tests.handlers.effects import wait_for_release
 
 QUEUES = ("sms", "mail", "report")
 _prefix = os.environ.get("TEST_BROKER_PREFIX", "cronbox-test")
@@ -35,9 +35,6 @@ cronbox.celery_task("reports.build", queue=CELERY_QUEUE)
 
 
 def _run(queue: str, payload, ctx) -> None:
-    if payload.get("sleep"):
-        Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
-        time.sleep(payload["sleep"])
     calls = os.environ.get("TEST_CALLS_FILE")
     if calls:
         with open(calls, "a") as out:
@@ -60,6 +57,12 @@ def mail(payload, ctx):
 @cronbox.job("report", name="broker.report", tries=5, backoff=[0.2, 0.5], timeout=10)
 def report(payload, ctx):
     _run("report", payload, ctx)
+
+
+@cronbox.job("sms", name="broker.held", tries=5, timeout=120)
+def held(payload, ctx):
+    wait_for_release()
+    _run("sms", payload, ctx)
 
 
 @cronbox.job("sms", name="broker.poison", tries=2, timeout=2)

@@ -5,8 +5,9 @@ TEST_CALLS_FILE per call ("<consumer> <n> <attempt> <time>": an external effect,
 What a call does comes from the payload, so one process can get differently behaving messages:
   "fail": N      consume.a fails its first N attempts
   "permanent": 1 consume.a raises PermanentFailure
-  "later_until": unix time  consume.a raises RetryLater(0.2) until then
-  "sleep": S     consume.a writes TEST_INSIDE_FILE, then sleeps S seconds (SIGTERM tests)
+  "sleep": S     consume.a sleeps S seconds
+  "hold": 1      consume.a writes TEST_INSIDE_FILE, then waits for TEST_RELEASE_FILE (SIGTERM tests:
+                 tests.handlers.effects.wait_for_release)
   "kill": 1      consume.a SIGKILLs its own process (a poison message)
 Backoff [0.5, 1.0] seconds, 3 attempts, timeout 10 s.
 """
@@ -15,12 +16,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
 from cronbox import outbox
 from cronbox.outbox.core.faults import crash_point
+from tests.handlers.effects import wait_for_release
 
 metadata = MetaData()
 consumed = Table("test_consumed", metadata, Column("id", Integer, primary_key=True),
@@ -40,9 +41,9 @@ def _call(name: str, event, ctx) -> None:
 @outbox.consumer("amqp.write", name="consume.a", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
 def consume_a(event, ctx):
     p = event.payload
-    if p.get("sleep"):
-        Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
-        time.sleep(p["sleep"])
+    if p.get("hold"):
+        wait_for_release()
+    time.sleep(p.get("sleep", 0))
     crash_point("in-handler")
     if p.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -51,8 +52,6 @@ def consume_a(event, ctx):
         raise outbox.PermanentFailure("this one cannot work")
     if ctx.attempt <= p.get("fail", 0):
         raise RuntimeError(f"failing attempt {ctx.attempt}")
-    if time.time() < p.get("later_until", 0):
-        raise outbox.RetryLater(0.2, "not yet")
 
 
 @outbox.consumer("amqp.write", name="consume.b", max_attempts=3, backoff=[0.5, 1.0], timeout=10)

@@ -17,6 +17,7 @@ from cronbox.outbox.queue.models import Job
 from tests.conftest import start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job
+from tests.helpers import run_until
 from tests.tcp_proxy import TcpProxy
 from tests.db.test_mysql import _lock_holder
 from tests.processes.test_tick import _wait_for, heartbeats, record
@@ -77,11 +78,11 @@ def cut_until_paused(runtime, proxy: TcpProxy) -> None:
     seen = pauses(runtime)
     proxy.refuse()
     assert proxy.cut() >= 1
-    _wait_for(lambda: pauses(runtime) > seen, "the run to notice the lost connection", 20)
+    _wait_for(lambda: pauses(runtime) > seen, "the run to notice the lost connection", 60)
     proxy.accept()
 
 
-def finish(proc, timeout: float = 60) -> tuple[str, str]:
+def finish(proc, timeout: float = 180) -> tuple[str, str]:
     out, err = proc.communicate(timeout=timeout)
     assert "Traceback" not in out + err and "Logging error" not in err, out + err
     return out, err
@@ -89,7 +90,9 @@ def finish(proc, timeout: float = 60) -> tuple[str, str]:
 
 def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_delivered(runtime, tick_env, proxy,
                                                                                  request, database):
-    proc = start_cli(tick_env, "tick", "--max-time", "15")
+    # --max-time leaves room on a loaded machine for what must happen inside the run: a first pass
+    # (its scheduled tasks too), two refused rounds of 3 s, the reconnect and three deliveries.
+    proc = start_cli(tick_env, "tick", "--max-time", "30")
     _wait_for(lambda: lock_holder(request, database) is not None, "the tick to take its lock")
     [first] = record(runtime, "ping", 1)
     _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the first event to be delivered")
@@ -101,7 +104,7 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
     later = record(runtime, "ping", 3)  # committed while the tick cannot reach the database
     # Refused through two rounds (~4 s): the second finds the lock connection dead and the server
     # unreachable; the run must wait that out too, not take it for a lock lost to another tick.
-    _wait_for(lambda: pauses(runtime) >= seen + 2, "the tick to find the database gone twice", 20)
+    _wait_for(lambda: pauses(runtime) >= seen + 2, "the tick to find the database gone twice", 60)
     proxy.accept()
 
     out, err = finish(proc)
@@ -126,27 +129,29 @@ def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_appli
     with runtime.sessions.begin() as session:
         for n in range(12):
             write_job.job.dispatch(session, {"n": n})
-    proc = start_cli({**tick_env, "TEST_GATE_DIR": str(gates), "TEST_GATE_AT": "5"}, "tick", "--max-time", "15")
+    # Two cut batches, each waited out (3 s at least) and run again, in one run: room for that on a
+    # loaded machine.
+    proc = start_cli({**tick_env, "TEST_GATE_DIR": str(gates), "TEST_GATE_AT": "5"}, "tick", "--max-time", "30")
 
     for kind in ("consumer", "job"):  # the relay's batch first, then the worker's
-        _wait_for((gates / f"{kind}.inside").exists, f"the {kind} batch to reach its fifth item", 30)
+        _wait_for((gates / f"{kind}.inside").exists, f"the {kind} batch to reach its fifth item", 60)
         seen = pauses(runtime)
         proxy.refuse()
         assert proxy.cut() >= 1
         (gates / f"{kind}.release").write_text("go")
-        _wait_for(lambda: pauses(runtime) > seen, "the tick to notice the lost connection", 20)
+        _wait_for(lambda: pauses(runtime) > seen, "the tick to notice the lost connection", 60)
         proxy.accept()
 
     out, err = finish(proc)
     assert proc.returncode == 0, out + err
     assert "stopped: max-time" in out and err == ""
-    for _ in range(3):  # leases of what the cut batches held may outlast the first tick
-        if not not_done(runtime):
-            break
-        time.sleep(3.1)
+    def follow_up() -> None:  # leases (3 s) of what the cut batches held may outlast the first tick
         follow = start_cli(tick_env, "tick", "--no-linger")
         out, err = finish(follow)
         assert follow.returncode == 0, out + err
+
+    if not_done(runtime):
+        run_until(follow_up, lambda: not_done(runtime) == 0, pause=1)
     assert not_done(runtime) == 0
     assert db_effects(runtime, "faults.db") == Counter({i: 1 for i in ids})  # DB effects exactly once
     assert db_effects(runtime, "faults.write") == Counter({n: 1 for n in range(12)})
@@ -156,7 +161,9 @@ def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_appli
 
 
 def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_line(runtime, tick_env, proxy):
-    proc = start_cli(tick_env, "tick", "--max-time", "8")
+    # Long enough that, after a first pass slowed by a loaded machine, the database is gone for two
+    # 3 s pauses at least before the run's time is up.
+    proc = start_cli(tick_env, "tick", "--max-time", "20")
     [first] = record(runtime, "ping", 1)
     _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the tick to be in its loop")
     proxy.refuse()

@@ -19,7 +19,7 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers import jobs as test_jobs
-from tests.helpers import cronbox_log, table_column
+from tests.helpers import cronbox_log, run_until, table_column
 from tests.rabbit import url
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
@@ -52,15 +52,14 @@ def pending(runtime) -> int:
         return session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
 
 
-def finish(env, runtime, *, rounds: int = 20) -> None:
+def finish(env, runtime) -> None:
     """Clean ticks until every delivery is done (expired leases are claimed one at a time)."""
-    for _ in range(rounds):
+    def run() -> None:
         time.sleep(LEASE)
         proc = run_cli(env, "tick", "--no-linger", "--max-time", "30")
         assert proc.returncode == 0, proc.stderr[-2000:]
-        if pending(runtime) == 0:
-            return
-    raise AssertionError(f"{pending(runtime)} deliveries still not done")
+
+    run_until(run, lambda: pending(runtime) == 0, pause=0, seconds=240)
 
 
 def check_arrivals(messages, recorded: dict[int, tuple]) -> int:
@@ -136,7 +135,7 @@ def test_random_sigkills(fwd_env, runtime, rabbit):
         proc.kill()
         proc.communicate()
         time.sleep(LEASE)
-    finish(env, runtime, rounds=60)
+    finish(env, runtime)
     check_arrivals(rabbit.take(queue), recorded)
 
 

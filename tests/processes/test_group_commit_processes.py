@@ -19,6 +19,7 @@ from cronbox.outbox.queue.models import Job
 from tests.conftest import ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.grouped import grouped_job
+from tests.helpers import run_until
 
 # The claim mode is not these tests' subject (test_outbox, test_queue, test_tick and the crash tests run
 # both): MariaDB once, so .ci/run stays under 30 minutes.
@@ -49,12 +50,11 @@ def unfinished(runtime) -> int:
 
 
 def finish(runtime, group_env, *command: str) -> None:
-    for _ in range(4):
+    def run() -> None:
         proc = run_cli(group_env, *command)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        if unfinished(runtime) == 0:
-            return
-        time.sleep(LEASE)
+
+    run_until(run, lambda: unfinished(runtime) == 0, pause=LEASE)
 
 
 @pytest.mark.slow

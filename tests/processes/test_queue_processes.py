@@ -19,6 +19,7 @@ from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.helpers import cronbox_log, table_column
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
+from tests.helpers import run_until
 from tests.processes.test_tick import LEASE, _wait_for
 
 HANDLERS = "tests.handlers.jobs"
@@ -41,6 +42,11 @@ def dispatch(runtime, handler, count: int) -> None:
 def job_rows(runtime) -> list[Job]:
     with runtime.sessions() as session:
         return list(session.scalars(select(Job).order_by(Job.id)))
+
+
+def clean_work(job_env) -> None:
+    proc = run_cli(job_env, "queue", "work", "--stop-when-empty")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def unfinished(runtime) -> int:
@@ -98,12 +104,7 @@ def test_crash_at_every_boundary_every_job_completes(runtime, job_env, step):
         assert proc.returncode in (0, CRASH_EXIT_CODE), proc.stdout + proc.stderr
         crashes += proc.returncode == CRASH_EXIT_CODE
         time.sleep(LEASE)
-    for _ in range(3):
-        proc = run_cli(job_env, "queue", "work", "--stop-when-empty")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        if unfinished(runtime) == 0:
-            break
-        time.sleep(LEASE)
+    run_until(lambda: clean_work(job_env), lambda: unfinished(runtime) == 0, pause=LEASE)
     assert crashes >= 2
     assert unfinished(runtime) == 0
     with runtime.sessions() as session:
@@ -124,11 +125,7 @@ def test_random_sigkills_every_job_completes(runtime, job_env, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         time.sleep(LEASE)
-    for _ in range(3):
-        assert run_cli(job_env, "queue", "work", "--stop-when-empty").returncode == 0
-        if unfinished(runtime) == 0:
-            break
-        time.sleep(LEASE)
+    run_until(lambda: clean_work(job_env), lambda: unfinished(runtime) == 0, pause=LEASE)
     assert unfinished(runtime) == 0
     assert set(n for n, *_ in read_runs(tmp_path / "runs")) == set(range(80))
 

@@ -24,7 +24,7 @@ from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import cronbox_log, deliveries, table_column
+from tests.helpers import cronbox_log, deliveries, run_until, table_column
 
 HANDLERS = "tests.handlers.effects"
 LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, and a little
@@ -53,6 +53,11 @@ def unfinished(runtime) -> int:
         return session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
 
 
+def clean_tick(tick_env) -> None:
+    proc = run_cli(tick_env, "tick", "--no-linger")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.fixture
 def tick_env(env, runtime, tmp_path):
     effects_metadata.create_all(runtime.engine)
@@ -70,12 +75,7 @@ def test_crash_at_every_boundary_loses_nothing_and_applies_once(runtime, tick_en
         assert proc.returncode in (0, CRASH_EXIT_CODE), proc.stdout + proc.stderr
         crashes += proc.returncode == CRASH_EXIT_CODE
         time.sleep(LEASE)  # the leases of what a crashed run held expire
-    for _ in range(3):
-        proc = run_cli(tick_env, "tick", "--no-linger")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        if unfinished(runtime) == 0:
-            break
-        time.sleep(LEASE)
+    run_until(lambda: clean_tick(tick_env), lambda: unfinished(runtime) == 0, pause=LEASE)
     assert crashes >= 2, "the fault was hardly injected"
     assert unfinished(runtime) == 0
     assert db_effects(runtime) == Counter({i: 1 for i in ids})  # database effects exactly once
@@ -95,11 +95,7 @@ def test_random_sigkills_lose_nothing(runtime, tick_env, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         time.sleep(LEASE)
-    for _ in range(5):
-        assert run_cli(tick_env, "tick", "--no-linger").returncode == 0
-        if unfinished(runtime) == 0:
-            break
-        time.sleep(LEASE)
+    run_until(lambda: clean_tick(tick_env), lambda: unfinished(runtime) == 0, pause=LEASE)
     assert unfinished(runtime) == 0
     assert db_effects(runtime) == Counter({i: 1 for i in ids})
     seen = Counter(int(line) for line in (tmp_path / "effects.txt").read_text().split())

@@ -75,3 +75,21 @@ def test_the_run_pauses_and_goes_on_only_after_a_lost_connection(monkeypatch, ra
         return
     result = run_loop.run_loop([stage], Budget(max_time=10, memory_mb=None), linger=False)
     assert calls == [0, 1] and result.exit_code == 0 and result.stop_reason == "empty"
+
+
+def test_a_run_whose_time_is_up_after_waiting_the_database_out_ends_as_unreachable(monkeypatch):
+    """The wait leaves the run 0.5 s, less than the loop's own check keeps free (the headroom and the
+    expected handler time): that check, not the wait, finds the time up. The run still ends on the
+    database being away, not as an ordinary max-time run (whose heartbeat row then failed as a second,
+    vaguer error: issue 35, a tick under load)."""
+    monkeypatch.setattr(run_loop, "RECONNECT_PAUSE", 0.5)
+    error = lost_inside_a_transaction()
+    budget = Budget(max_time=1.0, memory_mb=None)
+    budget.record(0.5)  # one item handled before the database went: 0.5 s expected per item
+
+    def stage(budget):
+        raise error
+
+    result = run_loop.run_loop([stage], budget, linger=True)
+    assert (result.stop_reason, result.exit_code) == ("lost-connection", 1)
+    assert result.error == "database unreachable until the end of the run"

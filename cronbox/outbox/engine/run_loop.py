@@ -6,7 +6,10 @@ it polls about once a second until --max-time, so a per-minute cron line gives
 second-level latency; on PostgreSQL a `listener` (outbox.core.notify) ends the wait as soon as new
 work commits, so latency is milliseconds there, polling still catching what no notification told. The database going away (gone away, lost connection, too
 many connections) is logged, waited out and retried until --max-time: nothing
-claimed is lost, because leases expire and acks are token-checked.
+claimed is lost, because leases expire and acks are token-checked. A run whose time is up while it
+waits the database out ends as "lost-connection", whichever check finds the time up: the wait
+itself, or the loop's own check after it (which keeps the time headroom and the expected handler
+time free, so it can stop a run a wait left a second to).
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ class StopSignals:
 def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: bool,
              lock: RunLock | None = None, poll: float = POLL_SECONDS, listener: Listener | None = None) -> RunResult:
     result = RunResult(stop_reason="empty")
+    database_away = False  # the last round ended on a lost connection, and none has got through since
     if listener is not None and linger:
         listener.listen()  # before the first look for work: what commits after it wakes the wait
     else:
@@ -78,7 +82,7 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
         while True:
             reason = budget.stop_reason()
             if reason:
-                result.stop_reason = reason
+                result = _database_unreachable() if database_away else RunResult(stop_reason=reason)
                 break
             try:
                 if lock is not None:
@@ -86,6 +90,7 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
                 work = 0
                 for stage in stages:
                     work += stage(budget)
+                database_away = False
             except LockLost as exc:
                 result.stop_reason, result.exit_code, result.error = "lock-lost", 1, str(exc)
                 break
@@ -102,10 +107,9 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
                 cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
                 log.warning("database connection lost (%s); pausing %.0fs, then reconnecting",
                             describe(cause)[:200], RECONNECT_PAUSE)
+                database_away = True
                 if not _pause(budget, RECONNECT_PAUSE):
-                    result.stop_reason = "lost-connection"
-                    result.exit_code = 1
-                    result.error = "database unreachable until the end of the run"
+                    result = _database_unreachable()
                     break
                 continue
             if work:
@@ -114,6 +118,10 @@ def run_loop(stages: list[Callable[[Budget], int]], budget: Budget, *, linger: b
                 result.stop_reason = budget.stop_reason() or ("empty" if not linger else "max-time")
                 break
     return result
+
+
+def _database_unreachable() -> RunResult:
+    return RunResult(stop_reason="lost-connection", exit_code=1, error="database unreachable until the end of the run")
 
 
 def stopped_by_lock_wait(what: str, exc: OperationalError) -> RunResult:
