@@ -34,7 +34,7 @@ PACKAGES = ("cronbox",)  # the package's one real folder
 BUILD_INPUTS = ("pyproject.toml", "README.md", "artisan_via_cron.sh", "requirements.txt", ".gitignore")
 # A checkout's working files that are never part of it (.gitignore's, plus git's own).
 NOT_SOURCES = (".git", ".venv", "venv", ".docs-venv", "_build", "instance", "test-artifacts", "build", "dist", "__pycache__", "*.pyc",
-               "*.egg-info", ".pytest_cache", ".hypothesis", ".env", ".mypy_cache", ".ruff_cache")
+               "*.egg-info", ".pytest_cache", ".hypothesis", ".env", ".mypy_cache", ".ruff_cache", ".coverage*")
 PREFIX = "cronbox-test-venv-"
 STALE_AFTER = 2 * 86400  # other source states' builds older than this are removed
 BUILD_TIMEOUT = 900

@@ -64,9 +64,13 @@ class CronboxState:
         return self._runtime
 
     def use_runtime(self, runtime: Runtime) -> None:
-        """Run on `runtime` (a cron command's) instead of opening a web pool; storage follows it."""
+        """Run on `runtime` (a cron command's) instead of opening a web pool; storage follows it. The
+        command checks its own schema before it runs anything: checking again from inside a handler (a
+        job's `storage.put()`) would open a second SQLite writer behind the handler's own transaction
+        and wait for it until the handler's timeout."""
         with self._lock:
             self._runtime, self._storage = runtime, None
+            self._schema_checked = True
 
     @property
     def storage(self):
