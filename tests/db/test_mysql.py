@@ -23,8 +23,8 @@ from cronbox.outbox.core.locks import CONFIRMED_FOR, lock_name
 from cronbox.outbox.events.consumers import consumer
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
-from tests.helpers import deliveries, kill_connection, relay
-from tests.processes.test_tick import HANDLERS, _wait_for, heartbeats, record
+from tests.helpers import deliveries, kill_connection, relay, wait_for
+from tests.processes.test_tick import HANDLERS, heartbeats, record
 
 pytestmark = pytest.mark.backends(*MYSQL_BACKENDS)
 
@@ -118,10 +118,10 @@ def _start_tick(tick_env, *args):
 def test_killed_lock_connection_is_retaken(runtime, tick_env, mysql_admin, database):
     # --max-time: room on a loaded machine for the kill, the re-take and a delivery after them.
     proc = _start_tick(tick_env, "--max-time", "20")
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
     holder = _lock_holder(mysql_admin, database.name)
     kill_connection(mysql_admin, holder)
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 30)
+    wait_for(lambda: _lock_holder(mysql_admin, database.name) not in (None, holder), "the lock to be re-taken", 30)
     record(runtime, "ping", 1)  # and the tick still works
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, out + err
@@ -132,7 +132,7 @@ def test_killed_lock_connection_is_retaken(runtime, tick_env, mysql_admin, datab
 
 def test_killed_lock_connection_taken_by_another_stops_the_tick(runtime, tick_env, mysql_admin, database):
     proc = _start_tick(tick_env, "--max-time", "20")
-    _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+    wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
     holder = _lock_holder(mysql_admin, database.name)
     with mysql_admin.connect() as thief:
         thief.execute(text(f"KILL {int(holder)}"))  # GET_LOCK below waits the moment KILL takes
@@ -199,12 +199,12 @@ def test_lingering_tick_keeps_its_lock_under_a_short_wait_timeout_with_two_conne
     sampler.start()
     proc = _start_tick({**tick_env, "DATABASE_URL": url}, "--max-time", "30")
     try:
-        _wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
+        wait_for(lambda: _lock_holder(mysql_admin, database.name) is not None, "the tick to take its lock")
         holder, taken = _lock_holder(mysql_admin, database.name), time.monotonic()
-        _wait_for(lambda: time.monotonic() - taken >= 3 * 2, "the tick to linger past three wait_timeouts")
+        wait_for(lambda: time.monotonic() - taken >= 3 * 2, "the tick to linger past three wait_timeouts")
         assert _lock_holder(mysql_admin, database.name) == holder  # never dropped by the server
         record(runtime, "ping", 1)  # recorded while the tick lingers, connections idle between polls
-        _wait_for(lambda: [d.status for d in deliveries(runtime)] == ["done"], "the lingering tick to deliver it")
+        wait_for(lambda: [d.status for d in deliveries(runtime)] == ["done"], "the lingering tick to deliver it")
         late = _start_tick(tick_env, "--no-linger")  # as root: the limited user has no third connection
         late_out, late_err = late.communicate(timeout=120)
         assert _lock_holder(mysql_admin, database.name) == holder, "the tick ended before the late one looked"

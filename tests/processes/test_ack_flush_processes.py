@@ -32,7 +32,7 @@ from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
 from tests.conftest import ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers import quiet
-from tests.processes.test_tick import _wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def start(env, tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def kill_once_written(proc: subprocess.Popen, env, tmp_path: Path) -> None:
-    _wait_for(lambda: sum(effects(env).values()) >= KILL_AT or proc.poll() is not None,
+    wait_for(lambda: sum(effects(env).values()) >= KILL_AT or proc.poll() is not None,
               f"{KILL_AT} calls of the run", timeout=120)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -80,7 +80,7 @@ def kill_once_written(proc: subprocess.Popen, env, tmp_path: Path) -> None:
 
 def wait_for_leases(latest) -> None:
     """Until the leases the killed run held have ended (`latest()`: the last of them, or None)."""
-    _wait_for(lambda: (lease := latest()) is None or clock.utcnow() > lease, "the killed run's leases to end")
+    wait_for(lambda: (lease := latest()) is None or clock.utcnow() > lease, "the killed run's leases to end")
 
 
 def finish(runtime, unfinished, *command_lines) -> None:

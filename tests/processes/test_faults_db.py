@@ -17,10 +17,10 @@ from cronbox.outbox.queue.models import Job
 from tests.conftest import start_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.faults import write as write_job
-from tests.helpers import run_until
+from tests.helpers import run_until, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.db.test_mysql import _lock_holder
-from tests.processes.test_tick import _wait_for, heartbeats, record
+from tests.processes.test_tick import heartbeats, record
 
 # The proxy is TCP, so no SQLite; MariaDB's claim modes are both covered where batches are cut.
 pytestmark = pytest.mark.backends("mysql-skip-locked", "postgresql")
@@ -78,7 +78,7 @@ def cut_until_paused(runtime, proxy: TcpProxy) -> None:
     seen = pauses(runtime)
     proxy.refuse()
     assert proxy.cut() >= 1
-    _wait_for(lambda: pauses(runtime) > seen, "the run to notice the lost connection", 60)
+    wait_for(lambda: pauses(runtime) > seen, "the run to notice the lost connection", 60)
     proxy.accept()
 
 
@@ -93,9 +93,9 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
     # --max-time leaves room on a loaded machine for what must happen inside the run: a first pass
     # (its scheduled tasks too), two refused rounds of 3 s, the reconnect and three deliveries.
     proc = start_cli(tick_env, "tick", "--max-time", "30")
-    _wait_for(lambda: lock_holder(request, database) is not None, "the tick to take its lock")
+    wait_for(lambda: lock_holder(request, database) is not None, "the tick to take its lock")
     [first] = record(runtime, "ping", 1)
-    _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the first event to be delivered")
+    wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the first event to be delivered")
     holder = lock_holder(request, database)
 
     seen = pauses(runtime)
@@ -104,7 +104,7 @@ def test_a_cut_while_the_tick_lingers_is_waited_out_and_later_events_are_deliver
     later = record(runtime, "ping", 3)  # committed while the tick cannot reach the database
     # Refused through two rounds (~4 s): the second finds the lock connection dead and the server
     # unreachable; the run must wait that out too, not take it for a lock lost to another tick.
-    _wait_for(lambda: pauses(runtime) >= seen + 2, "the tick to find the database gone twice", 60)
+    wait_for(lambda: pauses(runtime) >= seen + 2, "the tick to find the database gone twice", 60)
     proxy.accept()
 
     out, err = finish(proc)
@@ -134,12 +134,12 @@ def test_a_cut_in_the_middle_of_relay_and_worker_batches_loses_nothing_and_appli
     proc = start_cli({**tick_env, "TEST_GATE_DIR": str(gates), "TEST_GATE_AT": "5"}, "tick", "--max-time", "30")
 
     for kind in ("consumer", "job"):  # the relay's batch first, then the worker's
-        _wait_for((gates / f"{kind}.inside").exists, f"the {kind} batch to reach its fifth item", 60)
+        wait_for((gates / f"{kind}.inside").exists, f"the {kind} batch to reach its fifth item", 60)
         seen = pauses(runtime)
         proxy.refuse()
         assert proxy.cut() >= 1
         (gates / f"{kind}.release").write_text("go")
-        _wait_for(lambda: pauses(runtime) > seen, "the tick to notice the lost connection", 60)
+        wait_for(lambda: pauses(runtime) > seen, "the tick to notice the lost connection", 60)
         proxy.accept()
 
     out, err = finish(proc)
@@ -165,7 +165,7 @@ def test_a_database_gone_for_the_rest_of_the_run_ends_it_by_max_time_with_one_li
     # 3 s pauses at least before the run's time is up.
     proc = start_cli(tick_env, "tick", "--max-time", "20")
     [first] = record(runtime, "ping", 1)
-    _wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the tick to be in its loop")
+    wait_for(lambda: db_effects(runtime, "effects.ping") == {first: 1}, "the tick to be in its loop")
     proxy.refuse()
     proxy.cut()
     later = record(runtime, "ping", 2)  # committed, never reachable by this tick: left for the next one

@@ -16,7 +16,7 @@ from cronbox.outbox.queue.models import ConcurrencyGroupSlot, Job
 import pytest
 
 from tests.conftest import ONE_MYSQL_MODE, run_cli, start_cli
-from tests.processes.test_tick import _wait_for
+from tests.helpers import wait_for
 
 # The claim mode is not these tests' subject (test_outbox, test_queue, test_tick and the crash tests run
 # both): MariaDB once, so .ci/run stays under 30 minutes.
@@ -40,7 +40,7 @@ def test_a_sigkilled_holders_slot_is_free_once_its_lease_ran_out(runtime, env, t
     proc = start_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.group_jobs", "TEST_INSIDE_FILE": str(inside)},
                      "queue", "work", "--queue", "gq", "--stop-when-empty")
     try:
-        _wait_for(lambda: inside.exists() or proc.poll() is not None, "the job to hold its slot")
+        wait_for(lambda: inside.exists() or proc.poll() is not None, "the job to hold its slot")
         assert proc.poll() is None, proc.communicate()
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -124,7 +124,7 @@ def test_four_worker_processes_never_run_more_than_the_groups_limit(runtime, env
                     procs[i] = start()
             return done() == 8
 
-        _wait_for(keep_four, "all 8 jobs done", timeout=120)
+        wait_for(keep_four, "all 8 jobs done", timeout=120)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -17,7 +17,7 @@ from cronbox.outbox.queue import pool
 from cronbox.outbox.queue.models import Job
 from tests.conftest import BACKENDS, MYSQL_BACKENDS, ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers import pool_jobs
-from tests.processes.test_tick import _wait_for
+from tests.helpers import wait_for
 
 # MariaDB once: the claim mode matters only where children claim side by side (both modes there).
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
@@ -117,16 +117,16 @@ def test_three_workers_drain_every_job_exactly_once(runtime, pool_env):
 @pytest.mark.backends(*BACKENDS)
 def test_a_child_killed_mid_job_is_replaced_and_its_job_recovered_by_lease(runtime, pool_env):
     proc = start_pool(pool_env, "--workers", "3", "--max-time", "40", "--sleep", "0.1")
-    _wait_for(lambda: len(children_of(proc.pid)) == 3, "three children")
+    wait_for(lambda: len(children_of(proc.pid)) == 3, "three children")
     dispatch(runtime, pool_jobs.hold.job, [0])
-    _wait_for(lambda: inside(pool_env, 0) is not None, "the job to start")
+    wait_for(lambda: inside(pool_env, 0) is not None, "the job to start")
     holder, attempt = inside(pool_env, 0)
     assert attempt == 1 and holder in children_of(proc.pid)
     dispatch(runtime, pool_jobs.insert_once.job, range(1, 41))
     os.kill(holder, signal.SIGKILL)  # mid-job: it waits for the release file
     Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
-    _wait_for(lambda: unfinished(runtime) == 0, "every job to be done", timeout=30)
-    _wait_for(lambda: len(children_of(proc.pid)) == 3, "the replacement child")
+    wait_for(lambda: unfinished(runtime) == 0, "every job to be done", timeout=30)
+    wait_for(lambda: len(children_of(proc.pid)) == 3, "the replacement child")
     assert holder not in children_of(proc.pid)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
@@ -142,11 +142,11 @@ def test_a_child_killed_mid_job_is_replaced_and_its_job_recovered_by_lease(runti
 
 def test_sigterm_to_the_parent_lets_every_child_finish_its_job(runtime, pool_env):
     proc = start_pool(pool_env, "--workers", "3", "--max-time", "60", "--sleep", "0.1")
-    _wait_for(lambda: len(children_of(proc.pid)) == 3, "three children")
+    wait_for(lambda: len(children_of(proc.pid)) == 3, "three children")
     children = children_of(proc.pid)
     for n in range(3):  # one at a time, so each lands on a different idle child
         dispatch(runtime, pool_jobs.hold.job, [n])
-        _wait_for(lambda: inside(pool_env, n) is not None, f"job {n} to start")
+        wait_for(lambda: inside(pool_env, n) is not None, f"job {n} to start")
     assert {inside(pool_env, n)[0] for n in range(3)} == children
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -163,16 +163,16 @@ def test_sigterm_to_the_parent_lets_every_child_finish_its_job(runtime, pool_env
 
 def test_children_stop_when_the_parent_is_sigkilled(runtime, pool_env):
     proc = start_pool(pool_env, "--workers", "2", "--max-time", "60", "--sleep", "0.1")
-    _wait_for(lambda: len(children_of(proc.pid)) == 2, "two children")
+    wait_for(lambda: len(children_of(proc.pid)) == 2, "two children")
     children = children_of(proc.pid)
     dispatch(runtime, pool_jobs.hold.job, [0])
-    _wait_for(lambda: inside(pool_env, 0) is not None, "the job to start")
+    wait_for(lambda: inside(pool_env, 0) is not None, "the job to start")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)  # (its children still have its stdout)
     time.sleep(2 * pool.PARENT_POLL)
     assert alive(inside(pool_env, 0)[0])  # the one in the job finishes it first
     Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
-    _wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
     assert [r.n for r in done_rows(runtime)] == [0]  # the job in progress was finished, not abandoned
     assert sorted(r.outcome for r in work_rows(runtime)) == ["parent-gone"] * 2
 
@@ -279,7 +279,7 @@ def test_children_never_use_the_ticks_lock_connection(runtime, pool_env, mysql_a
                             env=child_env({**pool_env, "CRONBOX_TICK_WORKERS": "3"}), cwd="/",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     name = lock_name(database.name, "tick")
-    _wait_for(lambda: all(inside(pool_env, n) is not None for n in (0, 20, 40)), "the pool's children in their jobs")
+    wait_for(lambda: all(inside(pool_env, n) is not None for n in (0, 20, 40)), "the pool's children in their jobs")
     children = children_of(tick.pid)
     assert len(children) == 3
     with mysql_admin.connect() as connection:
@@ -291,11 +291,11 @@ def test_children_never_use_the_ticks_lock_connection(runtime, pool_env, mysql_a
     tick.send_signal(signal.SIGKILL)
     tick.wait(timeout=10)  # (its children still have its stdout)
     with mysql_admin.connect() as connection:  # the children still hold the socket's twin no longer
-        _wait_for(lambda: connection.execute(text("SELECT IS_FREE_LOCK(:n)"), {"n": name}).scalar() == 1,
+        wait_for(lambda: connection.execute(text("SELECT IS_FREE_LOCK(:n)"), {"n": name}).scalar() == 1,
                   "the killed tick's lock to be free", timeout=2)
     assert all(alive(pid) for pid in children)  # still in their jobs: the lock died with the parent alone
     Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
-    _wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
     out, err = tick.communicate(timeout=10)
     assert "Traceback" not in err and "Exception" not in err, err
     rows = done_rows(runtime)
@@ -333,7 +333,7 @@ def test_the_ticks_broker_connection_is_closed_before_its_pool_forks(runtime, po
     tick = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--no-linger", "--memory", "512"],
                             env=child_env(env), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: inside(pool_env, 0) is not None, "a pool child in its job")
+        wait_for(lambda: inside(pool_env, 0) is not None, "a pool child in its job")
         assert children_of(tick.pid)
         assert _broker_connections(rabbit.vhost) == 0  # closed before the fork, not copied into the children
     finally:
@@ -388,16 +388,16 @@ def test_a_sigkilled_ticks_file_lock_goes_with_it_while_its_children_run(runtime
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock_file = settings.locks_dir / "tick.lock"
     try:
-        _wait_for(lambda: all(inside(pool_env, n) is not None for n in (0, 20)), "the pool's children in their jobs")
+        wait_for(lambda: all(inside(pool_env, n) is not None for n in (0, 20)), "the pool's children in their jobs")
         children = children_of(tick.pid)
         assert len(children) == 2
         assert not _flock_free(lock_file)  # the tick's
         tick.send_signal(signal.SIGKILL)
         tick.wait(timeout=10)
-        _wait_for(lambda: _flock_free(lock_file), "the killed tick's lock to be free", timeout=2)
+        wait_for(lambda: _flock_free(lock_file), "the killed tick's lock to be free", timeout=2)
         assert all(alive(pid) for pid in children)  # still in their jobs: the lock died with the parent alone
     finally:
         Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
-    _wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit", timeout=10)
     tick.communicate(timeout=10)
     assert {0, 20} <= {r.n for r in done_rows(runtime)}  # the jobs they were in were finished

@@ -16,11 +16,10 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 from cronbox.outbox.queue.models import Job
 from tests.conftest import MYSQL_BACKENDS, child_env, run_cli
-from tests.helpers import cronbox_log, table_column
+from tests.helpers import cronbox_log, run_until, table_column, wait_for
 from tests.handlers import jobs as test_jobs
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import run_until
-from tests.processes.test_tick import LEASE, _wait_for
+from tests.processes.test_tick import LEASE
 
 HANDLERS = "tests.handlers.jobs"
 
@@ -157,7 +156,7 @@ def test_sigterm_finishes_the_current_job_and_releases_the_rest_at_once(runtime,
     inside, release = tmp_path / "inside", tmp_path / "release"
     env = {**job_env, "TEST_INSIDE_FILE": str(inside), "TEST_RELEASE_FILE": str(release)}
     [proc] = start_workers(env, 1)
-    _wait_for(inside.exists, "the blocking job to start")
+    wait_for(inside.exists, "the blocking job to start")
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert proc.poll() is None  # still finishing the job
@@ -175,7 +174,7 @@ def test_killed_database_connection_worker_reconnects_and_finishes(runtime, job_
     dispatch(runtime, test_jobs.record_run.job, 30)
     env = {**job_env, "TEST_SLEEP": "0.1"}
     [proc] = start_workers(env, 1, "--max-time", "60")
-    _wait_for(lambda: len(read_runs(tmp_path / "runs")) >= 3, "a few jobs to run")
+    wait_for(lambda: len(read_runs(tmp_path / "runs")) >= 3, "a few jobs to run")
     if database.is_postgresql:  # every backend on the database: the worker's work connection among them
         with request.getfixturevalue("postgres_admin").connect() as connection:
             ids = connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "

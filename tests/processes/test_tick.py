@@ -24,7 +24,7 @@ from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import cronbox_log, deliveries, run_until, table_column
+from tests.helpers import cronbox_log, deliveries, run_until, table_column, wait_for
 
 HANDLERS = "tests.handlers.effects"
 LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, and a little
@@ -133,10 +133,10 @@ def test_four_ticks_released_together_exactly_one_works(runtime, tick_env, tmp_p
                               env=env, cwd=str(APP_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(4)]
     try:
-        _wait_for(lambda: len(list(ready.iterdir())) == 4, "all four ticks at the barrier")
+        wait_for(lambda: len(list(ready.iterdir())) == 4, "all four ticks at the barrier")
         go.write_text("go")
         # The winner sits in the blocking consumer, holding the lock, until the others are done.
-        _wait_for(lambda: sum(p.poll() is not None for p in procs) == 3, "three ticks to give up")
+        wait_for(lambda: sum(p.poll() is not None for p in procs) == 3, "three ticks to give up")
         release.write_text("go")
         outputs = [p.communicate(timeout=60) for p in procs]
     finally:
@@ -150,14 +150,6 @@ def test_four_ticks_released_together_exactly_one_works(runtime, tick_env, tmp_p
     assert len(skipped) == 3 and len(worked) == 1, outputs
     assert [h.command for h in heartbeats(runtime)] == ["tick"]
     assert inside.read_text() in {str(p.pid) for p in procs}
-
-
-def _wait_for(condition, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_lingering_tick_delivers_events_recorded_while_it_runs(runtime, registry):
@@ -211,7 +203,7 @@ def test_sigterm_finishes_the_current_handler_and_exits_zero(runtime, tick_env, 
                             env=child_env({**tick_env, "TEST_INSIDE_FILE": str(inside),
                                            "TEST_RELEASE_FILE": str(release)}),
                             cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(inside.exists, "the handler to start")
+    wait_for(inside.exists, "the handler to start")
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert proc.poll() is None  # still finishing the handler
@@ -231,7 +223,7 @@ def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, t
     proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "40"], env=child_env(tick_env),
                             cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(effects_file.exists, "the event's delivery")
+        wait_for(effects_file.exists, "the event's delivery")
         time.sleep(1.5)  # its pass is over (one event, three quick built-in tasks): it lingers, idle
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

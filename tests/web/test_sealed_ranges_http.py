@@ -16,7 +16,8 @@ import pytest
 from cronbox.storage.format import CHUNK_SIZE, SEALED_CHUNK
 from cronbox.storage.models import AuditEntry, SealedFile
 from tests.storage_helpers import flip_byte, grant, put, sealed_path
-from tests.web.test_storage_streaming import Server, _wait_for, app, private_tmp  # noqa: F401  (fixtures)
+from tests.web.test_storage_streaming import Server, app, private_tmp  # noqa: F401  (fixtures)
+from tests.helpers import wait_for
 
 # How the request is read, checked and streamed: the server behind the rows changes nothing, so not
 # PostgreSQL too (its storage rows are tested in test_storage_http, test_storage_hardening, test_host_uploads).
@@ -68,7 +69,7 @@ def test_a_range_that_skips_the_damaged_chunk_is_served_whole_and_does_not_notic
     store, server, file_id = damaged
     status, headers, body, cut = _get(server, store.signed_url(grant(store, file_id)), byte_range)
     assert (status, cut, body) == (206, False, DATA[start:stop])
-    _wait_for(lambda: _serve_outcomes(store, file_id), "the serve audit entry")
+    wait_for(lambda: _serve_outcomes(store, file_id), "the serve audit entry")
     assert _serve_outcomes(store, file_id) == [("complete", stop - start)]
     assert _row(store, file_id).integrity_error is None  # only reading chunk 1 (storage verify) finds it
 
@@ -86,7 +87,7 @@ def test_a_range_reaching_the_damaged_chunk_stops_there_visibly(damaged, byte_ra
     if good:  # headers went out with the first body byte: the server can only drop the connection
         assert status in (200, 206) and cut and body == DATA[start:start + good]
         assert int(headers["Content-Length"]) > len(body)
-        _wait_for(lambda: _serve_outcomes(store, file_id), "the serve audit entry")
+        wait_for(lambda: _serve_outcomes(store, file_id), "the serve audit entry")
         assert _serve_outcomes(store, file_id) == [("integrity", good)]
     else:  # the range's first chunk is proven before any answer: our own 500, with every header
         assert (status, cut) == (500, False) and b"File unavailable" in body

@@ -23,6 +23,7 @@ from cronbox.outbox.core.settings import load_settings
 from cronbox.storage.format import CHUNK_SIZE
 from cronbox.storage.models import AuditEntry
 from tests.storage_helpers import files_under, flip_byte, grant, put
+from tests.helpers import wait_for
 
 # How the request is read, checked and streamed: the server behind the rows changes nothing, so not
 # PostgreSQL too (its storage rows are tested in test_storage_http, test_storage_hardening, test_host_uploads).
@@ -174,14 +175,6 @@ def test_memory_does_not_grow_with_size_and_no_plaintext_lands_anywhere(app, pri
     assert [p for p in checked if _contains_marker(p)] == []
 
 
-def _wait_for(condition, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def _serve_entries(store):
     with store.sessions() as session:
         return list(session.query(AuditEntry).filter(AuditEntry.action == "serve").order_by(AuditEntry.id))
@@ -201,7 +194,7 @@ def test_a_corrupt_middle_chunk_aborts_the_connection_after_the_good_bytes(app):
             response.read()
         connection.close()
         assert incomplete.value.partial == data[:2 * CHUNK_SIZE]  # every authenticated byte, nothing after
-        _wait_for(lambda: _serve_entries(store), "the serve audit entry")
+        wait_for(lambda: _serve_entries(store), "the serve audit entry")
     [entry] = _serve_entries(store)
     assert (entry.outcome, entry.bytes_sent) == ("integrity", 2 * CHUNK_SIZE)
     with store.sessions() as session:
@@ -222,6 +215,6 @@ def test_a_client_that_hangs_up_is_audited_with_the_bytes_sent(app):
         sock.shutdown(socket.SHUT_RDWR)  # close() alone would leave the fd open while `response` holds it
         response.close()
         connection.close()
-        _wait_for(lambda: _serve_entries(store), "the serve audit entry")
+        wait_for(lambda: _serve_entries(store), "the serve audit entry")
     [entry] = _serve_entries(store)
     assert entry.outcome == "aborted" and 100_000 <= entry.bytes_sent < 64 * CHUNK_SIZE
