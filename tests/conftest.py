@@ -260,11 +260,14 @@ def mysql_template(mysql_admin, tmp_path_factory) -> list[str]:
             tables = [row[0] for row in connection.execute(text("SHOW TABLES"))]
             statements = [connection.execute(text(f"SHOW CREATE TABLE `{t}`")).one()[1] for t in tables]
             versions = [row[0] for row in connection.execute(text("SELECT version_num FROM cronbox_alembic_version"))]
+            installs = connection.execute(text("SELECT install_id FROM cronbox_install")).all()  # migration 0014's row
         rt.dispose()
     finally:
         with mysql_admin.connect() as connection:
             connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-    return statements + [f"INSERT INTO cronbox_alembic_version (version_num) VALUES ('{v}')" for v in versions]
+    return (statements + [f"INSERT INTO cronbox_alembic_version (version_num) VALUES ('{v}')" for v in versions]
+            + [f"INSERT INTO cronbox_install (id, install_id, created_at) VALUES (1, '{i}', UTC_TIMESTAMP(6))"
+               for (i,) in installs])
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Callable
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import EVENTS, open_payload
 from cronbox.outbox.core.text import clean_text
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context, Event
@@ -77,7 +77,8 @@ class DeliveryProcessor(Processor):
         return self.registry.get(item.consumer)
 
     def _args(self, item, ctx: Context) -> tuple:
-        return (Event(item.event_id, item.event_type, item.key, load_payload(item.payload), item.created_at), ctx)
+        return (Event(item.event_id, item.event_type, item.key, open_payload(
+            self.runtime, EVENTS, item.event_type, item.seal_id, item.payload, self.connection), item.created_at), ctx)
 
     def _describe(self, item) -> str:
         return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "

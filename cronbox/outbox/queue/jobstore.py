@@ -42,6 +42,7 @@ class ClaimedJob:
     trace_id: str
     concurrency_group: str | None = None  # the dispatch's own (outbox.queue.groups); None: the handler's
     cost: int | None = None
+    seal_id: str | None = None  # when its payload is sealed (outbox.core.sealing)
 
 
 def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime, *,
@@ -308,7 +309,7 @@ def untake(session: Session, sent: dict[int, str], token: str, lease_until: date
 
 
 CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)  # a ClaimedJob's columns, in order
+           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost, J.c.seal_id)  # a ClaimedJob's columns, in order
 
 
 def _claimed(row) -> ClaimedJob:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import JOBS, open_payload
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
@@ -172,7 +172,7 @@ class Worker(Processor):
         return self.registry.get(item.handler)
 
     def _args(self, item, ctx: Context) -> tuple:
-        return (load_payload(item.payload), ctx)
+        return (open_payload(self.runtime, JOBS, item.handler, item.seal_id, item.payload, self.connection), ctx)
 
     def _describe(self, item) -> str:
         return f"job={item.id} queue={item.queue} handler={item.handler}"

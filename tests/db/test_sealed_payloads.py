@@ -1,0 +1,262 @@
+"""Sealed payloads on every backend: sealed on write in the caller's one INSERT, opened at claim in the
+worker's memory, and every altered, copied or orphaned envelope refused for its item alone (issue 40)."""
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from sqlalchemy import select, text, update
+
+from cronbox import outbox
+from cronbox.outbox.core import sealing
+from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.events.consumers import consumer
+from cronbox.outbox.events.models import Delivery, OutboxEvent
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.models import FAILED, Job
+from cronbox.outbox.queue.worker import Worker
+from cronbox.storage import keys
+from cronbox.storage.service import Storage
+from tests.helpers import relay
+
+MARKER = "BIOPSY-RESULTS-READY-4711"
+
+
+@pytest.fixture
+def store(runtime, settings):
+    return Storage(settings, runtime.sessions)
+
+
+@pytest.fixture
+def sealer(store, runtime):
+    sealer = store.payload_sealer()
+    runtime.sealer_source = lambda: sealer
+    with sealing.using(sealer):
+        yield sealer
+
+
+def work(rt, queues=None):
+    worker = Worker(rt, queues)
+    worker.run(Budget(max_time=30, memory_mb=None))
+    return worker.stats
+
+
+def jobs_of(rt) -> list[Job]:
+    with rt.sessions() as session:
+        return list(session.scalars(select(Job).order_by(Job.id)))
+
+
+def dispatch(rt, fn, payload) -> int:
+    with rt.sessions.begin() as session:
+        return fn.dispatch(session, payload)
+
+
+def test_a_sealed_job_is_stored_as_an_envelope_and_its_handler_gets_the_payload(runtime, registry, sealer):
+    seen = []
+
+    @job("sms", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        seen.append(payload)
+
+    @job("plain", registry=registry)
+    def plain(payload, ctx):
+        seen.append(payload)
+
+    dispatch(runtime, text_patient, {"to": "+15550100", "text": MARKER})
+    dispatch(runtime, plain, {"n": 1})
+    rows = jobs_of(runtime)
+    assert rows[0].payload.startswith("cbxp1:") and MARKER not in rows[0].payload and rows[0].seal_id
+    assert sealing.describe(rows[0].payload).startswith("sealed (") and rows[1].seal_id is None
+    assert rows[0].payload_bytes == len(rows[0].payload)
+    work(runtime, ["sms", "plain"])
+    assert seen == [{"to": "+15550100", "text": MARKER}, {"n": 1}]
+
+
+def test_an_event_type_declared_sealed_is_sealed_whoever_records_it(runtime, registry, sealer):
+    kind = f"appointment.paid.{secrets.token_hex(4)}"  # declarations are process-wide: a type of its own
+    seen = []
+
+    @consumer(kind, name=f"c-{kind}", sealed=True, registry=registry)
+    def on_paid(event, ctx):
+        seen.append(event.payload)
+
+    @consumer(kind, name=f"d-{kind}", registry=registry)  # unsaid: never unseals the type
+    def also(event, ctx):
+        seen.append(event.payload)
+
+    with runtime.sessions.begin() as session:
+        recorded = outbox.record(session, kind, {"patient": MARKER})
+        with pytest.raises(PayloadError, match="declared sealed"):
+            outbox.record(session, kind, {"x": 1}, sealed=False)
+    assert recorded.payload.startswith("cbxp1:")
+    with runtime.sessions() as session:
+        stored = session.scalars(select(OutboxEvent.payload)).one()
+    assert MARKER not in stored
+    relay(runtime)
+    assert seen == [{"patient": MARKER}] * 2
+
+
+def test_sealed_dispatch_without_a_vault_fails_at_dispatch_with_one_line(runtime, registry, monkeypatch):
+    @job("sms", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        pass
+
+    monkeypatch.setattr(sealing, "_resolver", [])  # a process where nothing set a key vault up
+    with runtime.sessions.begin() as session:
+        with pytest.raises(PayloadError, match="no key vault is configured") as refused:
+            text_patient.dispatch(session, {"to": "+15550100"})
+        with pytest.raises(PayloadError, match="no key vault"):
+            outbox.record(session, "x", {}, sealed=True)
+    assert "\n" not in str(refused.value)
+    assert jobs_of(runtime) == []
+
+
+def test_seal_all_seals_every_job_and_event(runtime, registry, store, settings):
+    from dataclasses import replace
+
+    sealer = Storage(replace(settings, seal_payloads="all"), runtime.sessions).payload_sealer()
+    runtime.sealer_source = lambda: sealer
+    seen = []
+
+    @job("q", registry=registry)
+    def anything(payload, ctx):
+        seen.append(payload)
+
+    with sealing.using(sealer):
+        dispatch(runtime, anything, [MARKER])
+        with runtime.sessions.begin() as session:
+            event = outbox.record(session, "x.all", {"m": MARKER})
+    assert event.payload.startswith("cbxp1:") and jobs_of(runtime)[0].payload.startswith("cbxp1:")
+    work(runtime, ["q"])
+    assert seen == [[MARKER]]
+
+
+def _tamper_cases(runtime, sealer):
+    """(description, how to alter row 2) for each way an envelope can be altered or moved."""
+    other_key = None
+
+    def swap_with_row_1(connection, rows):
+        connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=rows[0].payload))
+
+    def from_events(connection, rows):
+        with sealing.using(sealer):
+            event = outbox.record(connection, "moved", {"text": MARKER}, sealed=True)
+        seal_id = connection.execute(select(OutboxEvent.seal_id).where(OutboxEvent.id == event.id)).scalar()
+        connection.execute(update(OutboxEvent).where(OutboxEvent.id == event.id).values(seal_id=None))
+        connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=event.payload, seal_id=seal_id))
+
+    def flip(position):
+        def alter(connection, rows):
+            envelope = rows[1].payload
+            body = envelope.rsplit(":", 1)[1]
+            index = len(envelope) - len(body) + position % len(body)
+            replacement = "A" if envelope[index] != "A" else "B"
+            connection.execute(update(Job).where(Job.id == rows[1].id).values(
+                payload=envelope[:index] + replacement + envelope[index + 1:]))
+        return alter
+
+    def truncate(connection, rows):
+        connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=rows[1].payload[:-5]))
+
+    def key_id(connection, rows):
+        nonlocal other_key
+        other_key = keys.new_key(runtime.settings, keys.ENCRYPTION)
+        prefix, _, rest = rows[1].payload.split(":", 2)
+        connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=f"{prefix}:{other_key}:{rest}"))
+
+    def other_database(connection, rows):  # the same keys, another install: as if copied between databases
+        connection.execute(text("UPDATE cronbox_install SET install_id = :i"), {"i": secrets.token_hex(16)})
+
+    return [("copied from another row", swap_with_row_1),
+            ("copied from the events table", from_events), ("a nonce bit", flip(0)), ("a body bit", flip(20)),
+            ("a tag bit", flip(-1)), ("truncated", truncate), ("another key id", key_id),
+            ("another database", other_database)]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_an_altered_or_moved_envelope_fails_its_item_alone_and_its_row_stays(runtime, registry, sealer, case):
+    seen = []
+
+    @job("sms", sealed=True, tries=1, registry=registry)
+    def text_patient(payload, ctx):
+        seen.append(payload)
+
+    for n in range(3):
+        dispatch(runtime, text_patient, {"n": n, "text": MARKER})
+    name, alter = _tamper_cases(runtime, sealer)[case]
+    rows = jobs_of(runtime)
+    with runtime.engine.begin() as connection:
+        alter(connection, rows)
+    if name == "another database":  # a fresh sealer: this process had read the install id already
+        fresh = Storage(runtime.settings, runtime.sessions).payload_sealer()
+        runtime.sealer_source = lambda: fresh
+    stored = {r.id: r.payload for r in jobs_of(runtime)}
+    work(runtime, ["sms"])
+    after = jobs_of(runtime)
+    if name == "another database":  # every row of the database was "moved": none opens
+        assert seen == [] and all(r.status == FAILED for r in after)
+    else:
+        assert seen == [{"n": 0, "text": MARKER}, {"n": 2, "text": MARKER}], name
+        assert after[1].status == FAILED
+    failed = [r for r in after if r.status == FAILED]
+    assert all("sealed payload" in (r.last_error or "") for r in failed)
+    assert all(MARKER not in (r.last_error or "") + (r.traceback or "") for r in after)
+    assert {r.id: r.payload for r in after} == stored  # nothing rewritten, nothing deleted
+
+
+def test_an_envelope_copied_with_its_seal_id_into_a_second_row_is_refused_by_the_database(runtime, registry,
+                                                                                         sealer):
+    """The seal id is the row's identity (docs/sealed-format.md): unique, so no second row can carry it."""
+    import sqlalchemy.exc
+
+    @job("sms", name="sms-copied", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        pass
+
+    for n in range(2):
+        dispatch(runtime, text_patient, {"n": n})
+    rows = jobs_of(runtime)
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        with runtime.engine.begin() as connection:
+            connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=rows[0].payload,
+                                                                               seal_id=rows[0].seal_id))
+
+
+def test_a_row_whose_key_is_gone_fails_with_the_key_named_and_stays(runtime, registry, sealer, settings):
+    @job("sms", sealed=True, tries=1, registry=registry)
+    def text_patient(payload, ctx):
+        raise AssertionError("never called")
+
+    dispatch(runtime, text_patient, {"text": MARKER})
+    key_id = jobs_of(runtime)[0].payload.split(":")[1]
+    keys.new_key(settings, keys.ENCRYPTION)
+    (settings.key_folder / f"{key_id}.key").unlink()
+    fresh = Storage(settings, runtime.sessions).payload_sealer()
+    runtime.sealer_source = lambda: fresh
+    work(runtime, ["sms"])
+    [row] = jobs_of(runtime)
+    assert row.status == FAILED and key_id in row.last_error and "not in the key folder" in row.last_error
+
+
+def test_a_grouped_consumer_of_a_sealed_type_runs_alone_and_a_bad_envelope_does_not_stop_the_run(
+        runtime, registry, sealer):
+    kind = f"grouped.{secrets.token_hex(4)}"
+    seen = []
+
+    @consumer(kind, name=f"g-{kind}", grouped=True, sealed=True, max_attempts=1, registry=registry)
+    def grouped(event, ctx):
+        seen.append(event.payload["n"])
+
+    with runtime.sessions.begin() as session:
+        for n in range(3):
+            outbox.record(session, kind, {"n": n})
+    with runtime.engine.begin() as connection:
+        first = connection.execute(select(OutboxEvent.id).order_by(OutboxEvent.id)).first()[0]
+        connection.execute(update(OutboxEvent).where(OutboxEvent.id == first + 1).values(
+            payload=f"cbxp1:{'x' * 30}"))
+    relay(runtime)
+    assert seen == [0, 2]
+    with runtime.sessions() as session:
+        statuses = [d.status for d in session.scalars(select(Delivery).order_by(Delivery.id))]
+    assert statuses == ["done", "dead", "done"]
