@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from cronbox.outbox.core import sealing
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.core.settings import load_settings
 from cronbox.outbox.engine.runtime import Runtime
@@ -301,8 +302,19 @@ def runtime(settings, registry, database, request):
             source.close()
             copy.close()
         rt = Runtime(settings, registry=registry)
-    yield rt
+    # Sealed payloads (the channel jobs are sealed) under this test's own key folder, never the checkout's
+    # standalone one: the same sealer seals in the test's process and opens in its workers.
+    sealer = sealer_for_test(settings, rt)
+    rt.sealer_source = lambda: sealer
+    with sealing.using(sealer):
+        yield rt
     rt.dispose()
+
+
+def sealer_for_test(settings, rt):
+    from cronbox.storage.service import Storage
+
+    return Storage(settings, rt.sessions).payload_sealer()
 
 
 def thorough(examples: int) -> int:

@@ -455,7 +455,8 @@ def recorded(session: Session, *, type: str | None = None) -> list[tuple]:
     """Every event (of `type`), in id order, each with its delivery rows (by id): the read model of
     cronbox.testing's `recorded()`. Two statements; a test database holds few rows (the operator's
     views page instead: dead_page, status)."""
-    query = select(E.c.id, E.c.type, E.c.key, E.c.payload, E.c.created_at, E.c.available_at, E.c.fanned_out_at)
+    query = select(E.c.id, E.c.type, E.c.key, E.c.payload, E.c.created_at, E.c.available_at, E.c.fanned_out_at,
+                   E.c.seal_id)
     if type is not None:
         query = query.where(E.c.type == type)
     events = session.execute(query.order_by(E.c.id)).all()

@@ -25,7 +25,8 @@ import logging
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.payload import dump_payload, load_payload
+from cronbox.outbox.core.sealing import EVENTS, is_sealed, open_payload
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Event
@@ -108,7 +109,7 @@ class Forwarder:
                 self.processor.give_up_exhausted(item, target)
                 continue
             try:
-                messages.append(message_for(target, item))
+                messages.append(message_for(target, item, self.processor))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
                 self.processor.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
@@ -131,17 +132,28 @@ class Forwarder:
             self.processor.failed(item, target, Outcome(ERROR, seconds, error))
 
 
-def message_for(target: ForwardTarget, item: Claimed) -> Outgoing:
+def message_for(target: ForwardTarget, item: Claimed, processor=None) -> Outgoing:
     """The message of a claimed delivery, with its routing key: the event type, the target's fixed
-    key, or what its function makes of the event (which sees the event as a consumer would)."""
+    key, or what its function makes of the event (which sees the event as a consumer would). A
+    sealed payload is opened (in memory) only for a key function or a target forwarding it open."""
     routing_key = target.target.routing_key
+    opened: list = []
+
+    def payload():
+        if not opened:
+            opened.append(open_payload(processor.runtime, EVENTS, item.event_type, item.seal_id, item.payload,
+                                       processor.connection) if is_sealed(item.payload)
+                          else load_payload(item.payload))
+        return opened[0]
+
     if routing_key is None:
         key = item.event_type
     elif isinstance(routing_key, str):
         key = routing_key
     else:
-        key = target.target.key_for(Event(item.event_id, item.event_type, item.key, load_payload(item.payload),
-                                          item.created_at))
+        key = target.target.key_for(Event(item.event_id, item.event_type, item.key, payload(), item.created_at))
     if len(key.encode("utf-8", "surrogatepass")) > MAX_ROUTING_KEY:
         raise ValueError(f"the routing key is longer than AMQP's {MAX_ROUTING_KEY} bytes: {key[:40]!r}...")
+    if target.open and is_sealed(item.payload):
+        return message_of(target.target.exchange, key, item, dump_payload(payload()))
     return message_of(target.target.exchange, key, item)

@@ -530,7 +530,8 @@ def listed(session: Session, *, handler: str | None = None, queue: str | None = 
     model of cronbox.testing's `dispatched()`. A test database holds few rows; a deployment's is never
     read this way (the operator's views page: failed_page, status)."""
     rows = select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.status, J.c.attempts, J.c.available_at,
-                  J.c.retry_until, J.c.last_error, J.c.error_class, J.c.created_at, J.c.reserved_at, J.c.finished_at)
+                  J.c.retry_until, J.c.last_error, J.c.error_class, J.c.created_at, J.c.reserved_at, J.c.finished_at,
+                  J.c.seal_id)
     if handler is not None:
         rows = rows.where(J.c.handler == handler)
     if queue is not None:
