@@ -103,7 +103,7 @@ def test_sealed_dispatch_without_a_vault_fails_at_dispatch_with_one_line(runtime
         pass
 
     monkeypatch.setattr(sealing, "_resolver", [])  # a process where nothing set a key vault up
-    with runtime.sessions.begin() as session:
+    with sealing.using(None), runtime.sessions.begin() as session:
         with pytest.raises(PayloadError, match="no key vault is configured") as refused:
             text_patient.dispatch(session, {"to": "+15550100"})
         with pytest.raises(PayloadError, match="no key vault"):

@@ -32,6 +32,7 @@ import hmac
 import os
 import re
 import struct
+import sys
 import weakref
 from typing import Any, Callable, Iterator, Protocol
 
@@ -276,9 +277,10 @@ def using(sealer: Sealer | None) -> Iterator[None]:
 
 
 def current() -> Sealer | None:
-    """The sealer of this context: `using()`'s, else the resolver's (None when there is no vault)."""
+    """The sealer of this context: an app's (inside an app context of an app cronbox is set up on),
+    else `using()`'s, else the resolver's standalone one (None when there is no vault)."""
     sealer = _override.get()
-    if sealer is not None or not _resolver:
+    if (sealer is not None and not _in_cronbox_app()) or not _resolver:
         return sealer
     try:
         return _resolver[0]()
@@ -293,6 +295,13 @@ def sealer_for(*, sealed: bool, what: str) -> Sealer | None:
     if sealer is None and sealed:
         raise NoVault(what)
     return sealer
+
+
+def _in_cronbox_app() -> bool:
+    """Inside an app context of an app cronbox is set up on? Only a process that imported Flask can be:
+    the outbox never imports it."""
+    flask = sys.modules.get("flask")
+    return flask is not None and flask.has_app_context() and "cronbox" in flask.current_app.extensions
 
 
 def seal_for_insert(connection: Connection, table: str, name: str, body: str, *, sealed: bool,
