@@ -260,3 +260,26 @@ def test_a_grouped_consumer_of_a_sealed_type_runs_alone_and_a_bad_envelope_does_
     with runtime.sessions() as session:
         statuses = [d.status for d in session.scalars(select(Delivery).order_by(Delivery.id))]
     assert statuses == ["done", "dead", "done"]
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
+def test_show_masks_and_a_reveal_needs_a_reason_and_is_audited(runtime, registry, sealer, env):
+    from cronbox.storage import payload_reveal
+    from tests.conftest import run_cli
+
+    @job("sms", name="cronbox-test.reveal", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        pass
+
+    job_id = dispatch(runtime, text_patient, {"text": MARKER})
+    masked = run_cli(env, "queue", "show", str(job_id))
+    assert masked.returncode == 0 and "payload: sealed (" in masked.stdout and MARKER not in masked.stdout
+    refused = run_cli(env, "queue", "show", str(job_id), "--reveal")
+    assert refused.returncode == 1 and "--reason" in refused.stderr and MARKER not in refused.stdout
+    shown = run_cli(env, "queue", "show", str(job_id), "--reveal", "--reason", "ticket 12: patient asked")
+    assert shown.returncode == 0 and MARKER in shown.stdout
+    with runtime.sessions() as session:
+        [entry] = payload_reveal.revealed_entries(session, f"job:{job_id}")
+    assert entry.outcome == "ok" and "ticket 12: patient asked" in entry.detail and entry.detail.startswith("by cli:")
+    missing = run_cli(env, "outbox", "show", "999")
+    assert missing.returncode == 1 and "no event 999" in missing.stderr

@@ -1,4 +1,4 @@
-"""`outbox ...`: publish, status, dead, retry, skip, prune."""
+"""`outbox ...`: publish, status, dead, show, retry, skip, prune."""
 from __future__ import annotations
 
 import click
@@ -18,6 +18,18 @@ from cronbox.outbox.events import deliveries
 from cronbox.outbox.events.relay import Relay
 
 outbox = CommandGroup("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
+
+
+@outbox.command()
+@click.argument("event_id", type=click.IntRange(min=1))
+@click.option("--reveal", is_flag=True, help="Show the payload's text (opened if sealed); audited, needs --reason.")
+@click.option("--reason", default=None, help="Why it is revealed (written to the audit trail).")
+def show(event_id, reveal, reason):
+    """One event and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
+    from cronbox.cron.commands.queue import print_shown
+    from cronbox.outbox.core.sealing import EVENTS
+
+    print_shown(runtime(), EVENTS, event_id, reveal, reason)
 
 
 @outbox.command()

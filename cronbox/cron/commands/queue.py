@@ -1,4 +1,4 @@
-"""`queue ...`: work, status, groups, profiles, pools, failed, retry, resume, forget, flush, prune."""
+"""`queue ...`: work, status, groups, profiles, pools, failed, show, retry, resume, forget, flush, prune."""
 from __future__ import annotations
 
 import click
@@ -10,6 +10,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
 from cronbox.outbox.core.notify import own_listener
+from cronbox.outbox.core.sealing import JOBS
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import heartbeat, profiles
 from cronbox.outbox.engine.admission import time_headroom
@@ -19,6 +20,17 @@ from cronbox.outbox.queue import groups, jobstore, pauses
 from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
+
+def print_shown(rt, table: str, row_id: int, reveal: bool, reason: str | None) -> None:
+    """`queue show` / `outbox show`: the row's payload as a person may see it (storage.payload_reveal)."""
+    import getpass
+
+    from cronbox.storage.payload_reveal import show as show_payload
+
+    shown = show_payload(rt, table, row_id, reveal=reveal, actor=f"cli:{getpass.getuser()}", reason=reason)
+    click.echo(f"{'job' if table == JOBS else 'event'} {shown.id}  {shown.name}  {shown.status}")
+    click.echo(f"payload: {shown.payload}")
+
 
 queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
 
@@ -273,6 +285,15 @@ def resume(channel):
         raise click.UsageError(f"no job sends through channel {channel!r} "
                                f"(channels: {', '.join(sorted(known)) or 'none'})")
     click.echo(f"queue resume: channel {channel} is not paused; nothing to do")
+
+
+@queue.command()
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--reveal", is_flag=True, help="Show the payload's text (opened if sealed); audited, needs --reason.")
+@click.option("--reason", default=None, help="Why it is revealed (written to the audit trail).")
+def show(job_id, reveal, reason):
+    """One job and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
+    print_shown(runtime(), JOBS, job_id, reveal, reason)
 
 
 @queue.command()
