@@ -123,7 +123,9 @@ def is_sealed(text: str | None) -> bool:
 def envelope_parts(text: str) -> tuple[str, bytes]:
     """(key id, nonce || ciphertext || tag) of an envelope; PayloadIntegrityError for a malformed one."""
     try:
-        _, key_id, body = text.split(":", 2)
+        if not text.startswith(PREFIX):
+            raise ValueError(text[:8])
+        key_id, body = text[len(PREFIX):].split(":", 1)
     except ValueError:
         raise PayloadIntegrityError("sealed payload: malformed envelope (fields missing)") from None
     if not _KEY_ID.fullmatch(key_id):
