@@ -4,11 +4,12 @@ from __future__ import annotations
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.format import Duration, print_shown, reveal_options, PageCursor, age, never_fits_lines, table
 from cronbox.cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.sealing import EVENTS
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import profiles
 from cronbox.outbox.engine.admission import time_headroom
@@ -22,13 +23,9 @@ outbox = CommandGroup("outbox", help="The transactional outbox: relay, inspect a
 
 @outbox.command()
 @click.argument("event_id", type=click.IntRange(min=1))
-@click.option("--reveal", is_flag=True, help="Show the payload's text (opened if sealed); audited, needs --reason.")
-@click.option("--reason", default=None, help="Why it is revealed (written to the audit trail).")
+@reveal_options
 def show(event_id, reveal, reason):
     """One event and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
-    from cronbox.cron.commands.queue import print_shown
-    from cronbox.outbox.core.sealing import EVENTS
-
     print_shown(runtime(), EVENTS, event_id, reveal, reason)
 
 

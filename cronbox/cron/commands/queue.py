@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import DURATION, Checked, Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.format import DURATION, print_shown, reveal_options, Checked, Duration, PageCursor, age, never_fits_lines, table
 from cronbox.cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
@@ -20,17 +20,6 @@ from cronbox.outbox.queue import groups, jobstore, pauses
 from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
-
-def print_shown(rt, table: str, row_id: int, reveal: bool, reason: str | None) -> None:
-    """`queue show` / `outbox show`: the row's payload as a person may see it (storage.payload_reveal)."""
-    import getpass
-
-    from cronbox.storage.payload_reveal import show as show_payload
-
-    shown = show_payload(rt, table, row_id, reveal=reveal, actor=f"cli:{getpass.getuser()}", reason=reason)
-    click.echo(f"{'job' if table == JOBS else 'event'} {shown.id}  {shown.name}  {shown.status}")
-    click.echo(f"payload: {shown.payload}")
-
 
 queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
 
@@ -289,8 +278,7 @@ def resume(channel):
 
 @queue.command()
 @click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--reveal", is_flag=True, help="Show the payload's text (opened if sealed); audited, needs --reason.")
-@click.option("--reason", default=None, help="Why it is revealed (written to the audit trail).")
+@reveal_options
 def show(job_id, reveal, reason):
     """One job and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
     print_shown(runtime(), JOBS, job_id, reveal, reason)
