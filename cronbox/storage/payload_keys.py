@@ -56,3 +56,23 @@ class VaultPayloadKeys:
 
 def sealer_of(storage: Any) -> Sealer:
     return Sealer(VaultPayloadKeys(storage), seal_all=storage.settings.seal_payloads == "all")
+
+
+def waiting_key_ids(session) -> set[str]:
+    """Master key ids of sealed payloads that may still run: jobs ready, reserved or failed, events not
+    fanned out or with a pending or dead delivery (health: a missing key said before a worker fails)."""
+    from sqlalchemy import func, or_, select
+
+    from cronbox.outbox.core.sealing import PREFIX
+    from cronbox.outbox.events.models import Delivery, OutboxEvent
+    from cronbox.outbox.queue.models import Job
+
+    start, width = len(PREFIX) + 1, 23  # the key id and its ":" (ids are 17 to 22 characters)
+    jobs = select(func.substr(Job.payload, start, width)).where(
+        Job.seal_id.is_not(None), Job.status.in_(("ready", "reserved", "failed"))).distinct()
+    events = select(func.substr(OutboxEvent.payload, start, width)).where(
+        OutboxEvent.seal_id.is_not(None),
+        or_(OutboxEvent.fanned_out_at.is_(None),
+            OutboxEvent.id.in_(select(Delivery.event_id).where(Delivery.status.in_(("pending", "dead")))))).distinct()
+    found = set(session.scalars(jobs)) | set(session.scalars(events))
+    return {text.split(":", 1)[0] for text in found if text}

@@ -283,3 +283,21 @@ def test_show_masks_and_a_reveal_needs_a_reason_and_is_audited(runtime, registry
     assert entry.outcome == "ok" and "ticket 12: patient asked" in entry.detail and entry.detail.startswith("by cli:")
     missing = run_cli(env, "outbox", "show", "999")
     assert missing.returncode == 1 and "no event 999" in missing.stderr
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
+def test_health_names_a_missing_payload_key_before_a_worker_fails_on_it(runtime, registry, sealer, settings):
+    from cronbox.cron.scheduling.health import run_checks
+
+    @job("sms", name="cronbox-test.health", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        pass
+
+    dispatch(runtime, text_patient, {"text": MARKER})
+    [check] = [c for c in run_checks(runtime).checks if c.name == "payload_keys"]
+    assert check.status == "ok"
+    key_id = jobs_of(runtime)[0].payload.split(":")[1]
+    keys.new_key(settings, keys.ENCRYPTION)
+    (settings.key_folder / f"{key_id}.key").unlink()
+    [check] = [c for c in run_checks(runtime).checks if c.name == "payload_keys"]
+    assert check.status == "fail" and key_id in check.detail
