@@ -301,3 +301,55 @@ def test_health_names_a_missing_payload_key_before_a_worker_fails_on_it(runtime,
     (settings.key_folder / f"{key_id}.key").unlink()
     [check] = [c for c in run_checks(runtime).checks if c.name == "payload_keys"]
     assert check.status == "fail" and key_id in check.detail
+
+
+@pytest.mark.backends("sqlite", "mysql-token", "postgresql")
+def test_rewrap_reseals_waiting_payloads_under_the_new_key_and_seal_seals_old_plaintext_rows(
+        runtime, registry, sealer, settings):
+    from cronbox.storage import payload_maintenance
+
+    seen = []
+
+    @job("sms", name="cronbox-test.rewrap", sealed=True, registry=registry)
+    def text_patient(payload, ctx):
+        seen.append(payload)
+
+    @job("sms", name="cronbox-test.later", registry=registry)
+    def later(payload, ctx):
+        seen.append(payload)
+
+    for n in range(5):
+        dispatch(runtime, text_patient, {"n": n, "text": MARKER})
+    dispatch(runtime, later, {"n": 9, "text": MARKER})  # plaintext, as written before sealing was turned on
+    old = jobs_of(runtime)[0].payload.split(":")[1]
+    new = keys.new_key(settings, keys.ENCRYPTION)
+    fresh = Storage(settings, runtime.sessions).payload_sealer()
+    runtime.sealer_source = lambda: fresh
+    result = payload_maintenance.rewrap(runtime.sessions, fresh, batch_size=2)
+    assert result.done == 5 and result.failed == []
+    assert all(r.payload.split(":")[1] == new for r in jobs_of(runtime)[:5])
+    assert payload_maintenance.rewrap(runtime.sessions, fresh).done == 0  # resumable: nothing left
+    sealed = payload_maintenance.seal_plaintext(runtime.sessions, fresh, jobs={"cronbox-test.later"}, event_types=set())
+    assert sealed.done == 1 and MARKER not in jobs_of(runtime)[5].payload
+    (settings.key_folder / f"{old}.key").unlink()  # the old key is no longer needed
+    work(runtime, ["sms"])
+    assert sorted(p["n"] for p in seen) == [0, 1, 2, 3, 4, 9]
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked")
+def test_the_commands_seal_old_rows_and_reseal_after_a_new_key(runtime, registry, sealer, settings, env):
+    from tests.conftest import run_cli
+
+    @job("q", name="cronbox-test.cli", registry=registry)
+    def plain(payload, ctx):
+        pass
+
+    dispatch(runtime, plain, {"text": MARKER})
+    done = run_cli(env, "storage", "seal-payloads", "--all")
+    assert done.returncode == 0 and "seal-payloads: 1 payloads sealed, 0 failed" in done.stdout, done.stderr
+    first = jobs_of(runtime)[0].payload
+    assert first.startswith("cbxp1:") and MARKER not in first
+    new = keys.new_key(settings, keys.ENCRYPTION)
+    rewrapped = run_cli(env, "storage", "rewrap")
+    assert rewrapped.returncode == 0 and "1 sealed payloads re-sealed" in rewrapped.stdout, rewrapped.stderr
+    assert jobs_of(runtime)[0].payload.split(":")[1] == new
