@@ -353,3 +353,39 @@ def test_the_commands_seal_old_rows_and_reseal_after_a_new_key(runtime, registry
     rewrapped = run_cli(env, "storage", "rewrap")
     assert rewrapped.returncode == 0 and "1 sealed payloads re-sealed" in rewrapped.stdout, rewrapped.stderr
     assert jobs_of(runtime)[0].payload.split(":")[1] == new
+
+
+@pytest.mark.backends("mysql-skip-locked")
+def test_no_marker_in_a_mysqldump_the_instance_folder_or_the_logs_after_a_run(runtime, settings, env, database):
+    """Issue 40's plaintext grep: a sealed event recorded by the app, its consumer texting the patient and
+    dispatching a sealed job, all run by a real tick; then nothing holds the markers in plaintext."""
+    import shutil
+    import subprocess
+
+    from cronbox.outbox.queue.models import DONE
+    from sqlalchemy.engine import make_url
+    from tests.conftest import run_cli
+    import tests.handlers.sealed_clinic  # noqa: F401  (declares the sealed type in this process too)
+
+    phone, text_marker = "+15550199887766", "PHI-MARKER biopsy results ready for Jane Roe"
+    with runtime.sessions.begin() as session:
+        outbox.record(session, "sealed_clinic.result_ready", {"phone": phone, "text": text_marker})
+    child = {**env, "CRONBOX_HANDLERS": "tests.handlers.sealed_clinic", "CRONBOX_SMS_DRIVER": "test"}
+    ran = run_cli(child, "tick", "--no-linger", "--max-time", "60")
+    assert ran.returncode == 0, ran.stderr
+    statuses = {r.handler: r.status for r in jobs_of(runtime)}
+    assert statuses == {"cronbox.sms": DONE, "sealed_clinic.file_result": DONE}, (statuses, ran.stderr)
+    with runtime.sessions.begin() as session:  # the control: a plaintext payload the grep must find
+        outbox.record(session, "unsealed.control", {"text": "CONTROL-MARKER"}, sealed=None)
+    url = make_url(database.url)
+    dump = subprocess.run([shutil.which("mariadb-dump") or "mysqldump", "-h", url.host or "127.0.0.1",
+                           "-P", str(url.port or 3306), "-u", url.username or "root", "--skip-ssl", url.database],
+                          capture_output=True, text=True, timeout=120)
+    assert dump.returncode == 0 and "CONTROL-MARKER" in dump.stdout, dump.stderr
+    places = {"mysqldump": dump.stdout, "tick output": ran.stdout + ran.stderr}
+    for path in settings.instance.rglob("*"):
+        if path.is_file():
+            places[str(path)] = path.read_bytes().decode("utf-8", "replace")
+    for marker in (phone, "PHI-MARKER", "Jane Roe", phone[-8:]):
+        found = [where for where, content in places.items() if marker in content]
+        assert found == [], f"{marker!r} in plaintext in {found}"
