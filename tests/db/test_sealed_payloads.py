@@ -389,3 +389,46 @@ def test_no_marker_in_a_mysqldump_the_instance_folder_or_the_logs_after_a_run(ru
     for marker in (phone, "PHI-MARKER", "Jane Roe", phone[-8:]):
         found = [where for where, content in places.items() if marker in content]
         assert found == [], f"{marker!r} in plaintext in {found}"
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked")
+def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_opens_it(runtime, registry,
+                                                                                          sealer, rabbit):
+    from cronbox.outbox.events.incoming import BadMessage, parse
+    from cronbox.outbox.events.relay import Relay
+
+    kind = f"clinic.result.{secrets.token_hex(3)}"
+    exchange = rabbit.exchange()
+    sealed_queue, open_queue = rabbit.queue(exchange, kind, "sealed"), rabbit.queue(exchange, kind, "other")
+    outbox.forward(kind, exchange=exchange, name=f"sealed-{kind}", routing_key=lambda e: f"{e.type}",
+                   registry=registry)
+
+    @consumer(kind, name=f"remote-{kind}", sealed=True, runs="broker", registry=registry)
+    def remote(event, ctx):
+        pass
+
+    with runtime.sessions.begin() as session:
+        outbox.record(session, kind, {"text": MARKER})
+    runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
+    relay = Relay(runtime)
+    try:
+        relay.run(Budget(max_time=30, memory_mb=None))
+    finally:
+        relay.close()
+    [message] = rabbit.take(sealed_queue)
+    assert len(rabbit.take(open_queue)) == 1  # bound to the same key: the same sealed message
+    body = message.body if isinstance(message.body, str) else message.body.decode()
+    assert MARKER not in body and body.startswith("cbxp1:")
+    headers = message.properties["application_headers"]
+    assert len(headers["x-cronbox-sealed"]) == 32 and len(headers["x-cronbox-install"]) == 32
+    assert parse(message, registry.consumers, runtime).event.payload == {"text": MARKER}
+    with sealing.using(None):
+        bare = type("NoVault", (), {"sealer": staticmethod(lambda: None)})()
+        with pytest.raises(BadMessage, match="no key vault"):
+            parse(message, registry.consumers, bare)
+    headers["x-cronbox-sealed"] = "0" * 32  # another row's seal id
+    with pytest.raises(BadMessage, match="does not open"):
+        parse(message, registry.consumers, runtime)
+
+
+from tests.rabbit import amqp_vhost, rabbit  # noqa: E402,F401  (the RabbitMQ fixtures)

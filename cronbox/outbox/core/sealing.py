@@ -237,6 +237,17 @@ class Sealer:
         ad = associated_data(self.install_id(connection), table, bytes.fromhex(seal_id), key_id, name)
         return open_text(self._aead(key_id, self.keys.material(key_id)), raw, ad)
 
+    def open_message(self, install_hex: str, table: str, name: str, seal_id: str | None, text: str) -> str:
+        """The JSON text of an envelope that left its database (a forwarded event's message body): bound to
+        the install named by the message's header instead of this process's database."""
+        if not isinstance(install_hex, str) or not _HEX32.fullmatch(install_hex):
+            raise PayloadIntegrityError("sealed message: no install id header")
+        key_id, raw = envelope_parts(text)
+        if seal_id is None or not _HEX32.fullmatch(seal_id):
+            raise PayloadIntegrityError("sealed message: no seal id header")
+        ad = associated_data(bytes.fromhex(install_hex), table, bytes.fromhex(seal_id), key_id, name)
+        return open_text(self._aead(key_id, self.keys.material(key_id)), raw, ad)
+
     def reseal(self, connection: Connection, table: str, name: str, seal_id: str, text: str) -> str | None:
         """The envelope sealed again under the active key (rotation), or None when it already is."""
         active_id, master = self.keys.active()

@@ -121,7 +121,7 @@ APP_ID = "cronbox"
 TYPE_HEADER, ID_HEADER, TRACE_HEADER, CREATED_HEADER, KEY_HEADER = (
     "x-event-type", "x-event-id", "x-trace-id", "x-created-at", "x-event-key")
 # On a message whose body is a sealed payload's envelope (text, `cbxp1:…`): the event's seal id.
-SEALED_HEADER = "x-cronbox-sealed"
+SEALED_HEADER, INSTALL_HEADER = "x-cronbox-sealed", "x-cronbox-install"  # and its database's install id (hex)
 
 
 def message_id(event_id: int, trace_id: str) -> str:

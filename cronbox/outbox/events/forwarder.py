@@ -34,7 +34,7 @@ from cronbox.outbox.engine.handler_call import ERROR, Outcome
 from cronbox.outbox.events.broker import Broker, Outgoing
 from cronbox.outbox.events.delivery_processor import DeliveryProcessor
 from cronbox.outbox.events.deliveries import Claimed
-from cronbox.outbox.events.forward import ForwardTarget, message_of
+from cronbox.outbox.events.forward import INSTALL_HEADER, ForwardTarget, message_of
 
 log = logging.getLogger("cronbox")
 
@@ -156,4 +156,8 @@ def message_for(target: ForwardTarget, item: Claimed, processor=None) -> Outgoin
         raise ValueError(f"the routing key is longer than AMQP's {MAX_ROUTING_KEY} bytes: {key[:40]!r}...")
     if target.open and is_sealed(item.payload):
         return message_of(target.target.exchange, key, item, dump_payload(payload()))
-    return message_of(target.target.exchange, key, item)
+    message = message_of(target.target.exchange, key, item)
+    sealer = processor.runtime.sealer() if processor is not None and is_sealed(item.payload) else None
+    if sealer is not None:  # `amqp consume` with the same keys opens it against the publisher's install
+        message.properties["application_headers"][INSTALL_HEADER] = sealer.install_id(processor.connection).hex()
+    return message
