@@ -12,6 +12,7 @@ with its seal id into a second row of its table is refused by the database too. 
 keep NULL (NULLs never collide).
 """
 import secrets
+import sqlite3
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
@@ -27,10 +28,11 @@ TABLES = ("cronbox_events", "cronbox_jobs")
 
 
 def upgrade() -> None:
+    # A unique index, not a constraint: both are added and dropped in place on SQLite, where a table
+    # copy (batch mode) of cronbox_events is refused while deliveries reference it (foreign keys on).
     for name in TABLES:
-        with op.batch_alter_table(name) as batch:
-            batch.add_column(sa.Column("seal_id", sa.String(32), nullable=True))
-            batch.create_unique_constraint(op.f(f"uq_{name}_seal_id"), ["seal_id"])
+        op.add_column(name, sa.Column("seal_id", sa.String(32), nullable=True))
+        op.create_index(op.f(f"ix_{name}_seal_id"), name, ["seal_id"], unique=True)
     install = op.create_table(
         "cronbox_install",
         sa.Column("id", sa.Integer(), autoincrement=False, nullable=False),
@@ -44,8 +46,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # As 0013's: in place, except on a SQLite older than 3.35 (batch mode: prune the events first there).
     op.drop_table("cronbox_install")
+    in_place = op.get_bind().dialect.name != "sqlite" or sqlite3.sqlite_version_info >= (3, 35)
     for name in TABLES:
+        op.drop_index(op.f(f"ix_{name}_seal_id"), table_name=name)
+        if in_place:
+            op.drop_column(name, "seal_id")
+            continue
         with op.batch_alter_table(name) as batch:
-            batch.drop_constraint(op.f(f"uq_{name}_seal_id"), type_="unique")
             batch.drop_column("seal_id")
