@@ -22,8 +22,8 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.registry import Registry
-from cronbox.outbox.events import broker_loop
-from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.amqp import broker_loop
+from cronbox.outbox.amqp.broker import parse_url
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.broker_worker import BrokerWorker
 from cronbox.outbox.queue import celery_messages, pauses

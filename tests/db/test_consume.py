@@ -16,9 +16,9 @@ from cronbox import outbox
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events import inbox, queues
-from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.amqp.broker import parse_url
 from cronbox.outbox.events.consume import QueueConsumer
-from cronbox.outbox.events.consumer_link import SetupError
+from cronbox.outbox.amqp.consumer_link import SetupError
 from cronbox.outbox.events.incoming import MAX_BODY
 from cronbox.outbox.events.parked import DeadQueue
 from tests.broker_rows import inbox_count, inbox_has

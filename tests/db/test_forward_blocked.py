@@ -17,7 +17,7 @@ import pytest
 from cronbox import outbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
-from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.forward import message_of
 from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries

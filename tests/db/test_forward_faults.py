@@ -14,7 +14,7 @@ from cronbox import outbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import run_loop
-from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import rabbitmqctl, url

@@ -9,7 +9,7 @@ from amqp.exceptions import ChannelError
 from amqp import Message
 from cronbox.outbox.core.errors import RegistrationError, SettingsError
 from cronbox.outbox.engine.registry import Registry
-from cronbox.outbox.events.broker import Batch, Broker, parse_url
+from cronbox.outbox.amqp.broker import Batch, Broker, parse_url
 
 
 def test_patterns_match_event_types_and_plain_consumers_stay_exact():

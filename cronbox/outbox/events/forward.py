@@ -9,7 +9,7 @@ A forward target is registered as a consumer like any other (same registry, same
 own delivery rows, per-key order, backoff, dead state, `outbox status/dead/retry/skip`, console and
 health all apply unchanged. Only the relay treats it differently: instead of calling a function it
 publishes the claimed batch to CRONBOX_AMQP_URL and acks each delivery once the broker confirmed it
-(outbox/events/broker.py).
+(outbox/amqp/broker.py).
 
 The message carries the event exactly as recorded: the stored JSON text as the body, and an identity
 that is the same on every retry (`message_id`), so a consumer on the other side can drop duplicates
@@ -26,8 +26,8 @@ from typing import Callable
 
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.backoff import Backoff
-from cronbox.outbox.events.broker import Outgoing
 from cronbox.outbox.engine.registry import DEFAULT, Registry
+from cronbox.outbox.amqp.broker import Outgoing
 from cronbox.outbox.events.consumers import MAX_NAME
 
 FORWARD_MAX_ATTEMPTS = 25  # with the default backoff (5 s doubling, capped at 15 min): about five hours

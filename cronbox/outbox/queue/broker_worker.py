@@ -29,7 +29,7 @@ killed database worker does; the publisher then sends them again (same token, fl
 the next worker takes each such copy alone: a job that killed its worker costs only its own attempt,
 and after its tries it fails. Messages read but not taken go back to the queue, unchanged.
 
-The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer_link.Link named
+The run is `amqp consume`'s (outbox.amqp.broker_loop: the connection, consumer_link.Link named
 "cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
 SIGTERM/SIGINT finish the job in hand and exit; `--max-time`, `--max-jobs`, `--memory` as for
 `queue work`. A handler that runs longer than two AMQP heartbeats loses the connection (the broker
@@ -49,10 +49,10 @@ from cronbox.outbox.core.logs import LimitedLines
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
-from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
-from cronbox.outbox.events.consumer_link import Link
-from cronbox.outbox.events.unreadable import Unreadable
+from cronbox.outbox.amqp.broker import BrokerAddress
+from cronbox.outbox.amqp.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
+from cronbox.outbox.amqp.consumer_link import Link
+from cronbox.outbox.amqp.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
 from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
@@ -122,7 +122,7 @@ class BrokerWorker(Worker):
 
     def work(self, budget: Budget) -> RunResult:
         """Run the queues' jobs as their messages come, until the budget says stop (or, with
-        stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
+        stop_when_empty, nothing comes for a second): outbox.amqp.broker_loop."""
         try:
             return self.loop.run(budget)
         finally:
