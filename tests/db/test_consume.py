@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from cronbox import outbox
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events import inbox, queues
@@ -229,7 +230,7 @@ def test_bad_messages_are_parked_with_a_reason_and_never_block_the_queue(runtime
     publish(rabbit, queue, body=b"{not json")
     publish(rabbit, queue, body=b"\xff\xfe{}")
     publish(rabbit, queue, message_id="")
-    publish(rabbit, queue, message_id="x" * (inbox.MAX_MESSAGE_ID + 1))
+    publish(rabbit, queue, message_id="x" * (NAME_MAX + 1))
     publish(rabbit, queue, props={"type": "no.such.type", "application_headers": {}})
     publish(rabbit, queue, props={"type": None, "application_headers": {}})
     publish(rabbit, queue, body=b" " * (MAX_BODY + 1))
@@ -241,7 +242,7 @@ def test_bad_messages_are_parked_with_a_reason_and_never_block_the_queue(runtime
         reasons = [p.reason for p in dq.list(20)[0]]
     assert reasons == ["bad message: body is not JSON (UTF-8)", "bad message: body is not JSON (UTF-8)",
                        "bad message: no message_id",
-                       f"bad message: message_id longer than {inbox.MAX_MESSAGE_ID} characters",
+                       f"bad message: message_id longer than {NAME_MAX} characters",
                        "bad message: no consumer registered here for type 'no.such.type'",
                        "bad message: no type (neither the type property nor an x-event-type header)",
                        f"bad message: body of {MAX_BODY + 1} bytes is over the {MAX_BODY} byte limit"]

@@ -50,7 +50,7 @@ from cronbox.outbox.core.errors import TransactionAborted
 from cronbox.outbox.core.engines import session_factory
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
-from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
@@ -442,7 +442,7 @@ def _shown(value, limit: int = 300) -> str:
 
 def _idempotency_key(consumer: str, message_id: str) -> str:
     key = f"amqp-{message_id}-{consumer}"
-    return key if len(key) <= 191 else "amqp-" + hashlib.sha256(f"{consumer}\0{message_id}".encode()).hexdigest()
+    return key if len(key) <= NAME_MAX else "amqp-" + hashlib.sha256(f"{consumer}\0{message_id}".encode()).hexdigest()
 
 
 def _reason(failures: list) -> str:

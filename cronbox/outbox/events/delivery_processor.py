@@ -16,7 +16,7 @@ from typing import Callable
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.payload import load_payload
-from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context, Event
 from cronbox.outbox.engine.handler_call import Outcome
@@ -81,4 +81,4 @@ class DeliveryProcessor(Processor):
 
     def _describe(self, item) -> str:
         return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "
-                f"type={clean_text(item.event_type, 191)}")
+                f"type={clean_text(item.event_type, NAME_MAX)}")

@@ -12,11 +12,10 @@ from sqlalchemy.engine import Connection
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.text import is_utf8
+from cronbox.outbox.core.text import NAME_MAX, is_utf8
 from cronbox.outbox.events.models import OutboxEvent
 from cronbox.outbox.core.session_types import Transactional
 
-MAX_TEXT = 191
 # Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the
 # engine's compiled cache: each call only binds the row's values.
 _INSERT = insert(cast(Table, OutboxEvent.__table__))
@@ -66,10 +65,10 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
     payload that is not plain JSON, naming the offending key, or a type or key that is empty, too long
     or holds a NUL; nothing is written then.
     """
-    if not isinstance(type, str) or not type or len(type) > MAX_TEXT:
-        raise PayloadError(f"event type must be a non-empty string of at most {MAX_TEXT} characters")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_TEXT):
-        raise PayloadError(f"event key must be None or a non-empty string of at most {MAX_TEXT} characters")
+    if not isinstance(type, str) or not type or len(type) > NAME_MAX:
+        raise PayloadError(f"event type must be a non-empty string of at most {NAME_MAX} characters")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > NAME_MAX):
+        raise PayloadError(f"event key must be None or a non-empty string of at most {NAME_MAX} characters")
     if "\x00" in type or (key is not None and "\x00" in key):  # PostgreSQL stores no NUL in text: none does
         raise PayloadError("event type and key must not contain NUL characters")
     if not is_utf8(type) or (key is not None and not is_utf8(key)):

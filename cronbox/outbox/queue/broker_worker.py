@@ -46,7 +46,7 @@ from datetime import timedelta
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.logs import LimitedLines
-from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.amqp.broker import BrokerAddress
@@ -264,4 +264,4 @@ class BrokerWorker(Worker):
         if item.handler not in self.broker_stats.not_here:
             self.broker_stats.not_here.append(item.handler)
         log.warning("job=%d queue=%s handler=%s is not registered here; waiting %.0fs (no attempt used) trace=%s",
-                    item.id, item.queue, clean_text(item.handler, 191), UNKNOWN_HANDLER_WAIT, item.trace_id)
+                    item.id, item.queue, clean_text(item.handler, NAME_MAX), UNKNOWN_HANDLER_WAIT, item.trace_id)

@@ -18,7 +18,7 @@ from sqlalchemy import Table, insert
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.text import is_utf8
+from cronbox.outbox.core.text import NAME_MAX, is_utf8
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
@@ -28,7 +28,6 @@ from cronbox.outbox.queue.models import READY, Job
 from cronbox.outbox.queue.ratelimit import RateLimit
 from cronbox.outbox.core.session_types import Transactional
 
-MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")  # \Z: `$` would take a final newline
 J = cast(Table, Job.__table__)
 # Built once; SQLAlchemy compiles it once per dialect and keeps it in the engine's compiled cache.
@@ -120,7 +119,7 @@ class JobHandler:
 def _stored_key(handler: str, key: str) -> str:
     """Unique keys are per handler; long ones are hashed to fit the column."""
     stored = f"{handler}:{key}"
-    if len(stored) <= MAX_NAME:
+    if len(stored) <= NAME_MAX:
         return stored
     return f"{handler[:100]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
@@ -199,7 +198,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
 
     def register(fn: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        if len(job_name) > MAX_NAME - 60:
+        if len(job_name) > NAME_MAX - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
         jobs = (registry or DEFAULT).jobs
         other = next((h for h in jobs.all() if concurrency_group is not None and h.name != job_name
