@@ -129,19 +129,13 @@ APART = {
     "cronbox.outbox.queue": ("cronbox.outbox.events",),
     "cronbox.outbox.amqp": ("cronbox.outbox.events", "cronbox.outbox.queue"),
 }
-# Each a reason: (importer, imported).
-APART_EXCEPTIONS = {
-    # dispatch() inserts its row as record() does (the caller's connection, a trace id): both still in
-    # record.py until they move to core with the shared validator.
-    ("cronbox.outbox.queue.jobs", "cronbox.outbox.events.record"),
-}
 
 
 def test_the_job_queue_and_the_transport_import_nothing_of_the_event_outbox(graph):
     assert "cronbox.outbox.amqp.consumer_link" in graph["cronbox.outbox.queue.broker_worker"]  # the check sees them
     against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
                      for room, kept_out in APART.items() if a.startswith(room + ".")
-                     if any(b == k or b.startswith(k + ".") for k in kept_out) and (a, b) not in APART_EXCEPTIONS)
+                     if any(b == k or b.startswith(k + ".") for k in kept_out))
     assert against == [], "imports between rooms kept apart:\n" + "\n".join(against)
 
 
