@@ -11,14 +11,20 @@ from collections import deque
 
 import amqp
 
-from cronbox.outbox.amqp.broker import Batch, BrokerAddress, close_connection, ensure_queue, open_connection
+from cronbox.outbox.amqp.broker import (
+    CONNECT_TIMEOUT,
+    Batch,
+    BrokerAddress,
+    close_connection,
+    ensure_queue,
+    open_connection,
+)
 from cronbox.outbox.amqp.unreadable import UnreadableFrames
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.text import describe
 
-CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
 ACK_WAIT = 0.1  # seconds a handled message's ack may wait to go out with later ones (basic.ack multiple)
 NAME = "cronbox consumer"
@@ -54,7 +60,6 @@ class Link:
         self.connection: amqp.Connection | None = None
         self.channel = None
         self.inbound: deque = deque()
-        self._consumer_tags: list[str] = []
         self._tag = 0
         self._batch: Batch | None = None
         self._declared: set[str] = set()
@@ -88,8 +93,8 @@ class Link:
             # Several job queues on one channel: --prefetch counts for the channel, not for each queue.
             channel.basic_qos(0, self.prefetch, len(self.jobs) > 1)
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
-            self._consumer_tags = [channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
-                                   for queue in (self.jobs or (self.queue,))]
+            for queue in self.jobs or (self.queue,):
+                channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
         except BaseException:
             close_connection(connection, graceful=False)
             raise
@@ -175,12 +180,6 @@ class Link:
         crash_point("before-broker-ack")
         self.channel.basic_ack(tag, multiple=True)
         crash_point("after-broker-ack")
-
-    def cancel(self) -> None:
-        """Stop the broker sending more (basic.cancel, waiting for its cancel-ok): what it sent before
-        is in `inbound`, still ours to ack or give back."""
-        for tag in self._consumer_tags:
-            self.channel.basic_cancel(tag)
 
     def give_back(self, tag: int) -> None:
         """Back to the queue, at its place (basic.reject with requeue); the done ones acked first."""
