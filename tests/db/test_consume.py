@@ -12,7 +12,7 @@ import amqp
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.models import Heartbeat
@@ -51,24 +51,24 @@ def behaviour(runtime, registry):
         b.calls.append((name, event.payload.get("n"), ctx.attempt, time.monotonic()))
         ctx.session.execute(consumed.insert().values(consumer=name, n=event.payload.get("n"), attempt=ctx.attempt))
 
-    @outbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+    @cronbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
                      registry=registry)
     def a(event, ctx):
         write("a", event, ctx)
         if b.permanent:
-            raise outbox.PermanentFailure("cannot work")
+            raise cronbox.PermanentFailure("cannot work")
         if ctx.attempt <= b.fail_a:
             raise RuntimeError(f"failing attempt {ctx.attempt}")
         if b.later:
             b.later -= 1
-            raise outbox.RetryLater(0.2, "not yet")
+            raise cronbox.RetryLater(0.2, "not yet")
 
-    @outbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+    @cronbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
                      registry=registry)
     def b_(event, ctx):
         write("b", event, ctx)
 
-    outbox.forward("amqp.*", exchange="elsewhere", name="fwd", registry=registry)  # never run by the consumer
+    cronbox.forward("amqp.*", exchange="elsewhere", name="fwd", registry=registry)  # never run by the consumer
     return b
 
 
@@ -144,7 +144,7 @@ def test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row(
     hostile.metadata.create_all(runtime.engine)
     calls = []
 
-    @outbox.consumer("amqp.session", name="session", backoff=[600], registry=registry)
+    @cronbox.consumer("amqp.session", name="session", backoff=[600], registry=registry)
     def session(event, ctx):
         calls.append(event.payload["n"])
         steps(ctx)

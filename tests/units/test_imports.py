@@ -4,7 +4,7 @@ and no module cycles.
 Every project module is parsed (not imported), so an import inside a function counts as much as
 one at the top: a lazy import that closes a cycle only hides it until someone calls that function.
 A submodule importing names from one of its own packages (`from . import bp` in `cronbox/ops/guard.py`)
-is exempt: with its package importing it in turn (`outbox/__init__.py` exposing `outbox.record`) that
+is exempt: with its package importing it in turn (`cronbox/outbox/__init__.py` exposing `load_settings`) that
 pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cronbox.cron.cli`
 importing `cronbox.cron.commands`, whose modules import `cronbox.cron.cli`, runs half-initialised modules.
 """
