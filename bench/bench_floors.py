@@ -116,7 +116,7 @@ def section_record(t: Target, store: str, table: Report, rounds: int, kind: str,
         return n / t.floor("floor_sql.py", [kind, str(n)])["seconds"]
 
     a, b = alternate(rounds, ours, floor)
-    what = "outbox.record()" if kind == "record" else "job.dispatch()"
+    what = "cronbox.record()" if kind == "record" else "job.dispatch()"
     table.rate(f"{kind}: {what}, one row per transaction", store, a, b, "≥0.85×")
 
 

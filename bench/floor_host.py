@@ -3,7 +3,7 @@
 
 The parent (bench_floors) imports this module without cronbox. Run as a program, with the tree first
 on sys.path, it is the host side of record/dispatch and the seeding of events and jobs, through
-cronbox's public calls (`outbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
+cronbox's public calls (`cronbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
 
     python bench/floor_host.py record|dispatch|seed-events TYPE|seed-jobs HANDLER|seed-numbered-jobs HANDLER  URL N
 """
@@ -133,7 +133,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
     from sqlalchemy.orm import Session
 
     import floor_handlers
-    from cronbox import outbox
+    import cronbox
     from floor_sql import cpu_seconds, engine_for
 
     engine = engine_for(url)
@@ -142,7 +142,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
         for i in range(int(rest[0])):
             with Session(engine) as s, s.begin():
                 if kind == "record":
-                    outbox.record(s, "fl.noop", {"i": i})
+                    cronbox.record(s, "fl.noop", {"i": i})
                 else:
                     floor_handlers.peer_body.dispatch(s, None)
     elif kind == "seed-events":
@@ -150,7 +150,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
         for start in range(0, n, 500):
             with Session(engine) as s, s.begin():
                 for i in range(start, min(n, start + 500)):
-                    outbox.record(s, event_type, {"i": i})
+                    cronbox.record(s, event_type, {"i": i})
     elif kind in ("seed-jobs", "seed-numbered-jobs"):  # numbered: payload {"i": i} (the one-row job's event_id)
         job, n = getattr(floor_handlers, rest[0]), int(rest[1])
         numbered = kind == "seed-numbered-jobs"

@@ -7,18 +7,18 @@ from __future__ import annotations
 import os
 import time
 
-from cronbox import outbox
+import cronbox
 
 QUEUE = "quiet"
 SLEEP = 0.05  # seconds: a call to another service
 
 
-@outbox.job(QUEUE, name="bench.quiet.noop", timeout=30)
+@cronbox.job(QUEUE, name="bench.quiet.noop", timeout=30)
 def noop(payload, ctx):
     """Nothing at all: the acks' own cost."""
 
 
-@outbox.job(QUEUE, name="bench.quiet.call", timeout=1)
+@cronbox.job(QUEUE, name="bench.quiet.call", timeout=1)
 def call(payload, ctx):
     """50 ms, then a line in BENCH_EFFECTS_FILE when it is set (an effect outside the database)."""
     time.sleep(SLEEP)

@@ -24,17 +24,17 @@ def _call(item: int) -> None:
         out.write(f"{item}\n")
 
 
-@outbox.consumer("quiet.call", name="quiet.consumer", timeout=TIMEOUT, max_attempts=100)
+@cronbox.consumer("quiet.call", name="quiet.consumer", timeout=TIMEOUT, max_attempts=100)
 def quiet_consumer(event, ctx):
     _call(event.id)
 
 
-@outbox.job("quiet", name="quiet.job", timeout=TIMEOUT, tries=100)
+@cronbox.job("quiet", name="quiet.job", timeout=TIMEOUT, tries=100)
 def quiet_job(payload, ctx):
     _call(payload["n"])
 
 
-@outbox.job("quiet-broker", name="quiet.broker_job", timeout=TIMEOUT, tries=100)
+@cronbox.job("quiet-broker", name="quiet.broker_job", timeout=TIMEOUT, tries=100)
 def quiet_broker_job(payload, ctx):
     _call(payload["n"])
 

@@ -153,9 +153,10 @@ def test_a_killed_worker_pool_repeats_at_most_the_window_per_worker(runtime, qui
 
 def test_a_killed_tick_repeats_at_most_the_window_of_its_consumers(runtime, quiet_env, tmp_path):
     from cronbox import outbox
+    import cronbox
 
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "quiet.call", {"n": n}) for n in range(ITEMS)]
+        events = [cronbox.record(session, "quiet.call", {"n": n}) for n in range(ITEMS)]
         session.flush()
         items = {e.id for e in events}
 

@@ -9,7 +9,7 @@ called with the Event and a Context; its rows' writes are outbox.events.deliveri
 from __future__ import annotations
 
 from cronbox.outbox.core.payload import load_payload
-from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.context import Context, Event
 from cronbox.outbox.engine.outcomes import Family, Outcomes
@@ -25,7 +25,7 @@ def delivery_family(consumers) -> Family:
 
     def describe(item) -> str:
         return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "
-                f"type={clean_text(item.event_type, 191)}")
+                f"type={clean_text(item.event_type, NAME_MAX)}")
 
     return Family("delivery", "dead", handler=lambda item: consumers.get(item.consumer), args=args, describe=describe)
 

@@ -9,7 +9,7 @@ deliveries.claim_due); this module takes over from there, per target and claimed
    one whose attempts are used up (its run was killed mid-publish) is given up on
    (outbox.engine.outcomes.exhausted);
 2. its message is made (the routing key, forward.message_of) and the batch is published with
-   publisher confirms in one go (outbox.events.broker.Broker.send), waiting for every confirm;
+   publisher confirms in one go (outbox.amqp.broker.Broker.send), waiting for every confirm;
 3. the confirmed deliveries are kept in `confirmed`, to be acked by claim token in the relay's
    next transaction (the one that also fans out and claims the next batch: one COMMIT a batch),
    or in one of their own (`ack_confirmed`) before anything that may wait (another target's
@@ -34,7 +34,7 @@ from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Event
 from cronbox.outbox.engine.handler_call import ERROR, Outcome
 from cronbox.outbox.engine.outcomes import Outcomes, exhausted
-from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.deliveries import Claimed
 from cronbox.outbox.events.forward import ForwardTarget, message_of
 

@@ -5,7 +5,7 @@ relay's batch transaction fans it out to one pending delivery row per consumer a
 rows (outbox.events.deliveries: fan_out, claim_due); an in-process consumer's delivery is run by the
 runner (outbox.engine.runner, with the delivery family: outbox.events.delivery_family), a forward
 target's is published by the Forwarder (outbox.events.forwarder) through the Broker
-(outbox.events.broker) and acked once confirmed; both write its outcome through the same Outcomes
+(outbox.amqp.broker) and acked once confirmed; both write its outcome through the same Outcomes
 (outbox.engine.outcomes). Claiming, leases, per-key order and retries are the same for every consumer: a claim
 takes at most one delivery per (consumer, key), so a delivery that failed stays pending and holds
 its key back until it gets through.
@@ -23,7 +23,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events import deliveries, placement
-from cronbox.outbox.events.broker import Broker
+from cronbox.outbox.amqp.broker import Broker
 from cronbox.outbox.events.delivery_family import delivery_runner
 from cronbox.outbox.events.forward import is_forward
 from cronbox.outbox.events.forwarder import Forwarder

@@ -30,7 +30,7 @@ killed database worker does; the publisher then sends them again (same token, fl
 the next worker takes each such copy alone: a job that killed its worker costs only its own attempt,
 and after its tries it fails. Messages read but not taken go back to the queue, unchanged.
 
-The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer_link.Link named
+The run is `amqp consume`'s (outbox.amqp.broker_loop: the connection, consumer_link.Link named
 "cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
 SIGTERM/SIGINT finish the job in hand and exit; `--max-time`, `--max-jobs`, `--memory` as for
 `queue work`. A handler that runs longer than two AMQP heartbeats loses the connection (the broker
@@ -47,13 +47,13 @@ from datetime import timedelta
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.logs import LimitedLines
-from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
-from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
-from cronbox.outbox.events.consumer_link import Link
-from cronbox.outbox.events.unreadable import Unreadable
+from cronbox.outbox.amqp.broker import BrokerAddress
+from cronbox.outbox.amqp.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
+from cronbox.outbox.amqp.consumer_link import Link
+from cronbox.outbox.amqp.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
 from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
@@ -136,7 +136,7 @@ class BrokerWorker:
 
     def work(self, budget: Budget) -> RunResult:
         """Run the queues' jobs as their messages come, until the budget says stop (or, with
-        stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
+        stop_when_empty, nothing comes for a second): outbox.amqp.broker_loop."""
         try:
             return self.loop.run(budget)
         finally:
@@ -278,4 +278,4 @@ class BrokerWorker:
         if item.handler not in self.broker_stats.not_here:
             self.broker_stats.not_here.append(item.handler)
         log.warning("job=%d queue=%s handler=%s is not registered here; waiting %.0fs (no attempt used) trace=%s",
-                    item.id, item.queue, clean_text(item.handler, 191), UNKNOWN_HANDLER_WAIT, item.trace_id)
+                    item.id, item.queue, clean_text(item.handler, NAME_MAX), UNKNOWN_HANDLER_WAIT, item.trace_id)
