@@ -13,43 +13,28 @@ Its names for an app are cronbox's own (README, "Python API"):
         record(session, "appointment.paid", {"id": 7}, key="appointment:7")
 
 What this package adds is what an app rarely needs: its settings (`load_settings`, `Settings`) and
-the runtime of a process of its own (`open_runtime`, `Runtime`).
+the runtime of a process of its own (`open_runtime`, `Runtime`), and the errors `cronbox` does not
+export. Each public name has one place: `record`, `consumer`, `job`, `forward`, `Context`, `Event`
+and the handler's signals are `cronbox`'s, not repeated here (docs/upgrading.md).
 """
-from cronbox.outbox.engine.context import Context, Event
-from cronbox.outbox.events.consumers import consumer
-from cronbox.outbox.events.forward import forward
 from cronbox.outbox.core.errors import (
-    CronboxError,
     HandlerTimeout,
     PayloadError,
-    PermanentFailure,
     RegistrationError,
-    RetryLater,
     SettingsError,
 )
 from cronbox.outbox.core.settings import Settings, load_settings
 from cronbox.outbox.engine.runtime import Runtime, open_runtime
-from cronbox.outbox.events.record import record
-from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.pauses import ChannelPaused
 
 __all__ = [
     "ChannelPaused",
-    "Context",
-    "CronboxError",
-    "Event",
     "HandlerTimeout",
     "PayloadError",
-    "PermanentFailure",
     "RegistrationError",
-    "RetryLater",
     "Runtime",
     "Settings",
     "SettingsError",
-    "consumer",
-    "forward",
-    "job",
     "load_settings",
     "open_runtime",
-    "record",
 ]

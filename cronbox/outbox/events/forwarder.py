@@ -6,15 +6,18 @@ ordinary delivery rows, claimed by the relay like every other consumer's (outbox
 deliveries.claim_due); this module takes over from there, per target and claimed batch:
 
 1. each delivery's lease must still cover the target's timeout (extended if the batch took long);
-   one whose attempts are used up (its run was killed mid-publish) is given up on;
+   one whose attempts are used up (its run was killed mid-publish) is given up on
+   (outbox.engine.outcomes.exhausted);
 2. its message is made (the routing key, forward.message_of) and the batch is published with
-   publisher confirms in one go (outbox.events.broker.Broker.send), waiting for every confirm;
+   publisher confirms in one go (outbox.amqp.broker.Broker.send), waiting for every confirm;
 3. the confirmed deliveries are kept in `confirmed`, to be acked by claim token in the relay's
    next transaction (the one that also fans out and claims the next batch: one COMMIT a batch),
    or in one of their own (`ack_confirmed`) before anything that may wait (another target's
    publish, in-process handlers, the end of the run);
 4. a failed one (unroutable, refused, no confirm in time, broker unreachable) is retried with the
    target's backoff, or dead after its last attempt, as any consumer's failure is.
+Every outcome is written through the relay's Outcomes (outbox.engine.outcomes), the in-process
+consumers' own.
 
 Nothing is acked before its confirm: a run killed in between leaves the delivery leased, and the
 claim takes it again once its lease runs out (published again, with the same message id).
@@ -31,8 +34,8 @@ from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Event
 from cronbox.outbox.engine.handler_call import ERROR, Outcome
-from cronbox.outbox.events.broker import Broker, Outgoing
-from cronbox.outbox.events.delivery_processor import DeliveryProcessor
+from cronbox.outbox.engine.outcomes import Outcomes, exhausted
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.deliveries import Claimed
 from cronbox.outbox.events.forward import INSTALL_HEADER, ForwardTarget, message_of
 
@@ -42,8 +45,9 @@ MAX_ROUTING_KEY = 255  # an AMQP short string
 
 
 class Forwarder:
-    def __init__(self, processor: DeliveryProcessor, broker: Broker | None = None):
-        self.processor = processor
+    def __init__(self, runtime, outcomes: Outcomes, broker: Broker | None = None):
+        self.runtime = runtime
+        self.outcomes = outcomes
         self._broker = broker
         self.confirmed: list[Claimed] = []  # confirmed by the broker, not yet acked
 
@@ -51,7 +55,7 @@ class Forwarder:
     def broker(self) -> Broker:
         """The process's broker connection, made on the first forwarded batch."""
         if self._broker is None:
-            self._broker = Broker(self.processor.runtime.settings.get("CRONBOX_AMQP_URL"))
+            self._broker = Broker(self.runtime.settings.get("CRONBOX_AMQP_URL"))
         return self._broker
 
     def keep_alive(self) -> None:
@@ -76,14 +80,14 @@ class Forwarder:
             try:
                 if index:
                     if budget.stop_reason() is not None:
-                        self.processor.release([i for n in names[index:] for i in by_target[n]])
+                        self.outcomes.release([i for n in names[index:] for i in by_target[n]])
                         return
                     self.ack_confirmed()  # the previous target's: not left waiting on this publish
                 publishing = True
-                self._publish(self.processor.registry.get(name), by_target[name], budget)
+                self._publish(self.runtime.consumers.get(name), by_target[name], budget)
             except BaseException:  # targets not yet published are given back, not left leased
                 unstarted = names[index + 1:] if publishing else names[index:]
-                self.processor.release([i for n in unstarted for i in by_target[n]], best_effort=True)
+                self.outcomes.release([i for n in unstarted for i in by_target[n]], best_effort=True)
                 raise
 
     def ack_confirmed(self, *, best_effort: bool = False) -> None:
@@ -93,7 +97,7 @@ class Forwarder:
         if not confirmed:
             return
         try:
-            self.processor.ack_now(confirmed)
+            self.outcomes.ack_now(confirmed, fail_blocked=not best_effort)
         except Exception:
             if not best_effort:
                 raise
@@ -103,15 +107,15 @@ class Forwarder:
     def _publish(self, target: ForwardTarget, items: list[Claimed], budget: Budget) -> None:
         ready, messages = [], []
         for item in items:
-            if not self.processor.lease_covers(item, target):
+            if not self.outcomes.lease_covers(item, target):
                 continue
-            if item.attempts > target.max_attempts:
-                self.processor.give_up_exhausted(item, target)
+            if exhausted(item, target):
+                self.outcomes.give_up_exhausted(item, target)
                 continue
             try:
-                messages.append(message_for(target, item, self.processor))
+                messages.append(message_for(target, item, self.runtime, self.outcomes.db.connection))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
-                self.processor.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
+                self.outcomes.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
             ready.append(item)
         if not ready:
@@ -129,10 +133,10 @@ class Forwarder:
         if failed:
             self.ack_confirmed()  # first: the broker has these, the sooner acked the fewer duplicates
         for item, error in failed:
-            self.processor.failed(item, target, Outcome(ERROR, seconds, error))
+            self.outcomes.failed(item, target, Outcome(ERROR, seconds, error))
 
 
-def message_for(target: ForwardTarget, item: Claimed, processor=None) -> Outgoing:
+def message_for(target: ForwardTarget, item: Claimed, runtime=None, connection=None) -> Outgoing:
     """The message of a claimed delivery, with its routing key: the event type, the target's fixed
     key, or what its function makes of the event (which sees the event as a consumer would). A
     sealed payload is opened (in memory) only for a key function or a target forwarding it open."""
@@ -141,8 +145,8 @@ def message_for(target: ForwardTarget, item: Claimed, processor=None) -> Outgoin
 
     def payload():
         if not opened:
-            opened.append(open_payload(processor.runtime, EVENTS, item.event_type, item.seal_id, item.payload,
-                                       processor.connection) if is_sealed(item.payload)
+            opened.append(open_payload(runtime, EVENTS, item.event_type, item.seal_id, item.payload, connection)
+                          if is_sealed(item.payload)
                           else load_payload(item.payload))
         return opened[0]
 
@@ -157,7 +161,7 @@ def message_for(target: ForwardTarget, item: Claimed, processor=None) -> Outgoin
     if target.open and is_sealed(item.payload):
         return message_of(target.target.exchange, key, item, dump_payload(payload()))
     message = message_of(target.target.exchange, key, item)
-    sealer = processor.runtime.sealer() if processor is not None and is_sealed(item.payload) else None
-    if sealer is not None:  # `amqp consume` with the same keys opens it against the publisher's install
-        message.properties["application_headers"][INSTALL_HEADER] = sealer.install_id(processor.connection).hex()
+    sealer = runtime.sealer() if runtime is not None and is_sealed(item.payload) else None
+    if sealer is not None and connection is not None:  # `amqp consume` with the same keys opens it
+        message.properties["application_headers"][INSTALL_HEADER] = sealer.install_id(connection).hex()
     return message
