@@ -27,7 +27,7 @@ from sqlalchemy import Integer, MetaData, String, Table, Column, create_engine, 
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import sealing
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.core.settings import load_settings
@@ -44,17 +44,17 @@ ORDERS = Table("bench_orders", META, Column("id", Integer, primary_key=True, aut
 PAYLOAD = {"patient": "p-1842", "text": "x" * 1000}  # ~1 KB of JSON
 
 
-@outbox.job("bench", name="bench.sealed.noop", sealed=True, registry=REGISTRY)
+@cronbox.job("bench", name="bench.sealed.noop", sealed=True, registry=REGISTRY)
 def sealed_noop(payload, ctx):
     pass
 
 
-@outbox.job("bench", name="bench.plain.noop", registry=REGISTRY)
+@cronbox.job("bench", name="bench.plain.noop", registry=REGISTRY)
 def plain_noop(payload, ctx):
     pass
 
 
-@outbox.consumer("bench.sealed", name="bench.sealed.consumer", sealed=True, registry=REGISTRY)
+@cronbox.consumer("bench.sealed", name="bench.sealed.consumer", sealed=True, registry=REGISTRY)
 def sealed_consumer(event, ctx):
     pass
 
@@ -118,11 +118,11 @@ def run(rt, args) -> None:
 
     def record_plain(c):
         order(c)
-        outbox.record(c, "bench.plain", PAYLOAD)
+        cronbox.record(c, "bench.plain", PAYLOAD)
 
     def record_sealed(c):
         order(c)
-        outbox.record(c, "bench.sealed", PAYLOAD)
+        cronbox.record(c, "bench.sealed", PAYLOAD)
 
     cases = {"floor": floor, "dispatch": dispatch_plain, "dispatch sealed": dispatch_sealed,
              "record": record_plain, "record sealed": record_sealed}

@@ -7,7 +7,7 @@ import secrets
 import pytest
 from sqlalchemy import select, text, update
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import sealing
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.engine.budget import Budget
@@ -86,9 +86,9 @@ def test_an_event_type_declared_sealed_is_sealed_whoever_records_it(runtime, reg
         seen.append(event.payload)
 
     with runtime.sessions.begin() as session:
-        recorded = outbox.record(session, kind, {"patient": MARKER})
+        recorded = cronbox.record(session, kind, {"patient": MARKER})
         with pytest.raises(PayloadError, match="declared sealed"):
-            outbox.record(session, kind, {"x": 1}, sealed=False)
+            cronbox.record(session, kind, {"x": 1}, sealed=False)
     assert recorded.payload.startswith("cbxp1:")
     with runtime.sessions() as session:
         stored = session.scalars(select(OutboxEvent.payload)).one()
@@ -107,7 +107,7 @@ def test_sealed_dispatch_without_a_vault_fails_at_dispatch_with_one_line(runtime
         with pytest.raises(PayloadError, match="no key vault is configured") as refused:
             text_patient.dispatch(session, {"to": "+15550100"})
         with pytest.raises(PayloadError, match="no key vault"):
-            outbox.record(session, "x", {}, sealed=True)
+            cronbox.record(session, "x", {}, sealed=True)
     assert "\n" not in str(refused.value)
     assert jobs_of(runtime) == []
 
@@ -126,7 +126,7 @@ def test_seal_all_seals_every_job_and_event(runtime, registry, store, settings):
     with sealing.using(sealer):
         dispatch(runtime, anything, [MARKER])
         with runtime.sessions.begin() as session:
-            event = outbox.record(session, "x.all", {"m": MARKER})
+            event = cronbox.record(session, "x.all", {"m": MARKER})
     assert event.payload.startswith("cbxp1:") and jobs_of(runtime)[0].payload.startswith("cbxp1:")
     work(runtime, ["q"])
     assert seen == [[MARKER]]
@@ -141,7 +141,7 @@ def _tamper_cases(runtime, sealer):
 
     def from_events(connection, rows):
         with sealing.using(sealer):
-            event = outbox.record(connection, "moved", {"text": MARKER}, sealed=True)
+            event = cronbox.record(connection, "moved", {"text": MARKER}, sealed=True)
         seal_id = connection.execute(select(OutboxEvent.seal_id).where(OutboxEvent.id == event.id)).scalar()
         connection.execute(update(OutboxEvent).where(OutboxEvent.id == event.id).values(seal_id=None))
         connection.execute(update(Job).where(Job.id == rows[1].id).values(payload=event.payload, seal_id=seal_id))
@@ -250,7 +250,7 @@ def test_a_grouped_consumer_of_a_sealed_type_runs_alone_and_a_bad_envelope_does_
 
     with runtime.sessions.begin() as session:
         for n in range(3):
-            outbox.record(session, kind, {"n": n})
+            cronbox.record(session, kind, {"n": n})
     with runtime.engine.begin() as connection:
         first = connection.execute(select(OutboxEvent.id).order_by(OutboxEvent.id)).first()[0]
         connection.execute(update(OutboxEvent).where(OutboxEvent.id == first + 1).values(
@@ -369,14 +369,14 @@ def test_no_marker_in_a_mysqldump_the_instance_folder_or_the_logs_after_a_run(ru
 
     phone, text_marker = "+15550199887766", "PHI-MARKER biopsy results ready for Jane Roe"
     with runtime.sessions.begin() as session:
-        outbox.record(session, "sealed_clinic.result_ready", {"phone": phone, "text": text_marker})
+        cronbox.record(session, "sealed_clinic.result_ready", {"phone": phone, "text": text_marker})
     child = {**env, "CRONBOX_HANDLERS": "tests.handlers.sealed_clinic", "CRONBOX_SMS_DRIVER": "test"}
     ran = run_cli(child, "tick", "--no-linger", "--max-time", "60")
     assert ran.returncode == 0, ran.stderr
     statuses = {r.handler: r.status for r in jobs_of(runtime)}
     assert statuses == {"cronbox.sms": DONE, "sealed_clinic.file_result": DONE}, (statuses, ran.stderr)
     with runtime.sessions.begin() as session:  # the control: a plaintext payload the grep must find
-        outbox.record(session, "unsealed.control", {"text": "CONTROL-MARKER"}, sealed=None)
+        cronbox.record(session, "unsealed.control", {"text": "CONTROL-MARKER"}, sealed=None)
     url = make_url(database.url)
     dump = subprocess.run([shutil.which("mariadb-dump") or "mysqldump", "-h", url.host or "127.0.0.1",
                            "-P", str(url.port or 3306), "-u", url.username or "root", "--skip-ssl", url.database],
@@ -400,7 +400,7 @@ def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_o
     kind = f"clinic.result.{secrets.token_hex(3)}"
     exchange = rabbit.exchange()
     sealed_queue, open_queue = rabbit.queue(exchange, kind, "sealed"), rabbit.queue(exchange, kind, "other")
-    outbox.forward(kind, exchange=exchange, name=f"sealed-{kind}", routing_key=lambda e: f"{e.type}",
+    cronbox.forward(kind, exchange=exchange, name=f"sealed-{kind}", routing_key=lambda e: f"{e.type}",
                    registry=registry)
 
     @consumer(kind, name=f"remote-{kind}", sealed=True, runs="broker", registry=registry)
@@ -408,7 +408,7 @@ def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_o
         pass
 
     with runtime.sessions.begin() as session:
-        outbox.record(session, kind, {"text": MARKER})
+        cronbox.record(session, kind, {"text": MARKER})
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
     relay = Relay(runtime)
     try:
