@@ -432,3 +432,17 @@ def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_o
 
 
 from tests.rabbit import amqp_vhost, rabbit  # noqa: E402,F401  (the RabbitMQ fixtures)
+
+
+@pytest.mark.backends("sqlite", "mysql-token", "postgresql")
+def test_the_pool_opens_sealed_jobs_in_its_children(runtime, settings, env):
+    """`queue work --workers 2`: forked children open what the test's process sealed, under the same keys."""
+    from tests.conftest import run_cli
+    from tests.handlers.sealed_clinic import file_result
+
+    for n in range(6):
+        dispatch(runtime, file_result, {"note": f"PHI-MARKER {n}"})
+    ran = run_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.sealed_clinic"}, "queue", "work", "--queue", "clinic",
+                  "--workers", "2", "--stop-when-empty", "--max-time", "60")
+    assert ran.returncode == 0, ran.stderr
+    assert [r.status for r in jobs_of(runtime)] == ["done"] * 6, ran.stderr
