@@ -147,6 +147,11 @@ class Processor:
         """A gate before the handler (jobs: channel pauses, rate limits); an Outcome skips the call."""
         return None
 
+    def _returned(self, item, outcome: Outcome) -> Outcome:
+        """What the handler returned (`outcome.value`), before its outcome is written (issue 39: a job
+        keeps it for its ack to store as its result; one it cannot store becomes a failure)."""
+        return outcome
+
     def _holds_until_ack(self, item) -> bool:
         """Does the item hold something others wait for until its ack (jobs: a concurrency-group
         slot, unless the next item takes it over)? Then its ack is not batched with later items' but
@@ -325,6 +330,7 @@ class Processor:
             if outcome is None:
                 self._started = True
                 outcome = self._call(handler, self._args(item, ctx), ctx, budget)
+                outcome = self._returned(item, outcome)  # issue 39: the family keeps (or refuses) its value
             if outcome.ok and not ctx.session_used:
                 quiet_acks.add(item, outcome.seconds)
                 # A due ack frees a held slot too: no handover to the next job (_holds_until_ack) then.
@@ -376,6 +382,7 @@ class Processor:
                               idempotency_key=f"{self.kind}-{item.id}-{item.trace_id}",
                               connection=self.connection, settings=settings, commit_group=group)
                 outcome = self._call(handler, self._args(item, ctx), ctx, budget)
+                outcome = self._returned(item, outcome)  # issue 39
                 ran.append(item)
                 end, outcome = group.settle(item, ctx, outcome)
                 if end == CULPRIT:

@@ -80,8 +80,8 @@ class BrokerStore(SlotStore):
     for its queue's republish_after as after a publish) for the message the worker then requeues
     (`given_back`), not ready for the next publish."""
 
-    def __init__(self, republish_after: dict[str, float]):
-        super().__init__()
+    def __init__(self, republish_after: dict[str, float], settings=None):
+        super().__init__(settings)
         self.republish_after = republish_after  # queue -> seconds
         self.sent: dict[int, tuple[str, str]] = {}  # job id -> (its message's token, its queue), while taken here
         self.given_back: set[int] = set()  # job ids whose messages go back to the queue
@@ -108,7 +108,7 @@ class BrokerWorker(Worker):
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
-        self.store = BrokerStore({f.name: f.republish_after for f in forwarded})
+        self.store = BrokerStore({f.name: f.republish_after for f in forwarded}, runtime.settings)
         self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",
                                      per_window=REFUSALS_LOGGED)
         self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)

@@ -14,7 +14,7 @@ the attempt counted) by the id and token their messages carry, or gives one it d
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
@@ -24,6 +24,7 @@ from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX
 from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
+from cronbox.outbox.queue import batches
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
@@ -42,6 +43,8 @@ class ClaimedJob:
     trace_id: str
     concurrency_group: str | None = None  # the dispatch's own (outbox.queue.groups); None: the handler's
     cost: int | None = None
+    batch_id: int | None = None  # issue 39: the batch it is a member of (outbox.queue.batches)
+    flow: str | None = None  # a chain's rest, or which batch's callback it is (JSON)
 
 
 def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime, *,
@@ -205,11 +208,11 @@ def published(session: Session, items: list[ClaimedJob], lease_until: datetime) 
                                .values(available_at=later)).rowcount for chunk in _chunks(pairs))
 
 
-def ack_published(session: Session, items: list[ClaimedJob], now: datetime) -> int:
+def ack_published(session: Session, items: list[ClaimedJob], now: datetime, key_ttl: float = 86400.0) -> int:
     """Done once the broker confirmed them (a Celery task message's jobs: Celery has them), guarded by
     each job's claim token as ACK is by the batch's."""
     pairs = [(item.id, item.claim_token) for item in items]
-    done = {**DONE_VALUES, "finished_at": now}
+    done = {**DONE_VALUES, "finished_at": now, "idempotency_until": _key_until(now + timedelta(seconds=key_ttl))}
     return sum(session.execute(update(J).where(_paired(chunk), J.c.status == RESERVED).values(done)).rowcount
                for chunk in _chunks(pairs))
 
@@ -308,7 +311,7 @@ def untake(session: Session, sent: dict[int, str], token: str, lease_until: date
 
 
 CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)  # a ClaimedJob's columns, in order
+           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost, J.c.batch_id, J.c.flow)  # a ClaimedJob's columns, in order
 
 
 def _claimed(row) -> ClaimedJob:
@@ -328,16 +331,81 @@ def _held(ids, token):
 # Built once, as deliveries.ACK: the ack runs once a job when its writes commit with it.
 DONE_VALUES = {"status": DONE, "available_at": None, "claim_token": None, "unique_key": None, "last_error": None,
                "error_class": None, "traceback": None}  # and finished_at
+IDEMPOTENCY_TTL_DEFAULT = 86400.0  # CRONBOX_IDEMPOTENCY_TTL: how long a finished job keeps its idempotency key
+
+
+def _key_until(until):
+    """A finished job keeps its idempotency key until `until` (dispatch(idempotency_key=)); NULL for the
+    rest (nearly all): one more column of the same UPDATE, never a statement."""
+    return case((J.c.idempotency_key.is_(None), None), else_=until)
+
+
 ACK = update(J).where(_held(bindparam("ids", expanding=True), bindparam("token"))).values(
-    {**DONE_VALUES, "finished_at": bindparam("now")})
+    {**DONE_VALUES, "finished_at": bindparam("now"), "idempotency_until": _key_until(bindparam("key_until"))})
 
 
-def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
+@dataclass
+class Follow:
+    """What the worker knows of the jobs it runs that their ack needs beyond the UPDATE (issue 39):
+    the claimed rows (their batch and flow), the results their handlers returned (JSON), and the
+    retentions. Held by the worker's store (worker.SlotStore) for the batch being processed."""
+    items: dict = field(default_factory=dict)  # job id -> ClaimedJob
+    values: dict = field(default_factory=dict)  # job id -> result JSON
+    keep: float = 7 * 86400.0  # CRONBOX_RESULT_TTL, seconds
+    key_ttl: float = IDEMPOTENCY_TTL_DEFAULT  # CRONBOX_IDEMPOTENCY_TTL, seconds
+
+    def special(self, ids: list[int]) -> set[int]:
+        """The ids whose ack does more than the UPDATE: a result to store, a batch, a chain or a callback."""
+        values, items = self.values, self.items
+        out = set()
+        for job_id in ids:
+            item = items.get(job_id)
+            if job_id in values or (item is not None and (item.batch_id is not None or item.flow is not None)):
+                out.add(job_id)
+        return out
+
+
+def ack(session: Session, ids: list[int], token: str, now: datetime, follow: Follow | None = None) -> int:
     """Done. An earlier attempt's error (a retry, or an operator's `queue retry` of a failed job) goes:
-    a done job shows no error."""
+    a done job shows no error.
+
+    Issue 39: jobs with a result, a batch or a chain (`follow.special`) are acked by their own UPDATE
+    per batch (one for those of no batch), whose rowcount says how many of that batch this
+    statement made done; then, in this transaction, their results, chains' next steps and batch
+    counters (outbox.queue.batches.on_done). The rest, nearly always all of them, take the one UPDATE
+    as before. A short rowcount (a lease lost to another run, which then writes that job's outcome and
+    its follow-ups itself) is resolved by reading back which rows this statement finished: its exact
+    `finished_at`, microseconds on every backend."""
     if not ids:
         return 0
-    return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
+    key_until = now + timedelta(seconds=follow.key_ttl if follow is not None else IDEMPOTENCY_TTL_DEFAULT)
+    special = follow.special(ids) if follow is not None else None
+    if not special:
+        return session.execute(ACK, {"ids": ids, "token": token, "now": now, "key_until": key_until}).rowcount
+    assert follow is not None
+    plain = [job_id for job_id in ids if job_id not in special]
+    acked = session.execute(ACK, {"ids": plain, "token": token, "now": now, "key_until": key_until}).rowcount \
+        if plain else 0
+    per_batch: dict[int | None, list[int]] = {}
+    for job_id in ids:
+        if job_id in special:
+            item = follow.items.get(job_id)
+            per_batch.setdefault(item.batch_id if item is not None else None, []).append(job_id)
+    finished = []
+    for batch_id in sorted(per_batch, key=lambda b: -1 if b is None else b):  # batch locks in id order
+        group = per_batch[batch_id]
+        count = session.execute(ACK, {"ids": group, "token": token, "now": now, "key_until": key_until}).rowcount
+        acked += count
+        ours = group if count == len(group) else list(session.scalars(
+            select(J.c.id).where(J.c.id.in_(group), J.c.status == DONE, J.c.finished_at == now)))
+        finished += [follow.items.get(job_id) or _bare(job_id) for job_id in ours]
+    batches.on_done(session, finished, follow.values, now, follow.keep)
+    return acked
+
+
+def _bare(job_id: int) -> ClaimedJob:
+    """A job the store has a result of but no claimed row (not expected: the worker keeps both)."""
+    return ClaimedJob(job_id, "", "", "", 0, "", datetime.min, None, "")
 
 
 # The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
@@ -353,7 +421,7 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
 
 
 def give_up(session: Session, item, error: str, traceback: str | None, now: datetime, *,
-            refund_attempt: bool = False) -> bool:
+            refund_attempt: bool = False, key_ttl: float = 86400.0) -> bool:
     """Failed, with the error's class apart so the failed list can be read at a glance.
     refund_attempt: given up without running (its tries were used up before this claim), so the
     attempt the claim counted is given back: the row keeps the attempts that ran."""
@@ -362,7 +430,12 @@ def give_up(session: Session, item, error: str, traceback: str | None, now: date
               "last_error": error[:ERROR_MAX], "error_class": (error_class or "")[:191] or None, "traceback": traceback}
     if refund_attempt:
         values["attempts"] = J.c.attempts - 1
-    return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1
+    values["idempotency_until"] = _key_until(now + timedelta(seconds=key_ttl))
+    if session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount != 1:
+        return False
+    if getattr(item, "batch_id", None) is not None or getattr(item, "flow", None) is not None:
+        batches.on_failed(session, item, error, now)  # issue 39: its batch or chain, in this transaction
+    return True
 
 
 def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
@@ -398,6 +471,11 @@ def retry_failed(session: Session, ids: list[int] | None, queue: str | None, now
         found = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == FAILED)))
         unknown = [i for i in ids if i not in found]
         query = query.where(J.c.id.in_(ids))
+    retried = ids if ids is not None else list(session.scalars(
+        select(J.c.id).where(J.c.status == FAILED, J.c.batch_id.is_not(None),
+                             *([J.c.queue == queue] if queue is not None else []))))
+    if retried:
+        batches.reopen(session, retried)  # issue 39: their batch counts them again (outbox.queue.batches)
     count = session.execute(
         query.values(status=READY, attempts=0, available_at=now, finished_at=None, claim_token=None)
     ).rowcount

@@ -24,13 +24,19 @@ from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
 from cronbox.outbox.engine.processor import Processor
 from cronbox.outbox.engine.registry import Jobs
-from cronbox.outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.queue import batches, groups, jobstore, pauses, results
 
 log = logging.getLogger("cronbox")
 # A pool child's empty claim while due jobs exist (a sibling's claim holds their rows): look again
 # this many times, this far apart, before ending as "empty".
 SIBLING_RETRIES = 5
 SIBLING_PAUSE = 0.05
+
+
+def idempotency_ttl(settings) -> float:
+    """CRONBOX_IDEMPOTENCY_TTL in seconds: how long a finished job keeps its idempotency key."""
+    return settings.duration("CRONBOX_IDEMPOTENCY_TTL", jobstore.IDEMPOTENCY_TTL_DEFAULT, bounds=(1.0, 366 * 86400.0),
+                             why="1s and 366d")
 
 
 class _Refused(CronboxError):
@@ -46,9 +52,15 @@ class SlotStore:
     attempt holds, in the same transaction: the slot is free exactly when the outcome is recorded.
     (If that transaction never commits, the slot's lease frees it.)"""
 
-    def __init__(self):
+    def __init__(self, settings=None):
         self.held: dict[int, tuple[str, str]] = {}  # job id -> (group, holder): this worker's attempts holding a slot
         self.leases: dict[int, datetime] = {}  # job id -> its lease, when extended after the claim
+        # Issue 39: the batch's claimed rows and their handlers' results, for the acks' follow-ups
+        # (results, batches, chains: jobstore.ack); the retentions read once.
+        self.follow = jobstore.Follow()
+        if settings is not None:
+            self.follow.keep = results.ttl(settings)
+            self.follow.key_ttl = idempotency_ttl(settings)
 
     def _free(self, session, ids) -> None:
         held = [self.held[i] for i in ids if i in self.held]
@@ -56,7 +68,7 @@ class SlotStore:
             groups.release(session, held)
 
     def ack(self, session, ids, token, now):
-        acked = jobstore.ack(session, ids, token, now)
+        acked = jobstore.ack(session, ids, token, now, self.follow)
         self._free(session, ids)
         return acked
 
@@ -66,7 +78,8 @@ class SlotStore:
         return held
 
     def give_up(self, session, item, error, traceback, now, *, refund_attempt=False):
-        held = jobstore.give_up(session, item, error, traceback, now, refund_attempt=refund_attempt)
+        held = jobstore.give_up(session, item, error, traceback, now, refund_attempt=refund_attempt,
+                                key_ttl=self.follow.key_ttl)
         self._free(session, [item.id])
         return held
 
@@ -96,7 +109,8 @@ class Worker(Processor):
         self.fixed_queues = queues  # None: the runtime's default order, re-read each run
         self.batch_size = batch_size
         self.before_batch = before_batch
-        self.store = SlotStore()
+        self.store = SlotStore(runtime.settings)
+        self.result_max = results.max_bytes(runtime.settings)
         self.budgets = groups.budgets(runtime.settings)  # a bad setting: SettingsError before any claim
         self.full_group_wait = groups.full_wait(runtime.settings)
         # group -> (monotonic time until which it is known full, why): later jobs of the same group in
@@ -143,12 +157,15 @@ class Worker(Processor):
             s, self.registry, self.queues, now, always_ask=True)))
 
     def process(self, claimed, budget: Budget) -> int:
+        self.store.follow.items.update((item.id, item) for item in claimed)  # issue 39: for the acks' follow-ups
         try:
             return super().process(claimed, budget)
         finally:
             self._let_go()
             self.store.held.clear()  # freed with their outcomes, or left to their leases
             self.store.leases.clear()
+            self.store.follow.items.clear()
+            self.store.follow.values.clear()
 
     def _claim_highest(self, limit: int) -> list[jobstore.ClaimedJob]:
         """Strict priority: a batch comes from the first queue (in --queue order) that has due jobs,
@@ -172,7 +189,21 @@ class Worker(Processor):
         return self.registry.get(item.handler)
 
     def _args(self, item, ctx: Context) -> tuple:
+        if item.batch_id is not None or item.flow is not None:
+            batches.attach(ctx, item)  # issue 39: ctx.batch, ctx.previous
         return (load_payload(item.payload), ctx)
+
+    def _returned(self, item, outcome: Outcome) -> Outcome:
+        """Issue 39: a handler's return value, as JSON for its ack to store (jobstore.ack); one that is not
+        JSON, or over CRONBOX_RESULT_MAX, fails the attempt for good (recorded: nothing is lost)."""
+        self.store.follow.values.pop(item.id, None)  # an earlier run of it in this batch (a lost group)
+        if not outcome.ok or outcome.value is None:
+            return outcome
+        try:
+            self.store.follow.values[item.id] = results.encode(outcome.value, self.result_max)
+        except results.ResultError as exc:
+            return Outcome(PERMANENT, outcome.seconds, str(exc))
+        return outcome
 
     def _describe(self, item) -> str:
         return f"job={item.id} queue={item.queue} handler={item.handler}"
