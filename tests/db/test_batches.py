@@ -339,3 +339,111 @@ def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
         with pytest.raises(PayloadError, match="at least one step"):
             cronbox.chain(session, [])
         session.rollback()
+
+
+def test_a_batch_spanning_a_database_queue_and_a_rabbitmq_queue_finishes_once(rt, registry, rabbit):
+    """Members on a queue `amqp work` runs (forward_jobs) and on one the database worker runs: each
+    outcome counted by whichever runs it, the callback dispatched once, after both."""
+    from cronbox.outbox.events.broker import parse_url
+    from cronbox.outbox.queue.broker_worker import BrokerWorker
+    from cronbox.outbox.queue.forward_jobs import forward_jobs
+    from tests.broker_rows import publish_jobs
+
+    rt.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
+
+    @job("sms", name="text", registry=registry)
+    def text(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="text", n=payload))
+        return payload
+
+    @job("q", name="local", registry=registry)
+    def local(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="local", n=payload))
+        return payload
+
+    @job("q", name="then", registry=registry)
+    def then(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="then", n=sum(v for _i, v in ctx.batch.results(ctx.session))))
+
+    declared = forward_jobs("sms", broker_queue=rabbit.name("jobs.sms"), republish_after=60, registry=registry)
+    rabbit.queues.append(declared.broker_queue)
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="mixed", then=then)
+        for n in (1, 2):
+            text.dispatch(session, n, batch=b)
+        local.dispatch(session, 4, batch=b)
+    work(rt, ["q"])
+    assert effect_rows(rt, "then") == []
+    for _ in range(20):
+        publish_jobs(rt)
+        BrokerWorker(rt, parse_url(rabbit.url), [declared], stop_when_empty=True).work(
+            Budget(max_time=30, memory_mb=None))
+        if len(effect_rows(rt, "text")) == 2:
+            break
+    drain(rt, ["q"])
+    assert effect_rows(rt, "then") == [("then", 7)]
+
+
+def test_a_member_on_a_celery_queue_is_refused(rt, registry):
+    from cronbox.outbox.queue.forward_jobs import celery_task, forward_jobs
+
+    @job("celeryq", name="plain", registry=registry)
+    def plain(payload, ctx):
+        pass
+
+    forward_jobs("celeryq", protocol="celery", registry=registry)
+    task = celery_task("reports.build", queue="celeryq", registry=registry)
+    with rt.sessions() as session:
+        b = cronbox.batch(session, name="x")
+        for target in (plain, task):
+            with pytest.raises(PayloadError, match="forwarded to Celery"):
+                target.dispatch(session, 1, batch=b)
+        session.rollback()
+
+
+def test_queue_batches_and_queue_batch_show_and_act(rt, registry, env):
+    from tests.helpers import invoke
+
+    @job("q", name="member", registry=registry, tries=1)
+    def member(payload, ctx):
+        if payload == 2:
+            raise ValueError("no")
+
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="reminders", allow_failures=True)
+        for n in (1, 2, 3):
+            member.dispatch(session, n, batch=b)
+    listed = invoke(env, "queue", "batches")
+    assert listed.exit_code == 0 and "reminders" in listed.output and "running" in listed.output
+    drain(rt)
+    shown = invoke(env, "queue", "batch", str(b.id))
+    assert shown.exit_code == 0, shown.output
+    assert "finished; done 2, failed 1, cancelled 0, pending 0 of 3" in shown.output and "ValueError" in shown.output
+    again = invoke(env, "queue", "batch", str(b.id), "--retry-failed")
+    assert "1 failed members of batch" in again.output and "running" in again.output
+    missing = invoke(env, "queue", "batch", "999999")
+    assert missing.exit_code != 0 and "no batch 999999" in missing.output
+
+
+def test_the_howto_clinic_batch_runs_as_written(rt, registry):
+    """docs/howto/batches.md's reminders-then-summary example, run with this test's registry."""
+    import functools
+
+    from tests.docs_snippets import snippet
+
+    summaries = Table("test_summaries", meta, Column("id", Integer, primary_key=True), Column("day", String(16)),
+                      Column("reached", Integer), Column("not_reached", Integer))
+    summaries.create(rt.engine)
+    code = snippet("docs/howto/batches.md", "def send_reminders").replace("from cronbox import job\n", "")
+    namespace = {"job": functools.partial(job, registry=registry), "summaries": summaries}
+    exec(compile(code, "docs/howto/batches.md", "exec"), namespace)
+    with rt.sessions.begin() as session:
+        namespace["send_reminders"](session, "2026-12-07", [{"patient": 1, "phone": "+1555"},
+                                                             {"patient": 2, "phone": "+1000"},
+                                                             {"patient": 3, "phone": "+1666"}])
+    drain(rt)
+    with rt.sessions() as session:
+        assert [tuple(r) for r in session.execute(select(summaries.c.day, summaries.c.reached,
+                                                         summaries.c.not_reached))] == [("2026-12-07", 2, 1)]
+    summaries.drop(rt.engine)
+    meta.remove(summaries)

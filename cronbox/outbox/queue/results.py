@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload, load_payload, payload_bytes
-from cronbox.outbox.queue.models import DONE, FAILED, Job, JobResult
+from cronbox.outbox.queue.models import DONE, FAILED, Job, JobResult as ResultRow
 
 J = Job.__table__
-R = JobResult.__table__
+R = ResultRow.__table__
 _INSERT = insert(R)
 
 RESULT_TTL_DEFAULT = 7 * 86400.0  # CRONBOX_RESULT_TTL
