@@ -434,7 +434,8 @@ def test_the_howto_clinic_batch_runs_as_written(rt, registry):
     summaries = Table("test_summaries", meta, Column("id", Integer, primary_key=True), Column("day", String(16)),
                       Column("reached", Integer), Column("not_reached", Integer))
     summaries.create(rt.engine)
-    code = snippet("docs/howto/batches.md", "def send_reminders").replace("from cronbox import job\n", "")
+    code = snippet("docs/howto/batches.md", "def send_reminders").replace("from cronbox import PermanentFailure, batch, job\n",
+                                                                         "from cronbox import PermanentFailure, batch\n")
     namespace = {"job": functools.partial(job, registry=registry), "summaries": summaries}
     exec(compile(code, "docs/howto/batches.md", "exec"), namespace)
     with rt.sessions.begin() as session:

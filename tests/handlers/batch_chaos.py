@@ -3,19 +3,10 @@ callbacks and chain steps that record their effects through ctx.session (exactly
 a result (the quiet acks' path: the result row, keyed by the job, can be written once)."""
 from __future__ import annotations
 
-import os
-import time
-
 from sqlalchemy import insert
 
 from cronbox import outbox
-from tests.handlers.effects import effects
-
-
-def _pause():
-    seconds = float(os.environ.get("TEST_SLEEP") or 0)
-    if seconds:
-        time.sleep(seconds)
+from tests.handlers.effects import _pause, effects  # TEST_SLEEP: the "work" handlers' pause
 
 
 @outbox.job("chaos", name="chaos.member", timeout=1, tries=100)
