@@ -150,6 +150,48 @@ def test_a_rolled_back_batch_leaves_nothing(rt, registry):
         assert session.scalar(select(func.count()).select_from(Job)) == 0
 
 
+def test_an_empty_batch_finishes_when_its_transaction_commits(rt, registry):
+    """No member: then and finally dispatched by the creating commit, once (as Laravel's, Sidekiq's,
+    GoodJob's); the batch is finished and takes no member later. One member in that transaction (even
+    after a dispatch its unique_key kept out) takes the early callbacks back: nobody ever sees them."""
+    @job("q", name="member", registry=registry)
+    def member(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="member", n=payload))
+
+    @job("q", name="then", registry=registry)
+    def then(payload, ctx):
+        progress = ctx.batch.progress(ctx.session)
+        ctx.session.execute(insert(effects).values(what=f"then:{payload}", n=progress.total))
+
+    @job("q", name="fin", registry=registry)
+    def fin(payload, ctx):
+        ctx.session.execute(insert(effects).values(what=f"finally:{payload}", n=0))
+
+    with rt.sessions.begin() as session:
+        empty = cronbox.batch(session, name="nobody tomorrow", then=then, finally_=fin, payload="empty")
+        bare = cronbox.batch(session, name="no callbacks")
+        member.dispatch(session, 0, unique_key="held")
+        late = cronbox.batch(session, name="one after a refusal", then=then, finally_=fin, payload="late")
+        assert member.dispatch(session, 1, unique_key="held", batch=late) is None  # no member: still empty
+        member.dispatch(session, 2, batch=late)
+        member.dispatch(session, 3, batch=late)
+    with rt.sessions() as session:
+        assert empty.progress(session).state == "finished" and bare.progress(session).state == "finished"
+        assert late.progress(session).state == "running"
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.handler.in_(["then", "fin"]))) == 2
+    drain(rt)
+    assert effect_rows(rt, "then:empty") == [("then:empty", 0)] and effect_rows(rt, "finally:empty") == [
+        ("finally:empty", 0)]
+    assert effect_rows(rt, "then:late") == [("then:late", 2)] and len(effect_rows(rt, "finally:late")) == 1
+    assert sorted(n for _w, n in effect_rows(rt, "member")) == [0, 2, 3]
+    with pytest.raises(PayloadError, match="finished"):
+        with rt.sessions.begin() as session:
+            member.dispatch(session, 9, batch=empty)
+    with rt.sessions() as session:
+        p = empty.progress(session)
+    assert (p.total, p.state) == (0, "finished")
+
+
 def test_a_failed_member_runs_catch_once_and_cancels_the_rest(rt, registry):
     @job("q", name="member", registry=registry, tries=1)
     def member(payload, ctx):

@@ -177,11 +177,15 @@ class Batch:
     `progress(session)`, `cancel(session)` and `results(session)` read and act on it. (`transaction`
     and `member` are cronbox's: the transaction that created it, and whether it is a member's ctx.batch.)"""
 
-    def __init__(self, id: int, name: str | None = None, *, transaction: Any = None, member: bool = False):
+    def __init__(self, id: int, name: str | None = None, *, transaction: Any = None, member: bool = False,
+                 empty: list[int] | None = None):
         self.id = id
         self.name = name
         self.transaction = transaction  # the transaction that created it (members added there need no lock)
         self.is_member = member  # ctx.batch of a member: the adding member keeps the batch open
+        # The callback jobs an empty batch dispatched when created (see `create`), until its first member
+        # joins in the creating transaction and takes them back (`joined`); None once it has a member.
+        self.empty = empty
 
     def __repr__(self) -> str:
         return f"Batch(id={self.id}, name={self.name!r})"
@@ -252,11 +256,32 @@ def create(session: Transactional, *, name: str, then: Any = None, catch: Any = 
                  for role, job in ((THEN, then), (CATCH, catch), (FINALLY, finally_)) if job is not None}
     body = _dump(payload, "the batch's payload")
     connection = connection_of(session, JobBatch)
+    now = clock.utcnow()
+    # Created finished, its `then` and `finally` dispatched: what an empty batch is when its transaction
+    # commits (as Laravel's, Sidekiq's and GoodJob's empty batches: the callbacks at once). The first
+    # member dispatched in this transaction takes that back (`joined`): nobody else sees either state.
     batch_id = connection.execute(insert(B), {
         "name": name, "callbacks": json.dumps(callbacks), "payload": body, "allow_failures": allow_failures,
-        "done": 0, "failed": 0, "cancelled": 0, "trace_id": new_trace_id(), "created_at": clock.utcnow(),
+        "done": 0, "failed": 0, "cancelled": 0, "trace_id": new_trace_id(), "created_at": now, "finished_at": now,
     }).inserted_primary_key[0]  # type: ignore[index]
-    return Batch(batch_id, name, transaction=connection.get_transaction())
+    empty = [connection.execute(_INSERT_JOB, row).inserted_primary_key[0]  # type: ignore[index]
+             for row in _callback_rows(batch_id, name, callbacks, [THEN, FINALLY], body, now)]
+    return Batch(batch_id, name, transaction=connection.get_transaction(), empty=empty)
+
+
+def joined(connection: Connection, batch: Any, job_id: int | None) -> None:
+    """After a dispatch to `batch`: if it is the first member of a batch created empty in this
+    transaction (`create`), the batch is open again and the callbacks its creation dispatched are
+    deleted, never seen by anyone. A dispatch that added no member (its unique_key or idempotency_key
+    held by another job) leaves the batch empty, so finished."""
+    if not isinstance(batch, Batch) or batch.empty is None or job_id is None:
+        return
+    if connection.execute(select(J.c.batch_id).where(J.c.id == job_id)).scalar() != batch.id:
+        return
+    if batch.empty:
+        connection.execute(delete(J).where(J.c.id.in_(batch.empty), J.c.batch_id.is_(None)))
+    connection.execute(update(B).where(B.c.id == batch.id).values(finished_at=None))
+    batch.empty = None
 
 
 def admit(connection: Connection, batch: Any, handler: Any) -> int:
@@ -309,11 +334,15 @@ def _settle(session: Session, batch_id: int, now: datetime) -> bool:
     return True
 
 
+def _callback_rows(batch_id: int, name: str, callbacks: dict, roles: list[str], payload: str,
+                   now: datetime) -> list[dict]:
+    return [_job_row(callbacks[role], payload, now, flow=json.dumps({"callback": role, "batch": batch_id, "name": name}))
+            for role in roles if role in callbacks]
+
+
 def _callbacks(session: Session, batch_id: int, name: str, callbacks: dict, roles: list[str], payload: str,
                now: datetime) -> None:
-    rows = [_job_row(callbacks[role], payload, now,
-                     flow=json.dumps({"callback": role, "batch": batch_id, "name": name}))
-            for role in roles if role in callbacks]
+    rows = _callback_rows(batch_id, name, callbacks, roles, payload, now)
     if rows:
         session.execute(_INSERT_JOB, rows)
 

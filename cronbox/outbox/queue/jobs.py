@@ -118,10 +118,14 @@ class JobHandler:
             row["batch_id"] = batches.admit(connection, batch, self)
         if idempotency_key is not None:
             row["idempotency_key"] = _stored_key(self.name, idempotency_key)
-            return _dispatch_once(connection, row, now)
-        if row["unique_key"] is None:
-            return connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
-        return insert_ignore_id(connection, J, row)
+            job_id = _dispatch_once(connection, row, now)
+        elif row["unique_key"] is None:
+            job_id = connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
+        else:
+            job_id = insert_ignore_id(connection, J, row)
+        if batch is not None:
+            batches.joined(connection, batch, job_id)  # a batch created empty in this transaction: open again
+        return job_id
 
     def result(self, session: Transactional, job_id: int) -> results.JobResult:
         """What job `job_id` returned (read on `session`): a JobResult whose `status` is done (its `value`), pending, failed
