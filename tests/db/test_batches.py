@@ -463,8 +463,13 @@ def test_queue_batches_and_queue_batch_show_and_act(rt, registry, env):
     assert "finished; done 2, failed 1, cancelled 0, pending 0 of 3" in shown.output and "ValueError" in shown.output
     again = invoke(env, "queue", "batch", str(b.id), "--retry-failed")
     assert "1 failed members of batch" in again.output and "running" in again.output
+    cancelled = invoke(env, "queue", "batch", str(b.id), "--cancel")
+    assert "cancelled; 1 members not started stopped" in cancelled.output
+    again = invoke(env, "queue", "batch", str(b.id), "--cancel")
+    assert again.exit_code == 0 and "is cancelled: nothing to cancel" in again.output
     missing = invoke(env, "queue", "batch", "999999")
     assert missing.exit_code != 0 and "no batch 999999" in missing.output
+    assert invoke(env, "queue", "batch", "999999", "--cancel").exit_code != 0
 
 
 def test_the_howto_clinic_batch_runs_as_written(rt, registry):

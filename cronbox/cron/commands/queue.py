@@ -278,6 +278,9 @@ def batches_command(limit):
                        age(p.created_at, now) + " ago"] for p in shown]))
 
 
+MEMBERS_SHOWN = 200  # `queue batch ID`: the newest members listed
+
+
 @queue.command("batch")
 @click.argument("batch_id", type=click.IntRange(min=1))
 @click.option("--cancel", is_flag=True, help="Cancel it: its members not started yet never start.")
@@ -290,24 +293,27 @@ def batch_command(batch_id, cancel, retry_failed):
     if cancel and retry_failed:
         raise click.UsageError("give --cancel or --retry-failed, not both")
     if cancel:
-        stopped = in_transaction(rt.sessions, lambda s: batches.cancel(s, batch_id, now))
-        click.echo(f"queue batch: batch {batch_id} cancelled; {stopped} members not started stopped")
+        stopped, after = in_transaction(rt.sessions, lambda s: batches.cancel_running(s, batch_id, now))
+        if after is None:
+            raise click.UsageError(f"no batch {batch_id}")
+        if stopped is None:
+            click.echo(f"queue batch: batch {batch_id} is {after.state}: nothing to cancel")
+        else:
+            click.echo(f"queue batch: batch {batch_id} cancelled; {stopped} members not started stopped")
     if retry_failed:
-        def retry_them(session):
-            ids = batches.failed_members(session, batch_id)
-            return jobstore.retry_failed(session, ids, None, now)[0] if ids else 0
-
-        count = in_transaction(rt.sessions, retry_them)
+        count = in_transaction(rt.sessions, lambda s: jobstore.retry_batch(s, batch_id, now))
         click.echo(f"queue batch: {count} failed members of batch {batch_id} queued again")
     found = in_transaction(rt.sessions, lambda s: batches.progress(s, batch_id))
     if found is None:
         raise click.UsageError(f"no batch {batch_id}")
     click.echo(f"batch {found.id} {found.name!r}: {found.state}; done {found.done}, failed {found.failed}, "
                f"cancelled {found.cancelled}, pending {found.pending} of {found.total}")
-    rows = in_transaction(rt.sessions, lambda s: batches.members(s, batch_id, limit=200))
-    if rows:
+    page = in_transaction(rt.sessions, lambda s: batches.members_page(s, batch_id, size=MEMBERS_SHOWN))
+    if page.rows:
         click.echo(table(["id", "handler", "status", "attempts", "error"],
-                         [[r.id, r.handler, r.status, r.attempts, (r.last_error or "")[:80]] for r in rows]))
+                         [[r.id, r.handler, r.status, r.attempts, (r.last_error or "")[:80]] for r in page.rows]))
+    if page.after:
+        click.echo(f"(the newest {MEMBERS_SHOWN} members; the console's batch page shows them all, by state)")
 
 
 @queue.command()

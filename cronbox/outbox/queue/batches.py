@@ -79,7 +79,7 @@ from cronbox.outbox.core.session_types import Transactional
 from cronbox.outbox.core.text import ERROR_MAX, is_utf8
 from cronbox.outbox.events.record import connection_of, new_trace_id
 from cronbox.outbox.queue import results
-from cronbox.outbox.queue.models import FAILED, READY, RESERVED, Job, JobBatch
+from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job, JobBatch
 
 J = Job.__table__
 B = JobBatch.__table__
@@ -368,6 +368,17 @@ def cancel(session: Transactional, batch_id: int, now: datetime) -> int:
     return stopped
 
 
+def cancel_running(session: Session, batch_id: int, now: datetime) -> tuple[int | None, Progress | None]:
+    """An operator's cancel (`queue batch ID --cancel`, the console's batch page): (how many members
+    not started were stopped, or None when the batch was not running: unknown, finished or cancelled
+    already; its progress after)."""
+    before = progress(session, batch_id)
+    if before is None or before.state != "running":
+        return None, before
+    stopped = cancel(session, batch_id, now)
+    return stopped, progress(session, batch_id)
+
+
 def on_done(session: Session, items: list, values: dict[int, str], now: datetime, keep: float) -> None:
     """Jobs this transaction made done (each by its token-guarded ack): their results stored, the
     next step of their chains dispatched, their batches counted and settled (in batch id order)."""
@@ -530,16 +541,24 @@ def progress_of(session: Session, rows) -> list[Progress]:
     return _progress(session, rows)
 
 
-def members(session: Session, batch_id: int, *, status: str | None = None, limit: int = 100) -> list:
-    """(id, handler, status, attempts, error_class, last_error, finished_at) of a batch's members, by id."""
-    query = select(J.c.id, J.c.handler, J.c.status, J.c.attempts, J.c.error_class, J.c.last_error, J.c.finished_at) \
-        .where(J.c.batch_id == batch_id)
+MEMBER_KEY = (int,)  # a members page's cursor: the last job id shown
+MEMBER_STATES = (READY, RESERVED, DONE, FAILED)
+
+
+def members_page(session: Session, batch_id: int, cursor: tuple | None = None, *, status: str | None = None,
+                 size: int = paging.PAGE_SIZE) -> paging.Page:
+    """One page of a batch's members (of `status`), newest first: rows of (id, queue, handler, status,
+    attempts, error_class, last_error, trace_id, finished_at), never payloads. The (batch_id, status)
+    index, the job id after it: a page costs an index range however deep."""
+    query = select(J.c.id, J.c.queue, J.c.handler, J.c.status, J.c.attempts, J.c.error_class, J.c.last_error,
+                   J.c.trace_id, J.c.finished_at).where(J.c.batch_id == batch_id)
     if status is not None:
         query = query.where(J.c.status == status)
-    return list(session.execute(query.order_by(J.c.id).limit(limit)).all())
+    return paging.page(session, query, (J.c.id,), cursor, size=size)
 
 
 def failed_members(session: Session, batch_id: int) -> list[int]:
+    """The ids of a batch's failed members (cancelled ones too: failed as BatchCancelled)."""
     return list(session.scalars(select(J.c.id).where(J.c.batch_id == batch_id, J.c.status == FAILED)))
 
 

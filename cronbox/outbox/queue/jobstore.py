@@ -482,6 +482,14 @@ def retry_failed(session: Session, ids: list[int] | None, queue: str | None, now
     return count, unknown
 
 
+def retry_batch(session: Session, batch_id: int, now: datetime) -> int:
+    """A batch's failed members (cancelled ones too) back on their queues (`queue batch ID
+    --retry-failed`, the console's batch page): the batch opens again, its callbacks run again when they
+    finish (outbox.queue.batches.reopen). Returns how many."""
+    ids = batches.failed_members(session, batch_id)
+    return retry_failed(session, ids, None, now)[0] if ids else 0
+
+
 def hasten(session: Session, handlers, until: datetime, now: datetime) -> int:
     """Make due now the ready jobs of `handlers` waiting until at most `until`: those a channel pause
     held back (a lifted pause's jobs). Only jobs claimed before (reserved_at set) move: one dispatched
