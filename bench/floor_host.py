@@ -54,7 +54,6 @@ class Target:
     `python -m cronbox migrate`. `server_url`: a MariaDB or PostgreSQL server's URL (None: SQLite)."""
 
     def __init__(self, tree: str, server_url: str | None, extra_env: dict | None = None):
-        self.tree = str(Path(tree).resolve())
         self.folder = Path(tempfile.mkdtemp(prefix="cronbox-floor-"))
         self.admin = None
         if server_url:
@@ -70,12 +69,18 @@ class Target:
             (self.folder / "instance").mkdir()
             self.url = f"sqlite:///{self.folder / 'instance' / 'cronbox.db'}"
         self.env = {**os.environ, "DATABASE_URL": self.url, "CRONBOX_INSTANCE": str(self.folder / "instance"),
-                    "CRONBOX_HANDLERS": "floor_handlers", "PYTHONPATH": os.pathsep.join([self.tree, str(BENCH), str(PEERS)]),
-                    **(extra_env or {})}
+                    "CRONBOX_HANDLERS": "floor_handlers", **(extra_env or {})}
+        self.use(tree)
         self.cron(["migrate"])
         self.engine = create_engine(self.url, poolclass=NullPool, connect_args={} if server_url else {"timeout": 30})
         FLOOR_ROWS.create(self.engine)
         self.tables = [t for t in TABLES if t in inspect(self.engine).get_table_names()]
+
+    def use(self, tree: str) -> None:
+        """Run cronbox from `tree` from now on (bench_floors --before: two trees on one database, whose
+        migrations must be the same)."""
+        self.tree = str(Path(tree).resolve())
+        self.env["PYTHONPATH"] = os.pathsep.join([self.tree, str(BENCH), str(PEERS)])
 
     def cron(self, args: list[str], **kw) -> dict:
         """`python -m cronbox ARGS` as the README's cron line runs it, from the tree's directory."""

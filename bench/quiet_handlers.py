@@ -1,5 +1,5 @@
 """Jobs for bench.bench_ack_flush (CRONBOX_HANDLERS=bench.quiet_handlers): handlers that do not use
-ctx.session, so their acks are batched (outbox.engine.processor.QuietAcks). A module of its own, with
+ctx.session, so their acks are batched (outbox.engine.runner.QuietAcks). A module of its own, with
 nothing newer than cronbox 0.7's public API: the script copies it into the older code it measures as
 "before"."""
 from __future__ import annotations

@@ -404,10 +404,10 @@ def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliver
     record(runtime, "e", [{"i": i} for i in range(3)], key=lambda i: f"k{i}")
     relay = relay_with(runtime, rabbit.url)
 
-    def ack_fails(items):
+    def ack_fails(items, **_how):
         raise RuntimeError("ack failed")
 
-    monkeypatch.setattr(relay.processor, "ack_now", ack_fails)
+    monkeypatch.setattr(relay.outcomes, "ack_now", ack_fails)
     state = run_until_it_raises(runtime, relay, ("a", "b", "local"))
     assert state["local"] == [("pending", 0, False)] * 3
     assert state["b"] == [("pending", 0, False)] * 3
@@ -429,7 +429,7 @@ def test_an_error_while_a_target_fails_gives_back_the_later_targets_deliveries(r
     def failure_not_written(item, handler, outcome):
         raise RuntimeError("database gone")
 
-    monkeypatch.setattr(relay.processor, "failed", failure_not_written)
+    monkeypatch.setattr(relay.outcomes, "failed", failure_not_written)
     state = run_until_it_raises(runtime, relay, ("a", "b"))
     assert state["b"] == [("pending", 0, False)] * 3
     assert state["a"] == [("pending", 1, True)] * 3

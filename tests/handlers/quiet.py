@@ -3,7 +3,7 @@
 
 Each call sleeps TEST_SLEEP seconds, then appends its item (the event id, or the job's payload "n")
 to TEST_EFFECTS_FILE: an effect outside the database, as a call to another service is, which a run
-killed before the item's ack makes again. Their acks are batched (outbox.engine.processor.QuietAcks).
+killed before the item's ack makes again. Their acks are batched (outbox.engine.runner.QuietAcks).
 With TEST_BROKER_PREFIX set, the queue "quiet-broker" is forwarded to the broker queue
 "<TEST_BROKER_PREFIX>.quiet", for `amqp work`.
 """

@@ -81,7 +81,7 @@ class Settings:
     # transaction at most, and for how long (ms) it stays open past its first handler at most.
     group_max: int = 50
     group_ms: int = 200
-    # CRONBOX_ACK_FLUSH (outbox.engine.processor.QuietAcks): the handler time, in seconds, after which the
+    # CRONBOX_ACK_FLUSH (outbox.engine.runner.QuietAcks): the handler time, in seconds, after which the
     # finished items of handlers that wrote nothing are acked, whatever is left of their batch. A crash
     # runs again what is not acked yet: at most this much handler time of them (and the item in hand).
     ack_flush: float = ACK_FLUSH_DEFAULT

@@ -9,7 +9,7 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    statement (a copy already handled finds it: that consumer is skipped), the handler runs
    through `call_handler` (timeout, outcome, safe error text) inside the host app's scope
    (`runtime.scope_for`), then one COMMIT holds the handler's writes and the inbox row, or a
-   rollback neither. The handler's session joins that transaction without a SAVEPOINT (one
+   rollback neither (outbox.engine.settle, the step every handler's writes take). The handler's session joins that transaction without a SAVEPOINT (one
    statement less per message); should its rollback() take the inbox row with it, the row is
    written again after the handler (_take_again);
 3. only then the broker ack: one `basic.ack multiple` for the messages handled in a row (consumer_link.Link.ack
@@ -42,11 +42,8 @@ import hashlib
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError
-
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import CONNECTION_ERRORS, is_connection_lost
-from cronbox.outbox.core.errors import TransactionAborted
 from cronbox.outbox.core.engines import session_factory
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
@@ -54,7 +51,9 @@ from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
-from cronbox.outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.outcomes import last_attempt
+from cronbox.outbox.engine.settle import settle
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events import inbox, placement, queues, redeliveries
 from cronbox.outbox.events.broker_loop import POLL, BrokerLoop, DatabaseLost
@@ -66,6 +65,7 @@ from cronbox.outbox.events.unreadable import RAW_PROPERTIES, Unreadable
 log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
+DUPLICATE = "duplicate"  # a consumer that had handled the message already
 
 
 @dataclass
@@ -333,20 +333,17 @@ class QueueConsumer:
             if not outcome.ok:
                 ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
                 return outcome
-            if transaction.session.failed_with is not None:
-                return Outcome(ERROR, outcome.seconds, "the handler left ctx.session failed (call rollback() after "
-                                                       f"catching a database error): {transaction.session.failed_with}")
-            if not first.is_active and first not in transaction.committed and not self._take_again(ctx, incoming,
-                                                                                                     consumer):
-                return None  # the handler's rollback() took the inbox row with it, and a copy committed meanwhile
-            try:
-                crash_point("before-inbox-commit")
-                transaction.commit()  # the handler's writes and the inbox row, together
-            except (DBAPIError, TransactionAborted) as exc:
-                if isinstance(exc, DBAPIError) and is_connection_lost(exc):
-                    raise
-                ctx.discard_session(invalidate=True)
-                return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
+
+            def inbox_row_kept(transaction) -> Outcome | None:
+                if first.is_active or first in transaction.committed or self._take_again(ctx, incoming, consumer):
+                    return None
+                return Outcome(DUPLICATE, outcome.seconds)  # the handler's rollback() took the row, and a copy committed
+
+            outcome = settle(ctx, outcome, inbox_row_kept, step="inbox")  # the handler's writes and the inbox row
+            if outcome.kind == DUPLICATE:
+                return None
+            if outcome.raised is not None and is_connection_lost(outcome.raised):
+                raise outcome.raised
             return outcome
         finally:
             ctx.discard_session()
@@ -387,7 +384,7 @@ class QueueConsumer:
                       started: float) -> bool:
         """PermanentFailure, or a consumer out of attempts: park the message in Q.dead, ack it."""
         over = [(c, o) for c, o in failures
-                if o.kind == PERMANENT or (o.kind != RETRY_LATER and attempt >= c.max_attempts)]
+                if o.kind == PERMANENT or (o.kind != RETRY_LATER and last_attempt(attempt, c))]
         if not over:
             return False
         used = any(o.kind != RETRY_LATER for _c, o in failures)

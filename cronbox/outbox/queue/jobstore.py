@@ -14,7 +14,7 @@ the attempt counted) by the id and token their messages carry, or gives one it d
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
@@ -24,10 +24,12 @@ from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX
 from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
-from cronbox.outbox.queue import batches
+from cronbox.outbox.queue import batches, results
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
+IDEMPOTENCY_TTL_DEFAULT = 86400.0  # CRONBOX_IDEMPOTENCY_TTL: how long a finished job keeps its idempotency key
+RESULT_TTL_DEFAULT = results.RESULT_TTL_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def published(session: Session, items: list[ClaimedJob], lease_until: datetime) 
                                .values(available_at=later)).rowcount for chunk in _chunks(pairs))
 
 
-def ack_published(session: Session, items: list[ClaimedJob], now: datetime, key_ttl: float = 86400.0) -> int:
+def ack_published(session: Session, items: list[ClaimedJob], now: datetime, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> int:
     """Done once the broker confirmed them (a Celery task message's jobs: Celery has them), guarded by
     each job's claim token as ACK is by the batch's."""
     pairs = [(item.id, item.claim_token) for item in items]
@@ -331,7 +333,6 @@ def _held(ids, token):
 # Built once, as deliveries.ACK: the ack runs once a job when its writes commit with it.
 DONE_VALUES = {"status": DONE, "available_at": None, "claim_token": None, "unique_key": None, "last_error": None,
                "error_class": None, "traceback": None}  # and finished_at
-IDEMPOTENCY_TTL_DEFAULT = 86400.0  # CRONBOX_IDEMPOTENCY_TTL: how long a finished job keeps its idempotency key
 
 
 def _key_until(until):
@@ -344,71 +345,50 @@ ACK = update(J).where(_held(bindparam("ids", expanding=True), bindparam("token")
     {**DONE_VALUES, "finished_at": bindparam("now"), "idempotency_until": _key_until(bindparam("key_until"))})
 
 
-@dataclass
-class Follow:
-    """What the worker knows of the jobs it runs that their ack needs beyond the UPDATE (issue 39):
-    the claimed rows (their batch and flow), the results their handlers returned (JSON), and the
-    retentions. Held by the worker's store (worker.SlotStore) for the batch being processed."""
-    items: dict = field(default_factory=dict)  # job id -> ClaimedJob
-    values: dict = field(default_factory=dict)  # job id -> result JSON
-    keep: float = 7 * 86400.0  # CRONBOX_RESULT_TTL, seconds
-    key_ttl: float = IDEMPOTENCY_TTL_DEFAULT  # CRONBOX_IDEMPOTENCY_TTL, seconds
+def ack(session: Session, items: list, token: str, now: datetime, values: dict[int, str] | None = None, *,
+        keep: float = RESULT_TTL_DEFAULT, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> int:
+    """Done: `items` (claimed jobs of one claim `token`). An earlier attempt's error (a retry, or an
+    operator's `queue retry` of a failed job) goes: a done job shows no error.
 
-    def special(self, ids: list[int]) -> set[int]:
-        """The ids whose ack does more than the UPDATE: a result to store, a batch, a chain or a callback."""
-        values, items = self.values, self.items
-        out = set()
-        for job_id in ids:
-            item = items.get(job_id)
-            if job_id in values or (item is not None and (item.batch_id is not None or item.flow is not None)):
-                out.add(job_id)
-        return out
-
-
-def ack(session: Session, ids: list[int], token: str, now: datetime, follow: Follow | None = None) -> int:
-    """Done. An earlier attempt's error (a retry, or an operator's `queue retry` of a failed job) goes:
-    a done job shows no error.
-
-    Issue 39: jobs with a result, a batch or a chain (`follow.special`) are acked by their own UPDATE
-    per batch (one for those of no batch), whose rowcount says how many of that batch this
-    statement made done; then, in this transaction, their results, chains' next steps and batch
-    counters (outbox.queue.batches.on_done). The rest, nearly always all of them, take the one UPDATE
-    as before. A short rowcount (a lease lost to another run, which then writes that job's outcome and
-    its follow-ups itself) is resolved by reading back which rows this statement finished: its exact
-    `finished_at`, microseconds on every backend."""
-    if not ids:
+    Issue 39: jobs with a result (`values`: job id -> its JSON, kept `keep` seconds), a batch or a
+    chain are acked by their own UPDATE per batch (one for those of no batch), whose rowcount says
+    how many of that batch this statement made done; then, in this transaction, their results,
+    chains' next steps and batch counters (outbox.queue.batches.on_done). The rest, nearly always all
+    of them, take the one UPDATE as before. A short rowcount (a lease lost to another run, which then
+    writes that job's outcome and its follow-ups itself) is resolved by reading back which rows this
+    statement finished: its exact `finished_at`, microseconds on every backend. A finished job with
+    an idempotency key keeps it `key_ttl` seconds."""
+    if not items:
         return 0
-    key_until = now + timedelta(seconds=follow.key_ttl if follow is not None else IDEMPOTENCY_TTL_DEFAULT)
-    special = follow.special(ids) if follow is not None else None
+    key_until = now + timedelta(seconds=key_ttl)
+    values = values or {}
+    special = [item for item in items if item.id in values or item.batch_id is not None or item.flow is not None]
     if not special:
-        return session.execute(ACK, {"ids": ids, "token": token, "now": now, "key_until": key_until}).rowcount
-    assert follow is not None
-    plain = [job_id for job_id in ids if job_id not in special]
+        return session.execute(ACK, {"ids": [item.id for item in items], "token": token, "now": now,
+                                     "key_until": key_until}).rowcount
+    special_ids = {item.id for item in special}
+    plain = [item.id for item in items if item.id not in special_ids]
     acked = session.execute(ACK, {"ids": plain, "token": token, "now": now, "key_until": key_until}).rowcount \
         if plain else 0
-    per_batch: dict[int | None, list[int]] = {}
-    for job_id in ids:
-        if job_id in special:
-            item = follow.items.get(job_id)
-            per_batch.setdefault(item.batch_id if item is not None else None, []).append(job_id)
+    per_batch: dict[int | None, list] = {}
+    for item in special:
+        per_batch.setdefault(item.batch_id, []).append(item)
     finished = []
     for batch_id in sorted(per_batch, key=lambda b: -1 if b is None else b):  # batch locks in id order
         group = per_batch[batch_id]
-        count = session.execute(ACK, {"ids": group, "token": token, "now": now, "key_until": key_until}).rowcount
+        ids = [item.id for item in group]
+        count = session.execute(ACK, {"ids": ids, "token": token, "now": now, "key_until": key_until}).rowcount
         acked += count
-        ours = group if count == len(group) else list(session.scalars(
-            select(J.c.id).where(J.c.id.in_(group), J.c.status == DONE, J.c.finished_at == now)))
-        finished += [follow.items.get(job_id) or _bare(job_id) for job_id in ours]
-    batches.on_done(session, finished, follow.values, now, follow.keep)
+        if count != len(group):
+            ours = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == DONE,
+                                                            J.c.finished_at == now)))
+            group = [item for item in group if item.id in ours]
+        finished += group
+    batches.on_done(session, finished, values, now, keep)
     return acked
 
 
-def _bare(job_id: int) -> ClaimedJob:
-    """A job the store has a result of but no claimed row (not expected: the worker keeps both)."""
-    return ClaimedJob(job_id, "", "", "", 0, "", datetime.min, None, "")
-
-
-# The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
+# The writes of the outcomes (outbox/engine/outcomes.py, LeaseStore): ack, reschedule, give_up, release,
 # extend. Each is guarded by the claim token: 0 rows means the lease was lost, and the caller rolls back.
 
 def reschedule(session: Session, item, next_at: datetime, error: str | None, refund_attempt: bool) -> bool:
@@ -421,7 +401,7 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
 
 
 def give_up(session: Session, item, error: str, traceback: str | None, now: datetime, *,
-            refund_attempt: bool = False, key_ttl: float = 86400.0) -> bool:
+            refund_attempt: bool = False, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> bool:
     """Failed, with the error's class apart so the failed list can be read at a glance.
     refund_attempt: given up without running (its tries were used up before this claim), so the
     attempt the claim counted is given back: the row keeps the attempts that ran."""

@@ -1,7 +1,8 @@
 """A job's result: what its handler returned (JSON), stored with its `done` (issue 39).
 
-The handler's return value reaches the worker on its Outcome (`Outcome.value`); the worker turns it
-into JSON before the outcome is written (`encode`: one that is not JSON, or larger than
+The handler's return value reaches the runner on its Outcome (`Outcome.value`); the job family's
+outcomes keep it as JSON for the ack (outbox.engine.outcomes.Outcomes.returned with the job
+family's `keep_value`, outbox.queue.job_family) before the outcome is written (`encode`: one that is not JSON, or larger than
 CRONBOX_RESULT_MAX, makes the attempt a permanent failure, recorded like any other: nothing is
 lost, the job shows why), and the ack that makes the job done inserts it here in the same
 transaction (`insert`, one multi-row INSERT per ack statement, only for jobs that returned
