@@ -155,7 +155,8 @@ def may_join(item, handler, token: str, settings) -> bool:
     covers its timeout plus the group's time (CRONBOX_GROUP_MS). A sealed payload runs alone: its
     opening may fail (an altered envelope, a missing key), and only a lone item's failure before its
     handler's call is recorded as its own (outbox.core.sealing)."""
-    return (handler is not None and not is_sealed(item.payload) and getattr(handler, "grouped", False) and settings.group_max > 1
+    return (handler is not None and not is_sealed(item.payload) and getattr(handler, "grouped", False)
+            and settings.group_max > 1
             and item.claim_token == token and not exhausted(item, handler)
             and clock.utcnow() + timedelta(seconds=handler.timeout, milliseconds=settings.group_ms)
             <= item.lease_until)
