@@ -15,23 +15,53 @@ Its names for an app are cronbox's own (README, "Python API"):
 What this package adds is what an app rarely needs: its settings (`load_settings`, `Settings`) and
 the runtime of a process of its own (`open_runtime`, `Runtime`).
 """
-from cronbox.outbox.engine.context import Context, Event
-from cronbox.outbox.events.consumers import consumer
-from cronbox.outbox.events.forward import forward
-from cronbox.outbox.core.errors import (
-    CronboxError,
-    HandlerTimeout,
-    PayloadError,
-    PermanentFailure,
-    RegistrationError,
-    RetryLater,
-    SettingsError,
-)
-from cronbox.outbox.core.settings import Settings, load_settings
-from cronbox.outbox.engine.runtime import Runtime, open_runtime
-from cronbox.outbox.events.record import record
-from cronbox.outbox.queue.jobs import job
-from cronbox.outbox.queue.pauses import ChannelPaused
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cronbox.outbox.core.errors import (
+        CronboxError,
+        HandlerTimeout,
+        PayloadError,
+        PermanentFailure,
+        RegistrationError,
+        RetryLater,
+        SettingsError,
+    )
+    from cronbox.outbox.core.settings import Settings, load_settings
+    from cronbox.outbox.engine.context import Context, Event
+    from cronbox.outbox.engine.runtime import Runtime, open_runtime
+    from cronbox.outbox.events.consumers import consumer
+    from cronbox.outbox.events.forward import forward
+    from cronbox.outbox.events.record import record
+    from cronbox.outbox.queue.jobs import job
+    from cronbox.outbox.queue.pauses import ChannelPaused
+
+# Each name: the module that defines it. Imported on first use (PEP 562), as in `cronbox/__init__.py`:
+# importing any module of this package runs this file first, so a `queue work` importing the queue's
+# modules would otherwise load the event outbox's too (its models, record, consumers, forward targets).
+_EXPORTS = {
+    "ChannelPaused": "cronbox.outbox.queue.pauses",
+    "Context": "cronbox.outbox.engine.context",
+    "CronboxError": "cronbox.outbox.core.errors",
+    "Event": "cronbox.outbox.engine.context",
+    "HandlerTimeout": "cronbox.outbox.core.errors",
+    "PayloadError": "cronbox.outbox.core.errors",
+    "PermanentFailure": "cronbox.outbox.core.errors",
+    "RegistrationError": "cronbox.outbox.core.errors",
+    "RetryLater": "cronbox.outbox.core.errors",
+    "Runtime": "cronbox.outbox.engine.runtime",
+    "Settings": "cronbox.outbox.core.settings",
+    "SettingsError": "cronbox.outbox.core.errors",
+    "consumer": "cronbox.outbox.events.consumers",
+    "forward": "cronbox.outbox.events.forward",
+    "job": "cronbox.outbox.queue.jobs",
+    "load_settings": "cronbox.outbox.core.settings",
+    "open_runtime": "cronbox.outbox.engine.runtime",
+    "record": "cronbox.outbox.events.record",
+}
 
 __all__ = [
     "ChannelPaused",
@@ -52,4 +82,18 @@ __all__ = [
     "load_settings",
     "open_runtime",
     "record",
-]
+]  # _EXPORTS' names
+
+
+def __getattr__(name: str):
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'cronbox.outbox' has no attribute {name!r}") from None
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -33,7 +33,7 @@ from cronbox.outbox.engine.handler_call import call_handler
 from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.events import deliveries
-from cronbox.outbox.events.record import new_trace_id
+from cronbox.outbox.core.logs import new_trace_id
 from cronbox.outbox.events.relay import FAN_OUT_BATCH, Relay
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.worker import Worker

@@ -39,7 +39,7 @@ from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.handler_call import Outcome, call_handler
 from cronbox.outbox.engine.registry import DEFAULT, Registry
-from cronbox.outbox.events.record import new_trace_id
+from cronbox.outbox.core.logs import new_trace_id
 
 log = logging.getLogger("cronbox")
 R = cast(Table, ScheduleRun.__table__)

@@ -1,29 +1,24 @@
 """record(): the write side of the transactional outbox."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import cast
 
 from sqlalchemy import Table, insert
-from sqlalchemy.engine import Connection
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
 from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.events.models import OutboxEvent
-from cronbox.outbox.core.session_types import Transactional
+from cronbox.outbox.core.logs import new_trace_id
+from cronbox.outbox.core.session_types import Transactional, connection_of
 
 MAX_TEXT = 191
 # Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the
 # engine's compiled cache: each call only binds the row's values.
 _INSERT = insert(cast(Table, OutboxEvent.__table__))
-
-
-def new_trace_id() -> str:
-    return os.urandom(8).hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +32,6 @@ class RecordedEvent:
     trace_id: str
     created_at: datetime
     available_at: datetime
-
-
-def connection_of(session: Transactional, model=OutboxEvent) -> Connection:
-    """The connection of the caller's transaction: a Connection as it is, a Session's (or a
-    Flask-SQLAlchemy scoped session's) for `model`'s table (a host's binds decide, as they would
-    for a flush), begun if it was not. Never a flush: the caller's pending objects stay as they are."""
-    if isinstance(session, Connection):
-        return session
-    return session.connection(bind_arguments={"mapper": model})
 
 
 def record(session: Transactional, type: str, payload, *, key: str | None = None,
@@ -82,5 +68,5 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
     trace_id, available_at = new_trace_id(), now + timedelta(seconds=seconds) if seconds else now
     row = {"type": type, "key": key, "payload": body, "payload_bytes": payload_bytes(body), "trace_id": trace_id,
            "created_at": now, "available_at": available_at}
-    event_id = connection_of(session).execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]
+    event_id = connection_of(session, OutboxEvent).execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]
     return RecordedEvent(event_id, type, key, body, trace_id, now, available_at)

@@ -22,11 +22,11 @@ from cronbox.outbox.core.text import is_utf8
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
-from cronbox.outbox.events.record import connection_of, new_trace_id
 from cronbox.outbox.queue import groups
 from cronbox.outbox.queue.models import READY, Job
 from cronbox.outbox.queue.ratelimit import RateLimit
-from cronbox.outbox.core.session_types import Transactional
+from cronbox.outbox.core.logs import new_trace_id
+from cronbox.outbox.core.session_types import Transactional, connection_of
 
 MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")  # \Z: `$` would take a final newline
