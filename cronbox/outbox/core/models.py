@@ -38,7 +38,7 @@ class MicrosecondDateTime(TypeDecorator):
             from sqlalchemy.dialects.mysql import DATETIME
 
             return dialect.type_descriptor(DATETIME(fsp=6))
-        return dialect.type_descriptor(DateTime())
+        return DateTime()  # as declared (see LongTextType)
 
 
 class LongTextType(TypeDecorator):
@@ -52,7 +52,9 @@ class LongTextType(TypeDecorator):
             from sqlalchemy.dialects.mysql import LONGTEXT
 
             return dialect.type_descriptor(LONGTEXT())
-        return dialect.type_descriptor(Text())
+        # The type as declared, not the dialect's adaptation of it: psycopg's dialect adapts Text to its
+        # String, whose DDL (and Alembic's comparison with the migrations) would say VARCHAR, not TEXT.
+        return Text()
 
 
 UtcDateTime = MicrosecondDateTime()
