@@ -9,7 +9,7 @@ Two measures, both in the same run:
   finished_at - first reserved_at) as bench_queue measures it. The ratio on/off is noisy at the
   few-% level on a shared two-core machine, so
 - the calls: the admission's own work per job timed in this process over many jobs, as a share of
-  the no-op job's time off (1 / the drain rate with admission off). The processor's calls between
+  the no-op job's time off (1 / the drain rate with admission off). The runner's calls between
   two jobs (the budget's stop_reason, admission's check, probe and record, the budget's record) are
   made with admission on and with it off, in CPU time (a shared machine's waits left out), on minus
   off: what admission adds, the budget's own RSS reading (shared with admission's check) not
@@ -82,7 +82,7 @@ def idle_cpu(t: Target) -> float:
 
 
 def calls_cost(t: Target, size: int, repeats: int = 5) -> tuple[float, int]:
-    """CPU seconds per job that admission adds to the processor's calls around a no-op job, with
+    """CPU seconds per job that admission adds to the runner's calls around a no-op job, with
     --max-time and --memory set and the handler's profile as the drains left it; and its growth (KiB).
     Its samples are dropped every `size` jobs, as a drain of `size` jobs writes them once."""
     name = "bench.job.noop"

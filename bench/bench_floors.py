@@ -3,7 +3,7 @@
     python bench/bench_floors.py --tree /work/main --label main --mysql mysql+pymysql://root:@127.0.0.1/test \
         [--postgres postgresql://postgres@127.0.0.1:5432/postgres] [--store SQLite|MariaDB|PostgreSQL ...] \
         [--section record|dispatch|drain|relay|forward|consume|jobs-publish|jobs-work ...] [--rounds 3] [--items N] \
-        [--amqp amqp://guest:guest@127.0.0.1:5672/]
+        [--amqp amqp://guest:guest@127.0.0.1:5672/] [--before REV]
 
 cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
 dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-linger`, `queue work
@@ -11,7 +11,10 @@ dispatch in the host's own SQLAlchemy Session, `python -m cronbox tick --no-ling
 (floor_host.py). Each floor (floor_sql.py, floor_amqp.py) is the same statements and messages through
 SQLAlchemy and py-amqp's public calls, as a subprocess timed the same way, with no cronbox. The two
 alternate, order swapped every round, on the same fresh database; rates are the median of the rounds,
-the spread their min-max. Prints one markdown table row per measurement. On PostgreSQL (`--postgres`, a
+the spread their min-max. Prints one markdown table row per measurement. `--before REV` measures the code
+at that commit too (`git archive REV`, unpacked in a temporary folder, as bench_ack_flush does), in the
+same run: each round runs the section once per tree, the trees' order swapped every round, on the same
+database; each tree's rows are the medians of its rounds. On PostgreSQL (`--postgres`, a
 server URL: each section gets a database of its own there) the drain's peer-body rows need `--mysql` too:
 that body bumps the harness's counter in MariaDB whatever cronbox's store.
 """
@@ -22,8 +25,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,20 +45,43 @@ COUNTER = "floor"
 
 
 class Report:
-    """Markdown rows: path, store, tree, cronbox, floor, ratio, spreads, target."""
+    """Markdown rows: path, store, tree, cronbox, floor, ratio, spreads, target. The measurements of a
+    path accumulate (a section run once per round, with --before), each row made of all of them."""
 
     def __init__(self, label: str):
-        self.label, self.rows = label, []
+        self.label = label
+        self.measured: dict[tuple[str, str], dict] = {}  # (path, store) -> kind, target, unit, ours, floor
 
     def rate(self, path: str, store: str, ours: list[float], floor: list[float], target: str, unit: str = "/s"):
-        ratio = statistics.median(ours) / statistics.median(floor)
-        self.add(path, store, f"{statistics.median(ours):,.0f}{unit}", f"{statistics.median(floor):,.0f}{unit}",
-                 f"{ratio:.2f}×", spread(ours), spread(floor), target)
+        self._add("rate", path, store, ours, floor, target, unit)
 
-    def add(self, *cells) -> None:
-        row = "| " + " | ".join(str(c) for c in (cells[0], cells[1], self.label, *cells[2:])) + " |"
-        self.rows.append(row)
-        print(row, flush=True)
+    def cpu(self, path: str, store: str, ours: list[float], floor: list[float]) -> None:
+        """CPU µs per item of cronbox's process and of the floor's, by rounds (cronbox's own: the difference)."""
+        self._add("cpu", path, store, ours, floor, "own ≤50 µs", " µs")
+
+    def _add(self, kind, path, store, ours, floor, target, unit) -> None:
+        entry = self.measured.setdefault((path, store), {"kind": kind, "target": target, "unit": unit,
+                                                         "ours": [], "floor": []})
+        entry["ours"] += ours
+        entry["floor"] += floor
+        print(self.row(path, store, entry), flush=True)
+
+    def row(self, path: str, store: str, entry: dict) -> str:
+        ours, floor, unit = entry["ours"], entry["floor"], entry["unit"]
+        if entry["kind"] == "cpu":
+            own = [x - y for x, y in zip(ours, floor)]
+            path = (f"{path}: CPU µs per item (cronbox's own: {statistics.median(own):.0f} µs, "
+                    f"{min(own):.0f}-{max(own):.0f})")
+            ratio = ""
+        else:
+            ratio = f"{statistics.median(ours) / statistics.median(floor):.2f}×"
+        cells = (path, store, self.label, f"{statistics.median(ours):,.0f}{unit}", f"{statistics.median(floor):,.0f}{unit}",
+                 ratio, spread(ours), spread(floor), entry["target"])
+        return "| " + " | ".join(str(c) for c in cells) + " |"
+
+    @property
+    def rows(self) -> list[str]:
+        return [self.row(path, store, entry) for (path, store), entry in self.measured.items()]
 
     def markdown(self) -> str:
         return ("| path | store | tree | cronbox | floor | ratio | cronbox min-max | floor min-max | target |\n"
@@ -63,10 +92,11 @@ def spread(values: list[float]) -> str:
     return f"{min(values):,.0f}-{max(values):,.0f}"
 
 
-def alternate(rounds: int, ours, floor) -> tuple[list, list]:
-    """Each round runs both, the order swapped every round (the machine's load moves between runs)."""
+def alternate(rounds: int | range, ours, floor) -> tuple[list, list]:
+    """Each round runs both, the order swapped every round (the machine's load moves between runs).
+    `rounds`: how many, or which (a range: the rounds of a longer run, their order kept)."""
     a, b = [], []
-    for r in range(rounds):
+    for r in (rounds if isinstance(rounds, range) else range(rounds)):
         if r % 2 == 0:
             a.append(ours())
             b.append(floor())
@@ -86,7 +116,7 @@ def section_record(t: Target, store: str, table: Report, rounds: int, kind: str,
         return n / t.floor("floor_sql.py", [kind, str(n)])["seconds"]
 
     a, b = alternate(rounds, ours, floor)
-    what = "outbox.record()" if kind == "record" else "job.dispatch()"
+    what = "cronbox.record()" if kind == "record" else "job.dispatch()"
     table.rate(f"{kind}: {what}, one row per transaction", store, a, b, "≥0.85×")
 
 
@@ -127,10 +157,7 @@ def cpu_per_item(store, table, rounds, n, path, ours, floor) -> None:
         return (run(n)["cpu"] - run(0)["cpu"]) / n * 1e6
 
     a, b = alternate(rounds, lambda: per_item(ours), lambda: per_item(floor))
-    own = [x - y for x, y in zip(a, b)]
-    table.add(f"{path}, {n:,}: CPU µs per item (cronbox's own: {statistics.median(own):.0f} µs, "
-              f"{min(own):.0f}-{max(own):.0f})", store, f"{statistics.median(a):.0f} µs", f"{statistics.median(b):.0f} µs",
-              "", spread(a), spread(b), "own ≤50 µs")
+    table.cpu(f"{path}, {n:,}", store, a, b)
 
 
 def tick(t: Target) -> dict:
@@ -306,10 +333,39 @@ def env_counter(t: Target) -> None:
 SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume", "jobs-publish", "jobs-work")
 
 
+def unpack(rev: str) -> str:
+    """The code at `rev` as files in a temporary folder (no worktree, no change to the repository)."""
+    into = tempfile.mkdtemp(prefix="cronbox-floor-before-")
+    archive = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", rev],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return into
+
+
+def run_section(section: str, t: Target, store: str, table: Report, rounds: int | range, args, size: dict,
+                broker: dict, jobs_broker: dict) -> None:
+    if section in ("record", "dispatch"):
+        section_record(t, store, table, rounds, section, **size)
+    elif section == "drain":
+        section_drain(t, store, table, rounds, peer_db=bool(args.mysql), **size)
+    elif section == "relay":
+        section_relay(t, store, table, rounds, **size)
+    elif section == "forward":
+        section_forward(t, store, table, rounds, broker, **size)
+    elif section == "consume":
+        section_consume(t, store, table, rounds, broker, **size)
+    elif section == "jobs-publish":
+        section_jobs_publish(t, store, table, rounds, jobs_broker, **size)
+    else:
+        section_jobs_work(t, store, table, rounds, jobs_broker, **size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", required=True, help="the cronbox tree to measure (put first on sys.path)")
     parser.add_argument("--label", required=True, help="its name in the table (before, main, after)")
+    parser.add_argument("--before", help="a commit to measure as well, labelled before, alternated with --tree "
+                                         "round by round (e.g. the merge base)")
     parser.add_argument("--mysql", default=os.environ.get("TEST_MYSQL_URL"))
     parser.add_argument("--postgres", "--postgresql", default=os.environ.get("TEST_POSTGRES_URL"),
                         help="a PostgreSQL server's URL, as bench_latency's (postgresql://postgres@127.0.0.1:5432/postgres)")
@@ -325,8 +381,11 @@ def main() -> None:
     servers = {"SQLite": None, "MariaDB": args.mysql, "PostgreSQL": args.postgres}
     stores = [s for s in (args.store or list(servers)) if s == "SQLite" or servers[s]]
     size = {"n": args.items} if args.items else {}
-    table = Report(args.label)
-    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, tree {args.tree}, load {os.getloadavg()[0]:.1f}",
+    trees = {args.label: args.tree}
+    if args.before:
+        trees = {"before": unpack(args.before), **trees}
+    tables = {label: Report(label) for label in trees}
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, trees {trees}, load {os.getloadavg()[0]:.1f}",
           flush=True)
     exchange = f"cronbox-floor-{secrets.token_hex(4)}"
     broker = {"FLOOR_AMQP_URL": args.amqp, "FLOOR_EXCHANGE": exchange, "FLOOR_QUEUE": exchange + ".q"}
@@ -350,20 +409,15 @@ def main() -> None:
                     extra = {**jobs_broker, "CRONBOX_AMQP_URL": args.amqp}
                 t = Target(args.tree, servers[store], extra)
                 try:
-                    if section in ("record", "dispatch"):
-                        section_record(t, store, table, args.rounds, section, **size)
-                    elif section == "drain":
-                        section_drain(t, store, table, args.rounds, peer_db=bool(args.mysql), **size)
-                    elif section == "relay":
-                        section_relay(t, store, table, args.rounds, **size)
-                    elif section == "forward":
-                        section_forward(t, store, table, args.rounds, broker, **size)
-                    elif section == "consume":
-                        section_consume(t, store, table, args.rounds, broker, **size)
-                    elif section == "jobs-publish":
-                        section_jobs_publish(t, store, table, args.rounds, jobs_broker, **size)
-                    else:
-                        section_jobs_work(t, store, table, args.rounds, jobs_broker, **size)
+                    if len(trees) == 1:
+                        run_section(section, t, store, tables[args.label], args.rounds, args, size, broker,
+                                    jobs_broker)
+                        continue
+                    for r in range(args.rounds):  # the trees alternate, their order swapped every round
+                        for label in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+                            t.use(trees[label])
+                            run_section(section, t, store, tables[label], range(r, r + 1), args, size, broker,
+                                        jobs_broker)
                 finally:
                     t.close()
     finally:
@@ -371,10 +425,14 @@ def main() -> None:
             floor_amqp.delete(args.amqp, exchange, broker["FLOOR_QUEUE"])
         if uses_jobs:
             floor_amqp.delete_queue(args.amqp, jobs_broker["FLOOR_JOBS_QUEUE"])
-    print(f"load {os.getloadavg()[0]:.1f}\n\n" + table.markdown())
-    if args.out:
-        with open(args.out, "a") as out:
-            out.write(json.dumps({"label": args.label, "tree": args.tree, "rows": table.rows}) + "\n")
+        if args.before:
+            shutil.rmtree(trees["before"], ignore_errors=True)
+    print(f"load {os.getloadavg()[0]:.1f}\n")
+    for label, table in tables.items():
+        print(table.markdown() + "\n")
+        if args.out:
+            with open(args.out, "a") as out:
+                out.write(json.dumps({"label": label, "tree": trees[label], "rows": table.rows}) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from cronbox import outbox
+import cronbox
 from bench import handlers
 from bench.report import write_section
 from cronbox.outbox.core.engines import engine_url
@@ -86,7 +86,7 @@ def record_rate(t: Target, n: int) -> float:
     started = time.perf_counter()
     for i in range(n):
         with t.runtime.sessions.begin() as s:
-            outbox.record(s, "bench.noop", {"i": i})
+            cronbox.record(s, "bench.noop", {"i": i})
     return n / (time.perf_counter() - started)
 
 
@@ -94,7 +94,7 @@ def bulk_record(t: Target, event_type: str, n: int) -> None:
     for start in range(0, n, 500):
         with t.runtime.sessions.begin() as s:
             for i in range(start, min(n, start + 500)):
-                outbox.record(s, event_type, {"i": i})
+                cronbox.record(s, event_type, {"i": i})
 
 
 def relay_rate(t: Target, event_type: str, n: int) -> float:
@@ -252,7 +252,7 @@ def latency(t: Target, n: int) -> tuple[float, float]:
     time.sleep(1.5)
     for _ in range(n):
         with t.runtime.sessions() as s:
-            outbox.record(s, "bench.latency", {"committed_at": time.time()})
+            cronbox.record(s, "bench.latency", {"committed_at": time.time()})
             s.commit()
         time.sleep(10 / n)
     tick.wait(timeout=60)

@@ -1,10 +1,10 @@
-"""What `outbox.record()` and `dispatch()` add to a one-row domain transaction, against the same transaction without.
+"""What `cronbox.record()` and `dispatch()` add to a one-row domain transaction, against the same transaction without.
 
     .venv/bin/python -m bench.bench_record [--mysql mysql+pymysql://root:@127.0.0.1/test] [--n 300] [--rounds 7]
 
 A web request's transaction writes one business row (an ORM object, or a Core INSERT on the
 session, or a Core INSERT on a Connection) and commits, on cronbox's web engine (pool of 2,
-pre-ping policy of outbox/core/engines.py); the same with one `outbox.record()` or one `dispatch()`
+pre-ping policy of outbox/core/engines.py); the same with one `cronbox.record()` or one `dispatch()`
 in it. A last pair does the same with the driver alone (PyMySQL or sqlite3, no SQLAlchemy, no
 cronbox): the business INSERT and COMMIT, and the same with an INSERT of the event's columns
 and values into cronbox_events. That pair is the floor: what the extra statement costs the
@@ -37,7 +37,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import NullPool
 
-from cronbox import outbox
+import cronbox
 from bench.report import write_section
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.core.settings import load_settings
@@ -61,7 +61,7 @@ ORDERS = Order.__table__
 REGISTRY = Registry()
 
 
-@outbox.job("bench", name="bench.record.noop", registry=REGISTRY)
+@cronbox.job("bench", name="bench.record.noop", registry=REGISTRY)
 def noop(payload, ctx):
     pass
 
@@ -78,7 +78,7 @@ def orm_plain(t, i):
 def orm_record(t, i):
     with t.runtime.sessions.begin() as s:
         s.add(Order(**_order()))
-        outbox.record(s, "order.placed", {"order": i, "amount": 1250})
+        cronbox.record(s, "order.placed", {"order": i, "amount": 1250})
 
 
 def orm_dispatch(t, i):
@@ -95,7 +95,7 @@ def core_plain(t, i):
 def core_record(t, i):
     with t.runtime.sessions.begin() as s:
         s.execute(insert(ORDERS).values(_order()))
-        outbox.record(s, "order.placed", {"order": i, "amount": 1250})
+        cronbox.record(s, "order.placed", {"order": i, "amount": 1250})
 
 
 def core_dispatch(t, i):
@@ -112,7 +112,7 @@ def conn_plain(t, i):
 def conn_record(t, i):
     with t.runtime.engine.begin() as c:
         c.execute(insert(ORDERS).values(_order()))
-        outbox.record(c, "order.placed", {"order": i, "amount": 1250})
+        cronbox.record(c, "order.placed", {"order": i, "amount": 1250})
 
 
 def conn_dispatch(t, i):

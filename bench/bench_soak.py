@@ -22,7 +22,7 @@ from datetime import datetime
 
 from sqlalchemy import func, inspect, select, text
 
-from cronbox import outbox
+import cronbox
 from bench import handlers
 from bench.bench_outbox import Target
 from bench.report import write_section
@@ -65,7 +65,7 @@ def add_work(t: Target, events: int, jobs: int, serial: int) -> None:
         with t.runtime.sessions.begin() as s:
             for kind, n in todo[start:start + BATCH]:
                 if kind == "e":
-                    outbox.record(s, "bench.noop", {"i": serial + n})
+                    cronbox.record(s, "bench.noop", {"i": serial + n})
                 else:
                     handlers.job_noop.dispatch(s, {"i": serial + n})
 

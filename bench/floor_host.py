@@ -3,7 +3,7 @@
 
 The parent (bench_floors) imports this module without cronbox. Run as a program, with the tree first
 on sys.path, it is the host side of record/dispatch and the seeding of events and jobs, through
-cronbox's public calls (`outbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
+cronbox's public calls (`cronbox.record`, a job's `.dispatch`) in the host's own SQLAlchemy Session:
 
     python bench/floor_host.py record|dispatch|seed-events TYPE|seed-jobs HANDLER|seed-numbered-jobs HANDLER  URL N
 """
@@ -54,7 +54,6 @@ class Target:
     `python -m cronbox migrate`. `server_url`: a MariaDB or PostgreSQL server's URL (None: SQLite)."""
 
     def __init__(self, tree: str, server_url: str | None, extra_env: dict | None = None):
-        self.tree = str(Path(tree).resolve())
         self.folder = Path(tempfile.mkdtemp(prefix="cronbox-floor-"))
         self.admin = None
         if server_url:
@@ -70,12 +69,18 @@ class Target:
             (self.folder / "instance").mkdir()
             self.url = f"sqlite:///{self.folder / 'instance' / 'cronbox.db'}"
         self.env = {**os.environ, "DATABASE_URL": self.url, "CRONBOX_INSTANCE": str(self.folder / "instance"),
-                    "CRONBOX_HANDLERS": "floor_handlers", "PYTHONPATH": os.pathsep.join([self.tree, str(BENCH), str(PEERS)]),
-                    **(extra_env or {})}
+                    "CRONBOX_HANDLERS": "floor_handlers", **(extra_env or {})}
+        self.use(tree)
         self.cron(["migrate"])
         self.engine = create_engine(self.url, poolclass=NullPool, connect_args={} if server_url else {"timeout": 30})
         FLOOR_ROWS.create(self.engine)
         self.tables = [t for t in TABLES if t in inspect(self.engine).get_table_names()]
+
+    def use(self, tree: str) -> None:
+        """Run cronbox from `tree` from now on (bench_floors --before: two trees on one database, whose
+        migrations must be the same)."""
+        self.tree = str(Path(tree).resolve())
+        self.env["PYTHONPATH"] = os.pathsep.join([self.tree, str(BENCH), str(PEERS)])
 
     def cron(self, args: list[str], **kw) -> dict:
         """`python -m cronbox ARGS` as the README's cron line runs it, from the tree's directory."""
@@ -128,7 +133,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
     from sqlalchemy.orm import Session
 
     import floor_handlers
-    from cronbox import outbox
+    import cronbox
     from floor_sql import cpu_seconds, engine_for
 
     engine = engine_for(url)
@@ -137,7 +142,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
         for i in range(int(rest[0])):
             with Session(engine) as s, s.begin():
                 if kind == "record":
-                    outbox.record(s, "fl.noop", {"i": i})
+                    cronbox.record(s, "fl.noop", {"i": i})
                 else:
                     floor_handlers.peer_body.dispatch(s, None)
     elif kind == "seed-events":
@@ -145,7 +150,7 @@ def _program(kind: str, url: str, rest: list[str]) -> None:
         for start in range(0, n, 500):
             with Session(engine) as s, s.begin():
                 for i in range(start, min(n, start + 500)):
-                    outbox.record(s, event_type, {"i": i})
+                    cronbox.record(s, event_type, {"i": i})
     elif kind in ("seed-jobs", "seed-numbered-jobs"):  # numbered: payload {"i": i} (the one-row job's event_id)
         job, n = getattr(floor_handlers, rest[0]), int(rest[1])
         numbered = kind == "seed-numbered-jobs"

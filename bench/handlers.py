@@ -5,7 +5,7 @@ import time
 
 from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, insert
 
-from cronbox import outbox
+import cronbox
 
 metadata = MetaData()
 rows = Table("bench_rows", metadata, Column("id", Integer, primary_key=True), Column("event_id", Integer),
@@ -21,24 +21,24 @@ hand_queue = Table("bench_hand_queue", metadata, Column("id", Integer, primary_k
                    Index("ix_bench_hand_queue_status_id", "status", "id"))
 
 
-@outbox.consumer("bench.noop", name="bench.noop")
+@cronbox.consumer("bench.noop", name="bench.noop")
 def noop(event, ctx):
     """No database effect: its ack is batched with others."""
 
 
-@outbox.consumer("bench.write", name="bench.write")
+@cronbox.consumer("bench.write", name="bench.write")
 def write(event, ctx):
     """One row through ctx.session: committed together with the ack."""
     ctx.session.execute(insert_row, {"event_id": event.id, "note": "x"})
 
 
-@outbox.consumer("bench.write_grouped", name="bench.write_grouped", grouped=True)
+@cronbox.consumer("bench.write_grouped", name="bench.write_grouped", grouped=True)
 def write_grouped(event, ctx):
     """The same row, with group commit: many deliveries' rows and acks share one COMMIT."""
     ctx.session.execute(insert_row, {"event_id": event.id, "note": "x"})
 
 
-@outbox.consumer("bench.latency", name="bench.latency")
+@cronbox.consumer("bench.latency", name="bench.latency")
 def latency(event, ctx):
     """commit -> consumer latency: the payload carries the wall time just after commit was requested."""
     ctx.session.execute(insert(latencies).values(seconds=time.time() - event.payload["committed_at"]))
@@ -51,24 +51,24 @@ def latency(event, ctx):
 _counter = None
 
 
-@outbox.job("bench", name="bench.job.noop", timeout=30)
+@cronbox.job("bench", name="bench.job.noop", timeout=30)
 def job_noop(payload, ctx):
     """Nothing at all: the queue's own cost."""
 
 
-@outbox.job("bench", name="bench.job.write", timeout=30)
+@cronbox.job("bench", name="bench.job.write", timeout=30)
 def job_write(payload, ctx):
     """One row through ctx.session: committed together with the ack, one transaction per job."""
     ctx.session.execute(insert_row, {"event_id": payload["i"], "note": "j"})
 
 
-@outbox.job("bench", name="bench.job.write_grouped", timeout=30, grouped=True)
+@cronbox.job("bench", name="bench.job.write_grouped", timeout=30, grouped=True)
 def job_write_grouped(payload, ctx):
     """The same row, with group commit."""
     ctx.session.execute(insert_row, {"event_id": payload["i"], "note": "j"})
 
 
-@outbox.job("bench", name="bench.job.bump", timeout=30)
+@cronbox.job("bench", name="bench.job.bump", timeout=30)
 def job_bump(payload, ctx):
     """The peer harness's job body: one autocommit UPDATE on its own MariaDB connection."""
     global _counter

@@ -35,10 +35,10 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 import common  # noqa: E402
-from cronbox import outbox  # noqa: E402
+import cronbox  # noqa: E402
 
 
-@outbox.job("bench", name="bench.bump", tries=3, timeout=30)
+@cronbox.job("bench", name="bench.bump", tries=3, timeout=30)
 def bump(payload, ctx):
     common.bump()
 

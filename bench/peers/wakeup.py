@@ -32,7 +32,7 @@ os.environ["CRONBOX_HANDLERS"] = "wakeup"
 
 import procrastinate  # noqa: E402
 
-from cronbox import outbox  # noqa: E402
+from cronbox import job  # noqa: E402
 
 
 def _started(peer: str, seq: int) -> None:
@@ -41,7 +41,7 @@ def _started(peer: str, seq: int) -> None:
         f.write(repr(time.time()))
 
 
-@outbox.job("wake", name="bench.wake", tries=1, timeout=30)
+@job("wake", name="bench.wake", tries=1, timeout=30)
 def cronbox_job(payload, ctx):
     _started("cronbox", payload["seq"])
 

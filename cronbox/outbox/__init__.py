@@ -13,7 +13,9 @@ Its names for an app are cronbox's own (README, "Python API"):
         record(session, "appointment.paid", {"id": 7}, key="appointment:7")
 
 What this package adds is what an app rarely needs: its settings (`load_settings`, `Settings`) and
-the runtime of a process of its own (`open_runtime`, `Runtime`).
+the runtime of a process of its own (`open_runtime`, `Runtime`), and the errors `cronbox` does not
+export. Each public name has one place: `record`, `consumer`, `job`, `forward`, `Context`, `Event`
+and the handler's signals are `cronbox`'s, not repeated here (docs/upgrading.md).
 """
 from __future__ import annotations
 
@@ -21,67 +23,37 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cronbox.outbox.core.errors import (
-        CronboxError,
-        HandlerTimeout,
-        PayloadError,
-        PermanentFailure,
-        RegistrationError,
-        RetryLater,
-        SettingsError,
-    )
+    from cronbox.outbox.core.errors import HandlerTimeout, PayloadError, RegistrationError, SettingsError
     from cronbox.outbox.core.settings import Settings, load_settings
-    from cronbox.outbox.engine.context import Context, Event
     from cronbox.outbox.engine.runtime import Runtime, open_runtime
-    from cronbox.outbox.events.consumers import consumer
-    from cronbox.outbox.events.forward import forward
-    from cronbox.outbox.events.record import record
-    from cronbox.outbox.queue.jobs import job
     from cronbox.outbox.queue.pauses import ChannelPaused
 
 # Each name: the module that defines it. Imported on first use (PEP 562), as in `cronbox/__init__.py`:
-# importing any module of this package runs this file first, so a `queue work` importing the queue's
-# modules would otherwise load the event outbox's too (its models, record, consumers, forward targets).
+# importing any module of this package runs this file first, so every cron process (`queue work`
+# importing the queue's modules, a host's `import cronbox.outbox.core.errors`) would otherwise load
+# the runtime and the queue's tables with it.
 _EXPORTS = {
     "ChannelPaused": "cronbox.outbox.queue.pauses",
-    "Context": "cronbox.outbox.engine.context",
-    "CronboxError": "cronbox.outbox.core.errors",
-    "Event": "cronbox.outbox.engine.context",
     "HandlerTimeout": "cronbox.outbox.core.errors",
     "PayloadError": "cronbox.outbox.core.errors",
-    "PermanentFailure": "cronbox.outbox.core.errors",
     "RegistrationError": "cronbox.outbox.core.errors",
-    "RetryLater": "cronbox.outbox.core.errors",
     "Runtime": "cronbox.outbox.engine.runtime",
     "Settings": "cronbox.outbox.core.settings",
     "SettingsError": "cronbox.outbox.core.errors",
-    "consumer": "cronbox.outbox.events.consumers",
-    "forward": "cronbox.outbox.events.forward",
-    "job": "cronbox.outbox.queue.jobs",
     "load_settings": "cronbox.outbox.core.settings",
     "open_runtime": "cronbox.outbox.engine.runtime",
-    "record": "cronbox.outbox.events.record",
 }
 
 __all__ = [
     "ChannelPaused",
-    "Context",
-    "CronboxError",
-    "Event",
     "HandlerTimeout",
     "PayloadError",
-    "PermanentFailure",
     "RegistrationError",
-    "RetryLater",
     "Runtime",
     "Settings",
     "SettingsError",
-    "consumer",
-    "forward",
-    "job",
     "load_settings",
     "open_runtime",
-    "record",
 ]  # _EXPORTS' names
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import clock, paging
 from cronbox.outbox.core.session_types import AnySession
+from cronbox.outbox.core.text import NAME_MAX
 
 from .models import AuditEntry, Grant
 
@@ -55,7 +56,7 @@ def record(session: AnySession, action: str, outcome: str, *, status: int | None
             subject = subject if subject is not None else grant.subject
     entry = AuditEntry(
         at=clock.utcnow(), action=action, outcome=outcome[:32], status=status, file_id=file_id, grant_id=grant_id,
-        subject=_cut(subject, 191), jti_hash=jti_hash(jti) if jti else None,
+        subject=_cut(subject, NAME_MAX), jti_hash=jti_hash(jti) if jti else None,
         range_start=byte_range[0] if byte_range else None, range_end=byte_range[1] if byte_range else None,
         bytes_sent=bytes_sent, client_ip=_cut(client.ip, 45) if client else None,
         user_agent=_cut(client.user_agent, 255) if client else None, detail=_cut(detail, 255),

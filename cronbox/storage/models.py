@@ -20,6 +20,7 @@ from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, Stri
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, UtcDateTime
+from cronbox.outbox.core.text import NAME_MAX
 
 FileId = ExactString(32)  # random hex, but compared as an identity all the same
 
@@ -32,7 +33,7 @@ class SealedFile(Base):
     __tablename__ = "cronbox_files"
 
     id: Mapped[str] = mapped_column(FileId, primary_key=True)
-    owner: Mapped[str] = mapped_column(ExactString(191))
+    owner: Mapped[str] = mapped_column(ExactString(NAME_MAX))
     # Payload algorithm (also in the sealed header): "aes-256-gcm" or "xchacha20-poly1305".
     algorithm: Mapped[str] = mapped_column(String(24))
     # The master key that wraps this file's data key; rewrap changes both columns in one UPDATE.
@@ -57,7 +58,7 @@ class Grant(Base):
 
     id: Mapped[str] = mapped_column(FileId, primary_key=True)
     file_id: Mapped[str] = mapped_column(FileId, ForeignKey("cronbox_files.id"))
-    subject: Mapped[str] = mapped_column(ExactString(191))
+    subject: Mapped[str] = mapped_column(ExactString(NAME_MAX))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
     max_uses: Mapped[int | None] = mapped_column(Integer)
@@ -105,7 +106,7 @@ class AuditEntry(Base):
     status: Mapped[int | None] = mapped_column(Integer)  # HTTP status, for redemptions
     file_id: Mapped[str | None] = mapped_column(FileId)
     grant_id: Mapped[str | None] = mapped_column(FileId)
-    subject: Mapped[str | None] = mapped_column(ExactString(191))
+    subject: Mapped[str | None] = mapped_column(ExactString(NAME_MAX))
     jti_hash: Mapped[str | None] = mapped_column(ExactString(32))
     range_start: Mapped[int | None] = mapped_column(BigInteger)
     range_end: Mapped[int | None] = mapped_column(BigInteger)  # inclusive, as in Content-Range

@@ -24,7 +24,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.settings import Settings
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.core.session_types import AnySession
-from cronbox.outbox.core.text import is_utf8
+from cronbox.outbox.core.text import NAME_MAX, is_utf8
 
 from . import audit, ciphers, grants, keys
 from .display import has_unshowable
@@ -43,7 +43,7 @@ MAX_TYPE = 127
 
 def owner_text(owner) -> str:
     """An owner reference: opaque text (never a name), checked the same way everywhere."""
-    return _text(owner, "the owner", 191)
+    return _text(owner, "the owner", NAME_MAX)
 
 
 def _text(value, what: str, limit: int) -> str:
@@ -303,7 +303,7 @@ class Storage:
 
     def grant(self, session: AnySession, file_id: str, subject: str, *, expires_in: float = 3600,
               max_uses: int | None = None) -> str:
-        _text(subject, "the subject", 191)
+        _text(subject, "the subject", NAME_MAX)
         if not 1 <= expires_in <= grants.MAX_EXPIRES_IN:
             raise StorageError(f"expires_in must be 1 second to {grants.MAX_EXPIRES_IN // 86400} days")
         if max_uses is not None and (isinstance(max_uses, bool) or not isinstance(max_uses, int) or max_uses < 1):

@@ -24,6 +24,7 @@ from sqlalchemy.pool import NullPool
 from cronbox.outbox.channels.captured import SENT
 from cronbox.outbox.core import clock as core_clock
 from cronbox.outbox.core.engines import make_engine, session_factory
+from cronbox.outbox.core.inserts import new_trace_id
 from cronbox.outbox.core.migrate import SCHEMA_HEAD, current_revision, upgrade
 from cronbox.outbox.core.payload import dump_payload, load_payload
 from cronbox.outbox.core.transactions import in_transaction
@@ -33,7 +34,6 @@ from cronbox.outbox.engine.handler_call import call_handler
 from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.events import deliveries
-from cronbox.outbox.core.logs import new_trace_id
 from cronbox.outbox.events.relay import FAN_OUT_BATCH, Relay
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.worker import Worker

@@ -17,14 +17,13 @@ as down. It is answered here, not by an error handler, so the host's handlers ne
 from __future__ import annotations
 
 import logging
-import math
 
 from flask import Blueprint, abort, jsonify
 
 from cronbox.cron.cli import main as run_command
 from cronbox.cron.scheduling.tick import run_tick
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.errors import CronboxError
+from cronbox.outbox.core.errors import CronboxError, SettingsError
 from cronbox.outbox.core.text import clean_text
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.queue.ratelimit import at_most_every
@@ -38,13 +37,12 @@ exempt_from_host_csrf(bp)  # a bearer token, never sent by a browser on its own
 
 
 def _seconds(settings, name: str, default: float) -> float:
-    """A positive, finite number of seconds from the settings, or the default (an operator's typo in
-    .env must not turn every call into a 500)."""
+    """A number of seconds from the settings, at least 1, or the default when it is no number the
+    settings' parser takes (an operator's typo in .env must not turn every call into a 500)."""
     try:
-        value = float(settings.get(name) or default)
-    except ValueError:
+        return max(settings.number(name, default, float, minimum=0), 1.0)
+    except SettingsError:
         return default
-    return max(value, 1.0) if math.isfinite(value) else default
 
 
 @bp.post("/cron/tick")

@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlalchemy import event, func, select, text
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.settings import ACK_FLUSH_DEFAULT, load_settings
 from cronbox.outbox.engine.budget import Budget
@@ -80,7 +80,7 @@ def relay_events(runtime, event_type: str, count: int) -> int:
     """Record `count` events, then run the relay; how many deliveries it finished."""
     with runtime.sessions.begin() as session:
         for n in range(count):
-            outbox.record(session, event_type, {"n": n})
+            cronbox.record(session, event_type, {"n": n})
     return relay(runtime).done
 
 

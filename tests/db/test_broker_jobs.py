@@ -16,14 +16,14 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError, PendingRollbackError
 
-from cronbox import outbox
+import cronbox
 from cronbox.cron.scheduling import metrics
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.registry import Registry
-from cronbox.outbox.events import broker_loop
-from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.amqp import broker_loop
+from cronbox.outbox.amqp.broker import parse_url
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.broker_worker import BrokerWorker
 from cronbox.outbox.queue import celery_messages, pauses
@@ -53,23 +53,23 @@ def forwarded(runtime, registry, rabbit):
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
     calls: list[tuple[int, int]] = []
 
-    @outbox.job("sms", name="send", tries=3, backoff=[0.3, 0.3], timeout=10, registry=registry)
+    @cronbox.job("sms", name="send", tries=3, backoff=[0.3, 0.3], timeout=10, registry=registry)
     def send(payload, ctx):
         calls.append((payload["n"], ctx.attempt))
         ctx.session.execute(consumed.insert().values(consumer="send", n=payload["n"], attempt=ctx.attempt))
         if payload.get("permanent_until_flag") and not runtime.settings.raw.get("TEST_FIXED"):
-            raise outbox.PermanentFailure("the number is not a phone")
+            raise cronbox.PermanentFailure("the number is not a phone")
         if ctx.attempt <= payload.get("fail", 0):
             raise RuntimeError(f"gateway down on attempt {ctx.attempt}")
         if sum(n == payload["n"] for n, _attempt in calls) <= payload.get("later", 0):  # its first "later" calls
-            raise outbox.RetryLater(0.2, "gateway says later")
+            raise cronbox.RetryLater(0.2, "gateway says later")
         time.sleep(payload.get("sleep", 0))
 
-    @outbox.job("sms", name="paused", channel="gateway", registry=registry)
+    @cronbox.job("sms", name="paused", channel="gateway", registry=registry)
     def paused(payload, ctx):
         ctx.session.execute(consumed.insert().values(consumer="paused", n=payload["n"], attempt=ctx.attempt))
 
-    @outbox.job("local", name="local", registry=registry)
+    @cronbox.job("local", name="local", registry=registry)
     def local(payload, ctx):
         ctx.session.execute(consumed.insert().values(consumer="local", n=payload["n"], attempt=ctx.attempt))
 
@@ -180,7 +180,7 @@ def test_a_message_runs_only_its_own_job_of_its_own_queue_and_each_refused_copy_
     every job exactly once."""
     caplog.set_level("INFO", logger="cronbox")
 
-    @outbox.job("report", name="report", registry=registry)  # registered in the sms worker too: same code
+    @cronbox.job("report", name="report", registry=registry)  # registered in the sms worker too: same code
     def report(payload, ctx):
         ctx.session.execute(consumed.insert().values(consumer="report", n=payload["n"], attempt=ctx.attempt))
 
@@ -545,7 +545,7 @@ def test_a_worker_whose_connection_the_broker_closes_reconnects_and_runs_every_j
                                                                                       forwarded):
     inside, release = threading.Event(), threading.Event()
 
-    @outbox.job("sms", name="held", timeout=300, registry=registry)
+    @cronbox.job("sms", name="held", timeout=300, registry=registry)
     def held(payload, ctx):
         """Keeps the worker mid-run, its connection open, until the test has closed that connection
         (rabbitmqctl takes seconds on a loaded machine: the other jobs alone could all be done by then)."""

@@ -12,13 +12,14 @@ import amqp
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events import inbox, queues
-from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.amqp.broker import parse_url
 from cronbox.outbox.events.consume import QueueConsumer
-from cronbox.outbox.events.consumer_link import SetupError
+from cronbox.outbox.amqp.consumer_link import SetupError
 from cronbox.outbox.events.incoming import MAX_BODY
 from cronbox.outbox.events.parked import DeadQueue
 from tests.broker_rows import inbox_count, inbox_has
@@ -50,24 +51,24 @@ def behaviour(runtime, registry):
         b.calls.append((name, event.payload.get("n"), ctx.attempt, time.monotonic()))
         ctx.session.execute(consumed.insert().values(consumer=name, n=event.payload.get("n"), attempt=ctx.attempt))
 
-    @outbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+    @cronbox.consumer("amqp.write", name="a", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
                      registry=registry)
     def a(event, ctx):
         write("a", event, ctx)
         if b.permanent:
-            raise outbox.PermanentFailure("cannot work")
+            raise cronbox.PermanentFailure("cannot work")
         if ctx.attempt <= b.fail_a:
             raise RuntimeError(f"failing attempt {ctx.attempt}")
         if b.later:
             b.later -= 1
-            raise outbox.RetryLater(0.2, "not yet")
+            raise cronbox.RetryLater(0.2, "not yet")
 
-    @outbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
+    @cronbox.consumer("amqp.write", name="b", max_attempts=3, backoff=[0.5, 1.0], timeout=10, runs="broker",
                      registry=registry)
     def b_(event, ctx):
         write("b", event, ctx)
 
-    outbox.forward("amqp.*", exchange="elsewhere", name="fwd", registry=registry)  # never run by the consumer
+    cronbox.forward("amqp.*", exchange="elsewhere", name="fwd", registry=registry)  # never run by the consumer
     return b
 
 
@@ -143,7 +144,7 @@ def test_what_a_handler_does_to_ctx_session_keeps_its_meaning_and_the_inbox_row(
     hostile.metadata.create_all(runtime.engine)
     calls = []
 
-    @outbox.consumer("amqp.session", name="session", backoff=[600], registry=registry)
+    @cronbox.consumer("amqp.session", name="session", backoff=[600], registry=registry)
     def session(event, ctx):
         calls.append(event.payload["n"])
         steps(ctx)
@@ -229,7 +230,7 @@ def test_bad_messages_are_parked_with_a_reason_and_never_block_the_queue(runtime
     publish(rabbit, queue, body=b"{not json")
     publish(rabbit, queue, body=b"\xff\xfe{}")
     publish(rabbit, queue, message_id="")
-    publish(rabbit, queue, message_id="x" * (inbox.MAX_MESSAGE_ID + 1))
+    publish(rabbit, queue, message_id="x" * (NAME_MAX + 1))
     publish(rabbit, queue, props={"type": "no.such.type", "application_headers": {}})
     publish(rabbit, queue, props={"type": None, "application_headers": {}})
     publish(rabbit, queue, body=b" " * (MAX_BODY + 1))
@@ -241,7 +242,7 @@ def test_bad_messages_are_parked_with_a_reason_and_never_block_the_queue(runtime
         reasons = [p.reason for p in dq.list(20)[0]]
     assert reasons == ["bad message: body is not JSON (UTF-8)", "bad message: body is not JSON (UTF-8)",
                        "bad message: no message_id",
-                       f"bad message: message_id longer than {inbox.MAX_MESSAGE_ID} characters",
+                       f"bad message: message_id longer than {NAME_MAX} characters",
                        "bad message: no consumer registered here for type 'no.such.type'",
                        "bad message: no type (neither the type property nor an x-event-type header)",
                        f"bad message: body of {MAX_BODY + 1} bytes is over the {MAX_BODY} byte limit"]

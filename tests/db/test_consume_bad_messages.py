@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import parse_url
+from cronbox.outbox.amqp.broker import parse_url
 from cronbox.outbox.events.parked import DeadQueue
-from cronbox.outbox.events.unreadable import RAW_PROPERTIES
+from cronbox.outbox.amqp.unreadable import RAW_PROPERTIES
 from tests.db.test_consume import behaviour, consume, publish, queue, rows  # noqa: F401  (fixtures)
 from tests.rabbit import HOST, PORT
 

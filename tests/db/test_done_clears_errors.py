@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events.consumers import consumer
@@ -40,7 +41,7 @@ def failing_then_working(failures: int):
     def body(item_key, *, permanent: bool = False):
         seen[item_key] = seen.get(item_key, 0) + 1
         if seen[item_key] <= failures:
-            raise (outbox.PermanentFailure if permanent else RuntimeError)(f"gateway down for {item_key}")
+            raise (cronbox.PermanentFailure if permanent else RuntimeError)(f"gateway down for {item_key}")
 
     return body
 
@@ -94,7 +95,7 @@ def test_a_delivery_retried_by_backoff_then_done_shows_no_error(runtime, registr
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
             for n in range(3):
-                outbox.record(session, "order.paid", {"n": n}, key=None if n else "order-7")
+                cronbox.record(session, "order.paid", {"n": n}, key=None if n else "order-7")
         relay(runtime)
         assert all(d.status == "pending" and "gateway down" in d.last_error for d in deliveries(runtime))
         clock.advance(120)
@@ -112,7 +113,7 @@ def test_a_dead_delivery_retried_by_the_operator_then_done_shows_no_error(runtim
 
     with runtime.sessions.begin() as session:
         for n in range(2):
-            outbox.record(session, "order.paid", {"n": n}, key="order-7")
+            cronbox.record(session, "order.paid", {"n": n}, key="order-7")
     relay(runtime)
     dead = deliveries(runtime)
     assert [d.status for d in dead] == ["dead", "pending"]  # the second waits behind its key's dead one

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.runtime import Runtime
@@ -36,7 +36,7 @@ def run(relay: Relay):
 
 def record(runtime, event_type, payloads, *, key=None, rollback=False):
     with runtime.sessions() as session:
-        events = [outbox.record(session, event_type, p, key=key(i) if callable(key) else key)
+        events = [cronbox.record(session, event_type, p, key=key(i) if callable(key) else key)
                   for i, p in enumerate(payloads)]
         session.flush()
         out = [(e.id, e.trace_id) for e in events]
@@ -51,7 +51,7 @@ def by_status(runtime, consumer):
 def test_committed_events_arrive_exactly_as_recorded_rolled_back_never(runtime, registry, rabbit):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "clinic.#")
-    outbox.forward("clinic.*", exchange=exchange, name="to-broker", registry=registry)
+    cronbox.forward("clinic.*", exchange=exchange, name="to-broker", registry=registry)
     payloads = [{"n": n, "text": "ünïcode ✓", "nested": {"list": [1, 2.5, None, True]}} for n in range(7)]
     committed = record(runtime, "clinic.booked", payloads, key=lambda i: f"patient:{i % 3}")
     record(runtime, "clinic.booked", [{"n": "rolled back"}], rollback=True)
@@ -79,7 +79,7 @@ def test_committed_events_arrive_exactly_as_recorded_rolled_back_never(runtime, 
 def test_unroutable_is_a_visible_failure_and_holds_its_key_while_other_keys_flow(runtime, registry, rabbit):
     exchange = rabbit.exchange()
     good = rabbit.queue(exchange, "ok.#", what="good")
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
     with clock.frozen(T0):
         blocked = record(runtime, "nobody.listens", [{"i": i} for i in range(3)], key="blocked")
         flowing = record(runtime, "ok.flows", [{"i": i} for i in range(3)], key="flowing")
@@ -105,8 +105,8 @@ def test_unroutable_is_a_visible_failure_and_holds_its_key_while_other_keys_flow
 def test_missing_exchange_fails_its_target_alone(runtime, registry, rabbit):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="fine", registry=registry)
-    outbox.forward("*", exchange=rabbit.name("missing"), name="misconfigured", registry=registry, backoff=[10])
+    cronbox.forward("*", exchange=exchange, name="fine", registry=registry)
+    cronbox.forward("*", exchange=rabbit.name("missing"), name="misconfigured", registry=registry, backoff=[10])
     with clock.frozen(T0):
         events = record(runtime, "thing.happened", [{"i": i} for i in range(4)])
         relay = relay_with(runtime, rabbit.url)
@@ -123,7 +123,7 @@ def test_missing_exchange_fails_its_target_alone(runtime, registry, rabbit):
 def test_broker_refusing_then_back_nothing_acked_unconfirmed(runtime, registry, rabbit):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10], max_attempts=2)
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10], max_attempts=2)
     with TcpProxy(5672) as proxy, clock.frozen(T0):
         proxy.refuse()
         record(runtime, "e", [{"i": i} for i in range(5)], key=lambda i: f"k{i}")
@@ -145,7 +145,7 @@ def test_broker_refusing_then_back_nothing_acked_unconfirmed(runtime, registry, 
 def test_a_kept_connection_that_died_is_reopened_not_counted_as_a_failure(runtime, registry, rabbit, fault):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
     with TcpProxy(5672) as proxy:
         relay = relay_with(runtime, url(rabbit.vhost, proxy.port))
         record(runtime, "e", [{"batch": 1}])
@@ -170,7 +170,7 @@ def test_a_broker_that_never_answers_costs_the_timeout_not_the_run(runtime, regi
     hole = socket.create_server(("127.0.0.1", 0))
     held = []
     threading.Thread(target=lambda: held.append(hole.accept()), daemon=True).start()
-    outbox.forward("*", exchange=rabbit.exchange(), name="to-broker", registry=registry, timeout=1)
+    cronbox.forward("*", exchange=rabbit.exchange(), name="to-broker", registry=registry, timeout=1)
     record(runtime, "e", [{"i": 1}])
     relay = relay_with(runtime, url(rabbit.vhost, hole.getsockname()[1]))
     started = clock.monotonic()
@@ -184,7 +184,7 @@ def test_a_broker_that_never_answers_costs_the_timeout_not_the_run(runtime, regi
 
 
 def test_without_a_url_forwarding_waits_visibly(runtime, registry):
-    outbox.forward("*", exchange="anything", name="to-broker", registry=registry)
+    cronbox.forward("*", exchange="anything", name="to-broker", registry=registry)
     record(runtime, "e", [{"i": 1}])
     relay = Relay(runtime)
     stats = run(relay)
@@ -195,13 +195,13 @@ def test_without_a_url_forwarding_waits_visibly(runtime, registry):
 def test_in_process_consumers_and_forwards_share_a_batch(runtime, registry, rabbit):
     seen = []
 
-    @outbox.consumer("e", name="local", runs="tick", registry=registry)
+    @cronbox.consumer("e", name="local", runs="tick", registry=registry)
     def local(event, ctx):
         seen.append(event.payload["i"])
 
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("e", exchange=exchange, name="to-broker", registry=registry)
+    cronbox.forward("e", exchange=exchange, name="to-broker", registry=registry)
     record(runtime, "e", [{"i": i} for i in range(3)])
     relay = relay_with(runtime, rabbit.url)
     assert run(relay).done == 6
@@ -216,7 +216,7 @@ def test_a_routing_key_function_sees_the_event_and_its_failure_is_that_deliverys
     def route(event):
         return f"lab.{event.payload['kind']}"  # KeyError for an event without a kind
 
-    outbox.forward("result", exchange=exchange, routing_key=route, name="to-broker", registry=registry,
+    cronbox.forward("result", exchange=exchange, routing_key=route, name="to-broker", registry=registry,
                    backoff=[10])
     with clock.frozen(T0):
         record(runtime, "result", [{"kind": "blood"}, {"no": "kind"}, {"kind": "blood"}])
@@ -233,13 +233,13 @@ def test_a_forward_targets_deliveries_are_pending_rows_claimed_like_any_consumer
     """The fan-out writes a forward target's deliveries as it writes an in-process consumer's:
     pending, no lease; the claim takes them in id order, one per (consumer, key) at a time, not an
     event that is not due yet."""
-    outbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
-    outbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
+    cronbox.forward("t.*", exchange="x", name="fwd", registry=registry, timeout=7)
+    cronbox.consumer("t.a", name="local", runs="tick", registry=registry)(lambda event, ctx: None)
     with clock.frozen(T0):
         ids = [i for i, _ in record(runtime, "t.a", [{"n": n} for n in range(4)],
                                     key=lambda i: [None, "k1", "k1", None][i])]
         with runtime.sessions() as session:
-            late = outbox.record(session, "t.a", {"n": "later"}, delay=60).id
+            late = cronbox.record(session, "t.a", {"n": "later"}, delay=60).id
             session.commit()
         with runtime.sessions.begin() as session:
             assert store.fan_out(session, runtime.consumers, T0, 500) == (5, 10)
@@ -260,7 +260,7 @@ def test_a_relay_killed_after_publishing_loses_nothing_and_publishes_again_after
     expired lease) and publishes them again with the same message ids: duplicates, never a loss."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "#")
-    outbox.forward("*", exchange=exchange, name="fwd", registry=registry, timeout=5)
+    cronbox.forward("*", exchange=exchange, name="fwd", registry=registry, timeout=5)
     with clock.frozen(T0):
         committed = record(runtime, "thing.sent", [{"n": n} for n in range(3)])
         with runtime.sessions.begin() as session:  # the killed run's batch transaction
@@ -289,7 +289,7 @@ def test_two_relays_at_once_deliver_each_event_once(runtime, registry, settings,
     by one of them, and published once."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "#")
-    outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
+    cronbox.forward("*", exchange=exchange, name="fwd", registry=registry)
     record(runtime, "thing.raced", [{"n": n} for n in range(300)])
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
     other = Runtime(runtime.settings, registry=registry)
@@ -331,8 +331,8 @@ def test_a_failed_routing_key_retries_or_kills_that_delivery_alone(runtime, regi
             raise KeyError("no route for 1")
         return "k.ok"
 
-    outbox.forward("*", exchange=exchange, name="retrying", registry=registry, routing_key=key_of, backoff=[30])
-    outbox.forward("*", exchange=exchange, name="once", registry=registry, routing_key=key_of, max_attempts=1)
+    cronbox.forward("*", exchange=exchange, name="retrying", registry=registry, routing_key=key_of, backoff=[30])
+    cronbox.forward("*", exchange=exchange, name="once", registry=registry, routing_key=key_of, max_attempts=1)
     with clock.frozen(T0):
         ids = [i for i, _ in record(runtime, "thing.mixed", [{"n": n} for n in range(3)])]
         relay = relay_with(runtime, rabbit.url)
@@ -354,7 +354,7 @@ def test_a_batch_of_a_retry_and_fresh_events_is_acked_whole(runtime, registry, r
     """One batch can hold a claimed retry and fresh deliveries: the broker confirms them all, and
     every one is acked."""
     exchange = rabbit.exchange()
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, backoff=[10])
     with clock.frozen(T0):
         (retried, _), = record(runtime, "late.bound", [{"i": 0}])
         relay = relay_with(runtime, rabbit.url)
@@ -394,20 +394,20 @@ def test_an_error_between_two_targets_gives_back_the_unpublished_targets_deliver
     confirmed but not acked: they stay leased and are published again after it (at least once)."""
     exchange = rabbit.exchange()
     rabbit.queue(exchange, "#")
-    outbox.forward("e", exchange=exchange, name="a", registry=registry)
-    outbox.forward("e", exchange=exchange, name="b", registry=registry)
+    cronbox.forward("e", exchange=exchange, name="a", registry=registry)
+    cronbox.forward("e", exchange=exchange, name="b", registry=registry)
 
-    @outbox.consumer("e", name="local", runs="tick", registry=registry)
+    @cronbox.consumer("e", name="local", runs="tick", registry=registry)
     def local(event, ctx):
         pass
 
     record(runtime, "e", [{"i": i} for i in range(3)], key=lambda i: f"k{i}")
     relay = relay_with(runtime, rabbit.url)
 
-    def ack_fails(items):
+    def ack_fails(items, **_how):
         raise RuntimeError("ack failed")
 
-    monkeypatch.setattr(relay.processor, "ack_now", ack_fails)
+    monkeypatch.setattr(relay.outcomes, "ack_now", ack_fails)
     state = run_until_it_raises(runtime, relay, ("a", "b", "local"))
     assert state["local"] == [("pending", 0, False)] * 3
     assert state["b"] == [("pending", 0, False)] * 3
@@ -421,15 +421,15 @@ def test_an_error_while_a_target_fails_gives_back_the_later_targets_deliveries(r
     once; the failing target's own deliveries stay leased (their retry comes after the lease)."""
     exchange = rabbit.exchange()
     rabbit.queue(exchange, "#")
-    outbox.forward("e", exchange=rabbit.name("missing"), name="a", registry=registry)
-    outbox.forward("e", exchange=exchange, name="b", registry=registry)
+    cronbox.forward("e", exchange=rabbit.name("missing"), name="a", registry=registry)
+    cronbox.forward("e", exchange=exchange, name="b", registry=registry)
     record(runtime, "e", [{"i": i} for i in range(3)], key=lambda i: f"k{i}")
     relay = relay_with(runtime, rabbit.url)
 
     def failure_not_written(item, handler, outcome):
         raise RuntimeError("database gone")
 
-    monkeypatch.setattr(relay.processor, "failed", failure_not_written)
+    monkeypatch.setattr(relay.outcomes, "failed", failure_not_written)
     state = run_until_it_raises(runtime, relay, ("a", "b"))
     assert state["b"] == [("pending", 0, False)] * 3
     assert state["a"] == [("pending", 1, True)] * 3

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
-from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.forward import message_of
 from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
@@ -117,11 +117,11 @@ def test_the_relay_fails_a_blocked_batch_within_the_run_and_retries_it_later(run
     the deliveries are retried with the reason; once the alarm clears all arrive, once each."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=30, backoff=[10])
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=30, backoff=[10])
     with TcpProxy(5672, amqp=True) as proxy, clock.frozen(T0):
         with runtime.sessions.begin() as session:
             for n in range(4):
-                outbox.record(session, "e", {"n": n})
+                cronbox.record(session, "e", {"n": n})
         proxy.block_new = True
         relay = Relay(runtime, broker=Broker(url(rabbit.vhost, proxy.port)))
         try:

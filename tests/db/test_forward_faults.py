@@ -10,11 +10,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import run_loop
-from cronbox.outbox.events.broker import Broker, Outgoing
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.relay import Relay
 from tests.helpers import deliveries
 from tests.rabbit import rabbitmqctl, url
@@ -30,7 +30,7 @@ PUBLISH = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish): the star
 
 def record(runtime, count: int, *, key=None, start: int = 0) -> list[tuple[int, str]]:
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "e", {"n": start + n}, key=key(n) if callable(key) else key)
+        events = [cronbox.record(session, "e", {"n": start + n}, key=key(n) if callable(key) else key)
                   for n in range(count)]
         session.flush()
         return [(e.id, e.trace_id) for e in events]
@@ -71,7 +71,7 @@ def relay_connections(vhost: str) -> list[str]:
 # -- heartbeats ----------------------------------------------------------------------
 
 def test_the_kept_connection_negotiates_a_heartbeat(runtime, registry, rabbit):
-    outbox.forward("*", exchange=rabbit.exchange(), name="to-broker", registry=registry)
+    cronbox.forward("*", exchange=rabbit.exchange(), name="to-broker", registry=registry)
     rabbit.queue(rabbit.exchanges[-1])
     record(runtime, 1)
     relay = relay_for(runtime, rabbit.url)
@@ -89,7 +89,7 @@ def test_an_idle_lingering_relay_keeps_its_connection_alive_with_heartbeats(runt
     connection instead of failing."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
     relay = relay_for(runtime, rabbit.url, heartbeat=2)
     try:
         record(runtime, 1)
@@ -115,7 +115,7 @@ def test_an_idle_lingering_relay_keeps_its_connection_alive_with_heartbeats(runt
 def test_a_connection_cut_while_idle_is_noticed_on_the_next_poll(runtime, registry, rabbit):
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry)
     with TcpProxy(5672) as proxy:
         relay = relay_for(runtime, url(rabbit.vhost, proxy.port))
         try:
@@ -140,7 +140,7 @@ def test_a_batch_the_broker_never_confirms_is_not_acked_and_retried_with_backoff
     backoff, per-key order holds, and a lingering run still ends by its max time."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=1, backoff=[30])
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=1, backoff=[30])
     with TcpProxy(5672) as proxy, clock.frozen(T0):
         events = record(runtime, 4, key=lambda n: f"k{n % 2}")
         proxy.mute_on(PUBLISH)
@@ -206,7 +206,7 @@ def test_the_connection_cut_in_the_middle_of_a_batch_loses_nothing_and_acks_noth
     every event gets there, in per-key order."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    outbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=2, backoff=[10])
+    cronbox.forward("*", exchange=exchange, name="to-broker", registry=registry, timeout=2, backoff=[10])
     with TcpProxy(5672) as proxy, clock.frozen(T0):
         relay = relay_for(runtime, url(rabbit.vhost, proxy.port))
         events = record(runtime, 1)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from cronbox import outbox
+import cronbox
 from cronbox.cron.scheduling import health
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.budget import Budget
@@ -41,14 +42,14 @@ def forward_checks(runtime) -> dict[str, health.Check]:
 def record(runtime, count: int, event_type: str = "e") -> None:
     with runtime.sessions.begin() as session:
         for n in range(count):
-            outbox.record(session, event_type, {"n": n})
+            cronbox.record(session, event_type, {"n": n})
 
 
 def test_a_target_failing_past_the_thresholds_warns_then_fails_and_never_shows_the_password(
         runtime, registry, settings, amqp_vhost):
     settings.raw["CRONBOX_AMQP_URL"] = down_url(amqp_vhost)
-    outbox.forward("*", exchange="clinic", name="to-broker", registry=registry, backoff=[30])
-    outbox.forward("other.*", exchange="clinic", name="quiet", registry=registry)  # nothing to send: no check
+    cronbox.forward("*", exchange="clinic", name="to-broker", registry=registry, backoff=[30])
+    cronbox.forward("other.*", exchange="clinic", name="quiet", registry=registry)  # nothing to send: no check
     with clock.frozen(T0):
         record(runtime, 3)
         relay = Relay(runtime)
@@ -74,7 +75,7 @@ def test_a_target_failing_past_the_thresholds_warns_then_fails_and_never_shows_t
 def test_the_thresholds_are_settings(runtime, registry, settings, amqp_vhost, warn, fail, expected):
     settings.raw.update({"CRONBOX_AMQP_URL": down_url(amqp_vhost), "CRONBOX_FORWARD_WARN_AFTER": warn,
                          "CRONBOX_FORWARD_FAIL_AFTER": fail})
-    outbox.forward("*", exchange="clinic", name="to-broker", registry=registry)
+    cronbox.forward("*", exchange="clinic", name="to-broker", registry=registry)
     with clock.frozen(T0):
         record(runtime, 1)
         Relay(runtime).run(Budget(max_time=10, memory_mb=None))
@@ -87,7 +88,7 @@ def test_the_thresholds_are_settings(runtime, registry, settings, amqp_vhost, wa
 @pytest.mark.parametrize("value", ["soon", "-5m", "0s", "10 parsecs", "400d"])
 def test_a_threshold_that_is_not_a_duration_is_one_warning_naming_it(runtime, registry, settings, value):
     settings.raw["CRONBOX_FORWARD_WARN_AFTER"] = value
-    outbox.forward("*", exchange="clinic", name="to-broker", registry=registry)
+    cronbox.forward("*", exchange="clinic", name="to-broker", registry=registry)
     check = forward_checks(runtime)["forward"]
     assert check.status == "warn" and "CRONBOX_FORWARD_WARN_AFTER" in check.detail
 
@@ -96,7 +97,7 @@ def test_a_tick_with_the_broker_down_says_so_in_one_stderr_line(runtime, env, am
     env = {**env, "CRONBOX_HANDLERS": "tests.handlers.forwarding", "TEST_AMQP_EXCHANGE": "clinic",
            "CRONBOX_AMQP_URL": down_url(amqp_vhost)}
     with runtime.sessions.begin() as session:
-        outbox.record(session, "fwd.n", {"n": 1})
+        cronbox.record(session, "fwd.n", {"n": 1})
     quiet = run_cli(env, "tick", "--no-linger")  # failing, but not for 10 minutes yet
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]
     time.sleep(1.1)

@@ -12,7 +12,7 @@ from datetime import datetime
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, event, func, insert, select, text, update
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.engine.budget import Budget
@@ -80,7 +80,7 @@ def effect_counts(runtime) -> Counter:
 
 def record(runtime, event_type: str, count: int, **kwargs) -> list[int]:
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, event_type, {"n": n}, **kwargs) for n in range(count)]
+        events = [cronbox.record(session, event_type, {"n": n}, **kwargs) for n in range(count)]
         session.flush()
         return [e.id for e in events]
 
@@ -145,7 +145,7 @@ def test_a_failing_handler_rolls_back_only_its_own_writes_and_is_rescheduled_in_
         if event.payload["n"] == 2:
             raise RuntimeError("broken record")
         if event.payload["n"] == 4:
-            raise outbox.PermanentFailure("never valid")
+            raise cronbox.PermanentFailure("never valid")
 
     ids = record(runtime, "g", 6)
     commits = Commits(runtime.engine)
@@ -271,7 +271,7 @@ def test_per_key_order_holds_with_groups(runtime, registry, tables):
         with runtime.sessions.begin() as session:
             for n in range(4):
                 for key in ("k", "j", None):
-                    outbox.record(session, "step", {"n": n}, key=key)
+                    cronbox.record(session, "step", {"n": n}, key=key)
         for _ in range(5):
             relay(runtime)
         clock.advance(6)

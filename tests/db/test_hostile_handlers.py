@@ -17,6 +17,7 @@ from sqlalchemy import insert, select
 from cronbox.cron.cli import main
 from cronbox.cron.scheduling.tick import run_tick
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.logs import LOGGER, DailyFileHandler, UtcFormatter
 from cronbox.outbox.core.payload import load_payload
@@ -72,9 +73,9 @@ def add_work(rt, cases: list[str]) -> None:
     """A hostile event and job per case, then a good event and a good job behind them."""
     with rt.sessions.begin() as session:
         for case in cases:
-            outbox.record(session, "hostile", {"case": case})
+            cronbox.record(session, "hostile", {"case": case})
             hostile.work.dispatch(session, {"case": case})
-        outbox.record(session, "good", {})
+        cronbox.record(session, "good", {})
         hostile.good_job.dispatch(session, {"n": 1})
 
 
@@ -315,10 +316,10 @@ def test_what_a_handler_does_to_ctx_session(runtime, registry, case, kind):
     job("session", name="session", backoff=[600], registry=registry)(lambda payload, ctx: steps(ctx))
     with runtime.sessions.begin() as session:
         if kind == "consumer":
-            outbox.record(session, "session", {})
+            cronbox.record(session, "session", {})
         else:
             registry.jobs.get("session").dispatch(session, {})
-        outbox.record(session, "good", {})
+        cronbox.record(session, "good", {})
         hostile.good_job.dispatch(session, {"n": 1})
     relay = Relay(runtime)
     relay.run(Budget(max_time=30, memory_mb=None))

@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Integer, UniqueConstraint, func, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from cronbox import outbox
+import cronbox
 from cronbox.cron.schema import metadata
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.migrate import SCHEMA_HEAD, alembic_config, current_revision
@@ -212,8 +212,8 @@ def test_event_keys_differing_only_by_case_are_separate_ordering_keys(runtime, r
     keys = ["k", "K", "k ", "k\t", "\u1e31", unicodedata.normalize("NFD", "\u1e31")]
     with runtime.sessions.begin() as session:
         for key in keys:
-            outbox.record(session, "step", {"n": 1}, key=key)
-            outbox.record(session, "step", {"n": 2}, key=key)
+            cronbox.record(session, "step", {"n": 1}, key=key)
+            cronbox.record(session, "step", {"n": 2}, key=key)
     relay(runtime)
     assert sorted(delivered) == sorted((key, n) for key in keys[1:] for n in (1, 2))  # "k" 2 waits behind 1
     assert sorted(d.key for d in deliveries(runtime, status="pending")) == ["k", "k"]

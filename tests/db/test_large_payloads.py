@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import event
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.resources import rss_kb
 from cronbox.outbox.engine.budget import Budget
@@ -40,7 +41,7 @@ def record_events(runtime, registry, sizes: list[int]) -> None:
 
     for size in sizes:  # one transaction each: a MariaDB packet holds one large row at a time
         with runtime.sessions.begin() as session:
-            outbox.record(session, "big.made", blob(size))
+            cronbox.record(session, "big.made", blob(size))
     fan_out(runtime)
 
 
@@ -157,7 +158,7 @@ def test_a_relay_stopped_by_its_memory_does_not_claim_what_it_gave_back(runtime,
 
     for _ in range(6):
         with runtime.sessions.begin() as session:
-            outbox.record(session, "big.made", blob(MB))  # four to a claim
+            cronbox.record(session, "big.made", blob(MB))  # four to a claim
     reads = payload_reads(runtime, "cronbox_events", "UPDATE cronbox_deliveries")
     relay = Relay(runtime)
     relay.run(memory_budget())

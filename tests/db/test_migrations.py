@@ -10,6 +10,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import DateTime, Integer, String, Text, column, func, insert, inspect, select, table, update
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import SchemaError
 from cronbox.outbox.core.migrate import SCHEMA_HEAD, VERSION_TABLE, alembic_config, current_revision
@@ -80,10 +81,10 @@ def test_upgrading_in_the_middle_of_a_flight_lands_it_as_leased_rows_delivered_a
     claims them like any expired lease and the broker gets them."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange, "#")
-    outbox.forward("*", exchange=exchange, name="fwd", registry=registry)
+    cronbox.forward("*", exchange=exchange, name="fwd", registry=registry)
     # Recorded by today's record() before going down to 0010 (which has no payload_bytes column).
     with clock.frozen(T0), runtime.sessions.begin() as session:
-        events = [outbox.record(session, "thing.flew", {"n": n}) for n in range(2)]
+        events = [cronbox.record(session, "thing.flew", {"n": n}) for n in range(2)]
         session.flush()
         ids = [e.id for e in events]
         session.execute(update(OutboxEvent).values(fanned_out_at=T0))
@@ -129,17 +130,17 @@ def test_upgrading_to_0013_sizes_the_payloads_still_to_be_claimed(runtime, regis
     """0013 adds payload_bytes (the claim's byte bound: outbox.engine.claim) and fills it, in UTF-8
     bytes on every backend, for the rows a claim may still take: events not fanned out, deliveries
     pending or dead, jobs ready, reserved or failed. What record() and dispatch() write is the same."""
-    outbox.consumer("mig.made", name="mig.take", registry=registry)(lambda event, ctx: None)
-    mail = outbox.job("mig", name="mig.mail", registry=registry)(lambda payload, ctx: None)
+    cronbox.consumer("mig.made", name="mig.take", registry=registry)(lambda event, ctx: None)
+    mail = cronbox.job("mig", name="mig.mail", registry=registry)(lambda payload, ctx: None)
     wide = {"text": "é€😀 " * 50}  # 2-, 3- and 4-byte characters: bytes, not characters, are counted
     size = len(json.dumps(wide, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     with runtime.sessions.begin() as session:
         for _ in range(3):
-            outbox.record(session, "mig.made", wide)
+            cronbox.record(session, "mig.made", wide)
     fan_out(runtime)
     done = deliveries(runtime)[2].id
     with runtime.sessions.begin() as session:
-        outbox.record(session, "mig.made", wide)  # not fanned out yet
+        cronbox.record(session, "mig.made", wide)  # not fanned out yet
         jobs = [mail.dispatch(session, wide) for _ in range(3)]
         session.execute(update(Delivery).where(Delivery.id == done).values(status="done"))
         session.execute(update(Job).where(Job.id == jobs[1]).values(status="failed"))

@@ -16,6 +16,7 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.engines import make_engine
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.core import clock
@@ -36,10 +37,10 @@ def test_event_committed_late_is_delivered_and_the_open_transaction_never_blocks
     other = make_engine(settings, role="web")
     open_request = sessionmaker(other)()
     try:
-        first = outbox.record(open_request, "gap", {"n": 1})
+        first = cronbox.record(open_request, "gap", {"n": 1})
         open_request.flush()  # id given, row locked, not committed: a gap for everyone else
         with runtime.sessions.begin() as session:
-            second = outbox.record(session, "gap", {"n": 2})
+            second = cronbox.record(session, "gap", {"n": 2})
         assert second.id > first.id
 
         finished = threading.Event()

@@ -19,6 +19,7 @@ from cronbox.cron.scheduling.schedule import Scheduler, run_task
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 from cronbox.cron.scheduling.tick import run_tick
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.core.settings import load_settings
@@ -122,7 +123,7 @@ def test_task_session_commits_with_success_only(runtime):
 
     @schedule.every(minutes=1, name="writer", registry=reg)
     def writer(ctx):
-        outbox.record(ctx.session, "task.ran", {"slot": ctx.slot.isoformat()})
+        cronbox.record(ctx.session, "task.ran", {"slot": ctx.slot.isoformat()})
         if ctx.slot.minute % 2:
             raise RuntimeError("odd minute")
 
@@ -188,7 +189,7 @@ def test_run_once_files_allowed_refused_garbage_and_young(runtime, registry, set
     seen = []
     consumer("t", name="t", registry=registry)(lambda event, ctx: seen.append(event.id))
     with runtime.sessions.begin() as session:
-        outbox.record(session, "t", {})
+        cronbox.record(session, "t", {})
     report = run_tick(runtime, run_command=main, max_time=30, linger=False, memory_mb=4096)
     assert report.exit_code == 0 and seen  # the tick went on with its other work
     rows = requests(runtime)
@@ -265,8 +266,8 @@ def test_health_checks_ok_warn_fail(runtime, registry, settings, monkeypatch):
             raise RuntimeError("no")
 
         with runtime.sessions.begin() as session:
-            outbox.record(session, "e", {}, key="k")
-            outbox.record(session, "e", {}, key="k")
+            cronbox.record(session, "e", {}, key="k")
+            cronbox.record(session, "e", {}, key="k")
         from tests.helpers import relay
         relay(runtime)
         report = health.run_checks(runtime)
@@ -489,7 +490,7 @@ def test_web_cron_token_rate_limit_and_no_overlap(client_for, runtime, registry)
     assert client.post("/cron/tick", headers={"Authorization": "Bearer nope"}).status_code == 403
     assert client.get("/cron/tick", headers={"Authorization": "Bearer tick-token"}).status_code == 405
     with runtime.sessions.begin() as session:
-        outbox.record(session, "w", {})
+        cronbox.record(session, "w", {})
     ok = client.post("/cron/tick", headers={"Authorization": "Bearer tick-token"})
     assert ok.status_code == 200 and ok.json["delivered"] == 1 and ok.json["skipped"] is False and seen
     too_soon = client.post("/cron/tick", headers={"Authorization": "Bearer tick-token"})

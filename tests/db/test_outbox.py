@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.engine.runtime import Runtime
@@ -43,10 +44,10 @@ def test_rollback_leaves_no_event_and_commit_is_delivered(runtime, registry):
         seen.append((event.type, event.payload, ctx.attempt))
 
     with runtime.sessions() as session:
-        outbox.record(session, "note", {"n": 1})
+        cronbox.record(session, "note", {"n": 1})
         session.rollback()
     with runtime.sessions.begin() as session:
-        outbox.record(session, "note", {"n": 2})
+        cronbox.record(session, "note", {"n": 2})
     stats = relay(runtime)
     assert seen == [("note", {"n": 2}, 1)]
     assert count_events(runtime) == 1
@@ -62,11 +63,11 @@ def test_record_on_a_core_connection_commits_or_rolls_back_with_it(runtime, regi
     with runtime.engine.connect() as connection:
         with connection.begin() as tx:
             connection.execute(insert(effects).values(consumer="business", event_id=0))
-            outbox.record(connection, "note", {"n": 1})
+            cronbox.record(connection, "note", {"n": 1})
             tx.rollback()
         with connection.begin():
             connection.execute(insert(effects).values(consumer="business", event_id=0))
-            event = outbox.record(connection, "note", {"n": 2}, key="k")
+            event = cronbox.record(connection, "note", {"n": 2}, key="k")
     assert event.id and event.key == "k" and len(event.trace_id) == 16
     assert count_events(runtime) == 1 and effect_counts(runtime) == Counter({("business", 0): 1})
     relay(runtime)
@@ -80,7 +81,7 @@ def test_record_never_flushes_the_callers_pending_objects(runtime):
     with runtime.sessions() as session:
         pending = OutboxEvent(type="by-hand", payload="{}", trace_id="t", created_at=T0, available_at=T0)
         session.add(pending)
-        event = outbox.record(session, "note", {"n": 1})
+        event = cronbox.record(session, "note", {"n": 1})
         assert pending in session.new and pending.id is None
         assert isinstance(event.id, int)
         session.rollback()
@@ -103,11 +104,11 @@ def test_record_stores_times_as_sqlalchemy_would_and_its_statement_is_seen_by_th
     try:
         with clock.frozen(T0):
             with runtime.engine.begin() as connection:
-                first = outbox.record(connection, "note", {"n": 1}, delay=timedelta(seconds=60))
+                first = cronbox.record(connection, "note", {"n": 1}, delay=timedelta(seconds=60))
             with runtime.engine.connect() as translated:
                 translated.execution_options(schema_translate_map={None: None})  # in place (SQLAlchemy 2)
                 with translated.begin():
-                    second = outbox.record(translated, "note", {"n": 2})
+                    second = cronbox.record(translated, "note", {"n": 2})
     finally:
         sa_event.remove(runtime.engine, "before_cursor_execute", listener)
     assert ("INSERT INTO cronbox_events", True) in seen
@@ -122,7 +123,7 @@ def test_record_stores_times_as_sqlalchemy_would_and_its_statement_is_seen_by_th
 def test_non_json_payload_is_refused_and_nothing_is_added(runtime):
     with runtime.sessions() as session:
         with pytest.raises(PayloadError, match=r"payload\['when'\] is a datetime"):
-            outbox.record(session, "note", {"ok": 1, "when": datetime(2026, 1, 1)})
+            cronbox.record(session, "note", {"ok": 1, "when": datetime(2026, 1, 1)})
         assert not session.new
         session.commit()
     assert count_events(runtime) == 0
@@ -138,7 +139,7 @@ def test_bad_record_arguments(runtime, kwargs, message):
     args = {"type": "note", **kwargs}
     with runtime.sessions() as session:
         with pytest.raises(PayloadError, match=message):
-            outbox.record(session, args.pop("type"), {}, **args)
+            cronbox.record(session, args.pop("type"), {}, **args)
         assert not session.new
 
 
@@ -152,9 +153,9 @@ def test_a_payload_with_text_that_is_not_utf8_is_refused_naming_it_and_the_trans
     which failed the write with an encoding error of its own; now record() refuses it first."""
     with runtime.sessions() as session:
         with pytest.raises(PayloadError, match=where + ".*UTF-8"):
-            outbox.record(session, "note", payload)
+            cronbox.record(session, "note", payload)
         assert not session.new
-        outbox.record(session, "note", {"file": "scan\u00ff.pdf"})  # the same text as UTF-8 is fine
+        cronbox.record(session, "note", {"file": "scan\u00ff.pdf"})  # the same text as UTF-8 is fine
         session.commit()
     assert count_events(runtime) == 1
 
@@ -165,7 +166,7 @@ def test_consumer_writes_commit_with_the_ack(runtime, registry, effects_table):
         ctx.session.execute(insert(effects).values(consumer="writer", event_id=event.id))
 
     with runtime.sessions.begin() as session:
-        event = outbox.record(session, "order", {"id": 1})
+        event = cronbox.record(session, "order", {"id": 1})
     relay(runtime)
     relay(runtime)  # nothing left: the effect is not applied again
     assert effect_counts(runtime) == Counter({("writer", event.id): 1})
@@ -176,7 +177,7 @@ def test_delay_postpones_the_first_attempt(runtime, registry):
     consumer("later", name="later", registry=registry)(lambda event, ctx: seen.append(event.id))
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
-            outbox.record(session, "later", {}, delay=timedelta(minutes=5))
+            cronbox.record(session, "later", {}, delay=timedelta(minutes=5))
         relay(runtime)
         assert seen == []
         clock.advance(301)
@@ -207,7 +208,7 @@ def test_three_consumers_one_failing(runtime, registry, env, effects_table):
 
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
-            first = outbox.record(session, "order.placed", {"n": 1}, key="order:1")
+            first = cronbox.record(session, "order.placed", {"n": 1}, key="order:1")
         relay(runtime)
         assert calls == Counter(ledger=1, mailer=1, sms=1)
         [failing] = deliveries(runtime, consumer="sms")
@@ -218,7 +219,7 @@ def test_three_consumers_one_failing(runtime, registry, env, effects_table):
 
         # A second event of the same key: the healthy consumers get it, sms holds it back.
         with runtime.sessions.begin() as session:
-            second = outbox.record(session, "order.placed", {"n": 2}, key="order:1")
+            second = cronbox.record(session, "order.placed", {"n": 2}, key="order:1")
         relay(runtime)
         assert calls == Counter(ledger=2, mailer=2, sms=1)
 
@@ -238,7 +239,7 @@ def test_three_consumers_one_failing(runtime, registry, env, effects_table):
         # Dead holds the key, even much later; other keys still flow for sms.
         clock.advance(3600)
         with runtime.sessions.begin() as session:
-            other = outbox.record(session, "order.placed", {"n": 3}, key="order:2")
+            other = cronbox.record(session, "order.placed", {"n": 3}, key="order:2")
         broken["on"] = False
         relay(runtime)
         assert calls["sms"] == 4
@@ -262,8 +263,8 @@ def test_three_consumers_one_failing(runtime, registry, env, effects_table):
         # Skip: a dead delivery given up on releases the key.
         broken["on"] = True
         with runtime.sessions.begin() as session:
-            outbox.record(session, "order.placed", {"n": 4}, key="order:3")
-            outbox.record(session, "order.placed", {"n": 5}, key="order:3")
+            cronbox.record(session, "order.placed", {"n": 4}, key="order:3")
+            cronbox.record(session, "order.placed", {"n": 5}, key="order:3")
         for _ in range(3):
             relay(runtime)
             clock.advance(3600)
@@ -292,15 +293,15 @@ def test_per_key_order_holds_across_retries_while_others_flow(runtime, registry)
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
             for n in range(1, 6):
-                outbox.record(session, "step", {"n": n}, key="k")
-            outbox.record(session, "step", {"n": 1}, key="j")
-            outbox.record(session, "step", {"n": 1})
+                cronbox.record(session, "step", {"n": n}, key="k")
+            cronbox.record(session, "step", {"n": 1}, key="j")
+            cronbox.record(session, "step", {"n": 1})
         relay(runtime)
         # k:1 delivered, k:2 failed and holds k:3..5; j and the keyless event flow.
         assert order == [("k", 1), ("j", 1), (None, 1)]
         with runtime.sessions.begin() as session:
-            outbox.record(session, "step", {"n": 2}, key="j")
-            outbox.record(session, "step", {"n": 2})
+            cronbox.record(session, "step", {"n": 2}, key="j")
+            cronbox.record(session, "step", {"n": 2})
         relay(runtime)
         assert order[3:] == [("j", 2), (None, 2)]
         clock.advance(6)
@@ -311,7 +312,7 @@ def test_per_key_order_holds_across_retries_while_others_flow(runtime, registry)
 def test_permanent_failure_and_retry_later(runtime, registry):
     @consumer("p", name="perm", registry=registry)
     def perm(event, ctx):
-        raise outbox.PermanentFailure("invalid address")
+        raise cronbox.PermanentFailure("invalid address")
 
     attempts = []
 
@@ -319,11 +320,11 @@ def test_permanent_failure_and_retry_later(runtime, registry):
     def later(event, ctx):
         attempts.append(ctx.attempt)
         if len(attempts) < 4:
-            raise outbox.RetryLater(30, "rate limited")
+            raise cronbox.RetryLater(30, "rate limited")
 
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
-            outbox.record(session, "p", {})
+            cronbox.record(session, "p", {})
         relay(runtime)
         [dead] = deliveries(runtime, consumer="perm")
         assert dead.status == "dead" and dead.attempts == 1 and "invalid address" in dead.last_error
@@ -339,7 +340,7 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
     consumer("e", name="here", registry=registry)(lambda event, ctx: None)
     consumer("e", name="gone", registry=registry)(lambda event, ctx: None)
     with runtime.sessions.begin() as session:
-        outbox.record(session, "e", {})
+        cronbox.record(session, "e", {})
     fan_out(runtime)  # rows for both consumers
     deployed = Runtime(runtime.settings, registry=copy_of(registry, leaving_out={"gone"}))  # lacks the module
     try:
@@ -354,7 +355,7 @@ def test_unregistered_consumer_rows_wait_and_never_die(runtime, registry):
 def test_event_for_a_type_without_consumers_is_fanned_out_and_prunable(runtime, registry, env):
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
-            outbox.record(session, "nobody.listens", {})
+            cronbox.record(session, "nobody.listens", {})
         relay(runtime)
         assert deliveries(runtime) == []
         clock.advance(8 * 86400)
@@ -376,12 +377,12 @@ def test_prune_keeps_unfinished_work_and_deletes_in_batches(runtime, registry, e
     with clock.frozen(T0):
         with runtime.sessions.begin() as session:
             for _ in range(7):
-                outbox.record(session, "x", {})
-            outbox.record(session, "y", {})  # dead: kept
+                cronbox.record(session, "x", {})
+            cronbox.record(session, "y", {})  # dead: kept
         relay(runtime)
         clock.advance(3 * 86400)
         with runtime.sessions.begin() as session:
-            outbox.record(session, "x", {})  # recent: kept
+            cronbox.record(session, "x", {})  # recent: kept
         relay(runtime)
         clock.advance(5 * 86400)
         result = invoke(env, "outbox", "prune", "--older-than", "7d")
@@ -402,7 +403,7 @@ def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effect
         ctx.session.execute(store.D.update().values(claim_token="another-run"))
 
     with runtime.sessions.begin() as session:
-        outbox.record(session, "slow", {})
+        cronbox.record(session, "slow", {})
     stats = relay(runtime)
     assert stats.lease_lost == 1 and stats.done == 0
     assert effect_counts(runtime) == Counter()
@@ -418,8 +419,8 @@ def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_
             _time.sleep(5)
 
     with runtime.sessions.begin() as session:
-        outbox.record(session, "t", {"slow": True})
-        outbox.record(session, "t", {"slow": False})
+        cronbox.record(session, "t", {"slow": True})
+        cronbox.record(session, "t", {"slow": False})
     started = _time.monotonic()
     stats = relay(runtime)
     assert _time.monotonic() - started < 3
@@ -459,7 +460,7 @@ def test_an_item_whose_lease_ran_out_during_the_batch_is_not_started_twice(runti
         with clock.frozen(T0):
             with runtime.sessions.begin() as session:
                 for n in range(3):
-                    outbox.record(session, "slow", {"n": n})
+                    cronbox.record(session, "slow", {"n": n})
             stats = relay(runtime)
     finally:
         other.dispose()

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.channels.models import Notification
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError
@@ -193,7 +194,7 @@ def test_retry_later_uses_no_attempt_and_stops_at_retry_until(rt, jobs):
     @job(name="throttled", tries=2, retry_until=timedelta(minutes=10), registry=jobs)
     def throttled(payload, ctx):
         calls.append(ctx.attempt)
-        raise outbox.RetryLater(120, "flood wait")
+        raise cronbox.RetryLater(120, "flood wait")
 
     with clock.frozen(T0):
         with rt.sessions.begin() as session:
@@ -216,7 +217,7 @@ def test_retry_later_uses_no_attempt_and_stops_at_retry_until(rt, jobs):
 def test_permanent_failure_fails_at_once(rt, jobs):
     @job(name="invalid", tries=5, registry=jobs)
     def invalid(payload, ctx):
-        raise outbox.PermanentFailure("invalid number")
+        raise cronbox.PermanentFailure("invalid number")
 
     with rt.sessions.begin() as session:
         invalid.dispatch(session, {})
@@ -273,7 +274,7 @@ def test_consumers_dispatch_jobs_atomically_with_their_ack(rt, jobs, registry):
             raise RuntimeError("fails after dispatching")  # the dispatch must roll back with it
 
     with rt.sessions.begin() as session:
-        outbox.record(session, "order.paid", {"id": 9})
+        cronbox.record(session, "order.paid", {"id": 9})
     relay(rt)  # fails once (backoff 0), then succeeds in the same run
     assert len(attempts) == 2
     assert [j.payload for j in all_jobs(rt)] == ['{"order":9}']  # the failed attempt's dispatch rolled back
@@ -428,8 +429,8 @@ def test_the_backlog_counts_in_one_statement_what_the_relay_and_the_worker_could
         pass
 
     with rt.sessions.begin() as session:
-        outbox.record(session, "order.placed", {"n": 1})
-        outbox.record(session, "order.placed", {"n": 2})
+        cronbox.record(session, "order.placed", {"n": 1})
+        cronbox.record(session, "order.placed", {"n": 2})
         mail.dispatch(session, {"due": True})
         mail.dispatch(session, {"due": False}, delay=3600)
     now = clock.utcnow() + timedelta(seconds=1)

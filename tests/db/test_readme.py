@@ -31,7 +31,6 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, select
 from sqlalchemy.orm import registry as mapper_registry
 
 import cronbox
-from cronbox import outbox
 from cronbox import storage
 from cronbox.cron.scheduling import schedule
 from cronbox.cron.scheduling.models import ScheduleRun
@@ -113,11 +112,8 @@ def test_the_snippets_run_as_written(runtime, registry, settings, monkeypatch, r
         rabbit.exchanges.append(exchange)
         queues[exchange] = rabbit.queue(exchange, "#", what=exchange)
     settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
-    monkeypatch.setattr(outbox, "consumer", partial(outbox.consumer, registry=registry))
-    monkeypatch.setattr(outbox, "forward", partial(outbox.forward, registry=registry))
-    monkeypatch.setattr(outbox, "job", partial(outbox.job, registry=registry))
-    for name in ("consumer", "forward", "job"):  # the docs' own spelling: from cronbox import consumer
-        monkeypatch.setattr(cronbox, name, getattr(outbox, name))
+    for name in ("consumer", "forward", "job"):  # the docs' spelling, the one there is: from cronbox import consumer
+        monkeypatch.setattr(cronbox, name, partial(getattr(cronbox, name), registry=registry))
     storage.configure(replace(settings, base_url="https://clinic.example"), runtime.sessions)
     namespace = {"Session": runtime.sessions, "payment": Payment("120.00"), "Notification": Notification,
                  "request": SimpleNamespace(stream=io.BytesIO(b"%PDF-1.7 a scan" * 1000))}

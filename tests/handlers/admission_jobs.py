@@ -13,14 +13,14 @@ import os
 import time
 from pathlib import Path
 
-from cronbox import outbox
+import cronbox
 
 
 def _mark(name: str) -> None:
     Path(os.environ["TEST_INSIDE_DIR"], name).write_text(str(os.getpid()))
 
 
-@outbox.job("admission", name="admission.alloc", tries=3, timeout=30)
+@cronbox.job("admission", name="admission.alloc", tries=3, timeout=30)
 def alloc(payload, ctx):
     data = bytearray(b"\x01") * (int(os.environ.get("TEST_ALLOC_MB") or 60) * 2 ** 20)  # every page touched
     _mark(f"alloc-{payload['n']}")
@@ -30,17 +30,17 @@ def alloc(payload, ctx):
 BALLAST = []
 
 
-@outbox.job("admission", name="admission.ballast", tries=3, timeout=30)
+@cronbox.job("admission", name="admission.ballast", tries=3, timeout=30)
 def ballast(payload, ctx):
     BALLAST.append(bytearray(b"\x01") * (int(os.environ.get("TEST_BALLAST_MB") or 50) * 2 ** 20))
 
 
-@outbox.job("admission", name="admission.sleep", tries=3, timeout=30)
+@cronbox.job("admission", name="admission.sleep", tries=3, timeout=30)
 def sleep(payload, ctx):
     time.sleep(payload["seconds"])
 
 
-@outbox.job("admission", name="admission.slow", tries=3, timeout=30)
+@cronbox.job("admission", name="admission.slow", tries=3, timeout=30)
 def slow(payload, ctx):
     _mark(f"slow-{payload['n']}")
     time.sleep(payload["seconds"])

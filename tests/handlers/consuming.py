@@ -19,7 +19,7 @@ import time
 
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import crash_point
 from tests.handlers.effects import wait_for_release
 
@@ -38,7 +38,7 @@ def _call(name: str, event, ctx) -> None:
                                                 at=time.time()))
 
 
-@outbox.consumer("amqp.write", name="consume.a", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
+@cronbox.consumer("amqp.write", name="consume.a", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
 def consume_a(event, ctx):
     p = event.payload
     if p.get("hold"):
@@ -49,12 +49,12 @@ def consume_a(event, ctx):
         os.kill(os.getpid(), signal.SIGKILL)
     _call("consume.a", event, ctx)
     if p.get("permanent"):
-        raise outbox.PermanentFailure("this one cannot work")
+        raise cronbox.PermanentFailure("this one cannot work")
     if ctx.attempt <= p.get("fail", 0):
         raise RuntimeError(f"failing attempt {ctx.attempt}")
 
 
-@outbox.consumer("amqp.write", name="consume.b", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
+@cronbox.consumer("amqp.write", name="consume.b", max_attempts=3, backoff=[0.5, 1.0], timeout=10)
 def consume_b(event, ctx):
     _call("consume.b", event, ctx)
 

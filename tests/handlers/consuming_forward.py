@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from cronbox import outbox
+import cronbox
 
-outbox.forward("amqp.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="consume.forward",
+cronbox.forward("amqp.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="consume.forward",
                timeout=2, backoff=[0.2])

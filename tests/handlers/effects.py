@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import crash_point
 
 metadata = MetaData()
@@ -27,14 +27,14 @@ def _pause():
         time.sleep(seconds)
 
 
-@outbox.consumer("work", name="effects.db", timeout=0.5, max_attempts=100)
+@cronbox.consumer("work", name="effects.db", timeout=0.5, max_attempts=100)
 def db_writer(event, ctx):
     _pause()
     crash_point("in-handler")
     ctx.session.execute(insert(effects).values(consumer="effects.db", event_id=event.id))
 
 
-@outbox.consumer("work", name="effects.quiet", timeout=0.5, max_attempts=100)
+@cronbox.consumer("work", name="effects.quiet", timeout=0.5, max_attempts=100)
 def quiet(event, ctx):
     _pause()
     crash_point("in-handler")
@@ -42,7 +42,7 @@ def quiet(event, ctx):
         out.write(f"{event.id}\n")
 
 
-@outbox.consumer("poison", name="effects.poison", timeout=0.5, max_attempts=3)
+@cronbox.consumer("poison", name="effects.poison", timeout=0.5, max_attempts=3)
 def poison(event, ctx):
     os._exit(9)  # e.g. the host's memory limit killing us on this event, every time
 
@@ -56,11 +56,11 @@ def wait_for_release() -> None:
         time.sleep(0.02)
 
 
-@outbox.consumer("block", name="effects.block", timeout=120)
+@cronbox.consumer("block", name="effects.block", timeout=120)
 def block(event, ctx):
     wait_for_release()
 
 
-@outbox.consumer("ping", name="effects.ping")
+@cronbox.consumer("ping", name="effects.ping")
 def ping(event, ctx):
     ctx.session.execute(insert(effects).values(consumer="effects.ping", event_id=event.id))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from tests.handlers.effects import effects
 
 _calls = {"consumer": 0, "job": 0}
@@ -34,19 +34,19 @@ def _gate(kind: str) -> None:
         time.sleep(0.02)
 
 
-@outbox.consumer("faulty", name="faults.db", timeout=3, max_attempts=100)
+@cronbox.consumer("faulty", name="faults.db", timeout=3, max_attempts=100)
 def db_writer(event, ctx):
     ctx.session.execute(insert(effects).values(consumer="faults.db", event_id=event.id))
     _gate("consumer")  # its write is in ctx.session, not committed: the cut must roll it back
 
 
-@outbox.consumer("faulty", name="faults.quiet", timeout=3, max_attempts=100)
+@cronbox.consumer("faulty", name="faults.quiet", timeout=3, max_attempts=100)
 def quiet(event, ctx):
     with open(os.environ["TEST_EFFECTS_FILE"], "a") as out:
         out.write(f"{event.id}\n")
 
 
-@outbox.job("default", name="faults.write", tries=100, timeout=3)
+@cronbox.job("default", name="faults.write", tries=100, timeout=3)
 def write(payload, ctx):
     ctx.session.execute(insert(effects).values(consumer="faults.write", event_id=payload["n"]))
     _gate("job")

@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import sys
 
-from cronbox import outbox
+import cronbox
 from cronbox.cron.scheduling import schedule
 
 # case -> the exit code of the child ending that way
@@ -74,27 +74,27 @@ def fork_and_wait(name: str, case: str, n: int) -> None:
     _note(f"child {case} {os.waitstatus_to_exitcode(status)}")
 
 
-@outbox.consumer("fork", name="forking.consumer", timeout=20, max_attempts=1)
+@cronbox.consumer("fork", name="forking.consumer", timeout=20, max_attempts=1)
 def forking_consumer(event, ctx):
     fork_and_wait("forking.consumer", event.payload["case"], event.payload["n"])
 
 
-@outbox.consumer("fork-grouped", name="forking.grouped", timeout=20, max_attempts=1, grouped=True)
+@cronbox.consumer("fork-grouped", name="forking.grouped", timeout=20, max_attempts=1, grouped=True)
 def forking_grouped(event, ctx):
     fork_and_wait("forking.grouped", event.payload["case"], event.payload["n"])
 
 
-@outbox.job("fork", name="forking.job", timeout=20, tries=1)
+@cronbox.job("fork", name="forking.job", timeout=20, tries=1)
 def forking_job(payload, ctx):
     fork_and_wait("forking.job", payload["case"], payload["n"])
 
 
-@outbox.consumer("plain", name="forking.plain", timeout=20, max_attempts=1)
+@cronbox.consumer("plain", name="forking.plain", timeout=20, max_attempts=1)
 def plain_consumer(event, ctx):
     _note(f"ran forking.plain {event.payload['n']}")
 
 
-@outbox.job("plain", name="forking.plain_job", timeout=20, tries=1)
+@cronbox.job("plain", name="forking.plain_job", timeout=20, tries=1)
 def plain_job(payload, ctx):
     _note(f"ran forking.plain_job {payload['n']}")
 

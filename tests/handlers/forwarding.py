@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from cronbox import outbox
+import cronbox
 
-outbox.forward("fwd.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="to-broker", timeout=1,
+cronbox.forward("fwd.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="to-broker", timeout=1,
                backoff=[0.2], max_attempts=int(os.environ.get("TEST_FORWARD_MAX_ATTEMPTS") or 1000))

@@ -8,10 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from cronbox import outbox
+import cronbox
 
 
-@outbox.job("gq", name="group.block", timeout=60, concurrency_group="gslots", concurrency_limit=1)
+@cronbox.job("gq", name="group.block", timeout=60, concurrency_group="gslots", concurrency_limit=1)
 def block(payload, ctx):
     Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
     deadline = time.monotonic() + 60
@@ -28,7 +28,7 @@ def _append(path: Path, line: str) -> None:
         out.write(line + "\n")
 
 
-@outbox.job("gpair", name="group.pair", timeout=30, concurrency_group="gpair", concurrency_limit=2)
+@cronbox.job("gpair", name="group.pair", timeout=30, concurrency_group="gpair", concurrency_limit=2)
 def pair(payload, ctx):
     """Appends "start N" / "end N" to TEST_RUNS_FILE, and between them keeps its slot until a worker was
     refused one (a "group gpair is full" line in the day's log after this start), a third job runs

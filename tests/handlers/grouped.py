@@ -7,7 +7,7 @@ import time
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import crash_point
 from tests.handlers.effects import effects
 
@@ -18,14 +18,14 @@ def _pause():
         time.sleep(seconds)
 
 
-@outbox.consumer("gwork", name="grouped.db", timeout=0.5, max_attempts=100, grouped=True)
+@cronbox.consumer("gwork", name="grouped.db", timeout=0.5, max_attempts=100, grouped=True)
 def grouped_writer(event, ctx):
     _pause()
     ctx.session.execute(insert(effects).values(consumer="grouped.db", event_id=event.id))
     crash_point("in-handler")
 
 
-@outbox.job("gjobs", name="grouped.job", timeout=0.5, tries=100, grouped=True)
+@cronbox.job("gjobs", name="grouped.job", timeout=0.5, tries=100, grouped=True)
 def grouped_job(payload, ctx):
     _pause()
     ctx.session.execute(insert(effects).values(consumer="grouped.job", event_id=payload["n"]))

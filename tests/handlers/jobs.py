@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import crash_point
 from tests.handlers.effects import effects
 
@@ -23,7 +23,7 @@ def _pause():
         time.sleep(seconds)
 
 
-@outbox.job("default", name="jobs.record", tries=100, timeout=0.5)
+@cronbox.job("default", name="jobs.record", tries=100, timeout=0.5)
 def record_run(payload, ctx):
     started = time.time()
     _pause()
@@ -32,19 +32,19 @@ def record_run(payload, ctx):
         out.write(f"{payload['n']} {ctx.attempt} {os.getpid()} {started:.6f} {time.time():.6f}\n")
 
 
-@outbox.job("default", name="jobs.write", tries=100, timeout=0.5)
+@cronbox.job("default", name="jobs.write", tries=100, timeout=0.5)
 def write(payload, ctx):
     _pause()
     crash_point("in-handler")
     ctx.session.execute(insert(effects).values(consumer="jobs.write", event_id=payload["n"]))
 
 
-@outbox.job("default", name="jobs.poison", tries=3, timeout=0.5)
+@cronbox.job("default", name="jobs.poison", tries=3, timeout=0.5)
 def poison(payload, ctx):
     os._exit(9)
 
 
-@outbox.job("default", name="jobs.block", timeout=60)
+@cronbox.job("default", name="jobs.block", timeout=60)
 def block(payload, ctx):
     Path(os.environ["TEST_INSIDE_FILE"]).write_text(str(os.getpid()))
     deadline = time.monotonic() + 60
@@ -52,7 +52,7 @@ def block(payload, ctx):
         time.sleep(0.02)
 
 
-@outbox.job("default", name="jobs.slow", timeout=10)
+@cronbox.job("default", name="jobs.slow", timeout=10)
 def slow(payload, ctx):
     """Longer than the server's wait_timeout in the short-wait_timeout test, without touching the database."""
     _pause()

@@ -5,14 +5,14 @@ payload's blob, as a handler that works on its payload does: their own RSS growt
 """
 from __future__ import annotations
 
-from cronbox import outbox
+import cronbox
 
 
-@outbox.consumer("large.made", name="large.take")
+@cronbox.consumer("large.made", name="large.take")
 def take(event, ctx):
     assert len(event.payload["blob"].encode()) == event.payload["size"]
 
 
-@outbox.job("large", name="large.job")
+@cronbox.job("large", name="large.job")
 def large_job(payload, ctx):
     assert len(payload["blob"].encode()) == payload["size"]

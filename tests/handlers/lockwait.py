@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from tests.handlers.effects import effects, wait_for_release
 
 
-@outbox.job("lockwait", name="lockwait.quiet", timeout=30, tries=3, backoff=600)
+@cronbox.job("lockwait", name="lockwait.quiet", timeout=30, tries=3, backoff=600)
 def quiet(payload, ctx):
     wait_for_release()
 
 
-@outbox.job("lockwait", name="lockwait.session", timeout=30, tries=3, backoff=600)
+@cronbox.job("lockwait", name="lockwait.session", timeout=30, tries=3, backoff=600)
 def with_session(payload, ctx):
     wait_for_release()
     ctx.session.execute(insert(effects).values(consumer="lockwait.session", event_id=payload["n"]))
 
 
-@outbox.consumer("lockwait", name="lockwait.consumer", timeout=30, max_attempts=3)
+@cronbox.consumer("lockwait", name="lockwait.consumer", timeout=30, max_attempts=3)
 def consumer(event, ctx):
     """Does nothing: the tests block its delivery's claim, not its call."""

@@ -7,13 +7,13 @@ import os
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from tests.handlers.consuming import consumed
 
-outbox.forward("placed.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="placed.forward",
+cronbox.forward("placed.*", exchange=os.environ.get("TEST_AMQP_EXCHANGE", "unset"), name="placed.forward",
                timeout=5, backoff=[0.2])
 
 
-@outbox.consumer("placed.paid", name="placed.consumer", runs=os.environ.get("TEST_RUNS") or None, timeout=10)
+@cronbox.consumer("placed.paid", name="placed.consumer", runs=os.environ.get("TEST_RUNS") or None, timeout=10)
 def placed_consumer(event, ctx):
     ctx.session.execute(insert(consumed).values(consumer="placed.consumer", n=event.payload["n"], attempt=ctx.attempt))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, Table, insert, text
 
-from cronbox import outbox
+import cronbox
 
 metadata = MetaData()
 done = Table("test_pool_done", metadata, Column("n", Integer, primary_key=True, autoincrement=False),
@@ -32,7 +32,7 @@ def _insert(ctx, n: int) -> None:
                                             connection_id=connection_id, lock_holder=lock_holder))
 
 
-@outbox.job("default", name="pool.insert", tries=5, timeout=2)
+@cronbox.job("default", name="pool.insert", tries=5, timeout=2)
 def insert_once(payload, ctx):
     seconds = float(os.environ.get("TEST_SLEEP") or 0)
     if seconds:
@@ -49,11 +49,11 @@ def _hold(payload, ctx, seconds: float) -> None:
     _insert(ctx, payload["n"])
 
 
-@outbox.job("default", name="pool.hold", tries=5, timeout=4)
+@cronbox.job("default", name="pool.hold", tries=5, timeout=4)
 def hold(payload, ctx):
     _hold(payload, ctx, 3.5)  # within its timeout: its lease (4 s) is what a replacement waits out
 
 
-@outbox.job("default", name="pool.hold_long", tries=5, timeout=60)
+@cronbox.job("default", name="pool.hold_long", tries=5, timeout=60)
 def hold_long(payload, ctx):
     _hold(payload, ctx, 55)

@@ -3,7 +3,7 @@
 
 Each call sleeps TEST_SLEEP seconds, then appends its item (the event id, or the job's payload "n")
 to TEST_EFFECTS_FILE: an effect outside the database, as a call to another service is, which a run
-killed before the item's ack makes again. Their acks are batched (outbox.engine.processor.QuietAcks).
+killed before the item's ack makes again. Their acks are batched (outbox.engine.runner.QuietAcks).
 With TEST_BROKER_PREFIX set, the queue "quiet-broker" is forwarded to the broker queue
 "<TEST_BROKER_PREFIX>.quiet", for `amqp work`.
 """
@@ -24,17 +24,17 @@ def _call(item: int) -> None:
         out.write(f"{item}\n")
 
 
-@outbox.consumer("quiet.call", name="quiet.consumer", timeout=TIMEOUT, max_attempts=100)
+@cronbox.consumer("quiet.call", name="quiet.consumer", timeout=TIMEOUT, max_attempts=100)
 def quiet_consumer(event, ctx):
     _call(event.id)
 
 
-@outbox.job("quiet", name="quiet.job", timeout=TIMEOUT, tries=100)
+@cronbox.job("quiet", name="quiet.job", timeout=TIMEOUT, tries=100)
 def quiet_job(payload, ctx):
     _call(payload["n"])
 
 
-@outbox.job("quiet-broker", name="quiet.broker_job", timeout=TIMEOUT, tries=100)
+@cronbox.job("quiet-broker", name="quiet.broker_job", timeout=TIMEOUT, tries=100)
 def quiet_broker_job(payload, ctx):
     _call(payload["n"])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-from cronbox import outbox
+import cronbox
 from cronbox.cron.scheduling import schedule
 from tests.handlers.effects import wait_for_release
 
@@ -25,22 +25,22 @@ def meddle(case: str) -> None:
                                           "own": _own_handler}[disposition])
 
 
-@outbox.consumer("meddle", name="signals.consumer", timeout=20, max_attempts=1)
+@cronbox.consumer("meddle", name="signals.consumer", timeout=20, max_attempts=1)
 def meddling_consumer(event, ctx):
     meddle(event.payload["case"])
 
 
-@outbox.consumer("meddle-grouped", name="signals.grouped", timeout=20, max_attempts=1, grouped=True)
+@cronbox.consumer("meddle-grouped", name="signals.grouped", timeout=20, max_attempts=1, grouped=True)
 def meddling_grouped(event, ctx):
     meddle(event.payload["case"])
 
 
-@outbox.job("sig", name="signals.job", timeout=20, tries=1)
+@cronbox.job("sig", name="signals.job", timeout=20, tries=1)
 def meddling_job(payload, ctx):
     meddle(payload["case"])
 
 
-@outbox.job("sig", name="signals.block", timeout=120, tries=1)
+@cronbox.job("sig", name="signals.block", timeout=120, tries=1)
 def block(payload, ctx):
     wait_for_release()
 

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from cronbox import outbox
+import cronbox
 from cronbox.cron.scheduling import schedule
 
 
@@ -17,7 +17,7 @@ def start_sleeper(n) -> None:
     threading.Thread(target=time.sleep, args=(60,), name=f"handler-sleeper-{n}", daemon=False).start()
 
 
-@outbox.job("threads", name="threads.linger", timeout=20, tries=1)
+@cronbox.job("threads", name="threads.linger", timeout=20, tries=1)
 def linger(payload, ctx):
     start_sleeper(payload["n"])
 

@@ -1,7 +1,7 @@
 """What a killed run repeats of handlers that do not use ctx.session, on every path that runs them:
 `queue work` (alone and as a pool), the tick's relay (in-process consumers) and `amqp work`.
 
-Their acks are batched (outbox.engine.processor.QuietAcks): a run SIGKILLed mid-batch leaves what it
+Their acks are batched (outbox.engine.runner.QuietAcks): a run SIGKILLed mid-batch leaves what it
 finished but did not ack reserved, and the next run calls those again once their leases end. The
 calls here sleep SLEEP and then append their item to a file (an effect outside the database, as a
 call to another service is); the run is killed once the file shows KILL_AT lines, with leases long
@@ -40,7 +40,7 @@ SLEEP = 0.05  # each call's handler time, at least
 WINDOW = ACK_FLUSH_DEFAULT  # the tests set no CRONBOX_ACK_FLUSH: the default is what is tested
 ITEMS, KILL_AT = 60, 35  # 35: mid-window (the window holds 10 calls), so some finished calls are not acked yet
 # The lease (the handlers' 1 s timeout + this) holds the batch of 60 x 50 ms: without the window,
-# nothing would be acked before the batch's end (the processor acks early only for a lease running out).
+# nothing would be acked before the batch's end (the runner acks early only for a lease running out).
 LEASE_MARGIN = "6"
 
 
@@ -144,7 +144,7 @@ def test_a_killed_queue_work_repeats_at_most_the_window(runtime, quiet_env, tmp_
     kill_queue_work(runtime, quiet_env, tmp_path)
 
 
-@pytest.mark.backends(*ONE_MYSQL_MODE)  # the pool's children run the same processor as `queue work`
+@pytest.mark.backends(*ONE_MYSQL_MODE)  # the pool's children run the same runner as `queue work`
 def test_a_killed_worker_pool_repeats_at_most_the_window_per_worker(runtime, quiet_env, tmp_path):
     kill_queue_work(runtime, quiet_env, tmp_path, "--workers", "2", workers=2)
 
@@ -153,9 +153,10 @@ def test_a_killed_worker_pool_repeats_at_most_the_window_per_worker(runtime, qui
 
 def test_a_killed_tick_repeats_at_most_the_window_of_its_consumers(runtime, quiet_env, tmp_path):
     from cronbox import outbox
+    import cronbox
 
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "quiet.call", {"n": n}) for n in range(ITEMS)]
+        events = [cronbox.record(session, "quiet.call", {"n": n}) for n in range(ITEMS)]
         session.flush()
         items = {e.id for e in events}
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cronbox import outbox
+import cronbox
 from tests.conftest import APP_ROOT
 from tests.handlers.effects import metadata as effects_metadata
 
@@ -595,7 +596,7 @@ def blocking_tick(app, env, runtime, tmp_path):
     """One event for the consumer that waits for a file: a tick holds the lock as long as we want."""
     effects_metadata.create_all(runtime.engine)
     with runtime.sessions.begin() as session:
-        outbox.record(session, "block", {"n": 0})
+        cronbox.record(session, "block", {"n": 0})
     app.python(".venv/bin/python", "venv")
     inside, release = tmp_path / "inside", tmp_path / "release"
     tick_env = {**env, "CRONBOX_HANDLERS": "tests.handlers.effects",

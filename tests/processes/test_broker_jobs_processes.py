@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.queue.models import Job
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
@@ -37,8 +37,8 @@ def setup(env, runtime, registry, rabbit, tmp_path):
            "CRONBOX_LEASE_MARGIN": "1", "TEST_REPUBLISH_AFTER": "15"}
     # The same names and queues as the worker's jobs, in this test's registry: dispatch only needs those.
     for queue in QUEUES:
-        outbox.job(queue, name=f"broker.{queue}", registry=registry)(lambda payload, ctx: None)
-    outbox.job("sms", name="broker.held", registry=registry)(lambda payload, ctx: None)
+        cronbox.job(queue, name=f"broker.{queue}", registry=registry)(lambda payload, ctx: None)
+    cronbox.job("sms", name="broker.held", registry=registry)(lambda payload, ctx: None)
     return env, prefix
 
 
@@ -100,7 +100,7 @@ def test_sigterm_mid_job_finishes_it_and_gives_back_what_was_read_ahead(setup, r
 
 def test_a_job_that_kills_its_worker_fails_after_its_tries_and_its_neighbours_run(setup, runtime, registry):
     env, _prefix = setup
-    outbox.job("sms", name="broker.poison", registry=registry)(lambda payload, ctx: None)
+    cronbox.job("sms", name="broker.poison", registry=registry)(lambda payload, ctx: None)
     dispatch(runtime, registry, "sms", [{"n": n} for n in range(3)])
     with runtime.sessions() as session:
         registry.jobs.get("broker.poison").dispatch(session, {"n": 99})

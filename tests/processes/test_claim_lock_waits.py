@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import make_url, select, text
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.events.models import Delivery
@@ -71,9 +72,9 @@ def due_job(runtime) -> int:
 
 
 def due_delivery(runtime, registry) -> int:
-    outbox.consumer("lockwait", name="lockwait.consumer", registry=registry)(lambda event, ctx: None)
+    cronbox.consumer("lockwait", name="lockwait.consumer", registry=registry)(lambda event, ctx: None)
     with runtime.sessions.begin() as session:
-        outbox.record(session, "lockwait", {"n": 1})
+        cronbox.record(session, "lockwait", {"n": 1})
     fan_out(runtime)
     with runtime.sessions() as session:
         return session.scalar(select(Delivery.id))

@@ -17,7 +17,7 @@ import amqp
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Redelivery
 from tests.conftest import run_cli, start_cli
@@ -260,7 +260,7 @@ def test_end_to_end_a_recorded_event_reaches_the_consumer_through_a_tick_and_the
     first = run_cli(env, "amqp", "consume", "--queue", queue, "--bind", f"{exchange}:amqp.#", "--max-time", "1")
     assert first.returncode == 0, first.stderr
     with runtime.sessions.begin() as session:  # the web request's transaction
-        outbox.record(session, "amqp.write", {"n": 41}, key="patient:41")
+        cronbox.record(session, "amqp.write", {"n": 41}, key="patient:41")
     tick = run_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.consuming_forward", "TEST_AMQP_EXCHANGE": exchange},
                    "tick", "--no-linger")
     assert tick.returncode == 0, tick.stderr[-2000:]

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
@@ -30,7 +30,7 @@ def placed(env, runtime, rabbit):
 def record(runtime, count: int) -> None:
     with runtime.sessions.begin() as session:
         for n in range(count):
-            outbox.record(session, "placed.paid", {"n": n}, key=f"a:{n}")
+            cronbox.record(session, "placed.paid", {"n": n}, key=f"a:{n}")
 
 
 def rows(runtime) -> Counter:

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import run_cli, start_cli
@@ -40,7 +41,7 @@ def record(runtime, count: int) -> dict[int, tuple]:
     """Events fwd.n with keys a/b/c/none in turn; returns event id -> (trace id, key, payload)."""
     out = {}
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "fwd.n", {"n": n}, key=KEYS[n % len(KEYS)]) for n in range(count)]
+        events = [cronbox.record(session, "fwd.n", {"n": n}, key=KEYS[n % len(KEYS)]) for n in range(count)]
         session.flush()
         for n, e in enumerate(events):
             out[e.id] = (e.trace_id, e.key, {"n": n})
@@ -180,8 +181,8 @@ def test_operator_commands_see_a_forward_target_like_any_consumer(fwd_env, runti
     rabbit.channel.queue_unbind(queue, exchange, "fwd.#")
     env = {**env, "TEST_FORWARD_MAX_ATTEMPTS": "1"}
     with runtime.sessions.begin() as session:
-        outbox.record(session, "fwd.unbound", {"n": 1}, key="k")
-        outbox.record(session, "fwd.unbound", {"n": 2}, key="k")
+        cronbox.record(session, "fwd.unbound", {"n": 1}, key="k")
+        cronbox.record(session, "fwd.unbound", {"n": 2}, key="k")
     assert run_cli(env, "tick", "--no-linger").returncode == 0
     dead = run_cli(env, "outbox", "dead")
     assert "to-broker" in dead.stdout and "unroutable" in dead.stdout, dead.stdout

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
@@ -61,7 +61,7 @@ def finish(runtime, group_env, *command: str) -> None:
 @pytest.mark.parametrize("step", ["after-claim", "in-handler", "before-ack-commit", "after-ack-commit"])
 def test_a_crash_anywhere_in_a_group_loses_nothing_and_applies_once(runtime, group_env, step):
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "gwork", {"n": n}) for n in range(30)]
+        events = [cronbox.record(session, "gwork", {"n": n}) for n in range(30)]
         session.flush()
         ids = [e.id for e in events]
     rng = random.Random(f"{step}-{runtime.settings.database_url[:5]}")
@@ -95,7 +95,7 @@ def test_a_crashed_worker_mid_group_loses_no_job_and_applies_once(runtime, group
 @pytest.mark.slow
 def test_random_sigkills_of_grouped_runs_lose_nothing(runtime, group_env):
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "gwork", {"n": n}) for n in range(60)]
+        events = [cronbox.record(session, "gwork", {"n": n}) for n in range(60)]
         session.flush()
         ids = [e.id for e in events]
     rng = random.Random(14)

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import make_url, select, text
 
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.models import Job
@@ -47,11 +48,11 @@ def effect_lines(path: Path) -> list[str]:
 def test_a_forked_child_leaving_the_handler_ends_there_and_the_run_goes_on_once(runtime, env, tmp_path, case):
     effects = tmp_path / "effects.txt"
     with runtime.sessions.begin() as session:
-        outbox.record(session, "plain", {"n": 1})
-        outbox.record(session, "fork", {"case": case, "n": 2})
-        outbox.record(session, "plain", {"n": 3})
-        outbox.record(session, "fork-grouped", {"case": case, "n": 4})
-        outbox.record(session, "plain", {"n": 5})
+        cronbox.record(session, "plain", {"n": 1})
+        cronbox.record(session, "fork", {"case": case, "n": 2})
+        cronbox.record(session, "plain", {"n": 3})
+        cronbox.record(session, "fork-grouped", {"case": case, "n": 4})
+        cronbox.record(session, "plain", {"n": 5})
         dispatch(session, "fork", "forking.job", {"case": case, "n": 6})
         dispatch(session, "plain", "forking.plain_job", {"n": 7})
     proc = run_cli(env, "tick", "--no-linger", "--max-time", "60", CRONBOX_HANDLERS="tests.handlers.forking",
@@ -92,9 +93,9 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
     inside, release = tmp_path / "inside", tmp_path / "release"
     with runtime.sessions.begin() as session:
         if where == "consumer":
-            outbox.record(session, "meddle", {"case": case})
+            cronbox.record(session, "meddle", {"case": case})
         if where == "grouped":
-            outbox.record(session, "meddle-grouped", {"case": case})
+            cronbox.record(session, "meddle-grouped", {"case": case})
         if where == "job":
             dispatch(session, "sig", "signals.job", {"case": case})
         dispatch(session, "sig", "signals.block", {})

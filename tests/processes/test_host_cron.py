@@ -3,7 +3,7 @@ a factory, Model.query / db.session / current_app in its consumer and task, a to
 of its own), run as cron runs it.
 
 Each test copies the clinic to `$HOME/apps/clinic` (its .env and instance/ stay in the test's folder)
-and runs real processes: the host's own route records an event with `outbox.record(db.session, ...)`
+and runs real processes: the host's own route records an event with `cronbox.record(db.session, ...)`
 in its transaction, then `python -m cronbox tick` (from $HOME, CRONBOX_APP=clinic:create_app),
 `artisan_via_cron.sh tick` under `env -i` (everything from .env), or `flask --app clinic cron tick`
 delivers it. The test reads the database through its own NullPool engine, so it holds no connection

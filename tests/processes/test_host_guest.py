@@ -2,7 +2,7 @@
 database driver (PyMySQL, psycopg2, psycopg), SQLAlchemy or imports.
 
 A real process acts as a host app set up the README's way (Flask + Flask-SQLAlchemy, `Cronbox(app)`,
-a request that calls outbox.record() and a job's dispatch() in its transaction, then cronbox's own
+a request that calls cronbox.record() and a job's dispatch() in its transaction, then cronbox's own
 /health, which makes cronbox's engine). It takes a view of what a host sees before cronbox is
 imported and again at the end:
 
@@ -141,7 +141,7 @@ before = identities(engine)
 
 result = {}
 if WITH_CRONBOX:
-    from cronbox import outbox
+    import cronbox
     from cronbox import Cronbox
     from cronbox.outbox.queue.jobs import job
 
@@ -153,7 +153,7 @@ if WITH_CRONBOX:
 
     @app.post("/pay")
     def pay():
-        event = outbox.record(db.session, "host.paid", {"n": 1})
+        event = cronbox.record(db.session, "host.paid", {"n": 1})
         job_id = note.dispatch(db.session, {"n": 1})
         db.session.commit()
         return {"event": event.id, "job": job_id}

@@ -33,9 +33,10 @@ def create_app():
     @app.post("/pay")
     def pay():
         from cronbox import outbox
+        import cronbox
         runtime = app.extensions["cronbox"].runtime
         with runtime.sessions.begin() as session:
-            outbox.record(session, "appointment.paid", {"id": 7})
+            cronbox.record(session, "appointment.paid", {"id": 7})
         return "paid"
 
     return app
@@ -44,9 +45,10 @@ def create_app():
 HANDLERS = '''from pathlib import Path
 
 from cronbox import outbox
+import cronbox
 
 
-@outbox.consumer("appointment.paid", name="clinic.receipt")
+@cronbox.consumer("appointment.paid", name="clinic.receipt")
 def receipt(event, ctx):
     Path(__file__).resolve().parents[1].joinpath("receipt.txt").write_text(str(event.payload["id"]))
 '''

@@ -132,11 +132,11 @@ STANDALONE_JOB = '''
 import io
 import os
 
-from cronbox import outbox
+import cronbox
 from cronbox import storage
 
 
-@outbox.job("scans", name="standalone.seal")
+@cronbox.job("scans", name="standalone.seal")
 def seal(payload, ctx):
     os.chdir(payload["away"])
     os.environ.update(CRONBOX_INSTANCE=payload["away"], CRONBOX_APP_ROOT=payload["away"])
@@ -147,13 +147,13 @@ def seal(payload, ctx):
 def test_a_standalone_jobs_storage_put_keeps_the_settings_the_command_started_with(env, runtime, registry, tmp_path):
     """Without a host app the store comes from the settings the command resolved at start: a handler that
     moves cwd, CRONBOX_INSTANCE and CRONBOX_APP_ROOT before its first storage.put() does not move it."""
-    from cronbox import outbox
+    import cronbox
     from tests.conftest import APP_ROOT, run_cli
 
     away = tmp_path / "away"
     away.mkdir()
     (tmp_path / "standalone_jobs.py").write_text(STANDALONE_JOB)
-    seal = outbox.job("scans", name="standalone.seal", registry=registry)(lambda payload, ctx: None)
+    seal = cronbox.job("scans", name="standalone.seal", registry=registry)(lambda payload, ctx: None)
     with runtime.sessions.begin() as session:
         seal.dispatch(session, {"away": str(away)})
     ran = run_cli(env, "queue", "work", "--stop-when-empty", CRONBOX_HANDLERS="standalone_jobs",

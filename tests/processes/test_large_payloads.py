@@ -13,7 +13,7 @@ import sys
 import pytest
 from sqlalchemy import func, select
 
-from cronbox import outbox
+import cronbox
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
@@ -36,7 +36,7 @@ def add_backlog(runtime, size: int) -> None:
     blob = "x" * size
     for _ in range(EVENTS):  # one transaction each: a MariaDB packet holds one large row at a time
         with runtime.sessions.begin() as session:
-            outbox.record(session, "large.made", {"size": size, "blob": blob})
+            cronbox.record(session, "large.made", {"size": size, "blob": blob})
     for _ in range(JOBS):
         with runtime.sessions.begin() as session:
             large_payloads.large_job.dispatch(session, {"size": size, "blob": blob})

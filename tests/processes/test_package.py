@@ -321,10 +321,10 @@ def create_app():
     return app
 '''
 
-HOST_EVENTS = '''from cronbox import outbox
+HOST_EVENTS = '''from cronbox import consumer
 
 
-@outbox.consumer("greeted", name="web.log_greeting")
+@consumer("greeted", name="web.log_greeting")
 def log_greeting(event, ctx):
     from pathlib import Path
     Path(__file__).resolve().parents[1].joinpath("greeted.txt").write_text(event.payload["who"])
@@ -352,8 +352,8 @@ def test_a_host_package_named_web_runs_beside_the_installed_cronbox(build, folde
 
     # Its cron commands: CRONBOX_APP names the host's factory, from cron's $HOME.
     assert cron(build, "migrate", cwd=host, home=home, CRONBOX_APP="web:create_app").returncode == 0
-    record = ("import web; from cronbox import outbox; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
-              "with rt.sessions.begin() as s: outbox.record(s, 'greeted', {'who': 'Ada'})")
+    record = ("import web; from cronbox import record; app = web.create_app(); rt = app.extensions['cronbox'].runtime\n"
+              "with rt.sessions.begin() as s: record(s, 'greeted', {'who': 'Ada'})")
     recorded = run(build, "-c", record, cwd=host, home=home)
     assert recorded.returncode == 0, recorded.stderr
     ticked = cron(build, "tick", "--no-linger", cwd=home, home=home, CRONBOX_APP="web:create_app",

@@ -18,6 +18,7 @@ from cronbox.cron.cli import main
 from cronbox.cron.scheduling.models import ScheduleRun
 from cronbox.cron.scheduling.tick import run_tick
 from cronbox import outbox
+import cronbox
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events.consumers import consumer
@@ -32,7 +33,7 @@ LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, an
 
 def record(runtime, event_type: str, count: int, **kwargs) -> list[int]:
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, event_type, {"n": n}, **kwargs) for n in range(count)]
+        events = [cronbox.record(session, event_type, {"n": n}, **kwargs) for n in range(count)]
         session.flush()
         return [e.id for e in events]
 

@@ -1,23 +1,23 @@
-"""outbox.forward declarations, CRONBOX_AMQP_URL parsing and the confirm bookkeeping of a batch
+"""cronbox.forward declarations, CRONBOX_AMQP_URL parsing and the confirm bookkeeping of a batch
 (the broker-facing behaviour is tested against the real RabbitMQ in tests/db/test_forward.py)."""
 from __future__ import annotations
 
 import pytest
 
-from cronbox import outbox
+import cronbox
 from amqp.exceptions import ChannelError
 from amqp import Message
 from cronbox.outbox.core.errors import RegistrationError, SettingsError
 from cronbox.outbox.engine.registry import Registry
-from cronbox.outbox.events.broker import Batch, Broker, parse_url
+from cronbox.outbox.amqp.broker import Batch, Broker, parse_url
 
 
 def test_patterns_match_event_types_and_plain_consumers_stay_exact():
     registry = Registry()
-    outbox.forward("appointment.*", exchange="clinic", registry=registry)
-    outbox.forward(exchange="audit", name="everything", registry=registry)
+    cronbox.forward("appointment.*", exchange="clinic", registry=registry)
+    cronbox.forward(exchange="audit", name="everything", registry=registry)
 
-    @outbox.consumer("appointment.paid", name="exact", registry=registry)
+    @cronbox.consumer("appointment.paid", name="exact", registry=registry)
     def exact(event, ctx):
         pass
 
@@ -29,10 +29,10 @@ def test_patterns_match_event_types_and_plain_consumers_stay_exact():
 
 def test_the_same_declaration_twice_is_fine_another_under_the_same_name_is_not():
     registry = Registry()
-    outbox.forward("a.*", exchange="x", name="feed", registry=registry)
-    outbox.forward("a.*", exchange="x", name="feed", registry=registry)  # a module imported again
+    cronbox.forward("a.*", exchange="x", name="feed", registry=registry)
+    cronbox.forward("a.*", exchange="x", name="feed", registry=registry)  # a module imported again
     with pytest.raises(RegistrationError):
-        outbox.forward("a.*", exchange="y", name="feed", registry=registry)
+        cronbox.forward("a.*", exchange="y", name="feed", registry=registry)
 
 
 @pytest.mark.parametrize("kwargs", [dict(exchange=None), dict(exchange="x", routing_key=5),
@@ -40,7 +40,7 @@ def test_the_same_declaration_twice_is_fine_another_under_the_same_name_is_not()
                                     dict(exchange="x", backoff="soon"), dict(exchange="x" * 200)])
 def test_bad_declarations_are_refused_at_registration(kwargs):
     with pytest.raises(RegistrationError):
-        outbox.forward("a", registry=Registry(), **kwargs)
+        cronbox.forward("a", registry=Registry(), **kwargs)
 
 
 def test_urls():

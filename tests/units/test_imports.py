@@ -4,7 +4,7 @@ and no module cycles.
 Every project module is parsed (not imported), so an import inside a function counts as much as
 one at the top: a lazy import that closes a cycle only hides it until someone calls that function.
 A submodule importing names from one of its own packages (`from . import bp` in `cronbox/ops/guard.py`)
-is exempt: with its package importing it in turn (`outbox/__init__.py` exposing `outbox.record`) that
+is exempt: with its package importing it in turn (`cronbox/outbox/__init__.py` exposing `load_settings`) that
 pair is how Python packages work, not a cycle. Longer rings through a package are real cycles: `cronbox.cron.cli`
 importing `cronbox.cron.commands`, whose modules import `cronbox.cron.cli`, runs half-initialised modules.
 """
@@ -121,6 +121,22 @@ def test_imports_point_one_way(graph):
     against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
                      if layer(a) is not None and layer(b) is not None and layer(b) > layer(a))
     assert against == [], "imports against cronbox.outbox <- .storage <- .cron <- cronbox <- app.py:\n" + "\n".join(against)
+
+
+# Rooms of cronbox.outbox that stand beside others, not on them: the job queue and the AMQP transport
+# never import the event outbox (nor the transport the job queue), so either can change alone (issue 36).
+APART = {
+    "cronbox.outbox.queue": ("cronbox.outbox.events",),
+    "cronbox.outbox.amqp": ("cronbox.outbox.events", "cronbox.outbox.queue"),
+}
+
+
+def test_the_job_queue_and_the_transport_import_nothing_of_the_event_outbox(graph):
+    assert "cronbox.outbox.amqp.consumer_link" in graph["cronbox.outbox.queue.broker_worker"]  # the check sees them
+    against = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                     for room, kept_out in APART.items() if a.startswith(room + ".")
+                     if any(b == k or b.startswith(k + ".") for k in kept_out))
+    assert against == [], "imports between rooms kept apart:\n" + "\n".join(against)
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -135,3 +135,15 @@ def test_the_type_checkers_usage_file_is_valid_python_that_runs_nothing_on_impor
 
     usage = importlib.import_module("tests.typing.public_api")
     assert {"set_up", "handlers", "in_a_request"} <= set(vars(usage))
+
+
+def test_each_public_name_has_one_spelling():
+    """cronbox.outbox keeps what only it has (settings, the runtime, a few errors): the names cronbox
+    exports are cronbox's alone (issue 36), and the old second spelling is an AttributeError."""
+    import cronbox.outbox
+
+    assert set(cronbox.outbox.__all__).isdisjoint(cronbox.__all__)
+    assert set(cronbox.outbox.__all__) <= set(dir(cronbox.outbox))
+    for name in ("record", "consumer", "forward", "job", "Context", "Event", "RetryLater", "PermanentFailure"):
+        with pytest.raises(AttributeError):
+            getattr(cronbox.outbox, name)

@@ -120,12 +120,44 @@ def test_dotenv_then_environment_and_relative_paths(tmp_path, monkeypatch):
     ("CRONBOX_CLAIM_MODE", "fast", "is not one of"),
     ("CRONBOX_LEASE_MARGIN", "soon", "is not a number"),
     ("CRONBOX_CRON_INTERVAL", "0", "must be at least 1"),
+    ("CRONBOX_CRON_INTERVAL", "1.5", "is not a number"),
+    ("CRONBOX_LEASE_MARGIN", "nan", "is not a finite number"),
+    ("CRONBOX_LEASE_MARGIN", "inf", "is not a finite number"),
+    ("CRONBOX_LEASE_MARGIN", "1e400", "is not a finite number"),
     ("CRONBOX_MYSQL_TLS", "/nonexistent/ca.pem", "must be off, on"),
 ])
 def test_bad_settings_say_which_and_why(tmp_path, name, value, message):
     with pytest.raises(SettingsError, match=message) as info:
         load_settings(app_root=tmp_path, environ={name: value})
     assert name in str(info.value)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("CRONBOX_CHANNEL_TIMEOUT", "0", "must be more than 0"),
+    ("CRONBOX_CHANNEL_PAUSE", "-5", "must be more than 0"),
+    ("CRONBOX_CHANNEL_TIMEOUT", "nan", "is not a finite number"),
+    ("CRONBOX_CHANNEL_PAUSE", "soon", "is not a number"),
+    ("CRONBOX_SMTP_PORT", "587.5", "is not a number"),
+    ("CRONBOX_SMTP_PORT", "0", "must be at least 1"),
+])
+def test_the_modules_numbers_go_through_the_settings_one_parser(tmp_path, name, value, message):
+    """Settings.number is the one parser of plain numbers: the channels' settings are refused as the
+    core's are, in the same words."""
+    from cronbox.outbox.channels.config import channel_config
+
+    settings = load_settings(app_root=tmp_path, environ={name: value})
+    with pytest.raises(SettingsError, match=f"^{name}={value!r} {message}"):
+        channel_config(settings)
+    assert channel_config(load_settings(app_root=tmp_path, environ={name: "7"})).timeout in (7.0, 10.0)
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 30), ("45", 45.0), ("0.2", 1.0), ("soon", 30), ("nan", 30),
+                                            ("-3", 30)])
+def test_the_web_tick_reads_its_seconds_through_the_same_parser_and_falls_back_on_a_typo(tmp_path, value, seconds):
+    from cronbox.web.webcron import _seconds
+
+    environ = {} if value is None else {"CRONBOX_WEB_TICK_INTERVAL": value}
+    assert _seconds(load_settings(app_root=tmp_path, environ=environ), "CRONBOX_WEB_TICK_INTERVAL", 30) == seconds
 
 
 @pytest.mark.parametrize("char", ["\u202e", "\u202d", "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f",

@@ -19,6 +19,7 @@ from cronbox.cron.operator.models import OperatorAction, OperatorSession
 from cronbox.cron.scheduling import once as once_requests
 from cronbox.cron.scheduling.models import OnceRequest
 from cronbox import outbox
+import cronbox
 import cronbox.outbox.channels
 from cronbox.outbox.core import clock
 from cronbox.outbox.engine.models import HandlerProfile, Heartbeat
@@ -76,7 +77,7 @@ def dead_deliveries(runtime, registry, count: int = 2) -> list[int]:
 
     with runtime.sessions.begin() as session:
         for n in range(count):
-            outbox.record(session, "order.paid", {"n": n})
+            cronbox.record(session, "order.paid", {"n": n})
     relay(runtime)
     with runtime.sessions() as session:
         return list(session.scalars(select(Delivery.id).where(Delivery.status == "dead").order_by(Delivery.id)))
@@ -385,7 +386,7 @@ def test_retried_from_the_console_then_done_shows_no_error_on_its_pages(operator
 
     with runtime.sessions.begin() as session:
         job_id = flaky.dispatch(session, {})
-        outbox.record(session, "order.paid", {})
+        cronbox.record(session, "order.paid", {})
     Worker(runtime, ["mail"]).run(Budget(max_time=30, memory_mb=None))
     relay(runtime)
     [dead] = [d.id for d in session_rows(runtime, Delivery) if d.status == "dead"]
@@ -705,7 +706,7 @@ def test_skip_all_only_takes_what_was_dead_when_confirmed(operator, runtime, reg
     upto = re.search(r'name="upto" value="(\d+)"', ask).group(1)
     assert int(upto) == second
     with runtime.sessions.begin() as session:  # one more dies after the operator looked
-        outbox.record(session, "order.paid", {"n": 9})
+        cronbox.record(session, "order.paid", {"n": 9})
     relay(runtime)
     later = max(dead_deliveries_ids(runtime))
     response = operator.post("/ops/outbox/skip", {"all": "yes", "upto": upto, "confirm": "yes"})

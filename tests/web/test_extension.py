@@ -12,7 +12,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from cronbox import outbox
+import cronbox
 from cronbox import Cronbox
 from cronbox.web.state import state
 from cronbox.outbox.core.errors import SettingsError
@@ -108,10 +108,10 @@ def test_the_database_is_the_hosts_so_an_event_commits_with_the_business_row(hos
         upgrade(st.settings, st.runtime.engine)  # `cron migrate` (MariaDB is never migrated on first use)
         db.create_all()
         db.session.add(Payment(amount=50))
-        outbox.record(db.session, "appointment.paid", {"appointment": 1})
+        cronbox.record(db.session, "appointment.paid", {"appointment": 1})
         db.session.rollback()  # the payment failed: no event either
         db.session.add(Payment(amount=70))
-        outbox.record(db.session, "appointment.paid", {"appointment": 2})
+        cronbox.record(db.session, "appointment.paid", {"appointment": 2})
         db.session.commit()
     with st.runtime.sessions() as session:
         events = session.scalars(select(OutboxEvent.payload)).all()

@@ -16,7 +16,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String, event, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from cronbox import outbox
+import cronbox
 from cronbox import Cronbox
 from cronbox.outbox.engine.context import HandlerSession
 from cronbox.outbox.events.consumers import consumer
@@ -56,7 +56,7 @@ def host(runtime, database, tmp_path, monkeypatch):
 
 def record(runtime, count: int) -> list[int]:
     with runtime.sessions.begin() as session:
-        events = [outbox.record(session, "visit.paid", {"n": n}) for n in range(count)]
+        events = [cronbox.record(session, "visit.paid", {"n": n}) for n in range(count)]
         session.flush()
         return [e.id for e in events]
 

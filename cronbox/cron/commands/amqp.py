@@ -7,13 +7,13 @@ import click
 
 from cronbox.cron.commands.base import CommandFailed, CommandGroup, runtime
 from cronbox.cron.format import table
+from cronbox.outbox.amqp.broker import NO_URL, parse_url
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.text import UNSHOWABLE, clean_text
 from cronbox.outbox.engine.admission import time_headroom
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import NO_URL, parse_url
 
 amqp = CommandGroup("amqp", help="Consume events from RabbitMQ (the VPS side of cronbox.forward), its dead queue, and "
                                  "run the jobs of queues forwarded to it (forward_jobs).")

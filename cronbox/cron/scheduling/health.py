@@ -23,7 +23,7 @@ from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.memlimit import DEFAULT_LVE_LIST, DEFAULT_ROOT, process_limit
 from cronbox.outbox.core.sql import insert_ignore
-from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.events import deliveries
@@ -212,7 +212,7 @@ def failing_forwards(session, runtime, now: datetime) -> list[tuple[str, deliver
 def describe_failing(failing: deliveries.Failing, seconds: float) -> str:
     """One line, no secrets: the broker's address is stored without its password (BrokerAddress)."""
     error = clean_text(log_text(failing.last_error or "?", 200), 200)
-    return (f"forward target {clean_text(failing.consumer, 191)!r} failing for {seconds / 60:.0f} min "
+    return (f"forward target {clean_text(failing.consumer, NAME_MAX)!r} failing for {seconds / 60:.0f} min "
             f"({failing.count} deliveries waiting): {error}")
 
 

@@ -7,6 +7,7 @@ from sqlalchemy import Boolean, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.text import NAME_MAX
 
 
 class ScheduleRun(Base):
@@ -16,7 +17,7 @@ class ScheduleRun(Base):
     __tablename__ = "cronbox_schedule_runs"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    task: Mapped[str] = mapped_column(ExactString(191))
+    task: Mapped[str] = mapped_column(ExactString(NAME_MAX))
     slot: Mapped[datetime] = mapped_column(UtcDateTime)
     status: Mapped[str] = mapped_column(String(16))  # running, ok, error
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
@@ -52,7 +53,7 @@ class AlertState(Base):
 
     __tablename__ = "cronbox_alert_states"
 
-    problem: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
+    problem: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
     failing: Mapped[bool] = mapped_column(Boolean)
     detail: Mapped[str | None] = mapped_column(String(500))
     since: Mapped[datetime] = mapped_column(UtcDateTime)

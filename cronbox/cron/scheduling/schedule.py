@@ -33,13 +33,13 @@ from sqlalchemy.orm import Session
 from cronbox.cron.scheduling.models import ScheduleRun
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.inserts import new_trace_id
 from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.handler_call import Outcome, call_handler
 from cronbox.outbox.engine.registry import DEFAULT, Registry
-from cronbox.outbox.core.logs import new_trace_id
 
 log = logging.getLogger("cronbox")
 R = cast(Table, ScheduleRun.__table__)

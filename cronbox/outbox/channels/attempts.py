@@ -13,6 +13,7 @@ from sqlalchemy import select
 from cronbox.outbox.channels.models import SendAttempt
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.logs import mask_phone
+from cronbox.outbox.core.text import NAME_MAX
 
 A = SendAttempt.__table__
 
@@ -22,7 +23,7 @@ def record(ctx, *, channel: str, recipient: str, outcome: str, http_status: int 
     ctx.session.add(SendAttempt(
         channel=channel, idempotency_key=ctx.idempotency_key, recipient_masked=mask_recipient(recipient)[:64],
         outcome=outcome, http_status=http_status, provider_status=(provider_status or None) and provider_status[:64],
-        provider_id=(provider_id or None) and str(provider_id)[:191], detail=(detail or None) and detail[:500],
+        provider_id=(provider_id or None) and str(provider_id)[:NAME_MAX], detail=(detail or None) and detail[:500],
         created_at=clock.utcnow()))
     ctx.commit_now()
 

@@ -94,11 +94,11 @@ def _parse(settings) -> ChannelConfig:
         twilio_url=(get("CRONBOX_TWILIO_URL") or "https://api.twilio.com").rstrip("/"),
         sms_rate=_rate(get, "CRONBOX_SMS_RATE", "channel:sms"),
         mail_rate=_rate(get, "CRONBOX_MAIL_RATE", "channel:mail"),
-        timeout=_float(get, "CRONBOX_CHANNEL_TIMEOUT", 10.0),
-        pause_seconds=_float(get, "CRONBOX_CHANNEL_PAUSE", 900.0),
+        timeout=settings.number("CRONBOX_CHANNEL_TIMEOUT", 10.0, float, above=0),
+        pause_seconds=settings.number("CRONBOX_CHANNEL_PAUSE", 900.0, float, above=0),
         mail_driver=mail_driver,
         smtp_host=get("CRONBOX_SMTP_HOST"),
-        smtp_port=int(_float(get, "CRONBOX_SMTP_PORT", 465.0 if security == "ssl" else 587.0)),
+        smtp_port=settings.number("CRONBOX_SMTP_PORT", 465 if security == "ssl" else 587, int, minimum=1),
         smtp_user=get("CRONBOX_SMTP_USER"),
         smtp_password=get("CRONBOX_SMTP_PASSWORD"),
         smtp_security=security,
@@ -145,15 +145,3 @@ def _rate(get, name: str, bucket: str) -> RateLimit | None:
     except Exception:
         raise SettingsError(f"{name}={spec!r} must look like 5/s, 100/m or 1000/h") from None
 
-
-def _float(get, name: str, default: float) -> float:
-    raw = get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise SettingsError(f"{name}={raw!r} must be positive")
-    return value

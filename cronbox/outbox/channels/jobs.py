@@ -23,6 +23,7 @@ from cronbox.outbox.channels.models import Notification
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PermanentFailure
 from cronbox.outbox.core.sql import insert_ignore
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.registry import DEFAULT
 from cronbox.outbox.queue.jobs import job
 
@@ -87,7 +88,7 @@ def send_webhook(payload, ctx):
 def notify(payload, ctx):
     """payload: {"to": recipient id, "kind": "...", "title": "...", "body": "...", "data": optional JSON}.
     Written through `ctx.session` (the job's) with the job's idempotency key: exactly one row per job."""
-    add_notification(ctx.session, recipient=_text(payload, "to", limit=191), kind=_text(payload, "kind", limit=64),
+    add_notification(ctx.session, recipient=_text(payload, "to", limit=NAME_MAX), kind=_text(payload, "kind", limit=64),
                      title=_text(payload, "title", limit=255), body=_text(payload, "body", limit=65000),
                      data=payload.get("data"), dedupe_key=ctx.idempotency_key)
 

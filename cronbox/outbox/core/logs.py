@@ -176,8 +176,3 @@ def log_text(text: str | None, limit: int = 300) -> str:
     """A handler's error for a log line: masked first, then cut (cutting first could leave a
     number too short to be recognised)."""
     return mask_text(text)[:limit]
-
-
-def new_trace_id() -> str:
-    """A new trace id: 16 hex characters, the id a row's log lines carry from record() or dispatch() on."""
-    return os.urandom(8).hex()

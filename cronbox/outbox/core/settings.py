@@ -13,6 +13,7 @@ The environment wins over `.env` so tests and one-off runs can override a value.
 """
 from __future__ import annotations
 
+import math
 import os
 import sysconfig
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class Settings:
     # transaction at most, and for how long (ms) it stays open past its first handler at most.
     group_max: int = 50
     group_ms: int = 200
-    # CRONBOX_ACK_FLUSH (outbox.engine.processor.QuietAcks): the handler time, in seconds, after which the
+    # CRONBOX_ACK_FLUSH (outbox.engine.runner.QuietAcks): the handler time, in seconds, after which the
     # finished items of handlers that wrote nothing are acked, whatever is left of their batch. A crash
     # runs again what is not acked yet: at most this much handler time of them (and the item in hand).
     ack_flush: float = ACK_FLUSH_DEFAULT
@@ -105,10 +106,11 @@ class Settings:
                                 f"{AUDIT_RETENTION_FLOOR_DAYS}d: {AUDIT_FLOOR_WHY}")
         return now - timedelta(days=self.audit_retention_days)
 
-    def number(self, name: str, default, kind=int, *, minimum=0):
+    def number(self, name: str, default, kind=int, *, minimum=0, above=None):
         """A numeric setting a module reads itself (CRONBOX_MAX_CONNECTIONS...): `default` when unset,
-        SettingsError naming it when it is not a number or below `minimum`."""
-        return _number(self.get, name, default, kind, minimum=minimum)
+        SettingsError naming it when it is not a finite number of `kind`, below `minimum` or not
+        above `above`. The one parser of plain numbers (durations: `duration`, sizes: `_size`)."""
+        return _number(self.get, name, default, kind, minimum=minimum, above=above)
 
     @property
     def logs_dir(self) -> Path:
@@ -329,7 +331,9 @@ def _duration(get, name: str, default: float, *, bounds: tuple[float, float] | N
     return value
 
 
-def _number(get, name: str, default, kind, *, minimum):
+def _number(get, name: str, default, kind, *, minimum=None, above=None):
+    """A plain number setting (int or float `kind`): NaN and infinity are no numbers of seconds,
+    connections or workers, and are refused as their words are."""
     raw = get(name)
     if raw is None:
         return default
@@ -337,7 +341,11 @@ def _number(get, name: str, default, kind, *, minimum):
         value = kind(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if value < minimum:
+    if not math.isfinite(value):
+        raise SettingsError(f"{name}={raw!r} is not a finite number")
+    if above is not None and value <= above:
+        raise SettingsError(f"{name}={raw!r} must be more than {above}")
+    if minimum is not None and value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return value
 

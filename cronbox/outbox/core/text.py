@@ -18,6 +18,10 @@ from cronbox.outbox.core.errors import SignalInterrupt
 
 UNSHOWABLE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # a regex character class body
 ERROR_MAX = 1000  # the last_error columns
+# The short text columns (names, keys, ids, subjects, types): 191 characters, the most a utf8mb4 VARCHAR
+# could index within InnoDB's 767-byte key prefix (4 bytes a character: 764). One number for every
+# model, check and cut; the migrations keep their literal numbers, frozen history.
+NAME_MAX = 191
 
 _LINE_BREAKS = re.compile(r"[\t\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+")
 _UNSHOWABLE = re.compile(f"[{UNSHOWABLE}]")  # what is left of them once line breaks are spaces
@@ -86,6 +90,6 @@ def describe(exc: BaseException, limit: int = ERROR_MAX) -> str:
 
 def _class_name(exc: BaseException) -> str:
     try:
-        return clean_text(type(exc).__name__, 191) or "Exception"
+        return clean_text(type(exc).__name__, NAME_MAX) or "Exception"
     except Exception:  # a metaclass with a __name__ that is not a string
         return "Exception"

@@ -86,7 +86,7 @@ class Verdict:
 
 
 class Admission:
-    """One processor's admission (its kind's profiles): check() before a handler, probe() and
+    """One runner's admission (its kind's profiles): check() before a handler, probe() and
     record() around it, flush() at the end of each batch and run."""
 
     def __init__(self, kind: str, settings):
@@ -101,7 +101,7 @@ class Admission:
 
     # -- the run's edges -----------------------------------------------------------------
     def start(self, sessions) -> None:
-        """Before a run's first item (the processor's first batch): the profiles as the database has them
+        """Before a run's first item (the runner's first batch): the profiles as the database has them
         (one SELECT), read again once a minute, after writing what this process learnt since (a batch of
         a long run may come first: the read must include its samples)."""
         if self.enabled and (not self.book.loaded or clock.monotonic() - self._loaded_at >= RELOAD_SECONDS):

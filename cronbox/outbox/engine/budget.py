@@ -5,7 +5,7 @@ A run stops claiming when elapsed + the time headroom + the expected handler tim
 next run is a fresh process, with the time and memory to take what this one gave back). The
 expected time is the mean, over the items this run handled, of their handlers' profiles
 (outbox.engine.profiles), each item's own measured time where its handler has none (or admission
-is off). Before each item, the processor asks admission (outbox.engine.admission) whether that
+is off). Before each item, the runner asks admission (outbox.engine.admission) whether that
 item's own profile fits what is left: one rule, per run here and per item there. Batch sizes
 shrink as time runs out, so a run never holds leases on work it cannot reach.
 """

@@ -1,6 +1,6 @@
 """What a consumer or job receives.
 
-`ctx.session` is opened on first use, inside a transaction the processor holds
+`ctx.session` is opened on first use, inside a transaction the runner holds
 open on its connection; the session only ever works in a SAVEPOINT of it
 ("create_savepoint" mode). The ack then runs in that same transaction and
 commits the handler's writes with it, so they happen exactly once, and nothing
@@ -17,7 +17,7 @@ the handler does to its session can end the transaction early:
 outlive the attempt); the session then joins a new attempt transaction.
 
 A handler whose session never began work on the connection (no statement, no object added:
-`HandlerTransaction.began`) has no database effects to protect, which lets the processor
+`HandlerTransaction.began`) has no database effects to protect, which lets the runner
 batch its ack (QuietAcks). Building the session is not using it: a host app's scope builds it
 before the call, to serve it as the host's `db.session` (cronbox.web.hosting).
 
@@ -135,7 +135,7 @@ def _forget_failure(session: HandlerSession, previous_transaction) -> None:
 
 
 class HandlerTransaction:
-    """The attempt's transaction on the processor's connection: the handler's savepoints, then the ack.
+    """The attempt's transaction on the run's connection: the handler's savepoints, then the ack.
     With a `commit_group`, the transaction is the group's (begun by the first member that writes)."""
 
     def __init__(self, connection: Connection, commit_group=None, *, savepoint: bool = True):
@@ -160,7 +160,7 @@ class HandlerTransaction:
         self.session.flush()
 
     def commit(self) -> None:
-        """Commit the handler's writes and whatever the processor added through `session` (the ack).
+        """Commit the handler's writes and whatever the runner added through `session` (the ack).
         COMMIT keeps the savepoint still open, so no RELEASE round trip is needed."""
         try:
             self.session.flush()

@@ -2,11 +2,11 @@
 
 A handler registered with `grouped=True` (no network calls: forward targets and the built-in
 channels never are) may share its transaction with the grouped items claimed after it. The
-processor (outbox.engine.processor, `Processor._run_group`) meets the first such item in its loop
+runner (outbox.engine.runner, `Runner._run_group`) meets the first such item in its loop
 and runs members while they may join (`may_join`, CRONBOX_GROUP_MAX, CRONBOX_GROUP_MS, capped by
 CRONBOX_ACK_FLUSH: what a killed run calls again); this module
 is the group itself: its transaction on the run's connection, what each member's outcome does to
-it (`CommitGroup.settle`), and the one UPDATE that acks the members that succeeded just before the
+it (`CommitGroup.ended`), and the one UPDATE that acks the members that succeeded just before the
 one COMMIT (`CommitGroup.commit`). A group of N costs two statements instead of 2N, and each ack
 still commits with its handler's writes (exactly once).
 
@@ -28,7 +28,9 @@ from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.context import Context
-from cronbox.outbox.engine.handler_call import ERROR, TIMEOUT, Outcome
+from cronbox.outbox.engine.handler_call import TIMEOUT, Outcome
+from cronbox.outbox.engine.outcomes import exhausted
+from cronbox.outbox.engine.settle import settle
 
 log = logging.getLogger("cronbox")
 
@@ -65,7 +67,7 @@ class CommitGroup:
 
     @property
     def session(self) -> Session:
-        """The processor's writes in the group's transaction (acks, reschedules, give-ups)."""
+        """The outcomes' writes in the group's transaction (acks, reschedules, give-ups)."""
         if self._session is None:
             self.begin()
             self._session = Session(bind=self.connection, join_transaction_mode="rollback_only",
@@ -84,10 +86,11 @@ class CommitGroup:
         elif context.is_disconnect:
             self.lost = "the database connection was lost"
 
-    def settle(self, item, ctx: Context, outcome: Outcome) -> tuple[str, Outcome]:
+    def ended(self, item, ctx: Context, outcome: Outcome) -> tuple[str, Outcome]:
         """One member's outcome inside the group, and the outcome to record if it failed: DONE (acked
         with the group), FAILED (its savepoint rolled back: the caller writes its retry or give-up in
-        the group), CULPRIT (its own timeout lost the group), or LOST (the group is lost)."""
+        the group), CULPRIT (its own timeout lost the group), or LOST (the group is lost). A member
+        that succeeded has its writes settled (outbox.engine.settle): kept in its savepoint."""
         transaction = ctx.transaction
         if outcome.kind == TIMEOUT and transaction is not None:
             ctx.discard_session(invalidate=True)  # perhaps mid-query: the connection is gone, and the group
@@ -98,20 +101,12 @@ class CommitGroup:
             self.acks.append(item)
             return DONE, outcome
         if outcome.ok:
-            failed_with = transaction.session.failed_with
-            if failed_with is not None:
-                outcome = Outcome(ERROR, outcome.seconds, f"the handler left ctx.session failed (call rollback() after "
-                                                          f"catching a database error): {failed_with}")
-            else:
-                try:
-                    transaction.keep()
-                except Exception as exc:  # its pending ORM writes failed to flush (a constraint)
-                    outcome = Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
-                else:
-                    if self.lost:
-                        return LOST, outcome
-                    self.acks.append(item)
-                    return DONE, outcome
+            outcome = settle(ctx, outcome)
+            if outcome.ok:
+                if self.lost:
+                    return LOST, outcome
+                self.acks.append(item)
+                return DONE, outcome
         if transaction is not None:
             if transaction.session.released:
                 self.lost = self.lost or "a handler that called ctx.session.commit() failed"
@@ -121,16 +116,15 @@ class CommitGroup:
                 self.lost = self.lost or f"could not roll back to the handler's savepoint: {describe(exc, 200)}"
         return (LOST if self.lost else FAILED), outcome
 
-    def commit(self, store, now) -> int:
-        """The members' acks in one statement (the family's token-guarded `store.ack`), then the one
-        COMMIT; how many were acked (0 when it lost the group). An ack that finds its lease expired
-        loses the group: which member it was cannot be told, and its writes must not commit. Only for
-        a group that wrote."""
-        ids = [item.id for item in self.acks]
+    def commit(self, ack: Callable[[Session], int]) -> int:
+        """The members' acks in one statement (`ack(session)`: the family's token-guarded writes,
+        outbox.engine.outcomes.Outcomes.ack), then the one COMMIT; how many were acked (0 when it lost
+        the group). An ack that finds its lease expired loses the group: which member it was cannot be
+        told, and its writes must not commit. Only for a group that wrote."""
         try:
-            acked = store.ack(self.session, ids, self.token, now) if ids else 0
-            if acked != len(ids):
-                self.lost = f"{len(ids) - acked} of {len(ids)} acks found their lease expired"
+            acked = ack(self.session) if self.acks else 0
+            if acked != len(self.acks):
+                self.lost = f"{len(self.acks) - acked} of {len(self.acks)} acks found their lease expired"
                 return 0
             crash_point("before-ack-commit")
             self.outer.commit()
@@ -159,6 +153,6 @@ def may_join(item, handler, token: str, settings) -> bool:
     (CRONBOX_GROUP_MAX > 1), it comes from the group's claim, it still has an attempt, and its lease
     covers its timeout plus the group's time (CRONBOX_GROUP_MS)."""
     return (handler is not None and getattr(handler, "grouped", False) and settings.group_max > 1
-            and item.claim_token == token and item.attempts <= handler.max_attempts
+            and item.claim_token == token and not exhausted(item, handler)
             and clock.utcnow() + timedelta(seconds=handler.timeout, milliseconds=settings.group_ms)
             <= item.lease_until)

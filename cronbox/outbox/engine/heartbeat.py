@@ -12,6 +12,7 @@ import socket
 from sqlalchemy import delete, func, insert, or_, select, update
 
 from cronbox.outbox.core import clock
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.models import Heartbeat
 
@@ -31,7 +32,7 @@ def start(sessions, command: str, *, detail: str | None = None, beats: bool = Fa
         row = dict(command=command, host=socket.gethostname()[:255], pid=os.getpid(),
                    started_at=now, outcome="running", delivered=0, retried=0, dead=0,
                    jobs_done=0, jobs_failed=0, beat_at=now if beats else None,
-                   detail=detail[:191] if detail else None)
+                   detail=detail[:NAME_MAX] if detail else None)
         return session.execute(insert(H).values(row)).inserted_primary_key[0]
 
     return in_transaction(sessions, add)

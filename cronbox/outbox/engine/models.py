@@ -7,6 +7,7 @@ from sqlalchemy import Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.text import NAME_MAX
 
 
 class Heartbeat(Base):
@@ -32,7 +33,7 @@ class Heartbeat(Base):
     # Long-running runs (amqp consume) beat every few seconds: a "running" row whose beat is old
     # is a process that died without finishing its row (health says so). NULL: a cron run.
     beat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    detail: Mapped[str | None] = mapped_column(ExactString(191))  # what the run serves, e.g. the queue
+    detail: Mapped[str | None] = mapped_column(ExactString(NAME_MAX))  # what the run serves, e.g. the queue
 
     __table_args__ = (Index(None, "started_at"),)
 
@@ -44,7 +45,7 @@ class HandlerProfile(Base):
     __tablename__ = "cronbox_handler_profiles"
 
     kind: Mapped[str] = mapped_column(ExactString(16), primary_key=True)
-    handler: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
+    handler: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
     runs: Mapped[int] = mapped_column(Integer)
     duration_ms: Mapped[int] = mapped_column(Integer)
     rss_growth_kb: Mapped[int] = mapped_column(Integer)

@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.models import HandlerProfile
 
@@ -222,7 +223,7 @@ class Book:
                           never_fits=profile.never_fits[:255] if profile.never_fits else None,
                           never_fits_at=profile.never_fits_at)
             if row is None:
-                session.add(HandlerProfile(kind=self.kind, handler=name[:191], **values))
+                session.add(HandlerProfile(kind=self.kind, handler=name[:NAME_MAX], **values))
             else:
                 for key, value in values.items():
                     setattr(row, key, value)

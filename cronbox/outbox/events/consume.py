@@ -9,7 +9,7 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    statement (a copy already handled finds it: that consumer is skipped), the handler runs
    through `call_handler` (timeout, outcome, safe error text) inside the host app's scope
    (`runtime.scope_for`), then one COMMIT holds the handler's writes and the inbox row, or a
-   rollback neither. The handler's session joins that transaction without a SAVEPOINT (one
+   rollback neither (outbox.engine.settle, the step every handler's writes take). The handler's session joins that transaction without a SAVEPOINT (one
    statement less per message); should its rollback() take the inbox row with it, the row is
    written again after the handler (_take_again);
 3. only then the broker ack: one `basic.ack multiple` for the messages handled in a row (consumer_link.Link.ack
@@ -29,7 +29,7 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    order: there the count is kept in the database (outbox.events.redeliveries) and the message is
    handled in place, or parked once the count reaches max_redeliveries (_park_if_poison).
 
-The broker connection (outbox.events.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
+The broker connection (outbox.amqp.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
 while idle) is dropped on any error and opened again with backoff until the run's end; unacked
 messages go back to the queue and come again, where the inbox keeps their effects to once. Between
 messages SIGTERM/SIGINT stop the loop (outbox.engine.run_loop.StopSignals): the message being
@@ -42,30 +42,30 @@ import hashlib
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError
-
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import CONNECTION_ERRORS, is_connection_lost
-from cronbox.outbox.core.errors import TransactionAborted
 from cronbox.outbox.core.engines import session_factory
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
-from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
-from cronbox.outbox.engine.handler_call import ERROR, PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.outcomes import last_attempt
+from cronbox.outbox.engine.settle import settle
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.events import inbox, placement, queues, redeliveries
-from cronbox.outbox.events.broker_loop import POLL, BrokerLoop, DatabaseLost
-from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.consumer_link import Link
+from cronbox.outbox.amqp.broker_loop import POLL, BrokerLoop, DatabaseLost
+from cronbox.outbox.amqp.broker import BrokerAddress
+from cronbox.outbox.amqp.consumer_link import Link
 from cronbox.outbox.events.incoming import BadMessage, Incoming, headers_of, parse, trace_id_of
-from cronbox.outbox.events.unreadable import RAW_PROPERTIES, Unreadable
+from cronbox.outbox.amqp.unreadable import RAW_PROPERTIES, Unreadable
 
 log = logging.getLogger("cronbox")
 
 HEARTBEAT = 60  # seconds, the AMQP heartbeat asked of the broker (keep handler timeouts below it)
+DUPLICATE = "duplicate"  # a consumer that had handled the message already
 
 
 @dataclass
@@ -92,14 +92,14 @@ class QueueConsumer:
         self.queue = queue
         self.ordered = ordered
         self.link = Link(address, queue, prefetch=1 if ordered else prefetch, ordered=ordered, binds=binds or [],
-                         heartbeat_seconds=heartbeat_seconds)
+                         heartbeat_seconds=heartbeat_seconds, beside=(queues.dead_queue(queue),))
         self.stats = ConsumeStats()
         self._db = None  # cronbox's connection while messages flow
         self.loop = BrokerLoop(runtime, self.link, command="amqp consume", detail=queue, counts=self.stats.counts,
                                run_inbound=self._run_inbound, connected=self._connected, sessions=self._sessions,
                                release=self._release_db, stop_names={"max-jobs": "max-messages"})
 
-    # -- the run (outbox.events.broker_loop) ----------------------------------------
+    # -- the run (outbox.amqp.broker_loop) ----------------------------------------
     def run(self, budget: Budget) -> RunResult:
         return self.loop.run(budget)
 
@@ -169,7 +169,7 @@ class QueueConsumer:
             budget.record(clock.monotonic() - started)
 
     def _park_unreadable(self, message: Unreadable, started: float) -> None:
-        """A delivery py-amqp could not decode (outbox.events.unreadable): parked in Q.dead as it came,
+        """A delivery py-amqp could not decode (outbox.amqp.unreadable): parked in Q.dead as it came,
         its body and its property bytes (in a header) kept for the operator, then acked."""
         reason = clean_text(f"bad message: its properties cannot be read ({message.error})", queues.REASON_MAX)
         self.link.publish(queues.dead_queue(self.queue), message.body, {"delivery_mode": 2, "application_headers": {
@@ -257,7 +257,7 @@ class QueueConsumer:
         if wait is None:
             return
         delay, used, failures, results = wait
-        target = self.link.ensure_retry_queue(delay)
+        target = self.link.declare(queues.retry_queue(self.queue, delay), queues.retry_arguments(self.queue, delay))
         attempts = attempt if used else incoming.attempts
         self._republish(message, target, queues.stamped(headers_of(message), **{
             queues.ATTEMPTS: attempts, queues.REASON: _reason(failures)}))
@@ -333,20 +333,17 @@ class QueueConsumer:
             if not outcome.ok:
                 ctx.discard_session(invalidate=outcome.kind == TIMEOUT)
                 return outcome
-            if transaction.session.failed_with is not None:
-                return Outcome(ERROR, outcome.seconds, "the handler left ctx.session failed (call rollback() after "
-                                                       f"catching a database error): {transaction.session.failed_with}")
-            if not first.is_active and first not in transaction.committed and not self._take_again(ctx, incoming,
-                                                                                                     consumer):
-                return None  # the handler's rollback() took the inbox row with it, and a copy committed meanwhile
-            try:
-                crash_point("before-inbox-commit")
-                transaction.commit()  # the handler's writes and the inbox row, together
-            except (DBAPIError, TransactionAborted) as exc:
-                if isinstance(exc, DBAPIError) and is_connection_lost(exc):
-                    raise
-                ctx.discard_session(invalidate=True)
-                return Outcome(ERROR, outcome.seconds, f"commit failed: {describe(exc, 950)}")
+
+            def inbox_row_kept(transaction) -> Outcome | None:
+                if first.is_active or first in transaction.committed or self._take_again(ctx, incoming, consumer):
+                    return None
+                return Outcome(DUPLICATE, outcome.seconds)  # the handler's rollback() took the row, and a copy committed
+
+            outcome = settle(ctx, outcome, inbox_row_kept, step="inbox")  # the handler's writes and the inbox row
+            if outcome.kind == DUPLICATE:
+                return None
+            if outcome.raised is not None and is_connection_lost(outcome.raised):
+                raise outcome.raised
             return outcome
         finally:
             ctx.discard_session()
@@ -387,7 +384,7 @@ class QueueConsumer:
                       started: float) -> bool:
         """PermanentFailure, or a consumer out of attempts: park the message in Q.dead, ack it."""
         over = [(c, o) for c, o in failures
-                if o.kind == PERMANENT or (o.kind != RETRY_LATER and attempt >= c.max_attempts)]
+                if o.kind == PERMANENT or (o.kind != RETRY_LATER and last_attempt(attempt, c))]
         if not over:
             return False
         used = any(o.kind != RETRY_LATER for _c, o in failures)
@@ -442,7 +439,7 @@ def _shown(value, limit: int = 300) -> str:
 
 def _idempotency_key(consumer: str, message_id: str) -> str:
     key = f"amqp-{message_id}-{consumer}"
-    return key if len(key) <= 191 else "amqp-" + hashlib.sha256(f"{consumer}\0{message_id}".encode()).hexdigest()
+    return key if len(key) <= NAME_MAX else "amqp-" + hashlib.sha256(f"{consumer}\0{message_id}".encode()).hexdigest()
 
 
 def _reason(failures: list) -> str:

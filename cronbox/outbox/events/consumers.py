@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, cast
 
 from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 
-MAX_NAME = 191
 DEFAULT_BACKOFF = 5.0
 
 
@@ -62,8 +62,8 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
     others run again one per transaction, without losing an attempt. The transaction stays open at
     most CRONBOX_GROUP_MS (200 ms) past its first handler, so a web request waiting on a row lock a
     grouped handler took waits at most that long. ctx.commit_now() is refused in a grouped handler."""
-    if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
-        raise RegistrationError(f"event type must be a non-empty string of at most {MAX_NAME} characters")
+    if not isinstance(event_type, str) or not event_type or len(event_type) > NAME_MAX:
+        raise RegistrationError(f"event type must be a non-empty string of at most {NAME_MAX} characters")
     if not isinstance(max_attempts, int) or max_attempts < 1:
         raise RegistrationError(f"max_attempts must be a positive integer, not {max_attempts!r}")
     if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -76,8 +76,8 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
 
     def register(fn: Callable[..., Any]) -> ConsumerFunction:
         consumer_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        if len(consumer_name) > MAX_NAME:
-            raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {MAX_NAME} characters")
+        if len(consumer_name) > NAME_MAX:
+            raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {NAME_MAX} characters")
         (registry or DEFAULT).consumers.add(
             Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped, runs)
         )

@@ -167,7 +167,7 @@ def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
 
 
-# The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
+# The writes of the outcomes (outbox/engine/outcomes.py, LeaseStore): ack, reschedule, give_up, release,
 # extend. Each is guarded by the claim token: 0 rows means the lease was lost, and the caller rolls back.
 
 def reschedule(session: Session, item, next_at: datetime, error: str | None, refund_attempt: bool) -> bool:

@@ -9,7 +9,7 @@ A forward target is registered as a consumer like any other (same registry, same
 own delivery rows, per-key order, backoff, dead state, `outbox status/dead/retry/skip`, console and
 health all apply unchanged. Only the relay treats it differently: instead of calling a function it
 publishes the claimed batch to CRONBOX_AMQP_URL and acks each delivery once the broker confirmed it
-(outbox/events/broker.py).
+(outbox/amqp/broker.py).
 
 The message carries the event exactly as recorded: the stored JSON text as the body, and an identity
 that is the same on every retry (`message_id`), so a consumer on the other side can drop duplicates
@@ -25,10 +25,10 @@ from datetime import timezone
 from typing import Callable
 
 from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.backoff import Backoff
-from cronbox.outbox.events.broker import Outgoing
 from cronbox.outbox.engine.registry import DEFAULT, Registry
-from cronbox.outbox.events.consumers import MAX_NAME
+from cronbox.outbox.amqp.broker import Outgoing
 
 FORWARD_MAX_ATTEMPTS = 25  # with the default backoff (5 s doubling, capped at 15 min): about five hours
 FORWARD_TIMEOUT = 30.0  # seconds a batch may take from the first publish to the last confirm
@@ -86,8 +86,8 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
     max_attempts, backoff (seconds, doubling, or a list), timeout (seconds a batch waits for the
     broker's confirms): as a consumer's. Returns the target. Raises `RegistrationError` (a
     `CronboxError`) for a bad argument or a name already taken."""
-    if not isinstance(event_type, str) or not event_type or len(event_type) > MAX_NAME:
-        raise RegistrationError(f"event type pattern must be a non-empty string of at most {MAX_NAME} characters")
+    if not isinstance(event_type, str) or not event_type or len(event_type) > NAME_MAX:
+        raise RegistrationError(f"event type pattern must be a non-empty string of at most {NAME_MAX} characters")
     if not isinstance(exchange, str) or len(exchange) > MAX_EXCHANGE:
         raise RegistrationError(f"exchange must be a string of at most {MAX_EXCHANGE} characters")
     if routing_key is not None and not callable(routing_key) and not isinstance(routing_key, str):
@@ -97,8 +97,8 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise RegistrationError(f"timeout must be a positive number of seconds, not {timeout!r}")
     target_name = name or f"amqp:{exchange}:{event_type}"
-    if len(target_name) > MAX_NAME:
-        raise RegistrationError(f"forward name {target_name[:40]!r}... is longer than {MAX_NAME} characters")
+    if len(target_name) > NAME_MAX:
+        raise RegistrationError(f"forward name {target_name[:40]!r}... is longer than {NAME_MAX} characters")
     caller = inspect.currentframe()
     module = caller.f_back.f_globals.get("__name__") if caller is not None and caller.f_back is not None else None
     target = ForwardTarget(target_name, event_type, Target(exchange, routing_key), max_attempts,

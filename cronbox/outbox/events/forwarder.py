@@ -6,15 +6,18 @@ ordinary delivery rows, claimed by the relay like every other consumer's (outbox
 deliveries.claim_due); this module takes over from there, per target and claimed batch:
 
 1. each delivery's lease must still cover the target's timeout (extended if the batch took long);
-   one whose attempts are used up (its run was killed mid-publish) is given up on;
+   one whose attempts are used up (its run was killed mid-publish) is given up on
+   (outbox.engine.outcomes.exhausted);
 2. its message is made (the routing key, forward.message_of) and the batch is published with
-   publisher confirms in one go (outbox.events.broker.Broker.send), waiting for every confirm;
+   publisher confirms in one go (outbox.amqp.broker.Broker.send), waiting for every confirm;
 3. the confirmed deliveries are kept in `confirmed`, to be acked by claim token in the relay's
    next transaction (the one that also fans out and claims the next batch: one COMMIT a batch),
    or in one of their own (`ack_confirmed`) before anything that may wait (another target's
    publish, in-process handlers, the end of the run);
 4. a failed one (unroutable, refused, no confirm in time, broker unreachable) is retried with the
    target's backoff, or dead after its last attempt, as any consumer's failure is.
+Every outcome is written through the relay's Outcomes (outbox.engine.outcomes), the in-process
+consumers' own.
 
 Nothing is acked before its confirm: a run killed in between leaves the delivery leased, and the
 claim takes it again once its lease runs out (published again, with the same message id).
@@ -30,8 +33,8 @@ from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Event
 from cronbox.outbox.engine.handler_call import ERROR, Outcome
-from cronbox.outbox.events.broker import Broker, Outgoing
-from cronbox.outbox.events.delivery_processor import DeliveryProcessor
+from cronbox.outbox.engine.outcomes import Outcomes, exhausted
+from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.deliveries import Claimed
 from cronbox.outbox.events.forward import ForwardTarget, message_of
 
@@ -41,8 +44,9 @@ MAX_ROUTING_KEY = 255  # an AMQP short string
 
 
 class Forwarder:
-    def __init__(self, processor: DeliveryProcessor, broker: Broker | None = None):
-        self.processor = processor
+    def __init__(self, runtime, outcomes: Outcomes, broker: Broker | None = None):
+        self.runtime = runtime
+        self.outcomes = outcomes
         self._broker = broker
         self.confirmed: list[Claimed] = []  # confirmed by the broker, not yet acked
 
@@ -50,7 +54,7 @@ class Forwarder:
     def broker(self) -> Broker:
         """The process's broker connection, made on the first forwarded batch."""
         if self._broker is None:
-            self._broker = Broker(self.processor.runtime.settings.get("CRONBOX_AMQP_URL"))
+            self._broker = Broker(self.runtime.settings.get("CRONBOX_AMQP_URL"))
         return self._broker
 
     def keep_alive(self) -> None:
@@ -75,14 +79,14 @@ class Forwarder:
             try:
                 if index:
                     if budget.stop_reason() is not None:
-                        self.processor.release([i for n in names[index:] for i in by_target[n]])
+                        self.outcomes.release([i for n in names[index:] for i in by_target[n]])
                         return
                     self.ack_confirmed()  # the previous target's: not left waiting on this publish
                 publishing = True
-                self._publish(self.processor.registry.get(name), by_target[name], budget)
+                self._publish(self.runtime.consumers.get(name), by_target[name], budget)
             except BaseException:  # targets not yet published are given back, not left leased
                 unstarted = names[index + 1:] if publishing else names[index:]
-                self.processor.release([i for n in unstarted for i in by_target[n]], best_effort=True)
+                self.outcomes.release([i for n in unstarted for i in by_target[n]], best_effort=True)
                 raise
 
     def ack_confirmed(self, *, best_effort: bool = False) -> None:
@@ -92,7 +96,7 @@ class Forwarder:
         if not confirmed:
             return
         try:
-            self.processor.ack_now(confirmed)
+            self.outcomes.ack_now(confirmed, fail_blocked=not best_effort)
         except Exception:
             if not best_effort:
                 raise
@@ -102,15 +106,15 @@ class Forwarder:
     def _publish(self, target: ForwardTarget, items: list[Claimed], budget: Budget) -> None:
         ready, messages = [], []
         for item in items:
-            if not self.processor.lease_covers(item, target):
+            if not self.outcomes.lease_covers(item, target):
                 continue
-            if item.attempts > target.max_attempts:
-                self.processor.give_up_exhausted(item, target)
+            if exhausted(item, target):
+                self.outcomes.give_up_exhausted(item, target)
                 continue
             try:
                 messages.append(message_for(target, item))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
-                self.processor.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
+                self.outcomes.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
             ready.append(item)
         if not ready:
@@ -128,7 +132,7 @@ class Forwarder:
         if failed:
             self.ack_confirmed()  # first: the broker has these, the sooner acked the fewer duplicates
         for item, error in failed:
-            self.processor.failed(item, target, Outcome(ERROR, seconds, error))
+            self.outcomes.failed(item, target, Outcome(ERROR, seconds, error))
 
 
 def message_for(target: ForwardTarget, item: Claimed) -> Outgoing:

@@ -25,10 +25,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core.sql import delete_oldest
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.events.models import InboxEntry
 
 T = InboxEntry.__table__
-MAX_MESSAGE_ID = 191  # the column; a longer message id is a bad message, parked
 
 
 def take_first(connection: Connection, consumer: str, message_id: str, event_type: str, trace_id: str | None,
@@ -48,7 +48,7 @@ _INSERT = insert(T)  # built once, values as parameters: one cached compiled sta
 
 
 def _row(consumer: str, message_id: str, event_type: str, trace_id: str | None, now: datetime) -> dict:
-    return {"consumer": consumer, "message_id": message_id, "event_type": event_type[:191],
+    return {"consumer": consumer, "message_id": message_id, "event_type": event_type[:NAME_MAX],
             "trace_id": (trace_id or None) and trace_id[:64], "received_at": now}
 
 

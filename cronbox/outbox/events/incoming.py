@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.text import clean_text
+from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine.context import Event
-from cronbox.outbox.events import inbox, queues
+from cronbox.outbox.events import queues
 from cronbox.outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
 from cronbox.outbox.events.placement import runs_off_broker
 
@@ -42,14 +42,14 @@ def parse(message, registry) -> Incoming:
     message_id = props.get("message_id")
     if not isinstance(message_id, str) or not message_id.strip():
         raise BadMessage("no message_id")
-    if len(message_id) > inbox.MAX_MESSAGE_ID:
-        raise BadMessage(f"message_id longer than {inbox.MAX_MESSAGE_ID} characters")
+    if len(message_id) > NAME_MAX:
+        raise BadMessage(f"message_id longer than {NAME_MAX} characters")
     event_type = props.get("type") or headers.get(TYPE_HEADER)
     if not isinstance(event_type, str) or not event_type:
         raise BadMessage("no type (neither the type property nor an x-event-type header)")
     consumers = [c for c in registry.for_type(event_type) if runs_off_broker(c)]
     if not consumers:
-        raise BadMessage(f"no consumer registered here for type {clean_text(event_type, 191)!r}")
+        raise BadMessage(f"no consumer registered here for type {clean_text(event_type, NAME_MAX)!r}")
     try:
         payload = json.loads(body.decode("utf-8"))
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError

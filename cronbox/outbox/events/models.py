@@ -7,6 +7,7 @@ from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.text import NAME_MAX
 
 # Statuses of a delivery. `pending` covers new, retrying and leased (claim_token set).
 PENDING, DONE, DEAD, SKIPPED = "pending", "done", "dead", "skipped"
@@ -21,8 +22,8 @@ class OutboxEvent(Base):
     __tablename__ = "cronbox_events"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    type: Mapped[str] = mapped_column(ExactString(191))
-    key: Mapped[str | None] = mapped_column(ExactString(191))
+    type: Mapped[str] = mapped_column(ExactString(NAME_MAX))
+    key: Mapped[str | None] = mapped_column(ExactString(NAME_MAX))
     payload: Mapped[str] = mapped_column(LongText)
     # The payload's size in UTF-8 bytes, written with it (outbox.core.payload.payload_bytes): the claim
     # bounds a batch by it without reading a payload (outbox.engine.claim). NULL: written by a cronbox
@@ -49,9 +50,9 @@ class Delivery(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     event_id: Mapped[int] = mapped_column(Id, ForeignKey("cronbox_events.id"))
-    consumer: Mapped[str] = mapped_column(ExactString(191))
+    consumer: Mapped[str] = mapped_column(ExactString(NAME_MAX))
     # Copied from the event so the ordering check needs no join.
-    key: Mapped[str | None] = mapped_column(ExactString(191))
+    key: Mapped[str | None] = mapped_column(ExactString(NAME_MAX))
     # Copied from the event at fan-out, so the claim's candidate query bounds a batch by payload
     # bytes without a join (outbox.engine.claim). NULL: unknown (a row older than migration 0013).
     payload_bytes: Mapped[int | None] = mapped_column(Integer)
@@ -82,9 +83,9 @@ class InboxEntry(Base):
 
     __tablename__ = "cronbox_inbox"
 
-    consumer: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
-    message_id: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
-    event_type: Mapped[str] = mapped_column(String(191))
+    consumer: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
+    message_id: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
+    event_type: Mapped[str] = mapped_column(String(NAME_MAX))
     trace_id: Mapped[str | None] = mapped_column(String(64))
     received_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
@@ -97,8 +98,8 @@ class Redelivery(Base):
 
     __tablename__ = "cronbox_redeliveries"
 
-    queue: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
-    message_id: Mapped[str] = mapped_column(ExactString(191), primary_key=True)
+    queue: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
+    message_id: Mapped[str] = mapped_column(ExactString(NAME_MAX), primary_key=True)
     times: Mapped[int] = mapped_column(Integer)
     seen_at: Mapped[datetime] = mapped_column(UtcDateTime)
 

@@ -17,12 +17,12 @@ import socket
 
 import amqp
 
+from cronbox.outbox.amqp.broker import BrokerAddress, open_connection
+from cronbox.outbox.amqp.unreadable import Unreadable, UnreadableFrames
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import BrokerAddress, open_connection
 from cronbox.outbox.events.queues import Parked, describe_parked
-from cronbox.outbox.events.unreadable import Unreadable, UnreadableFrames
 
 TIMEOUT = 10.0
 MAX_PREFETCH = 65535  # basic.qos's prefetch-count is a short

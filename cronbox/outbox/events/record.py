@@ -8,14 +8,12 @@ from typing import cast
 from sqlalchemy import Table, insert
 
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.errors import PayloadError
+from cronbox.outbox.core.inserts import check_text, connection_of, delay_seconds, new_trace_id
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.text import is_utf8
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.events.models import OutboxEvent
-from cronbox.outbox.core.logs import new_trace_id
-from cronbox.outbox.core.session_types import Transactional, connection_of
+from cronbox.outbox.core.session_types import Transactional
 
-MAX_TEXT = 191
 # Built once; SQLAlchemy compiles it once per dialect and set of columns, and keeps it in the
 # engine's compiled cache: each call only binds the row's values.
 _INSERT = insert(cast(Table, OutboxEvent.__table__))
@@ -49,20 +47,13 @@ def record(session: Transactional, type: str, payload, *, key: str | None = None
     bool, None, list, dict), stored as given. Returns the recorded event (its `id` set).
 
     Raises `cronbox.outbox.core.errors.PayloadError` (a `CronboxError` and a `TypeError`) for a
-    payload that is not plain JSON, naming the offending key, or a type or key that is empty, too long
-    or holds a NUL; nothing is written then.
+    payload that is not plain JSON, naming the offending key, a type or key that is empty, too long
+    or holds a NUL, or a delay that is not a number of seconds from 0 to a century; nothing is written
+    then (dispatch() refuses the same faults with the same words: outbox.core.inserts).
     """
-    if not isinstance(type, str) or not type or len(type) > MAX_TEXT:
-        raise PayloadError(f"event type must be a non-empty string of at most {MAX_TEXT} characters")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_TEXT):
-        raise PayloadError(f"event key must be None or a non-empty string of at most {MAX_TEXT} characters")
-    if "\x00" in type or (key is not None and "\x00" in key):  # PostgreSQL stores no NUL in text: none does
-        raise PayloadError("event type and key must not contain NUL characters")
-    if not is_utf8(type) or (key is not None and not is_utf8(key)):
-        raise PayloadError("event type and key must be UTF-8 text (no lone surrogates)")
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-        raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
+    check_text(type, "event type", limit=NAME_MAX)
+    check_text(key, "event key", limit=NAME_MAX, optional=True)
+    seconds = delay_seconds(delay)
     body = dump_payload(payload)
     now = clock.utcnow()
     trace_id, available_at = new_trace_id(), now + timedelta(seconds=seconds) if seconds else now

@@ -3,9 +3,10 @@
 One event's path: `record()` (outbox.events.record) writes it in the host's transaction; the
 relay's batch transaction fans it out to one pending delivery row per consumer and claims the due
 rows (outbox.events.deliveries: fan_out, claim_due); an in-process consumer's delivery is run by the
-DeliveryProcessor (outbox.events.delivery_processor), a forward target's is published by the
-Forwarder (outbox.events.forwarder) through the Broker (outbox.events.broker) and acked once
-confirmed. Claiming, leases, per-key order and retries are the same for every consumer: a claim
+runner (outbox.engine.runner, with the delivery family: outbox.events.delivery_family), a forward
+target's is published by the Forwarder (outbox.events.forwarder) through the Broker
+(outbox.amqp.broker) and acked once confirmed; both write its outcome through the same Outcomes
+(outbox.engine.outcomes). Claiming, leases, per-key order and retries are the same for every consumer: a claim
 takes at most one delivery per (consumer, key), so a delivery that failed stays pending and holds
 its key back until it gets through.
 
@@ -22,8 +23,8 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events import deliveries, placement
-from cronbox.outbox.events.broker import Broker
-from cronbox.outbox.events.delivery_processor import DeliveryProcessor
+from cronbox.outbox.amqp.broker import Broker
+from cronbox.outbox.events.delivery_family import delivery_runner
 from cronbox.outbox.events.forward import is_forward
 from cronbox.outbox.events.forwarder import Forwarder
 
@@ -34,7 +35,8 @@ FAN_OUT_BATCH = 500
 
 class Relay:
     """A relay run: the batches' fan-out and claim here, in-process consumers' deliveries run by
-    `processor`, forward targets' published by `forwarder`; `stats` counts them all."""
+    `runner`, forward targets' published by `forwarder`, every outcome written through `outcomes`,
+    whose `stats` count them all."""
 
     def __init__(self, runtime, *, batch_size: int = 100, before_batch: Callable[[], None] | None = None,
                  broker: Broker | None = None):
@@ -43,13 +45,15 @@ class Relay:
         self.registry = runtime.consumers
         self.batch_size = batch_size
         self.before_batch = before_batch
-        self.processor = DeliveryProcessor(runtime)
-        self.forwarder = Forwarder(self.processor, broker)
+        self.runner = delivery_runner(runtime)
+        self.outcomes = self.runner.outcomes
+        self.db = self.runner.db
+        self.forwarder = Forwarder(runtime, self.outcomes, broker)
         self._warned: set[str] = set()
 
     @property
     def stats(self):
-        return self.processor.stats
+        return self.outcomes.stats
 
     @property
     def broker(self) -> Broker:
@@ -61,7 +65,7 @@ class Relay:
 
     def run(self, budget: Budget) -> int:
         """Relay until nothing is due or the budget says stop; returns deliveries handled + events fanned out."""
-        return self.processor.run(budget, lambda: self._run(budget))
+        return self.runner.on_one_connection(budget, lambda: self._run(budget))
 
     def _run(self, budget: Budget) -> int:
         work = 0
@@ -92,7 +96,7 @@ class Relay:
 
         def batch(session):
             now = clock.utcnow()
-            acked = self.processor.ack(session, confirmed, now) if confirmed else 0
+            acked = self.outcomes.ack(session, confirmed, now) if confirmed else 0
             events, _rows = deliveries.fan_out(session, self.registry, now, FAN_OUT_BATCH)
             claimed = deliveries.claim_due(session, self.registry, now=now, limit=limit, mode=mode,
                                            lease_margin=margin)
@@ -100,16 +104,16 @@ class Relay:
                 crash_point("before-ack-commit")
             return acked, events, claimed
 
-        acked, events, claimed = self.processor.transaction(batch)
+        acked, events, claimed = self.db.transaction(batch)
         if confirmed:
             crash_point("after-ack-commit")
             self.forwarder.confirmed = []
-            self.processor.acked(confirmed, acked)
+            self.outcomes.acked(confirmed, acked)
         self.stats.fanned += events
         return events, claimed
 
     def _hand_on(self, claimed: list, budget: Budget) -> int:
-        """Forward target's deliveries to the forwarder, in-process consumers' to the processor."""
+        """Forward targets' deliveries to the forwarder, in-process consumers' to the runner."""
         forwarded = [item for item in claimed if is_forward(self.registry.get(item.consumer))]
         local = [item for item in claimed if not is_forward(self.registry.get(item.consumer))]
         try:
@@ -118,12 +122,12 @@ class Relay:
             if local:
                 self.forwarder.ack_confirmed()  # handlers may run long: the confirmed are acked first
         except BaseException:
-            self.processor.release(local, best_effort=True)
+            self.outcomes.release(local, best_effort=True)
             raise
-        return len(forwarded) + (self.processor.process(local, budget) if local else 0)
+        return len(forwarded) + (self.runner.process(local, budget) if local else 0)
 
     def _warn_unregistered(self) -> None:
-        rows = self.processor.transaction(lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))
+        rows = self.db.transaction(lambda s: deliveries.unregistered_due(s, self.registry, clock.utcnow()))
         for name, count in rows:
             if name not in self._warned:
                 self._warned.add(name)

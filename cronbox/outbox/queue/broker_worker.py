@@ -1,6 +1,7 @@
 """Running a forwarded job queue's jobs off RabbitMQ: `python -m cronbox amqp work --queue Q`.
 
-The job worker (outbox.queue.worker.Worker), fed by the broker instead of its claim. Per batch of
+The job family's runner (outbox.engine.runner, outbox.queue.job_family), fed by the broker instead
+of the database worker's claim (outbox.queue.worker). Per batch of
 messages read (outbox.queue.job_messages: a job id and the publisher's claim token each, published by
 outbox.queue.publisher):
 1. read them; a message that is not a job message is dropped (acked, logged: the job's state is its
@@ -14,13 +15,13 @@ outbox.queue.publisher):
    not a job message, is one WARNING line (the message id and why; never a token or payload), at
    most REFUSALS_LOGGED a minute and then a count (outbox.core.logs.LimitedLines). From here the row
    is the job's only state: the messages are acked once the batch's jobs ran;
-3. run the taken jobs through the worker's own path (Processor.process): the same pre-call gate
+3. run the taken jobs through the runner, as the database worker does: the same pre-call gate
    (channel pause, concurrency-group slot, cost budgets, rate limit: shared through the database with
    every other worker, broker-fed or not), admission, timeout, and the same token-guarded writes of
    their outcomes: done with the handler's `ctx.session` writes in one transaction, a retry with the
    handler's backoff (the row ready again: the publisher sends it when due), RetryLater without an
    attempt, PermanentFailure or the last try -> failed (`queue failed`, the console, /metrics); jobs
-   taken but not started when the run stops go back to the broker (BrokerStore.release): each row
+   taken but not started when the run stops go back to the broker (BrokerReturns.release): each row
    reserved again under its message's token, the attempt given back (jobstore.untake), and the
    message requeued instead of acked, so the next worker runs it without waiting for a publish.
 
@@ -29,7 +30,7 @@ killed database worker does; the publisher then sends them again (same token, fl
 the next worker takes each such copy alone: a job that killed its worker costs only its own attempt,
 and after its tries it fails. Messages read but not taken go back to the queue, unchanged.
 
-The run is `amqp consume`'s (outbox.events.broker_loop: the connection, consumer_link.Link named
+The run is `amqp consume`'s (outbox.amqp.broker_loop: the connection, consumer_link.Link named
 "cronbox worker", opened again with backoff after a loss; heartbeats; the heartbeat row `amqp work`);
 SIGTERM/SIGINT finish the job in hand and exit; `--max-time`, `--max-jobs`, `--memory` as for
 `queue work`. A handler that runs longer than two AMQP heartbeats loses the connection (the broker
@@ -46,17 +47,17 @@ from datetime import timedelta
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.logs import LimitedLines
-from cronbox.outbox.core.text import clean_text, describe
+from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
-from cronbox.outbox.events.broker import BrokerAddress
-from cronbox.outbox.events.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
-from cronbox.outbox.events.consumer_link import Link
-from cronbox.outbox.events.unreadable import Unreadable
+from cronbox.outbox.amqp.broker import BrokerAddress
+from cronbox.outbox.amqp.broker_loop import POLL_READY, BrokerLoop, DatabaseLost
+from cronbox.outbox.amqp.consumer_link import Link
+from cronbox.outbox.amqp.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
 from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
-from cronbox.outbox.queue.worker import SlotStore, Worker
+from cronbox.outbox.queue.job_family import job_runner
 
 log = logging.getLogger("cronbox")
 
@@ -74,14 +75,18 @@ class BrokerWorkStats:
     not_here: list[str] = field(default_factory=list)  # handlers named by jobs this worker lacks
 
 
-class BrokerStore(SlotStore):
-    """The worker's writes (SlotStore's), but a job it took and gives back unstarted (the run stops)
-    goes back to the broker as it came: reserved under its message's token (jobstore.untake, leased
-    for its queue's republish_after as after a publish) for the message the worker then requeues
-    (`given_back`), not ready for the next publish."""
+class BrokerReturns:
+    """jobstore's writes of a job's outcomes (outbox.engine.outcomes.LeaseStore), but a job the worker
+    took and gives back unstarted (the run stops) goes back to the broker as it came: reserved under
+    its message's token (jobstore.untake, leased for its queue's republish_after as after a publish)
+    for the message the worker then requeues (`given_back`), not ready for the next publish."""
+
+    ack = staticmethod(jobstore.ack)
+    reschedule = staticmethod(jobstore.reschedule)
+    give_up = staticmethod(jobstore.give_up)
+    extend = staticmethod(jobstore.extend)
 
     def __init__(self, republish_after: dict[str, float]):
-        super().__init__()
         self.republish_after = republish_after  # queue -> seconds
         self.sent: dict[int, tuple[str, str]] = {}  # job id -> (its message's token, its queue), while taken here
         self.given_back: set[int] = set()  # job ids whose messages go back to the queue
@@ -93,36 +98,45 @@ class BrokerStore(SlotStore):
             lease = now + timedelta(seconds=self.republish_after[queue])
             released += jobstore.untake(session, {job_id: sent for job_id, (sent, q) in back.items() if q == queue},
                                         token, lease)
-        self._free(session, ids)
         self.given_back.update(back)
         return released
 
 
-class BrokerWorker(Worker):
+class BrokerWorker:
+    """`amqp work`: the broker's messages taken as jobs (the claim source), run by the job runner."""
+
     def __init__(self, runtime, address: BrokerAddress, forwarded: list[BrokerQueue], *, prefetch: int = 10,
                  heartbeat_seconds: int = HEARTBEAT, stop_when_empty: bool = False):
-        super().__init__(runtime, [f.name for f in forwarded])
+        self.runtime = runtime
+        self.registry = runtime.jobs
+        self.queues = [f.name for f in forwarded]
         self.forwarded = forwarded
-        self.names = ",".join(f.name for f in forwarded)
+        self.names = ",".join(self.queues)
         broker_queues = tuple(dict.fromkeys(f.broker_queue for f in forwarded))
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
-        self.store = BrokerStore({f.name: f.republish_after for f in forwarded})
+        self.returns = BrokerReturns({f.name: f.republish_after for f in forwarded})
+        self.runner = job_runner(runtime, self.returns)
+        self.db = self.runner.db
         self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",
                                      per_window=REFUSALS_LOGGED)
-        self._held = ExitStack()  # the database connection while messages flow (holding_a_connection)
+        self._held = ExitStack()  # the database connection while messages flow (Runner.holding)
         self.loop = BrokerLoop(runtime, self.link, command="amqp work", detail=self.names, counts=self.counts,
                                run_inbound=self._run_inbound, connected=self._connected, release=self._at_rest,
-                               sessions=lambda: self.sessions,  # the held connection's, while held
+                               sessions=lambda: self.db.sessions,  # the held connection's, while held
                                stop_when_empty=stop_when_empty)
+
+    @property
+    def stats(self):
+        return self.runner.stats
 
     def counts(self) -> dict:
         return {"jobs_done": self.stats.done, "jobs_failed": self.stats.gave_up}
 
     def work(self, budget: Budget) -> RunResult:
         """Run the queues' jobs as their messages come, until the budget says stop (or, with
-        stop_when_empty, nothing comes for a second): outbox.events.broker_loop."""
+        stop_when_empty, nothing comes for a second): outbox.amqp.broker_loop."""
         try:
             return self.loop.run(budget)
         finally:
@@ -141,7 +155,7 @@ class BrokerWorker(Worker):
     # -- the messages read so far --------------------------------------------------
     def _run_inbound(self, budget: Budget) -> None:
         """Take and run the jobs of the messages read so far, on the connection held while messages
-        flow (Processor.holding_a_connection: profiles written when it is given back, not per message).
+        flow (Runner.holding: profiles written when it is given back, not per message).
         In delivery order: consecutive job messages are taken together (one short transaction); a copy
         of a job a worker took and never finished alone; a message that is not a job message is
         dropped in its turn (its ack must not go out before the ones ahead of it: acks are multiple)."""
@@ -159,9 +173,9 @@ class BrokerWorker(Worker):
             else:
                 left[-1].append((message, named))
         try:
-            if self.connection is None:  # held while messages flow, given back when idle (_release_db)
-                self._held.enter_context(self.holding_a_connection())
-            self._budget = budget
+            if self.db.connection is None:  # held while messages flow, given back when idle (_release_db)
+                self._held.enter_context(self.runner.holding())
+            self.db.budget = budget
             first = True
             while left and (first or budget.stop_reason() is None):
                 first = False
@@ -197,7 +211,7 @@ class BrokerWorker(Worker):
         now = clock.utcnow()
         margin = self.runtime.settings.lease_margin
         named = [(job.job_id, job.claim_token) for _m, job in batch]
-        take = self._transaction(lambda s: jobstore.take(s, self.registry, self.queues, named, now=now,
+        take = self.db.transaction(lambda s: jobstore.take(s, self.registry, self.queues, named, now=now,
                                                          lease_margin=margin))
         left.pop(0)  # taken, refused or waiting elsewhere: from here its messages only need their acks (or requeue)
         for position, why in take.refused.items():
@@ -206,28 +220,28 @@ class BrokerWorker(Worker):
             self.refusals.log("amqp work: queues=%s message=%s job=%d refused: %s", self.names, shown_id(message, job),
                               job.job_id, clean_text(why, 200))
         for item in take.taken:
-            self.store.sent[item.id] = (named[take.taken_by[item.id]][1], item.queue)
+            self.returns.sent[item.id] = (named[take.taken_by[item.id]][1], item.queue)
         started = False
         try:
             for item in take.not_here:
                 self._not_here(item)
             started = True
             if take.taken:
-                self.process(take.taken, budget)  # gives back what it does not start, also on an error
+                self.runner.process(take.taken, budget)  # gives back what it does not start, also on an error
         except BaseException:
             if not started:
-                self._release(take.taken, best_effort=True)
+                self.runner.outcomes.release(take.taken, best_effort=True)
             raise
         finally:
             self._settle(batch, take)
 
     def _settle(self, batch: list, take: jobstore.Take) -> None:
         """The batch's messages, in delivery order: requeued if their job went back to the broker
-        unstarted (BrokerStore.release), else acked (the row says the rest)."""
-        back = {position for job_id, position in take.taken_by.items() if job_id in self.store.given_back}
+        unstarted (BrokerReturns.release), else acked (the row says the rest)."""
+        back = {position for job_id, position in take.taken_by.items() if job_id in self.returns.given_back}
         for job_id in take.taken_by:
-            self.store.sent.pop(job_id, None)
-            self.store.given_back.discard(job_id)
+            self.returns.sent.pop(job_id, None)
+            self.returns.given_back.discard(job_id)
         try:
             for position, (message, _job) in enumerate(batch):
                 if position in back:
@@ -260,8 +274,8 @@ class BrokerWorker(Worker):
         publisher's): ready again later, no attempt used, for a worker that has it."""
         later = clock.utcnow() + timedelta(seconds=UNKNOWN_HANDLER_WAIT)
         error = f"no handler {item.handler} is registered in the broker worker that took it"
-        self._transaction(lambda s: jobstore.reschedule(s, item, later, error, False))
+        self.db.transaction(lambda s: jobstore.reschedule(s, item, later, error, False))
         if item.handler not in self.broker_stats.not_here:
             self.broker_stats.not_here.append(item.handler)
         log.warning("job=%d queue=%s handler=%s is not registered here; waiting %.0fs (no attempt used) trace=%s",
-                    item.id, item.queue, clean_text(item.handler, 191), UNKNOWN_HANDLER_WAIT, item.trace_id)
+                    item.id, item.queue, clean_text(item.handler, NAME_MAX), UNKNOWN_HANDLER_WAIT, item.trace_id)

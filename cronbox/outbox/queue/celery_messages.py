@@ -23,7 +23,7 @@ import socket
 import uuid
 
 from cronbox.outbox.core.payload import load_payload
-from cronbox.outbox.events.broker import Outgoing
+from cronbox.outbox.amqp.broker import Outgoing
 
 NAMESPACE = uuid.UUID("6b3a1c52-1f0e-4a55-9d3f-2f8a3c5e7d10")  # task ids: uuid5 of the job's trace id
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from cronbox.outbox.core.errors import RegistrationError
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 
 if TYPE_CHECKING:
@@ -117,10 +118,10 @@ def celery_task(name: str, *, queue: str = "celery", registry: Registry | None =
     `RegistrationError` (a `CronboxError`) for a bad name, or a queue already forwarded to cronbox's
     own workers."""
     from cronbox.outbox.engine.backoff import Backoff
-    from cronbox.outbox.queue.jobs import MAX_NAME, JobHandler
+    from cronbox.outbox.queue.jobs import JobHandler
 
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME - 60 or not name.isprintable():
-        raise RegistrationError(f"a Celery task name must be printable text of 1 to {MAX_NAME - 60} characters, "
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX - 60 or not name.isprintable():
+        raise RegistrationError(f"a Celery task name must be printable text of 1 to {NAME_MAX - 60} characters, "
                                 f"not {name!r}")
     module = _caller_module()
     target = registry or DEFAULT

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from cronbox.outbox.core.text import clean_text
-from cronbox.outbox.events.broker import Outgoing
+from cronbox.outbox.amqp.broker import Outgoing
 
 TYPE = "cronbox.job"
 CONTENT_TYPE = "application/json"

@@ -17,18 +17,17 @@ from sqlalchemy import Table, insert
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
+from cronbox.outbox.core.inserts import check_text, connection_of, delay_seconds, new_trace_id
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.text import is_utf8
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
 from cronbox.outbox.queue import groups
 from cronbox.outbox.queue.models import READY, Job
 from cronbox.outbox.queue.ratelimit import RateLimit
-from cronbox.outbox.core.logs import new_trace_id
-from cronbox.outbox.core.session_types import Transactional, connection_of
+from cronbox.outbox.core.session_types import Transactional
 
-MAX_NAME = 191
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")  # \Z: `$` would take a final newline
 J = cast(Table, Job.__table__)
 # Built once; SQLAlchemy compiles it once per dialect and keeps it in the engine's compiled cache.
@@ -75,15 +74,8 @@ class JobHandler:
         concurrency_group / cost: this run's own, instead of the handler's; the group must be one a
         registered job declares (with its concurrency_limit)."""
         body = dump_payload(payload)
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise PayloadError(f"delay must be a number of seconds >= 0, not {delay!r}")
-        if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
-            raise PayloadError("unique_key must be a non-empty string")
-        if unique_key is not None and "\x00" in unique_key:  # PostgreSQL stores no NUL in text: none does
-            raise PayloadError("unique_key must not contain NUL characters")
-        if unique_key is not None and not is_utf8(unique_key):
-            raise PayloadError("unique_key must be UTF-8 text (no lone surrogates)")
+        seconds = delay_seconds(delay)
+        check_text(unique_key, "unique_key", limit=None, optional=True)  # a long one is hashed (_stored_key)
         if concurrency_group is not None:
             groups.check_group(concurrency_group, None, error=PayloadError)
             if self.grouped:
@@ -120,7 +112,7 @@ class JobHandler:
 def _stored_key(handler: str, key: str) -> str:
     """Unique keys are per handler; long ones are hashed to fit the column."""
     stored = f"{handler}:{key}"
-    if len(stored) <= MAX_NAME:
+    if len(stored) <= NAME_MAX:
         return stored
     return f"{handler[:100]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
@@ -199,7 +191,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
 
     def register(fn: Callable[..., Any]) -> JobFunction:
         job_name = name or f"{fn.__module__}.{fn.__qualname__}"
-        if len(job_name) > MAX_NAME - 60:
+        if len(job_name) > NAME_MAX - 60:
             raise RegistrationError(f"job name {job_name[:40]!r}... is too long")
         jobs = (registry or DEFAULT).jobs
         other = next((h for h in jobs.all() if concurrency_group is not None and h.name != job_name

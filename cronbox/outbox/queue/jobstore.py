@@ -21,7 +21,7 @@ from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select,
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
-from cronbox.outbox.core.text import ERROR_MAX
+from cronbox.outbox.core.text import ERROR_MAX, NAME_MAX
 from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
@@ -340,7 +340,7 @@ def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
     return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
 
 
-# The processor's writes (outbox/engine/processor.py, LeaseStore): ack, reschedule, give_up, release,
+# The writes of the outcomes (outbox/engine/outcomes.py, LeaseStore): ack, reschedule, give_up, release,
 # extend. Each is guarded by the claim token: 0 rows means the lease was lost, and the caller rolls back.
 
 def reschedule(session: Session, item, next_at: datetime, error: str | None, refund_attempt: bool) -> bool:
@@ -359,7 +359,7 @@ def give_up(session: Session, item, error: str, traceback: str | None, now: date
     attempt the claim counted is given back: the row keeps the attempts that ran."""
     error_class = error.split(":", 1)[0] if ":" in error else None
     values = {"status": FAILED, "available_at": None, "claim_token": None, "unique_key": None, "finished_at": now,
-              "last_error": error[:ERROR_MAX], "error_class": (error_class or "")[:191] or None, "traceback": traceback}
+              "last_error": error[:ERROR_MAX], "error_class": (error_class or "")[:NAME_MAX] or None, "traceback": traceback}
     if refund_attempt:
         values["attempts"] = J.c.attempts - 1
     return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1

@@ -7,6 +7,7 @@ from sqlalchemy import BigInteger, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
+from cronbox.outbox.core.text import NAME_MAX
 
 # Job statuses. `available_at` is when a job may be claimed: its due time while
 # ready, its lease expiry while reserved, NULL once finished. Claims read one
@@ -23,7 +24,7 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     queue: Mapped[str] = mapped_column(ExactString(64))
-    handler: Mapped[str] = mapped_column(ExactString(191))
+    handler: Mapped[str] = mapped_column(ExactString(NAME_MAX))
     payload: Mapped[str] = mapped_column(LongText)
     # The payload's size in UTF-8 bytes, written with it: the claim bounds a batch by it without
     # reading a payload (outbox.engine.claim). NULL: unknown (a row older than migration 0013).
@@ -34,14 +35,14 @@ class Job(Base):
     claim_token: Mapped[str | None] = mapped_column(ExactString(32))
     # Set while the job is waiting or running; cleared when it finishes or fails for
     # good, which frees the key for the next dispatch (NULLs never collide).
-    unique_key: Mapped[str | None] = mapped_column(ExactString(191), unique=True)
+    unique_key: Mapped[str | None] = mapped_column(ExactString(NAME_MAX), unique=True)
     retry_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
     trace_id: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     reserved_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     last_error: Mapped[str | None] = mapped_column(String(1000))
-    error_class: Mapped[str | None] = mapped_column(String(191))
+    error_class: Mapped[str | None] = mapped_column(String(NAME_MAX))
     traceback: Mapped[str | None] = mapped_column(Text)
     # A dispatch's own concurrency group and cost; NULL: the handler's (see outbox.queue.groups).
     concurrency_group: Mapped[str | None] = mapped_column(ExactString(64))

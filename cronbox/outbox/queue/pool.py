@@ -33,7 +33,7 @@ from cronbox.outbox.core.lock_wait import run_lock_waits
 from cronbox.outbox.core.locks import RunLock
 from cronbox.outbox.core.resources import rss_kb, rss_kb_of
 from cronbox.outbox.core.settings import Settings
-from cronbox.outbox.core.text import describe
+from cronbox.outbox.core.text import NAME_MAX, describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.admission import time_headroom
@@ -140,7 +140,7 @@ class Pool:
             return record_run(self.runtime.sessions, "pool", lambda: self._supervise(budget), self._counts)
 
     def _counts(self) -> dict:
-        return {"detail": self.stats.describe(self.min_workers, self.max_workers)[:191]}
+        return {"detail": self.stats.describe(self.min_workers, self.max_workers)[:NAME_MAX]}
 
     def _supervise(self, budget: Budget) -> RunResult:
         started_at = clock.utcnow()

@@ -7,7 +7,7 @@ Per forwarded queue and batch:
    takes such a copy alone). Their lease is the publish's time (the confirm wait and
    CRONBOX_LEASE_MARGIN);
 2. one message per job (outbox.queue.job_messages: id and token, no payload) is published with
-   publisher confirms in one go (outbox.events.broker.Broker.send, the relay's client: py-amqp's
+   publisher confirms in one go (outbox.amqp.broker.Broker.send, the relay's client: py-amqp's
    basic_publish on a confirm channel; the queue declared durable first);
 3. one transaction sets the lease of the confirmed ones to `republish_after` (a Celery task message's
    job is done instead: Celery has it), and of the failed ones
@@ -33,7 +33,7 @@ from cronbox.outbox.core.logs import log_text
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
-from cronbox.outbox.events.broker import CONNECT_TIMEOUT, Broker
+from cronbox.outbox.amqp.broker import CONNECT_TIMEOUT, Broker
 from cronbox.outbox.queue import celery_messages, job_messages, jobstore
 from cronbox.outbox.queue.forward_jobs import CELERY, BrokerQueue
 

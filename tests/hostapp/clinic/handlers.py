@@ -19,7 +19,7 @@ from flask import current_app
 from sqlalchemy import text
 
 import clinic
-from cronbox import outbox
+import cronbox
 from cronbox import storage
 import web
 from clinic import db  # the factory has returned by now: cronbox imports handlers after it
@@ -52,7 +52,7 @@ def _block() -> None:
         time.sleep(0.02)
 
 
-@outbox.consumer("appointment.paid", name="clinic.receipt", max_attempts=5, backoff=60)
+@cronbox.consumer("appointment.paid", name="clinic.receipt", max_attempts=5, backoff=60)
 def receipt(event, ctx):
     appointment = Appointment.query.filter_by(id=event.payload["appointment"]).one()
     appointment.status = "paid"
@@ -79,7 +79,7 @@ def summary(ctx):
         raise RuntimeError("summary failed on purpose")
 
 
-@outbox.job("scans", name="clinic.seal_scan")
+@cronbox.job("scans", name="clinic.seal_scan")
 def seal_scan(payload, ctx):
     """Seals a scan in a background job, through the module-level `storage.put()`: under the app's keys."""
     wander = os.environ.get("CLINIC_WANDER")

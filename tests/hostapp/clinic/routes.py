@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, jsonify, request
 
-from cronbox import outbox
+import cronbox
 from cronbox import storage
 from clinic import db
 from clinic.models import Appointment, Payment
@@ -23,7 +23,7 @@ def book():
 def pay(appointment_id: int):
     appointment = db.session.get(Appointment, appointment_id) or abort(404)
     db.session.add(Payment(appointment_id=appointment.id, amount=request.form.get("amount", "120.00")))
-    outbox.record(db.session, "appointment.paid", {"appointment": appointment.id}, key=f"appointment:{appointment.id}")
+    cronbox.record(db.session, "appointment.paid", {"appointment": appointment.id}, key=f"appointment:{appointment.id}")
     if request.form.get("fail"):
         db.session.rollback()  # the request fails: neither the payment nor the event exists
         abort(409)

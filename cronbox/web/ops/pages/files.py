@@ -14,6 +14,7 @@ from datetime import datetime
 from flask import abort, current_app, render_template, request
 
 from cronbox.outbox.core import clock, paging
+from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.storage import audit, grants
 from cronbox.storage.display import shown
@@ -24,12 +25,11 @@ from cronbox.web.disposition import clean_name
 from .. import bp
 from ..guard import act, client, confirm_page, confirmed, done, operator_name
 
-FILTER_MAX = 191
 
 
 def _filter(name: str) -> str | None:
     value = (request.args.get(name) or "").strip()
-    if len(value) > FILTER_MAX:
+    if len(value) > NAME_MAX:
         abort(400, description=f"the {name} filter is too long")
     return value or None
 

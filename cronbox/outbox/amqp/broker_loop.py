@@ -22,7 +22,7 @@ from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult, StopSignals
-from cronbox.outbox.events.consumer_link import BROKER_ERRORS, Link, SetupError
+from cronbox.outbox.amqp.consumer_link import BROKER_ERRORS, Link, SetupError
 
 log = logging.getLogger("cronbox")
 

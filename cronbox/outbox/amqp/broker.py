@@ -433,7 +433,7 @@ def open_connection(address: BrokerAddress, *, name: str, timeout: float, heartb
     the broker's connection list (operators and tests find cronbox's connections by it). The one
     place a connection is made: the relay's publisher and the consumer both open theirs here.
     `frame_handler`, `on_blocked`, `on_unblocked`: py-amqp's constructor arguments of those names
-    (the consumer's frame handler reads deliveries py-amqp cannot decode: outbox.events.unreadable;
+    (the consumer's frame handler reads deliveries py-amqp cannot decode: outbox.amqp.unreadable;
     the publisher's callbacks follow connection.blocked)."""
     extra = {"frame_handler": frame_handler} if frame_handler is not None else {}
     tls = False

@@ -1,6 +1,8 @@
-"""The broker side of `amqp consume`: one connection and channel consuming Q with a prefetch,
-acking, and republishing (to a retry queue or Q.dead) with publisher confirms; the queues declared
-as asked (outbox.events.consume's docstring says how the loop uses it)."""
+"""A consumer's connection and channel, for `amqp consume` (outbox.events.consume) and `amqp work`
+(outbox.queue.broker_worker): consuming its queues with a prefetch, acking in batches, and
+republishing with publisher confirms; the queues declared as asked. Which queues a consumer keeps
+beside its own, and what their names mean, is its family's (an event consumer's Q.dead and
+Q.retry.<ms>ms: outbox.events.queues); the link only declares them."""
 from __future__ import annotations
 
 import select
@@ -9,15 +11,20 @@ from collections import deque
 
 import amqp
 
+from cronbox.outbox.amqp.broker import (
+    CONNECT_TIMEOUT,
+    Batch,
+    BrokerAddress,
+    close_connection,
+    ensure_queue,
+    open_connection,
+)
+from cronbox.outbox.amqp.unreadable import UnreadableFrames
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.text import describe
-from cronbox.outbox.events import queues
-from cronbox.outbox.events.broker import Batch, BrokerAddress, close_connection, ensure_queue, open_connection
-from cronbox.outbox.events.unreadable import UnreadableFrames
 
-CONNECT_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 30.0  # a republish (retry, park) the broker has not confirmed by then: reconnect
 ACK_WAIT = 0.1  # seconds a handled message's ack may wait to go out with later ones (basic.ack multiple)
 NAME = "cronbox consumer"
@@ -33,14 +40,18 @@ class SetupError(CronboxError):
 
 class Link:
     """The consumer's connection and channel: consuming Q with a prefetch, acking, and republishing
-    (to a retry queue or Q.dead) with publisher confirms. Deliveries are queued in `inbound` by the
-    channel's callback (or, for one py-amqp cannot decode, by the connection's frame handler as an
-    outbox.events.unreadable.Unreadable) and handled by the loop, never inside the callback: a confirm wait reads
-    frames too, and must not start handling the next message from within the current one."""
+    (to another queue: an event consumer's retry queue or Q.dead) with publisher confirms. Deliveries
+    are queued in `inbound` by the channel's callback (or, for one py-amqp cannot decode, by the
+    connection's frame handler as an outbox.amqp.unreadable.Unreadable) and handled by the loop, never
+    inside the callback: a confirm wait reads frames too, and must not start handling the next message
+    from within the current one. `beside`: durable queues declared with Q at each open (an event
+    consumer's Q.dead)."""
 
     def __init__(self, address: BrokerAddress, queue: str, *, prefetch: int, ordered: bool,
-                 binds: list[tuple[str, str]], heartbeat_seconds: int, jobs: tuple[str, ...] = (), name: str = NAME):
+                 binds: list[tuple[str, str]], heartbeat_seconds: int, jobs: tuple[str, ...] = (), name: str = NAME,
+                 beside: tuple[str, ...] = ()):
         self.address, self.queue, self.prefetch, self.ordered, self.binds = address, queue, prefetch, ordered, binds
+        self.beside = beside
         # Forwarded job queues (outbox.queue.broker_worker; `queue` is the first of them): each declared
         # durable, as their publisher declares them, and consumed on the one channel; no Q.dead (a
         # failed job is its row's state, not a parked message).
@@ -49,7 +60,6 @@ class Link:
         self.connection: amqp.Connection | None = None
         self.channel = None
         self.inbound: deque = deque()
-        self._consumer_tags: list[str] = []
         self._tag = 0
         self._batch: Batch | None = None
         self._declared: set[str] = set()
@@ -83,8 +93,8 @@ class Link:
             # Several job queues on one channel: --prefetch counts for the channel, not for each queue.
             channel.basic_qos(0, self.prefetch, len(self.jobs) > 1)
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
-            self._consumer_tags = [channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
-                                   for queue in (self.jobs or (self.queue,))]
+            for queue in self.jobs or (self.queue,):
+                channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
         except BaseException:
             close_connection(connection, graceful=False)
             raise
@@ -103,7 +113,8 @@ class Link:
                     channel.queue_bind(self.queue, exchange, pattern)
             else:
                 channel.queue_declare(self.queue, passive=True)
-            channel.queue_declare(queues.dead_queue(self.queue), durable=True, auto_delete=False)
+            for name in self.beside:
+                channel.queue_declare(name, durable=True, auto_delete=False)
         except amqp.exceptions.NotFound as exc:
             what = "an exchange to bind to" if self.binds else f"queue {self.queue!r}"
             raise SetupError(f"{what} does not exist ({describe(exc, 200)}); declare it, or pass "
@@ -114,11 +125,11 @@ class Link:
         except amqp.exceptions.ChannelError as exc:
             raise SetupError(f"cannot use queue {self.queue!r}: {describe(exc, 300)}") from None
 
-    def ensure_retry_queue(self, seconds: float) -> str:
-        name = queues.retry_queue(self.queue, seconds)
+    def declare(self, name: str, arguments: dict) -> str:
+        """A durable queue to republish to (an event consumer's retry queue), declared once per
+        connection: its name."""
         if name not in self._declared:
-            self.channel.queue_declare(name, durable=True, auto_delete=False,
-                                       arguments=queues.retry_arguments(self.queue, seconds))
+            self.channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
             self._declared.add(name)
         return name
 
@@ -169,12 +180,6 @@ class Link:
         crash_point("before-broker-ack")
         self.channel.basic_ack(tag, multiple=True)
         crash_point("after-broker-ack")
-
-    def cancel(self) -> None:
-        """Stop the broker sending more (basic.cancel, waiting for its cancel-ok): what it sent before
-        is in `inbound`, still ours to ack or give back."""
-        for tag in self._consumer_tags:
-            self.channel.basic_cancel(tag)
 
     def give_back(self, tag: int) -> None:
         """Back to the queue, at its place (basic.reject with requeue); the done ones acked first."""

@@ -1,0 +1,37 @@
+"""The delivery family, for the runner and the outcomes (outbox.engine.runner, outbox.engine.outcomes).
+
+A delivery's handler is the consumer registered under its name (a forward target too: the forwarder
+records its outcomes through the same Outcomes, so a forwarded delivery is acked, retried, given up
+on and logged exactly as an in-process consumer's is: one state model, one set of counters); it is
+called with the Event and a Context; its rows' writes are outbox.events.deliveries'. The relay
+(outbox.events.relay) makes the pieces for its run: `delivery_runner`.
+"""
+from __future__ import annotations
+
+from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.text import NAME_MAX, clean_text
+from cronbox.outbox.engine.connection import RunConnection
+from cronbox.outbox.engine.context import Context, Event
+from cronbox.outbox.engine.outcomes import Family, Outcomes
+from cronbox.outbox.engine.runner import Runner
+from cronbox.outbox.events import deliveries
+
+
+def delivery_family(consumers) -> Family:
+    """The family of the delivery rows of `consumers` (the runtime's registered consumers)."""
+
+    def args(item, ctx: Context) -> tuple:
+        return (Event(item.event_id, item.event_type, item.key, load_payload(item.payload), item.created_at), ctx)
+
+    def describe(item) -> str:
+        return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "
+                f"type={clean_text(item.event_type, NAME_MAX)}")
+
+    return Family("delivery", "dead", handler=lambda item: consumers.get(item.consumer), args=args, describe=describe)
+
+
+def delivery_runner(runtime) -> Runner:
+    """A relay run's runner of in-process consumers' deliveries; its outcomes (`runner.outcomes`)
+    are the forwarder's too."""
+    outcomes = Outcomes(delivery_family(runtime.consumers), deliveries, RunConnection(runtime))
+    return Runner(runtime, outcomes)
