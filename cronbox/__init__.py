@@ -13,7 +13,8 @@ The public API, all importable from here:
 
 - the extension: `Cronbox`;
 - events: `record`, `consumer`, `forward` (to RabbitMQ), `Event`, `Context`;
-- jobs: `job`, and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
+- jobs: `job` (its `.dispatch()` and `.result()`), `batch`, `chain`, `cancel_batch` (`Batch`, `Chain`,
+  `Progress`, `JobResult`), and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
   `forward_jobs` (a queue's jobs run off RabbitMQ by `amqp work`, or by your Celery), `celery_task`
   (a task of your Celery's, dispatched in your transaction);
 - periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from .outbox.events.record import record
     from .outbox.queue.forward_jobs import celery_task, forward_jobs
     from .outbox.queue.jobs import job
+    from .outbox.queue.batches import Batch, Chain, Progress, batch, cancel_batch, chain
+    from .outbox.queue.results import JobResult
     from .web.uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
 # Each public name: the module that defines it, and its name there (None: the module itself). Imported on first use (PEP 562):
@@ -63,6 +66,13 @@ _EXPORTS = {
     "Event": (".outbox.engine.context", "Event"),
     "Context": (".outbox.engine.context", "Context"),
     "job": (".outbox.queue.jobs", "job"),
+    "batch": (".outbox.queue.batches", "batch"),
+    "chain": (".outbox.queue.batches", "chain"),
+    "cancel_batch": (".outbox.queue.batches", "cancel_batch"),
+    "Batch": (".outbox.queue.batches", "Batch"),
+    "Chain": (".outbox.queue.batches", "Chain"),
+    "Progress": (".outbox.queue.batches", "Progress"),
+    "JobResult": (".outbox.queue.results", "JobResult"),
     "forward_jobs": (".outbox.queue.forward_jobs", "forward_jobs"),
     "celery_task": (".outbox.queue.forward_jobs", "celery_task"),
     "send_sms": (".outbox.channels.jobs", "send_sms"),
@@ -85,18 +95,25 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Batch",
     "BodyAlreadyRead",
+    "Chain",
     "Context",
     "Cronbox",
     "CronboxError",
     "CsrfNotChecked",
     "Event",
+    "JobResult",
     "PermanentFailure",
+    "Progress",
     "RetryLater",
     "UploadRefused",
     "alembic_include_name",
     "alembic_include_object",
+    "batch",
+    "cancel_batch",
     "celery_task",
+    "chain",
     "consumer",
     "forward",
     "forward_jobs",

@@ -12,9 +12,9 @@ from tests.registries import copy_of
 PASSWORD = "correct horse battery staple"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 GET_PAGES = ["/ops/", "/ops/outbox", "/ops/queues", "/ops/schedule", "/ops/once", "/ops/files", "/ops/activity",
-             "/ops/once/1"]
+             "/ops/once/1", "/ops/batches", "/ops/batches/1"]
 POST_ACTIONS = ["/ops/outbox/retry", "/ops/outbox/skip", "/ops/queues/retry", "/ops/queues/forget",
-                "/ops/queues/flush", "/ops/queues/resume", "/ops/schedule/run", "/ops/once", "/ops/files/revoke", "/ops/logout",
+                "/ops/queues/flush", "/ops/queues/resume", "/ops/schedule/run", "/ops/once", "/ops/files/revoke", "/ops/batches/retry", "/ops/batches/cancel", "/ops/logout",
                 "/ops/logout-everywhere"]
 
 

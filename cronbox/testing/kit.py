@@ -2,7 +2,7 @@
 user's own test database, in the test's process.
 
 It stands on cronbox's stable entry points only: a relay's run (`Relay.run`), a worker's run
-(`Worker.run`), the tick (`run_tick`), the stores' read models (`deliveries`, `jobstore`), the
+(`Worker.run`), the tick (`run_tick`), the stores' read models (`deliveries`, `jobstore`, `batches`), the
 runtime and the clock. A Flask app's runtime is the one its extension keeps
 (`app.extensions["cronbox"]`): handlers run in the app's context with the host's `db.session` as
 their ctx.session, as in a cron process.
@@ -35,7 +35,8 @@ from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.events import deliveries
 from cronbox.outbox.events.relay import FAN_OUT_BATCH, Relay
-from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue import batches, jobstore
+from cronbox.outbox.queue.batches import Progress
 from cronbox.outbox.queue.worker import Worker
 
 from .outbox import Outbox
@@ -231,6 +232,32 @@ class Kit:
             raise AssertionError(f"{wanted('job', _job_name(job), payload_match, where)} was dispatched "
                                  f"{len(matching)} time(s), expected none\n"
                                  + account(matching, describe_job, {}, "matching jobs"))
+
+    def batch(self, batch: Any) -> Progress:
+        """The progress of `batch` (a `cronbox.batch()`, `ctx.batch`, or its id), read from committed rows:
+        `done`, `failed`, `cancelled`, `pending`, `total`, `state` (running, cancelling, finished,
+        cancelled); KitError if there is no such batch."""
+        batch_id = getattr(batch, "id", batch)
+        self._ready()
+        found = self._read(lambda s: batches.progress(s, batch_id))
+        if found is None:
+            raise KitError(f"no batch {batch_id!r} was committed")
+        return found
+
+    def assert_batch_finished(self, batch: Any) -> Progress:
+        """The progress of `batch` once finished (its callbacks dispatched: drain() runs them); else
+        AssertionError with its counts and the members not finished."""
+        progress = self.batch(batch)
+        if progress.finished_at is None:
+            waiting = self._read(lambda s: batches.members_page(s, progress.id, size=20).rows)
+            raise AssertionError(
+                f"batch {progress.id} {progress.name!r} is {progress.state}: done {progress.done}, failed "
+                f"{progress.failed}, cancelled {progress.cancelled}, pending {progress.pending} of {progress.total}\n"
+                + "\n".join(f"  #{m.id} {m.handler} ({m.status}, attempts {m.attempts})"
+                            + (f" {m.last_error}" if m.last_error else "")
+                            for m in waiting if m.status not in ("done", "failed"))
+                + ("\n  (drain() runs them; a retry waits for its backoff: drain(until=...))" if progress.pending else ""))
+        return progress
 
     # ---- running ------------------------------------------------------------------------------
     def deliver(self, type: str | None = None) -> Ran:

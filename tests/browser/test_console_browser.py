@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+
+import cronbox
 from werkzeug.serving import make_server
 
 from cronbox.outbox.core import clock
@@ -157,6 +159,24 @@ def test_operator_walkthrough(server, page, runtime, job_env, artifacts):
     with runtime.sessions() as session:
         assert session.get(Job, job_id).status == "done"
 
+    # A batch: its progress, its members by state, cancelled from its page (asks first).
+    with runtime.sessions.begin() as session:
+        reminders = cronbox.batch(session, name="reminders 2026-12-01")
+        for n in range(3):
+            test_jobs.write.dispatch(session, {"n": n}, batch=reminders)
+    page.get_by_role("navigation", name="Console").get_by_role("link", name="Batches").click()
+    assert "reminders 2026-12-01" in page.locator(f"#batch-{reminders.id}").inner_text()
+    shoot(page, artifacts, "batches")
+    page.get_by_role("link", name=f"#{reminders.id}").click()
+    assert "pending 3 of 3" in page.locator("#batch-progress").inner_text()
+    page.get_by_role("link", name="ready", exact=True).click()
+    assert page.locator("tr[id^=member-]").count() == 3
+    shoot(page, artifacts, "batch")
+    page.get_by_role("button", name="Cancel the batch…").click()
+    page.get_by_role("button", name="Cancel the batch", exact=True).click()
+    assert "3 members not started stopped" in page.get_by_role("status").inner_text()
+    assert "cancelled 3, pending 0 of 3" in page.locator("#batch-progress").inner_text()
+
     # migrate as a one-off run: pending, then its output after a tick.
     page.get_by_role("link", name="One-off runs").click()
     page.get_by_label("Command").fill("migrate")
@@ -213,5 +233,5 @@ def test_operator_walkthrough(server, page, runtime, job_env, artifacts):
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
     assert sorted(p.name for p in artifacts.iterdir()) == sorted(
-        f"{n}.png" for n in ["setup", "login", "queues", "once", "once-run", "files", "confirm", "overview", "outbox",
+        f"{n}.png" for n in ["setup", "login", "queues", "batches", "batch", "once", "once-run", "files", "confirm", "overview", "outbox",
                              "schedule", "activity", "overview-phone"])

@@ -439,3 +439,62 @@ def test_a_named_in_memory_sqlite_database_shared_by_the_app_and_cronbox(registr
         rt.dispose()
         keep_alive.close()
         app_engine.dispose()
+
+
+def test_batches_and_chains_drain_and_the_batch_helpers_read_them(kit, runtime, registry):
+    """docs/testing.md's batch example, run with this test's registry: drain() runs members, then the
+    callback their last outcome dispatched, and chain steps one after another; batch() and
+    assert_batch_finished() read the progress, the latter failing with the members still waiting."""
+    import cronbox
+    from cronbox import PermanentFailure
+    from tests.docs_snippets import snippet
+
+    @job("sms", name="kit.remind", tries=1, registry=registry)
+    def remind(payload, ctx):
+        if payload == "+1000":
+            raise PermanentFailure("no such number")
+        return {"reached": payload}
+
+    @job("mail", name="kit.desk_summary", registry=registry)
+    def desk_summary(payload, ctx):
+        reached = [value["reached"] for _id, value in ctx.batch.results(ctx.session)]
+        ctx.session.execute(insert(effects).values(what=f"summary {payload}: {len(reached)} reached"))
+
+    def send_reminders(session, day, phones):
+        batch = cronbox.batch(session, name=f"reminders {day}", then=desk_summary, allow_failures=True, payload=day)
+        for phone in phones:
+            remind.dispatch(session, phone, batch=batch)
+        return batch
+
+    namespace = {}
+    exec(compile(snippet("docs/testing.md", "assert_batch_finished(reminders)"), "docs/testing.md", "exec"),
+         namespace)
+    with runtime.sessions() as session:
+        namespace["test_the_front_desk_gets_one_summary_after_the_reminders"](kit, send_reminders, desk_summary,
+                                                                               session)
+    assert written(runtime) == ["summary 2026-12-07: 2 reached"]
+
+    with runtime.sessions.begin() as session:
+        waiting = send_reminders(session, "2026-12-08", ["+15550003"])
+        empty = cronbox.batch(session, name="nobody", then=desk_summary, payload="none")
+    assert kit.batch(waiting.id).pending == 1 and kit.batch(empty).state == "finished"
+    with pytest.raises(AssertionError) as failed:
+        kit.assert_batch_finished(waiting)
+    assert f"batch {waiting.id} 'reminders 2026-12-08' is running" in str(failed.value)
+    assert "kit.remind (ready, attempts 0)" in str(failed.value)
+    with pytest.raises(KitError, match="no batch 987654"):
+        kit.batch(987654)
+
+    @job("q", name="kit.step", registry=registry)
+    def step(payload, ctx):
+        return (ctx.previous or 0) + payload
+
+    @job("q", name="kit.last", registry=registry)
+    def last(payload, ctx):
+        ctx.session.execute(insert(effects).values(what=f"chain {ctx.previous + payload}"))
+
+    with runtime.sessions.begin() as session:
+        cronbox.chain(session, [(step, 1), (step, 10), (last, 100)])
+    assert kit.drain().done == 6  # the second batch's member and the empty one's then, the chain's three steps
+    assert "chain 111" in written(runtime) and "summary none: 0 reached" in written(runtime)
+    assert kit.assert_batch_finished(waiting).done == 1

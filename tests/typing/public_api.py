@@ -93,3 +93,30 @@ def a_users_test(app: Flask) -> None:
         assert [message.text for message in kit.outbox.sms] == [message.text for message in testing.outbox.sms]
         with kit.inline():
             kit.refute_dispatched(send_sms, queue="sms")
+
+
+def batches_and_chains(db: SQLAlchemy) -> None:
+    """Issue 39 as docs/howto/batches.md uses it: results, idempotency keys, batches, chains."""
+    @job("sms", name="clinic.remind")
+    def remind(payload: dict, ctx: Context) -> dict:
+        return {"patient": payload["patient"]}
+
+    @job("mail", name="clinic.summary")
+    def summary(payload: dict, ctx: Context) -> None:
+        batch: cronbox.Batch = ctx.batch
+        progress: cronbox.Progress = batch.progress(ctx.session)
+        reached = [value for _job_id, value in batch.results(ctx.session, page_size=100)]
+        assert progress.total >= len(reached) and progress.state in ("running", "finished")
+        assert ctx.previous is None
+
+    batch = cronbox.batch(db.session, name="reminders", then=summary, catch=summary, finally_=summary,
+                          allow_failures=True, payload={"day": "2026-12-07"})
+    member: int | None = remind.dispatch(db.session, {"patient": 7}, batch=batch)
+    again = remind.dispatch(db.session, {"patient": 7}, idempotency_key="request-1")
+    batch.add(db.session, remind, {"patient": 8})
+    if member is not None and again is not None:
+        result: cronbox.JobResult = remind.result(db.session, again)
+        assert result.ready or result.status == "pending"
+    stopped: int = cronbox.cancel_batch(db.session, batch)
+    chain: cronbox.Chain = cronbox.chain(db.session, [(remind, {"patient": 7}), (summary, None)], catch=summary)
+    assert stopped >= 0 and chain.first_job_id > 0

@@ -20,7 +20,8 @@ from tests.conftest import APP_ROOT
 # Every setting that takes a duration with a unit, and a value each one accepts.
 DURATION_SETTINGS = {"CRONBOX_URL_MAX_TTL": "15m", "CRONBOX_AUDIT_RETENTION": "2192d", "CRONBOX_METRICS_WINDOW": "1h",
                      "CRONBOX_PROFILE_TTL": "7d", "CRONBOX_ADMISSION_TIME_HEADROOM": "2s",
-                     "CRONBOX_FORWARD_WARN_AFTER": "10m", "CRONBOX_FORWARD_FAIL_AFTER": "1h", "CRONBOX_ACK_FLUSH": "500ms"}
+                     "CRONBOX_FORWARD_WARN_AFTER": "10m", "CRONBOX_FORWARD_FAIL_AFTER": "1h", "CRONBOX_ACK_FLUSH": "500ms",
+                     "CRONBOX_RESULT_TTL": "7d", "CRONBOX_IDEMPOTENCY_TTL": "1d"}
 BARE = ["2192", "0", "7", "1.5", " 30 ", "3600"]
 NEGATIVE = ["-1d", "-5", "-0.5h"]
 ZERO = ["0s", "0d", "0.0h", "000m"]

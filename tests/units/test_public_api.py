@@ -20,6 +20,10 @@ PUBLIC = {
     "upload_csrf_token": "cronbox.web.hostauth", "request_client": "cronbox.web.uploads", "UploadRefused": "cronbox.web.uploads",
     "BodyAlreadyRead": "cronbox.web.uploads", "CsrfNotChecked": "cronbox.web.hostcsrf",
     "alembic_include_name": "cronbox.cron.schema", "alembic_include_object": "cronbox.cron.schema",
+    "batch": "cronbox.outbox.queue.batches", "chain": "cronbox.outbox.queue.batches",
+    "cancel_batch": "cronbox.outbox.queue.batches", "Batch": "cronbox.outbox.queue.batches",
+    "Chain": "cronbox.outbox.queue.batches", "Progress": "cronbox.outbox.queue.batches",
+    "JobResult": "cronbox.outbox.queue.results",
 }
 
 

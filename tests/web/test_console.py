@@ -29,6 +29,11 @@ from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue import pauses
 from cronbox.outbox.queue.models import ChannelPause, Job
 from cronbox.storage import audit
+from cronbox.outbox.core.errors import PermanentFailure
+from cronbox.outbox.engine.budget import Budget
+from cronbox.outbox.queue.jobs import job
+from cronbox.outbox.queue.worker import Worker
+import cronbox
 from cronbox.storage.models import AuditEntry, Grant, SealedFile
 from tests.web.test_host_uploads import FORM, form, part
 from tests.console_helpers import GET_PAGES, PASSWORD, POST_ACTIONS, Operator, logged_in, make_app, upload_form
@@ -443,6 +448,63 @@ def test_queue_retry_forget_and_flush(operator, runtime):
     assert operator.get("/ops/queues?queue=bad name!").status_code == 400
     assert [a for a, _, _ in actions_logged(runtime) if a.startswith("queue.")] == [
         "queue.retry", "queue.forget", "queue.flush", "queue.retry", "queue.retry"]
+
+
+def test_batches_progress_members_by_state_retry_and_cancel(operator, runtime, registry):
+    """The batches page and one batch's page read what `queue batches` / `queue batch ID` read; retry
+    and cancel are the CLI's actions, CSRF-guarded POSTs recorded in the activity log."""
+    @job("q", name="console.member", tries=1, registry=registry)
+    def member(payload, ctx):
+        if payload % 3 == 0:
+            raise PermanentFailure("no such number")
+
+    @job("slow", name="console.waiting", registry=registry)
+    def waiting(payload, ctx):
+        pass
+
+    with runtime.sessions.begin() as session:
+        reminders = cronbox.batch(session, name="reminders 2026-12-01", allow_failures=True)
+        for n in range(7):
+            member.dispatch(session, n, batch=reminders)
+        export = cronbox.batch(session, name="export patient 7")
+        for n in range(60):
+            waiting.dispatch(session, n, batch=export)
+    Worker(runtime, ["q"]).run(Budget(max_time=60, memory_mb=None))
+
+    listing = operator.get("/ops/batches").get_data(as_text=True)
+    assert f'id="batch-{reminders.id}"' in listing and f'id="batch-{export.id}"' in listing
+    assert "reminders 2026-12-01" in listing and "finished" in listing and "running" in listing
+    page = operator.get(f"/ops/batches/{reminders.id}").get_data(as_text=True)
+    assert "done 4, failed 3, cancelled 0, pending 0 of 7" in page
+    failed = operator.get(f"/ops/batches/{reminders.id}?state=failed").get_data(as_text=True)
+    assert failed.count('id="member-') == 3 and "PermanentFailure: no such number" in failed
+    assert operator.get(f"/ops/batches/{reminders.id}?state=done").get_data(as_text=True).count('id="member-') == 4
+    assert operator.get(f"/ops/batches/{reminders.id}?state=gone").status_code == 400
+    assert operator.get("/ops/batches/987654").status_code == 404
+    seen, path = [], f"/ops/batches/{export.id}?state=ready"  # keyset-paged, as every long list
+    while path:
+        html = operator.get(path).get_data(as_text=True)
+        seen += re.findall(r'id="member-(\d+)"', html)
+        older = re.search(r'<a href="(/ops/batches/\d+\?[^"]+)">Older', html)
+        path = older.group(1).replace("&amp;", "&") if older else None
+    assert len(seen) == len(set(seen)) == 60
+
+    retried = flashed(operator.post("/ops/batches/retry", {"id": str(reminders.id)}), operator)
+    assert "3 failed members of batch" in retried and "running" in retried
+    assert operator.post("/ops/batches/cancel", {"id": str(export.id)}).status_code == 200  # the confirmation
+    cancelled = flashed(operator.post("/ops/batches/cancel", {"id": str(export.id), "confirm": "yes"}), operator)
+    assert f"Batch {export.id} cancelled; 60 members not started stopped." in cancelled
+    assert "cancelled 60, pending 0 of 60" in cancelled
+    again = flashed(operator.post("/ops/batches/cancel", {"id": str(export.id), "confirm": "yes"}), operator)
+    assert "nothing to cancel" in again
+    assert operator.post("/ops/batches/retry", {"id": "x"}).status_code == 400
+    with runtime.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(
+            Job.batch_id == reminders.id, Job.status == "ready")) == 3
+    assert [(a, t, o) for a, t, o in actions_logged(runtime) if a.startswith("batch.")] == [
+        ("batch.retry", f"batch #{reminders.id}", "ok"), ("batch.cancel", f"batch #{export.id}", "ok"),
+        ("batch.cancel", f"batch #{export.id}", "not-running")]
+    assert "batch.cancel" in operator.get("/ops/activity").get_data(as_text=True)
 
 
 def test_the_queues_page_shows_concurrency_groups_and_cost_budgets(runtime, env):

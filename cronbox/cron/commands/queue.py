@@ -1,4 +1,4 @@
-"""`queue ...`: work, status, groups, profiles, pools, failed, retry, resume, forget, flush, prune."""
+"""`queue ...`: work, status, groups, profiles, pools, failed, retry, resume, forget, flush, prune, batches, batch."""
 from __future__ import annotations
 
 import click
@@ -14,7 +14,7 @@ from cronbox.outbox.engine import heartbeat, profiles
 from cronbox.outbox.engine.admission import time_headroom
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import record_run, run_loop, start_within
-from cronbox.outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.queue import batches, groups, jobstore, pauses
 from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
@@ -258,6 +258,65 @@ def retry(ids, all_, queue_name):
     click.echo(f"retry: {count} jobs queued again")
     if unknown:
         raise UnknownIds("failed job", unknown)
+
+
+@queue.command("batches")
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=50, show_default=True,
+              help="Show at most this many batches, newest first.")
+def batches_command(limit):
+    """Batches, newest first: their progress (done, failed, cancelled, pending) and state."""
+    rt = runtime()
+
+    def read(session):
+        page = batches.page(session, None, size=limit)
+        return batches.progress_of(session, page.rows)
+
+    shown = in_transaction(rt.sessions, read)
+    if not shown:
+        click.echo("no batches")
+        return
+    now = clock.utcnow()
+    click.echo(table(["id", "name", "state", "done", "failed", "cancelled", "pending", "created"],
+                     [[p.id, p.name, p.state, p.done, p.failed, p.cancelled, p.pending,
+                       age(p.created_at, now) + " ago"] for p in shown]))
+
+
+MEMBERS_SHOWN = 200  # `queue batch ID`: the newest members listed
+
+
+@queue.command("batch")
+@click.argument("batch_id", type=click.IntRange(min=1))
+@click.option("--cancel", is_flag=True, help="Cancel it: its members not started yet never start.")
+@click.option("--retry-failed", is_flag=True, help="Put its failed members back on their queues (the batch "
+                                                    "opens again: its callbacks run again when they finish).")
+def batch_command(batch_id, cancel, retry_failed):
+    """One batch: its progress and its members by state (failed ones with their error)."""
+    rt = runtime()
+    now = clock.utcnow()
+    if cancel and retry_failed:
+        raise click.UsageError("give --cancel or --retry-failed, not both")
+    if cancel:
+        stopped, after = in_transaction(rt.sessions, lambda s: batches.cancel_running(s, batch_id, now))
+        if after is None:
+            raise click.UsageError(f"no batch {batch_id}")
+        if stopped is None:
+            click.echo(f"queue batch: batch {batch_id} is {after.state}: nothing to cancel")
+        else:
+            click.echo(f"queue batch: batch {batch_id} cancelled; {stopped} members not started stopped")
+    if retry_failed:
+        count = in_transaction(rt.sessions, lambda s: jobstore.retry_batch(s, batch_id, now))
+        click.echo(f"queue batch: {count} failed members of batch {batch_id} queued again")
+    found = in_transaction(rt.sessions, lambda s: batches.progress(s, batch_id))
+    if found is None:
+        raise click.UsageError(f"no batch {batch_id}")
+    click.echo(f"batch {found.id} {found.name!r}: {found.state}; done {found.done}, failed {found.failed}, "
+               f"cancelled {found.cancelled}, pending {found.pending} of {found.total}")
+    page = in_transaction(rt.sessions, lambda s: batches.members_page(s, batch_id, size=MEMBERS_SHOWN))
+    if page.rows:
+        click.echo(table(["id", "handler", "status", "attempts", "error"],
+                         [[r.id, r.handler, r.status, r.attempts, (r.last_error or "")[:80]] for r in page.rows]))
+    if page.after:
+        click.echo(f"(the newest {MEMBERS_SHOWN} members; the console's batch page shows them all, by state)")
 
 
 @queue.command()

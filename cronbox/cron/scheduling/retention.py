@@ -8,6 +8,8 @@
 | inbox rows (messages a broker consumer handled) | 14 days (`CRONBOX_INBOX_RETENTION_DAYS`) | daily task |
 | redelivery counts of `amqp consume --ordered` (deleted when the message finishes; a crash's leftovers) | as the inbox | daily task |
 | done jobs | 48 hours (`queue prune --older-than`) | daily task, `queue prune` |
+| job results | `CRONBOX_RESULT_TTL` (7 days) | with the queue |
+| finished batches whose members are all pruned | with the done jobs | with the queue |
 | failed jobs | until retried, forgotten or flushed | `queue flush` |
 | send attempts | 30 days | with the queue |
 | read in-app notifications | 90 days | with the queue |
@@ -32,7 +34,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import heartbeat
 from cronbox.outbox.events import deliveries, inbox, redeliveries
-from cronbox.outbox.queue import jobstore, ratelimit
+from cronbox.outbox.queue import batches, jobstore, ratelimit, results
 from cronbox.outbox.queue.models import FAILED, DONE as JOB_DONE
 
 BATCH = 500
@@ -83,6 +85,8 @@ def prune_queue(rt, older_than: float) -> dict[str, int]:
         "read notifications": in_transaction(rt.sessions, lambda s: s.execute(
             delete(N).where(N.c.read_at < now - READ_NOTIFICATIONS_KEPT)).rowcount),
         "rate windows": in_transaction(rt.sessions, lambda s: ratelimit.prune(s, now - RATE_WINDOWS_KEPT)),
+        "job results": _batches(rt, lambda s: results.prune(s, now, BATCH)),
+        "batches": _batches(rt, lambda s: batches.prune(s, before, BATCH)),
     }
 
 

@@ -18,7 +18,7 @@ from cronbox.outbox.core.settings import Settings
 
 log = logging.getLogger("cronbox")
 
-SCHEMA_HEAD = "0013_payload_bytes"
+SCHEMA_HEAD = "0015_batches"
 VERSION_TABLE = "cronbox_alembic_version"
 # The scripts are package data of `cron`, whose schema module assembles every family's tables for them;
 # named as a package resource (found in a checkout and in site-packages alike), not imported from here.

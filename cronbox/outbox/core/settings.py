@@ -45,7 +45,8 @@ ACK_FLUSH_BOUNDS, ACK_FLUSH_WHY = (0.001, 3600.0), "1ms and 1h"
 # Duration settings a module parses itself, with its own bounds (Settings.duration); load_settings
 # parses each one too, so a bare number or a typo stops every command and init_app at once.
 MODULE_DURATIONS = ("CRONBOX_METRICS_WINDOW", "CRONBOX_PROFILE_TTL", "CRONBOX_ADMISSION_TIME_HEADROOM",
-                    "CRONBOX_FORWARD_WARN_AFTER", "CRONBOX_FORWARD_FAIL_AFTER")
+                    "CRONBOX_FORWARD_WARN_AFTER", "CRONBOX_FORWARD_FAIL_AFTER", "CRONBOX_RESULT_TTL",
+                    "CRONBOX_IDEMPOTENCY_TTL")
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,16 @@ SETTINGS: tuple[Setting, ...] = (
             "group commit: items in one transaction at most.", "work"),
     Setting("CRONBOX_GROUP_MS", "number", "200",
             "group commit: milliseconds after which no item joins a group.", "work"),
+    Setting("CRONBOX_RESULT_TTL", "duration", "7d",
+            "how long a job's result (its handler's return value) is kept after it is done (`1m` to `366d`, "
+            "with its unit); then `job_fn.result()` says `expired`.", "work"),
+    Setting("CRONBOX_RESULT_MAX", "number", "65536",
+            "bytes of JSON a job's result may take; a larger one (or one that is not JSON) fails the "
+            "attempt for good, with the reason.", "work"),
+    Setting("CRONBOX_IDEMPOTENCY_TTL", "duration", "1d",
+            "how long a finished job keeps its `idempotency_key` (`1s` to `366d`, with its unit): until then a "
+            "dispatch with the same key returns that job's id (its row is pruned with the done jobs, after "
+            "48 hours, whichever comes first).", "work"),
     Setting("CRONBOX_QUEUE_BUDGETS", "budgets", "unset",
             "cost budgets per queue and window (e.g. `sms=100/m,mail=2000/h`): the summed `cost` of the jobs "
             "a queue starts per window.", "work"),

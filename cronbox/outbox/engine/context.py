@@ -194,7 +194,10 @@ class Context:
     - `idempotency_key`: stable over the retries of one delivery or job (give it to outside services,
       whose effects are at least once);
     - `session`: a SQLAlchemy session whose writes commit together with the ack, exactly once;
-    - `commit_now()`: commit what `session` wrote so far at once (at least once).
+    - `commit_now()`: commit what `session` wrote so far at once (at least once);
+    - `batch`: a job's batch (a member's, to `add()` more members; a batch callback's, to read its
+      `progress()` and page its members' `results()`), else None;
+    - `previous`: a chain step's previous step's result (None for the first step, and outside chains).
     """
 
     def __init__(self, *, attempt: int, trace_id: str, idempotency_key: str, connection: Connection,
@@ -207,6 +210,8 @@ class Context:
         self._connection = connection
         self._commit_group = commit_group
         self._transaction: HandlerTransaction | None = None
+        self.batch: Any = None  # jobs (issue 39): outbox.queue.batches.Batch
+        self.previous: Any = None  # jobs (issue 39): a chain step's previous result
 
     @property
     def session(self) -> Session:

@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import Any, Callable, ContextManager
 
 from cronbox.outbox.core.errors import HandlerTimeout, PermanentFailure, RetryLater, SignalInterrupt
 from cronbox.outbox.core.text import clean_text, describe
@@ -53,6 +53,7 @@ class Outcome:
     traceback: str | None = None
     retry_in: float | None = None  # RetryLater's delay
     raised: BaseException | None = None  # the RetryLater itself (a ChannelPaused carries its channel)
+    value: Any = None  # what the handler returned (issue 39: a job's result, outbox.queue.results)
 
     @property
     def ok(self) -> bool:
@@ -148,7 +149,7 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
     problem = _unrun(result)
     if problem is not None:
         return Outcome(ERROR, seconds, problem)
-    return Outcome(OK, seconds)
+    return Outcome(OK, seconds, value=result)
 
 
 def _failed(exc: BaseException, seconds: float) -> Outcome:
@@ -206,7 +207,8 @@ def _retry_seconds(exc: RetryLater) -> float | None:
 
 def _unrun(result) -> str | None:
     """A coroutine or generator returned means the handler's body never ran (an `async def` or a
-    `yield` by mistake): that is an error, not a success. Any other return value is ignored."""
+    `yield` by mistake): that is an error, not a success. Any other return value is the
+    call's value (a job stores it as its result; a consumer's is ignored)."""
     if result is None:  # nearly every handler: no inspection
         return None
     if inspect.iscoroutine(result) or inspect.isgenerator(result):

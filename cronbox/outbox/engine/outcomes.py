@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_lock_conflict
+from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.lock_wait import lock_wait_error
 from cronbox.outbox.core.logs import log_text
@@ -48,9 +49,11 @@ LEASE_LOST = "lease-lost"
 class LeaseStore(Protocol):
     """The writes of a family's outcomes, each guarded by the item's claim token (False / a short
     count: the lease was lost to another run, whose outcome wins). The family's store module
-    implements them beside its claim SQL."""
+    implements them beside its claim SQL. `ack` takes the items of one claim token and what their
+    handlers returned that the family keeps (`values`, by item id: a job's result)."""
 
-    def ack(self, session: Session, ids: list[int], token: str, now: datetime) -> int: ...
+    def ack(self, session: Session, items: list, token: str, now: datetime,
+            values: dict[int, Any] | None = None) -> int: ...
     def reschedule(self, session: Session, item, next_at: datetime, error: str | None,
                    refund_attempt: bool) -> bool: ...
     def give_up(self, session: Session, item, error: str, traceback: str | None, now: datetime, *,
@@ -87,6 +90,9 @@ class Family:
     retry_later_at: Callable[[Any, Outcome, datetime], datetime | None] = retry_later_at
     # Extra writes in the transaction that reschedules a RetryLater (jobs: a channel pause recorded)
     on_retry_later: Callable[[Session, Any, Outcome, datetime], None] | None = None
+    # What an ack keeps of a handler's return value (jobs: its JSON, outbox.queue.results.encode),
+    # or None: the value is dropped. A value it refuses (PayloadError) fails the attempt for good.
+    keep_value: Callable[[Any], Any] | None = None
 
 
 def exhausted(item, handler) -> bool:
@@ -121,18 +127,42 @@ class Outcomes:
         self.db = db
         self.joined = joined
         self.stats = RunStats()
+        self.values: dict[int, Any] = {}  # item id -> what its ack carries (Family.keep_value), until the batch ends
+
+    # -- returned -----------------------------------------------------------------
+    def returned(self, item, outcome: Outcome) -> Outcome:
+        """What the handler returned (`outcome.value`), kept for the item's ack when the family keeps
+        it (Family.keep_value); a value it refuses makes the attempt a permanent failure (recorded,
+        with the reason: nothing is lost)."""
+        self.values.pop(item.id, None)  # an earlier run of it in this batch (a lost commit group)
+        keep = self.family.keep_value
+        if keep is None or not outcome.ok or outcome.value is None:
+            return outcome
+        try:
+            self.values[item.id] = keep(outcome.value)
+        except PayloadError as exc:
+            return Outcome(PERMANENT, outcome.seconds, str(exc))
+        return outcome
+
+    def closed(self) -> None:
+        """The batch is over: what its acks carried goes."""
+        self.values.clear()
 
     # -- done ---------------------------------------------------------------------
-    def ack(self, session: Session, items: list, now: datetime, values: dict[int, Any] | None = None) -> int:
+    def ack(self, session: Session, items: list, now: datetime) -> int:
         """The items done, in the caller's transaction: one UPDATE per claim token (the items acked
-        together may come from more than one claim). Returns how many were still ours."""
+        together may come from more than one claim), with what their handlers returned that the
+        family keeps (`returned`). Returns how many were still ours."""
+        kept = self.values
+        values = {item.id: kept[item.id] for item in items if item.id in kept} if kept else None
         if len(items) == 1:  # the common case of an item acked with its handler's writes
-            acked = self.store.ack(session, [items[0].id], items[0].claim_token, now)
+            acked = self.store.ack(session, items, items[0].claim_token, now, values)
         else:
-            ids: dict[str, list[int]] = {}
+            by_token: dict[str, list] = {}
             for item in items:
-                ids.setdefault(item.claim_token, []).append(item.id)
-            acked = sum(self.store.ack(session, token_ids, token, now) for token, token_ids in ids.items())
+                by_token.setdefault(item.claim_token, []).append(item)
+            acked = sum(self.store.ack(session, token_items, token, now, values)
+                        for token, token_items in by_token.items())
         for joined in self.joined:
             joined.ended(session, items, values)
         return acked

@@ -87,6 +87,8 @@ class Consumers(Named):
 
 
 class Jobs(Named):
+    forwarded: Named | None = None  # its registry's forwarded queues (a Celery queue takes no batch member)
+
     def queues(self) -> list[str]:
         """Queues of registered jobs, in the order first registered (the default priority)."""
         return list(dict.fromkeys(handler.queue for handler in self.in_order()))
@@ -105,6 +107,7 @@ class Registry:
         self.tasks: Named = Named("scheduled task", source.tasks if source else None, keep)
         # Job queues served by RabbitMQ (outbox.queue.forward_jobs), keyed by the queue's name.
         self.broker_queues: Named = Named("forwarded job queue", source.broker_queues if source else None, keep)
+        self.jobs.forwarded = self.broker_queues
         self._source = source
         self._pause_listeners: list[PauseListener] = []
 

@@ -184,6 +184,7 @@ class Runner:
             self.db.bound_lock_waits()  # 1 s, the run's time being up: its last writes wait no longer
             return 0
         finally:
+            self.outcomes.closed()
             if self.gate is not None:
                 self.gate.closed(batch)
 
@@ -289,12 +290,14 @@ class Runner:
                        idempotency_key=f"{self.family.kind}-{item.id}-{item.trace_id}",
                        connection=self.db.connection, settings=self.runtime.settings, commit_group=group)
 
-    def _call(self, handler, args: tuple, ctx: Context, budget: Budget) -> Outcome:
-        """The handler's call, measured into its profile and the budget."""
+    def _call(self, item, handler, ctx: Context, budget: Budget) -> Outcome:
+        """The handler's call, measured into its profile and the budget; what it returned kept for the
+        item's ack as the family says (Outcomes.returned)."""
         probe = self.admission.probe()
-        outcome = call_handler(handler.fn, args, timeout=handler.timeout, scope=self.runtime.scope_for(ctx))
+        outcome = call_handler(handler.fn, self.family.args(item, ctx), timeout=handler.timeout,
+                               scope=self.runtime.scope_for(ctx))
         budget.record(outcome.seconds, self.admission.record(handler.name, probe, outcome.seconds))
-        return outcome
+        return self.outcomes.returned(item, outcome)
 
     def _run_one(self, item, batch: Batch) -> bool:
         outcomes, quiet = self.outcomes, batch.quiet
@@ -318,7 +321,7 @@ class Runner:
             outcome = gate.check(item, handler, batch) if gate is not None else None
             if outcome is None:
                 batch.started = True
-                outcome = self._call(handler, self.family.args(item, ctx), ctx, batch.budget)
+                outcome = self._call(item, handler, ctx, batch.budget)
             if outcome.ok and not ctx.session_used:
                 quiet.add(item, outcome.seconds)
                 # A due ack frees a held slot too: no handover to the next job (holds_until_ack) then.
@@ -369,7 +372,7 @@ class Runner:
                 index += 1
                 crash_point("after-claim")
                 ctx = self._context(item, group)
-                outcome = self._call(handler, self.family.args(item, ctx), ctx, budget)
+                outcome = self._call(item, handler, ctx, budget)
                 ran.append(item)
                 end, outcome = group.ended(item, ctx, outcome)
                 if end == CULPRIT:

@@ -159,12 +159,13 @@ ACK = (update(D).where(D.c.id.in_(bindparam("ids", expanding=True)), D.c.claim_t
        .values(status=DONE, claim_token=None, lease_until=None, finished_at=bindparam("now"), last_error=None))
 
 
-def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
-    """Mark leased deliveries done, without the error of an earlier attempt (a done delivery shows
-    none); returns how many were still ours."""
-    if not ids:
+def ack(session: Session, items: list, token: str, now: datetime, values: dict | None = None) -> int:
+    """Mark leased deliveries (`items` of one claim `token`) done, without the error of an earlier
+    attempt (a done delivery shows none); returns how many were still ours. (`values`: a consumer's
+    return value is not kept: always None.)"""
+    if not items:
         return 0
-    return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
+    return session.execute(ACK, {"ids": [item.id for item in items], "token": token, "now": now}).rowcount
 
 
 # The writes of the outcomes (outbox/engine/outcomes.py, LeaseStore): ack, reschedule, give_up, release,

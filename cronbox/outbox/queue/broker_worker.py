@@ -57,7 +57,7 @@ from cronbox.outbox.amqp.unreadable import Unreadable
 from cronbox.outbox.queue import jobstore
 from cronbox.outbox.queue.forward_jobs import BrokerQueue
 from cronbox.outbox.queue.job_messages import JobMessage, NotAJob, read, sent_again, shown_id
-from cronbox.outbox.queue.job_family import job_runner
+from cronbox.outbox.queue.job_family import JobStore, job_runner
 
 log = logging.getLogger("cronbox")
 
@@ -76,17 +76,16 @@ class BrokerWorkStats:
 
 
 class BrokerReturns:
-    """jobstore's writes of a job's outcomes (outbox.engine.outcomes.LeaseStore), but a job the worker
-    took and gives back unstarted (the run stops) goes back to the broker as it came: reserved under
-    its message's token (jobstore.untake, leased for its queue's republish_after as after a publish)
-    for the message the worker then requeues (`given_back`), not ready for the next publish."""
+    """The job store's writes of a job's outcomes (outbox.queue.job_family.JobStore: results and
+    idempotency keys kept as the settings say), but a job the worker took and gives back unstarted
+    (the run stops) goes back to the broker as it came: reserved under its message's token
+    (jobstore.untake, leased for its queue's republish_after as after a publish) for the message the
+    worker then requeues (`given_back`), not ready for the next publish."""
 
-    ack = staticmethod(jobstore.ack)
-    reschedule = staticmethod(jobstore.reschedule)
-    give_up = staticmethod(jobstore.give_up)
-    extend = staticmethod(jobstore.extend)
-
-    def __init__(self, republish_after: dict[str, float]):
+    def __init__(self, republish_after: dict[str, float], settings):
+        jobs = JobStore(settings)
+        self.ack, self.give_up = jobs.ack, jobs.give_up
+        self.reschedule, self.extend = jobs.reschedule, jobs.extend
         self.republish_after = republish_after  # queue -> seconds
         self.sent: dict[int, tuple[str, str]] = {}  # job id -> (its message's token, its queue), while taken here
         self.given_back: set[int] = set()  # job ids whose messages go back to the queue
@@ -116,7 +115,7 @@ class BrokerWorker:
         self.link = Link(address, broker_queues[0], prefetch=prefetch, ordered=False, binds=[],
                          heartbeat_seconds=heartbeat_seconds, jobs=broker_queues, name=NAME)
         self.broker_stats = BrokerWorkStats()
-        self.returns = BrokerReturns({f.name: f.republish_after for f in forwarded})
+        self.returns = BrokerReturns({f.name: f.republish_after for f in forwarded}, runtime.settings)
         self.runner = job_runner(runtime, self.returns)
         self.db = self.runner.db
         self.refusals = LimitedLines(log, f"amqp work: queues={self.names}: refused or dropped messages",

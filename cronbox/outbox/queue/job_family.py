@@ -28,22 +28,59 @@ from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
 from cronbox.outbox.engine.outcomes import Family, LeaseStore, Outcomes
 from cronbox.outbox.engine.runner import Batch, Runner
-from cronbox.outbox.queue import groups, jobstore, pauses
+from cronbox.outbox.queue import batches, groups, jobstore, pauses, results
 
 log = logging.getLogger("cronbox")
 
 
-def job_runner(runtime, store: LeaseStore = jobstore) -> Runner:
-    """A worker's runner of claimed jobs: the job family, its outcomes through `store` with the slots
-    freed in their transactions, and the gate."""
+def job_runner(runtime, store: LeaseStore | None = None) -> Runner:
+    """A worker's runner of claimed jobs: the job family, its outcomes through `store` (default: the
+    jobs table's, JobStore) with the slots freed in their transactions, and the gate."""
     db = RunConnection(runtime)
     slots = Slots()
-    outcomes = Outcomes(job_family(runtime), store, db, joined=(slots,))
+    outcomes = Outcomes(job_family(runtime), store or JobStore(runtime.settings), db, joined=(slots,))
     return Runner(runtime, outcomes, gate=JobGate(runtime, db, slots))
+
+
+def idempotency_ttl(settings) -> float:
+    """CRONBOX_IDEMPOTENCY_TTL in seconds: how long a finished job keeps its idempotency key."""
+    return settings.duration("CRONBOX_IDEMPOTENCY_TTL", jobstore.IDEMPOTENCY_TTL_DEFAULT, bounds=(1.0, 366 * 86400.0),
+                             why="1s and 366d")
+
+
+class JobStore:
+    """jobstore's writes of a job's outcomes (outbox.engine.outcomes.LeaseStore) with this runtime's
+    retentions (issue 39): an ack keeps the results it carries CRONBOX_RESULT_TTL, and a finished
+    job its idempotency key CRONBOX_IDEMPOTENCY_TTL (read once, a bad setting refused before any claim)."""
+
+    reschedule = staticmethod(jobstore.reschedule)
+    release = staticmethod(jobstore.release)
+    extend = staticmethod(jobstore.extend)
+
+    def __init__(self, settings):
+        self.keep = results.ttl(settings)
+        self.key_ttl = idempotency_ttl(settings)
+
+    def ack(self, session, items: list, token: str, now: datetime, values: dict | None = None) -> int:
+        return jobstore.ack(session, items, token, now, values, keep=self.keep, key_ttl=self.key_ttl)
+
+    def give_up(self, session, item, error: str, traceback: str | None, now: datetime, *,
+                refund_attempt: bool = False) -> bool:
+        return jobstore.give_up(session, item, error, traceback, now, refund_attempt=refund_attempt,
+                                key_ttl=self.key_ttl)
+
+
+def job_args(item, ctx) -> tuple:
+    """A job handler's arguments: its payload and ctx, with ctx.batch (a member's batch, a callback's)
+    and ctx.previous (a chain step's previous result) for jobs of a batch or chain (issue 39)."""
+    if item.batch_id is not None or item.flow is not None:
+        batches.attach(ctx, item)
+    return (load_payload(item.payload), ctx)
 
 
 def job_family(runtime) -> Family:
     registry = runtime.jobs
+    result_max = results.max_bytes(runtime.settings)
 
     def on_retry_later(session, item, outcome: Outcome, now: datetime) -> None:
         if isinstance(outcome.raised, pauses.ChannelPaused):
@@ -53,9 +90,9 @@ def job_family(runtime) -> Family:
                 listener(session, runtime.settings, pause.channel, pause.seconds, pause.pause_reason)
 
     return Family("job", "failed", handler=lambda item: registry.get(item.handler),
-                  args=lambda item, ctx: (load_payload(item.payload), ctx),
-                  describe=lambda item: f"job={item.id} queue={item.queue} handler={item.handler}",
-                  retry_later_at=retry_later_at, on_retry_later=on_retry_later)
+                  args=job_args, describe=lambda item: f"job={item.id} queue={item.queue} handler={item.handler}",
+                  retry_later_at=retry_later_at, on_retry_later=on_retry_later,
+                  keep_value=lambda value: results.encode(value, result_max))  # issue 39: the job's result
 
 
 def retry_later_at(item, outcome: Outcome, now: datetime) -> datetime | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Protocol, cast
 
-from sqlalchemy import Table, insert
+from sqlalchemy import Table, insert, select, update
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
@@ -23,7 +23,7 @@ from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
 from cronbox.outbox.engine.registry import DEFAULT, Jobs, Registry
-from cronbox.outbox.queue import groups
+from cronbox.outbox.queue import batches, groups, results
 from cronbox.outbox.queue.models import READY, Job
 from cronbox.outbox.queue.ratelimit import RateLimit
 from cronbox.outbox.core.session_types import Transactional
@@ -65,17 +65,24 @@ class JobHandler:
 
     def dispatch(self, session: Transactional, payload=None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None, concurrency_group: str | None = None,
-                 cost: int | None = None) -> int | None:
+                 cost: int | None = None, batch: Any = None, idempotency_key: str | None = None) -> int | None:
         """Add this job to the caller's transaction (a Session, scoped session or Core Connection,
         like record(): the INSERT runs on that transaction's connection, never flushing the caller's
         pending objects); returns its id, or None when a job with the same unique key is already
         waiting or running (then nothing is added and the caller's transaction is untouched).
 
         concurrency_group / cost: this run's own, instead of the handler's; the group must be one a
-        registered job declares (with its concurrency_limit)."""
+        registered job declares (with its concurrency_limit).
+
+        batch: a `cronbox.batch()` (or `ctx.batch` in a member's handler): the job is a member of it
+        (outbox.queue.batches). idempotency_key: a dispatch with a key a job already has returns that
+        job's id instead of adding one, while the job waits or runs and for CRONBOX_IDEMPOTENCY_TTL
+        after it finished (its result readable by `result()`): a retried request gets the same job.
+        unique_key differs: it only keeps a second job out while one waits or runs, and returns None."""
         body = dump_payload(payload)
         seconds = delay_seconds(delay)
-        check_text(unique_key, "unique_key", limit=None, optional=True)  # a long one is hashed (_stored_key)
+        for name, key in (("unique_key", unique_key), ("idempotency_key", idempotency_key)):
+            check_text(key, name, limit=None, optional=True)  # a long one is hashed (_stored_key)
         if concurrency_group is not None:
             groups.check_group(concurrency_group, None, error=PayloadError)
             if self.grouped:
@@ -104,9 +111,48 @@ class JobHandler:
             "cost": cost,
         }
         connection = connection_of(session, Job)
-        if row["unique_key"] is None:
-            return connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
-        return insert_ignore_id(connection, J, row)
+        if batch is not None:  # issue 39: a member (outbox.queue.batches)
+            row["batch_id"] = batches.admit(connection, batch, self)
+        if idempotency_key is not None:
+            row["idempotency_key"] = _stored_key(self.name, idempotency_key)
+            job_id = _dispatch_once(connection, row, now)
+        elif row["unique_key"] is None:
+            job_id = connection.execute(_INSERT, row).inserted_primary_key[0]  # type: ignore[index]  # one INSERT
+        else:
+            job_id = insert_ignore_id(connection, J, row)
+        if batch is not None:
+            batches.joined(connection, batch, job_id)  # a batch created empty in this transaction: open again
+        return job_id
+
+    def result(self, session: Transactional, job_id: int) -> results.JobResult:
+        """What job `job_id` returned (read on `session`): a JobResult whose `status` is done (its `value`), pending, failed
+        (its `error`), expired (after CRONBOX_RESULT_TTL) or unknown (no such job, or pruned)."""
+        connection = connection_of(session, Job)
+        return results.read(connection, job_id, clock.utcnow())  # type: ignore[arg-type]
+
+
+
+
+def _dispatch_once(connection, row: dict, now) -> int | None:
+    """A dispatch with an idempotency key: the new job's id, or the id of the job holding the key. A job
+    whose key outlived CRONBOX_IDEMPOTENCY_TTL (`idempotency_until` passed) gives it up here, guarded by
+    that time, and the job is added after all. Two requests with one key at once: the second INSERT
+    waits on the first's uncommitted key (the unique index), then finds it committed (READ COMMITTED:
+    the read after it is a new snapshot) or rolled back (and adds its own). None only when the
+    conflict was the unique_key's."""
+    for _ in range(2):
+        job_id = insert_ignore_id(connection, J, row)
+        if job_id is not None:
+            return job_id
+        held = connection.execute(select(J.c.id, J.c.idempotency_until).where(
+            J.c.idempotency_key == row["idempotency_key"])).first()
+        if held is None:
+            return None  # the unique_key's conflict
+        if held.idempotency_until is None or held.idempotency_until > now:
+            return held.id
+        connection.execute(update(J).where(J.c.id == held.id, J.c.idempotency_until <= now)
+                           .values(idempotency_key=None))
+    return None
 
 
 def _stored_key(handler: str, key: str) -> str:
@@ -120,12 +166,18 @@ def _stored_key(handler: str, key: str) -> str:
 class Dispatch(Protocol):
     def __call__(self, session: Transactional, payload: Any = None, *, delay: float | timedelta = 0,
                  unique_key: str | None = None, concurrency_group: str | None = None,
-                 cost: int | None = None) -> int | None: ...
+                 cost: int | None = None, batch: Any = None, idempotency_key: str | None = None) -> int | None: ...
+
+
+class ResultOf(Protocol):
+    def __call__(self, session: Transactional, job_id: int) -> results.JobResult: ...
 
 
 class JobFunction(Protocol):
-    """A function `@job` registered: called as before, plus `.dispatch(session, payload)` and `.job`."""
+    """A function `@job` registered: called as before, plus `.dispatch(session, payload)`,
+    `.result(session, job_id)` and `.job`."""
     dispatch: Dispatch
+    result: ResultOf
     job: JobHandler
 
     def __call__(self, payload: Any, ctx: Any, /) -> Any: ...
@@ -204,6 +256,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         jobs.add(handler)
         registered = cast(JobFunction, fn)
         registered.dispatch = handler.dispatch
+        registered.result = handler.result
         registered.job = handler
         return registered
 

@@ -24,9 +24,12 @@ from cronbox.outbox.core import paging
 from cronbox.outbox.core.text import ERROR_MAX, NAME_MAX
 from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
+from cronbox.outbox.queue import batches, results
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
+IDEMPOTENCY_TTL_DEFAULT = 86400.0  # CRONBOX_IDEMPOTENCY_TTL: how long a finished job keeps its idempotency key
+RESULT_TTL_DEFAULT = results.RESULT_TTL_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class ClaimedJob:
     trace_id: str
     concurrency_group: str | None = None  # the dispatch's own (outbox.queue.groups); None: the handler's
     cost: int | None = None
+    batch_id: int | None = None  # issue 39: the batch it is a member of (outbox.queue.batches)
+    flow: str | None = None  # a chain's rest, or which batch's callback it is (JSON)
 
 
 def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime, *,
@@ -205,11 +210,11 @@ def published(session: Session, items: list[ClaimedJob], lease_until: datetime) 
                                .values(available_at=later)).rowcount for chunk in _chunks(pairs))
 
 
-def ack_published(session: Session, items: list[ClaimedJob], now: datetime) -> int:
+def ack_published(session: Session, items: list[ClaimedJob], now: datetime, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> int:
     """Done once the broker confirmed them (a Celery task message's jobs: Celery has them), guarded by
     each job's claim token as ACK is by the batch's."""
     pairs = [(item.id, item.claim_token) for item in items]
-    done = {**DONE_VALUES, "finished_at": now}
+    done = {**DONE_VALUES, "finished_at": now, "idempotency_until": _key_until(now + timedelta(seconds=key_ttl))}
     return sum(session.execute(update(J).where(_paired(chunk), J.c.status == RESERVED).values(done)).rowcount
                for chunk in _chunks(pairs))
 
@@ -308,7 +313,7 @@ def untake(session: Session, sent: dict[int, str], token: str, lease_until: date
 
 
 CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost)  # a ClaimedJob's columns, in order
+           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost, J.c.batch_id, J.c.flow)  # a ClaimedJob's columns, in order
 
 
 def _claimed(row) -> ClaimedJob:
@@ -328,16 +333,59 @@ def _held(ids, token):
 # Built once, as deliveries.ACK: the ack runs once a job when its writes commit with it.
 DONE_VALUES = {"status": DONE, "available_at": None, "claim_token": None, "unique_key": None, "last_error": None,
                "error_class": None, "traceback": None}  # and finished_at
+
+
+def _key_until(until):
+    """A finished job keeps its idempotency key until `until` (dispatch(idempotency_key=)); NULL for the
+    rest (nearly all): one more column of the same UPDATE, never a statement."""
+    return case((J.c.idempotency_key.is_(None), None), else_=until)
+
+
 ACK = update(J).where(_held(bindparam("ids", expanding=True), bindparam("token"))).values(
-    {**DONE_VALUES, "finished_at": bindparam("now")})
+    {**DONE_VALUES, "finished_at": bindparam("now"), "idempotency_until": _key_until(bindparam("key_until"))})
 
 
-def ack(session: Session, ids: list[int], token: str, now: datetime) -> int:
-    """Done. An earlier attempt's error (a retry, or an operator's `queue retry` of a failed job) goes:
-    a done job shows no error."""
-    if not ids:
+def ack(session: Session, items: list, token: str, now: datetime, values: dict[int, str] | None = None, *,
+        keep: float = RESULT_TTL_DEFAULT, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> int:
+    """Done: `items` (claimed jobs of one claim `token`). An earlier attempt's error (a retry, or an
+    operator's `queue retry` of a failed job) goes: a done job shows no error.
+
+    Issue 39: jobs with a result (`values`: job id -> its JSON, kept `keep` seconds), a batch or a
+    chain are acked by their own UPDATE per batch (one for those of no batch), whose rowcount says
+    how many of that batch this statement made done; then, in this transaction, their results,
+    chains' next steps and batch counters (outbox.queue.batches.on_done). The rest, nearly always all
+    of them, take the one UPDATE as before. A short rowcount (a lease lost to another run, which then
+    writes that job's outcome and its follow-ups itself) is resolved by reading back which rows this
+    statement finished: its exact `finished_at`, microseconds on every backend. A finished job with
+    an idempotency key keeps it `key_ttl` seconds."""
+    if not items:
         return 0
-    return session.execute(ACK, {"ids": ids, "token": token, "now": now}).rowcount
+    key_until = now + timedelta(seconds=key_ttl)
+    values = values or {}
+    special = [item for item in items if item.id in values or item.batch_id is not None or item.flow is not None]
+    if not special:
+        return session.execute(ACK, {"ids": [item.id for item in items], "token": token, "now": now,
+                                     "key_until": key_until}).rowcount
+    special_ids = {item.id for item in special}
+    plain = [item.id for item in items if item.id not in special_ids]
+    acked = session.execute(ACK, {"ids": plain, "token": token, "now": now, "key_until": key_until}).rowcount \
+        if plain else 0
+    per_batch: dict[int | None, list] = {}
+    for item in special:
+        per_batch.setdefault(item.batch_id, []).append(item)
+    finished = []
+    for batch_id in sorted(per_batch, key=lambda b: -1 if b is None else b):  # batch locks in id order
+        group = per_batch[batch_id]
+        ids = [item.id for item in group]
+        count = session.execute(ACK, {"ids": ids, "token": token, "now": now, "key_until": key_until}).rowcount
+        acked += count
+        if count != len(group):
+            ours = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == DONE,
+                                                            J.c.finished_at == now)))
+            group = [item for item in group if item.id in ours]
+        finished += group
+    batches.on_done(session, finished, values, now, keep)
+    return acked
 
 
 # The writes of the outcomes (outbox/engine/outcomes.py, LeaseStore): ack, reschedule, give_up, release,
@@ -353,7 +401,7 @@ def reschedule(session: Session, item, next_at: datetime, error: str | None, ref
 
 
 def give_up(session: Session, item, error: str, traceback: str | None, now: datetime, *,
-            refund_attempt: bool = False) -> bool:
+            refund_attempt: bool = False, key_ttl: float = IDEMPOTENCY_TTL_DEFAULT) -> bool:
     """Failed, with the error's class apart so the failed list can be read at a glance.
     refund_attempt: given up without running (its tries were used up before this claim), so the
     attempt the claim counted is given back: the row keeps the attempts that ran."""
@@ -362,7 +410,12 @@ def give_up(session: Session, item, error: str, traceback: str | None, now: date
               "last_error": error[:ERROR_MAX], "error_class": (error_class or "")[:NAME_MAX] or None, "traceback": traceback}
     if refund_attempt:
         values["attempts"] = J.c.attempts - 1
-    return session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount == 1
+    values["idempotency_until"] = _key_until(now + timedelta(seconds=key_ttl))
+    if session.execute(update(J).where(_held([item.id], item.claim_token)).values(values)).rowcount != 1:
+        return False
+    if getattr(item, "batch_id", None) is not None or getattr(item, "flow", None) is not None:
+        batches.on_failed(session, item, error, now)  # issue 39: its batch or chain, in this transaction
+    return True
 
 
 def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
@@ -398,10 +451,23 @@ def retry_failed(session: Session, ids: list[int] | None, queue: str | None, now
         found = set(session.scalars(select(J.c.id).where(J.c.id.in_(ids), J.c.status == FAILED)))
         unknown = [i for i in ids if i not in found]
         query = query.where(J.c.id.in_(ids))
+    retried = ids if ids is not None else list(session.scalars(
+        select(J.c.id).where(J.c.status == FAILED, J.c.batch_id.is_not(None),
+                             *([J.c.queue == queue] if queue is not None else []))))
+    if retried:
+        batches.reopen(session, retried)  # issue 39: their batch counts them again (outbox.queue.batches)
     count = session.execute(
         query.values(status=READY, attempts=0, available_at=now, finished_at=None, claim_token=None)
     ).rowcount
     return count, unknown
+
+
+def retry_batch(session: Session, batch_id: int, now: datetime) -> int:
+    """A batch's failed members (cancelled ones too) back on their queues (`queue batch ID
+    --retry-failed`, the console's batch page): the batch opens again, its callbacks run again when they
+    finish (outbox.queue.batches.reopen). Returns how many."""
+    ids = batches.failed_members(session, batch_id)
+    return retry_failed(session, ids, None, now)[0] if ids else 0
 
 
 def hasten(session: Session, handlers, until: datetime, now: datetime) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from cronbox.outbox.core.models import Base, ExactString, Id, LongText, UtcDateTime
@@ -47,11 +47,59 @@ class Job(Base):
     # A dispatch's own concurrency group and cost; NULL: the handler's (see outbox.queue.groups).
     concurrency_group: Mapped[str | None] = mapped_column(ExactString(64))
     cost: Mapped[int | None] = mapped_column(Integer)
+    # Issue 39 (outbox.queue.batches): the batch this job is a member of (NULL: none); and what its
+    # outcome transaction does next, as JSON (NULL for nearly every job): a chain's rest, or which
+    # batch's callback it is.
+    batch_id: Mapped[int | None] = mapped_column(Id)
+    flow: Mapped[str | None] = mapped_column(LongText)
+    # dispatch(idempotency_key=): the same key returns this job until `idempotency_until` (unlike
+    # unique_key, it outlives the job's end: a retried request gets the same job, and its result).
+    idempotency_key: Mapped[str | None] = mapped_column(ExactString(191), unique=True)
+    idempotency_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
     __table_args__ = (
         Index(None, "queue", "status", "available_at", "id"),
         Index(None, "status", "finished_at"),
+        Index(None, "batch_id", "status"),
     )
+
+
+class JobBatch(Base):
+    """A batch of jobs (outbox.queue.batches): its callbacks, and counters of its members' final outcomes,
+    each raised once per ack statement by the transaction that writes those outcomes. Its members are the
+    jobs whose `batch_id` is its id; `finished_at` is set, once, by the transaction that finished the last."""
+
+    __tablename__ = "cronbox_batches"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(191))
+    callbacks: Mapped[str] = mapped_column(Text)  # JSON: {"then"|"catch"|"finally": [job, queue, retry_until]}
+    payload: Mapped[str] = mapped_column(LongText)  # given to the callbacks
+    allow_failures: Mapped[bool] = mapped_column(Boolean, default=False)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    trace_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)  # its first member failure
+    cancelled_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "finished_at"),)
+
+
+class JobResult(Base):
+    """A job's return value (JSON), written in the transaction that made it done, kept until `expires_at`
+    (CRONBOX_RESULT_TTL). `batch_id`: its job's batch, so a batch's `then` pages through its members'."""
+
+    __tablename__ = "cronbox_job_results"
+
+    job_id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=False)
+    batch_id: Mapped[int | None] = mapped_column(Id)
+    value: Mapped[str] = mapped_column(LongText)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+    __table_args__ = (Index(None, "batch_id", "job_id"), Index(None, "expires_at"))
 
 
 class RateWindow(Base):
