@@ -1,7 +1,7 @@
 """Small text helpers for command output."""
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable
 
 import click
@@ -39,6 +39,12 @@ def table(headers: list[str], rows: list[list]) -> str:
 def _cell(value) -> str:
     text = str(value)
     return clean_text(text, len(text) * 6 + 1)  # never cut: an escape is at most six characters
+
+
+# The least `outbox prune` and `queue prune` take as --older-than: younger rows are what `outbox status`,
+# `queue status`, health and the console show of the last runs, and `--older-than 1s` (or a lost unit)
+# would empty them. Audit records have their own floor (AUDIT_RETENTION_FLOOR_DAYS in settings).
+PRUNE_FLOOR = timedelta(hours=1)
 
 
 class Duration(click.ParamType):

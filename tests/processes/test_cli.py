@@ -165,19 +165,33 @@ def test_no_command_prints_the_help_and_exits_2(env):
     assert one_line_error(proc) == "error: no command given (see `python -m cronbox --help`)"
 
 
-LEAN = ("amqp", "vine", "flask", "jinja2", "werkzeug", "wtforms", "flask_wtf", "itsdangerous", "cryptography", "nacl")
+LEAN = ("amqp", "vine", "flask", "jinja2", "werkzeug", "wtforms", "flask_wtf", "itsdangerous", "cryptography", "nacl",
+        "alembic", "mako")
+# Each backend's driver and SQLAlchemy dialect, loaded by a process on that backend only (the models' MySQL
+# column types are chosen when a MySQL engine compiles them: outbox/core/models.py).
+DRIVERS = {"sqlite": ("sqlite3", "sqlalchemy.dialects.sqlite"),
+           "mysql": ("pymysql", "sqlalchemy.dialects.mysql"),
+           "postgresql": ("psycopg", "psycopg2", "sqlalchemy.dialects.postgresql")}
+# What `queue work` never uses: the event outbox, the console's tables, retention (`queue prune` loads it).
+NOT_A_WORKERS = ("cronbox.outbox.events.models", "cronbox.outbox.events.record", "cronbox.cron.operator.models",
+                 "cronbox.cron.scheduling.retention")
 
 
 @pytest.mark.parametrize("command", [["tick", "--no-linger"], ["queue", "work", "--stop-when-empty"]])
 def test_a_plain_tick_never_loads_the_broker_client_or_flask(env, settings, command):
     """py-amqp (~70 ms to import) loads only when a tick forwards, Flask (and Jinja, Werkzeug, WTForms,
-    itsdangerous) only for a host app (CRONBOX_APP), libsodium (nacl) only to seal or open a file: the
-    standalone per-minute cron line must pay for none of them, even when its built-in tasks are due
-    (a first tick runs them all) and a sealed-files folder exists for the hourly sweep. On MySQL,
-    PyMySQL, used as it comes, imports `cryptography` itself (its RSA password exchange)."""
+    itsdangerous) only for a host app (CRONBOX_APP), libsodium (nacl) only to seal or open a file, Alembic
+    only to migrate, another backend's driver and dialect never: the standalone per-minute cron line must
+    pay for none of them (a start-up and its memory are paid 1,440 times a day), even when its built-in
+    tasks are due (a first tick runs them all) and a sealed-files folder exists for the hourly sweep; and
+    `queue work` loads no table of the event outbox or the console. On MySQL, PyMySQL, used as it comes,
+    imports `cryptography` itself (its RSA password exchange)."""
     assert run_cli(env, "migrate").returncode == 0
     settings.sealed_dir.mkdir(parents=True, exist_ok=True)
-    lean = tuple(m for m in LEAN if m != "cryptography" or not env["DATABASE_URL"].startswith("mysql"))
+    backend = env["DATABASE_URL"].split(":")[0].split("+")[0]
+    lean = tuple(m for m in LEAN if m != "cryptography" or backend != "mysql")
+    lean += tuple(m for other, modules in DRIVERS.items() if other != backend for m in modules)
+    lean += NOT_A_WORKERS if command[0] == "queue" else ()
     code = (f"import sys; from cronbox.cron.cli import main; code = main({command!r}); "
             f"print(code, sorted(m for m in {lean!r} if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], env=child_env(env), cwd="/", capture_output=True,

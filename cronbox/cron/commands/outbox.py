@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import Duration, print_shown, reveal_options, PageCursor, age, never_fits_lines, table
-from cronbox.cron.scheduling.retention import PRUNE_FLOOR, prune_outbox
+from cronbox.cron.format import PRUNE_FLOOR, Duration, PageCursor, age, never_fits_lines, print_shown, reveal_options, table
+from cronbox.cron.scheduling.retention import prune_outbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import DURATION, print_shown, reveal_options, Checked, Duration, PageCursor, age, never_fits_lines, table
-from cronbox.cron.scheduling.retention import PRUNE_FLOOR, flush_failed, prune_queue
+from cronbox.cron.format import (DURATION, PRUNE_FLOOR, Checked, Duration, PageCursor, age, never_fits_lines, print_shown,
+                                  reveal_options, table)
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
@@ -21,6 +21,10 @@ from cronbox.outbox.queue import batches, groups, jobstore, pauses
 from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
+import cronbox.outbox.channels  # noqa: F401  (the channels' and admin alerts' jobs: registered in every worker)
+
+# _RETENTION_LATER: `flush` and `prune` import cronbox.cron.scheduling.retention when they run: it loads the
+# console's, the channels' and the event outbox's tables, which `queue work` (a process a minute) never uses.
 
 queue = CommandGroup("queue", help="The job queue: run workers, inspect and repair jobs.")
 
@@ -359,6 +363,8 @@ def forget(ids):
 @click.option("--older-than", type=DURATION, default=None, help="Only failed jobs older than this (e.g. 10d).")
 def flush(older_than):
     """Delete failed jobs (all, or those that failed before --older-than)."""
+    from cronbox.cron.scheduling.retention import flush_failed  # see _RETENTION_LATER
+
     total = flush_failed(runtime(), older_than)
     click.echo(f"flush: {total} failed jobs deleted")
 
@@ -369,5 +375,7 @@ def flush(older_than):
 def prune(older_than):
     """Delete done jobs older than --older-than, send attempts after 30 days, read notifications after
     90 days and old rate-limit windows, in bounded batches (cron/scheduling/retention.py lists every rule)."""
+    from cronbox.cron.scheduling.retention import prune_queue  # see _RETENTION_LATER
+
     counts = prune_queue(runtime(), older_than)
     click.echo("prune: " + ", ".join(f"{n} {what}" for what, n in counts.items()) + " deleted")

@@ -44,10 +44,6 @@ SEND_ATTEMPTS_KEPT = timedelta(days=30)
 READ_NOTIFICATIONS_KEPT = timedelta(days=90)
 RATE_WINDOWS_KEPT = timedelta(days=1)
 OPS_KEPT = timedelta(days=30)
-# The least `outbox prune` and `queue prune` take as --older-than: younger rows are what `outbox status`,
-# `queue status`, health and the console show of the last runs, and `--older-than 1s` (or a lost unit)
-# would empty them. Audit records have their own floor (AUDIT_RETENTION_FLOOR_DAYS in settings).
-PRUNE_FLOOR = timedelta(hours=1)
 
 
 def _batches(rt, work) -> int:

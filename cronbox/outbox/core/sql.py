@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import mysql as mysql_dialect  # loaded by the models' column types in any case
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -44,7 +43,10 @@ def insert_ignore(session: Session | Connection, table, rows) -> Inserted:
 
         statement = insert(table).on_conflict_do_nothing()
     else:
-        statement = mysql_dialect.insert(table).prefix_with("IGNORE")
+        # Imported here as the others: a MySQL engine has loaded it, SQLite and PostgreSQL never need it.
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+        statement = mysql_insert(table).prefix_with("IGNORE")
     result = session.execute(statement, rows)
     one = isinstance(rows, dict) and result.rowcount == 1
     return Inserted(result.rowcount, tuple(result.inserted_primary_key) if one else None)
