@@ -386,7 +386,7 @@ def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
 def test_a_batch_spanning_a_database_queue_and_a_rabbitmq_queue_finishes_once(rt, registry, rabbit):
     """Members on a queue `amqp work` runs (forward_jobs) and on one the database worker runs: each
     outcome counted by whichever runs it, the callback dispatched once, after both."""
-    from cronbox.outbox.events.broker import parse_url
+    from cronbox.outbox.amqp.broker import parse_url
     from cronbox.outbox.queue.broker_worker import BrokerWorker
     from cronbox.outbox.queue.forward_jobs import forward_jobs
     from tests.broker_rows import publish_jobs
