@@ -227,7 +227,7 @@ def batch(session: Transactional, *, name: str, then: Any = None, catch: Any = N
     (`session`); dispatch its members with `job_fn.dispatch(session,
     payload, batch=batch)` (or `batch.add(session, job_fn, payload)`) in the same transaction.
 
-    then / catch / finally_: @job functions dispatched, exactly once, by the transaction that writes the
+    `then` / `catch` / `finally_`: @job functions dispatched, exactly once, by the transaction that writes the
     outcome that decides them: `then` once every member is done (with allow_failures=True: finished,
     failed ones too) and the batch was not cancelled; `catch` at the first member failure (after its
     last try; unless allow_failures, the members not started are then cancelled); `finally_` once every
