@@ -203,7 +203,9 @@ def test_children_that_crash_at_start_are_restarted_with_a_backoff_not_in_a_loop
     started = time.monotonic()
     proc = run_cli(pool_env, "queue", "work", "--workers", "3", "--max-time", "6",
                    CRONBOX_CRASH_AT="worker-start")
-    assert time.monotonic() - started < 20
+    # The parent ends with its --max-time however often its children crash (a loaded machine adds its
+    # start-up and exit to the 6 s: the bound tells apart only a pool that never stops).
+    assert time.monotonic() - started < 120
     out = proc.stdout
     restarts = int(out.split("restarts ")[1].split(",")[0])
     assert 3 <= restarts <= 10, out  # replaced, but with growing waits: a handful in 6 s, not hundreds

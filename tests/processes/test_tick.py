@@ -191,7 +191,9 @@ def test_max_time_stops_claiming_and_releases_unstarted_leases(runtime, registry
     took = time.monotonic() - started
     assert report.result.stop_reason == "max-time"
     assert 3 <= report.relay.stats.done < 40
-    assert took < 2.5
+    # --max-time 2 plus the item in hand (0.2 s) and a loaded machine's slack; running on to the
+    # last of the 40 would take 8 s at least.
+    assert took < 6
     rows = deliveries(runtime)
     assert all(d.claim_token is None for d in rows)  # nothing left leased
     assert all(d.attempts == (1 if d.status == "done" else 0) for d in rows)  # released claims cost no attempt
@@ -221,19 +223,21 @@ def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, t
     A stop signal there ends the run within a wait step, not at --max-time."""
     record(runtime, "work", 1)
     effects_file = Path(tick_env["TEST_EFFECTS_FILE"])
-    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "40"], env=child_env(tick_env),
+    proc = subprocess.Popen([sys.executable, "-m", "cronbox", "tick", "--max-time", "600"], env=child_env(tick_env),
                             cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(effects_file.exists, "the event's delivery")
         time.sleep(1.5)  # its pass is over (one event, three quick built-in tasks): it lingers, idle
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert time.monotonic() - started < 5, out  # a 0.1 s wait step, then the process's own exit
+    # A 0.1 s wait step, then the process's own exit: on a loaded machine that can take seconds, so the
+    # bound is generous; what it tells apart is a stop at --max-time, minutes later.
+    assert time.monotonic() - started < 120, out
     assert proc.returncode == 0, err
     assert "stopped: signal" in out, out
 
