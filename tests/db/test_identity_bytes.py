@@ -50,7 +50,7 @@ IDENTITIES = {
     "cronbox_deliveries": ["consumer", "key", "claim_token"],
     "cronbox_inbox": ["consumer", "message_id"],
     "cronbox_redeliveries": ["queue", "message_id"],
-    "cronbox_jobs": ["queue", "handler", "claim_token", "unique_key", "concurrency_group"],
+    "cronbox_jobs": ["queue", "handler", "claim_token", "unique_key", "concurrency_group", "idempotency_key"],
     "cronbox_rate_windows": ["bucket"],
     "cronbox_channel_pauses": ["channel"],
     "cronbox_group_slots": ["group_name", "holder"],
@@ -230,8 +230,9 @@ def _insert_at_0009(connection, rows_):
     rows_.insert(metadata.tables["cronbox_heartbeats"], {"detail": None})
 
 
-# Columns added after 0009 (0013's payload_bytes): not there to read at 0009, and filled by the upgrade.
-LATER_COLUMNS = {"payload_bytes"}
+# Columns added after 0009 (0013's payload_bytes, 0015's batch and idempotency columns): not there to
+# read at 0009, and filled by the upgrade.
+LATER_COLUMNS = {"payload_bytes", "batch_id", "flow", "idempotency_key", "idempotency_until"}
 
 
 def _snapshot(connection) -> dict:
