@@ -6,12 +6,12 @@ from __future__ import annotations
 from sqlalchemy import insert
 
 from cronbox import outbox
-from tests.handlers.effects import _pause, effects  # TEST_SLEEP: the "work" handlers' pause
+from tests.handlers.effects import effects, pause  # TEST_SLEEP: the "work" handlers' pause
 
 
 @outbox.job("chaos", name="chaos.member", timeout=1, tries=100)
 def member(payload, ctx):
-    _pause()
+    pause()
     if payload["quiet"]:
         return payload["n"]  # no writes: acked with the others, its result stored with the ack
     ctx.session.execute(insert(effects).values(consumer="member", event_id=payload["n"]))
@@ -35,7 +35,7 @@ def finally_(payload, ctx):
 
 
 def _step(index, payload, ctx):
-    _pause()
+    pause()
     expected = None if index == 1 else payload * 10 + index - 1
     if ctx.previous != expected:
         raise outbox.PermanentFailure(f"step {index} got {ctx.previous!r} from the step before, not {expected!r}")

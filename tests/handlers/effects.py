@@ -21,7 +21,7 @@ effects = Table("test_effects", metadata, Column("id", Integer, primary_key=True
                 Column("consumer", String(64)), Column("event_id", Integer))
 
 
-def _pause():
+def pause():
     seconds = float(os.environ.get("TEST_SLEEP") or 0)
     if seconds:
         time.sleep(seconds)
@@ -29,14 +29,14 @@ def _pause():
 
 @cronbox.consumer("work", name="effects.db", timeout=0.5, max_attempts=100)
 def db_writer(event, ctx):
-    _pause()
+    pause()
     crash_point("in-handler")
     ctx.session.execute(insert(effects).values(consumer="effects.db", event_id=event.id))
 
 
 @cronbox.consumer("work", name="effects.quiet", timeout=0.5, max_attempts=100)
 def quiet(event, ctx):
-    _pause()
+    pause()
     crash_point("in-handler")
     with open(os.environ["TEST_EFFECTS_FILE"], "a") as out:
         out.write(f"{event.id}\n")
