@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sqlalchemy import insert
 
-from cronbox import outbox
+import cronbox
 from tests.handlers.effects import effects, pause  # TEST_SLEEP: the "work" handlers' pause
 
 
-@outbox.job("chaos", name="chaos.member", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.member", timeout=1, tries=100)
 def member(payload, ctx):
     pause()
     if payload["quiet"]:
@@ -24,12 +24,12 @@ def _callback(role, payload, ctx):
     ctx.session.execute(insert(effects).values(consumer=f"early-{role}" if early else role, event_id=payload))
 
 
-@outbox.job("chaos", name="chaos.then", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.then", timeout=1, tries=100)
 def then(payload, ctx):
     _callback("then", payload, ctx)
 
 
-@outbox.job("chaos", name="chaos.finally", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.finally", timeout=1, tries=100)
 def finally_(payload, ctx):
     _callback("finally", payload, ctx)
 
@@ -38,21 +38,21 @@ def _step(index, payload, ctx):
     pause()
     expected = None if index == 1 else payload * 10 + index - 1
     if ctx.previous != expected:
-        raise outbox.PermanentFailure(f"step {index} got {ctx.previous!r} from the step before, not {expected!r}")
+        raise cronbox.PermanentFailure(f"step {index} got {ctx.previous!r} from the step before, not {expected!r}")
     ctx.session.execute(insert(effects).values(consumer=f"step{index}", event_id=payload))
     return payload * 10 + index
 
 
-@outbox.job("chaos", name="chaos.step1", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.step1", timeout=1, tries=100)
 def step1(payload, ctx):
     return _step(1, payload, ctx)
 
 
-@outbox.job("chaos", name="chaos.step2", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.step2", timeout=1, tries=100)
 def step2(payload, ctx):
     return _step(2, payload, ctx)
 
 
-@outbox.job("chaos", name="chaos.step3", timeout=1, tries=100)
+@cronbox.job("chaos", name="chaos.step3", timeout=1, tries=100)
 def step3(payload, ctx):
     return _step(3, payload, ctx)
