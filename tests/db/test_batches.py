@@ -355,6 +355,84 @@ def test_a_chain_passes_each_result_on_and_stops_at_a_failure(rt, registry):
     assert sorted(effect_rows(rt)) == [("catch:2:notify", 0), ("notify:key-1", 3)]
 
 
+def test_a_chains_progress_says_which_step_it_is_on_and_each_steps_state(rt, registry, env):
+    """Read from its steps' rows by primary key, from any step's job id: the step it is on, each step's
+    status (a job's, or later / stopped / pruned), the catch's job; the same from `queue chain JOB_ID`."""
+    from sqlalchemy import delete
+
+    from tests.helpers import invoke
+
+    @job("q", name="render", registry=registry)
+    def render(payload, ctx):
+        return payload
+
+    @job("q", name="seal", registry=registry, tries=1)
+    def seal(payload, ctx):
+        if payload == "fail":
+            raise ValueError("no key")
+        return ctx.previous
+
+    @job("q", name="notify", registry=registry)
+    def notify(payload, ctx):
+        pass
+
+    @job("q", name="oops", registry=registry)
+    def oops(payload, ctx):
+        pass
+
+    @job("q", name="plain", registry=registry)
+    def plain(payload, ctx):
+        pass
+
+    def states(progress):
+        return [(step.index, step.handler, step.status) for step in progress.steps]
+
+    with rt.sessions.begin() as session:
+        good = cronbox.chain(session, [(render, 3), (seal, "ok"), (notify, None)])
+    with rt.sessions() as session:
+        p = good.progress(session)
+    assert (p.id, p.state, p.current.index, p.current.job_id, p.catch) == (good.id, "running", 0, good.first_job_id, None)
+    assert states(p) == [(0, "render", "ready"), (1, "seal", "later"), (2, "notify", "later")]
+    work(rt, batch_size=1, max_handled=1)
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, good.first_job_id)
+    assert states(p) == [(0, "render", "done"), (1, "seal", "ready"), (2, "notify", "later")]
+    second = p.steps[1].job_id
+    assert p.current.index == 1 and p.steps[0].finished_at is not None
+    drain(rt)
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, second)  # from a later step: the same chain
+    assert (p.state, p.current) == ("finished", None) and [s.status for s in p.steps] == ["done"] * 3
+    shown = invoke(env, "queue", "chain", str(p.steps[2].job_id))
+    assert shown.exit_code == 0, shown.output
+    assert f"chain {good.id}: finished" in shown.output and shown.output.count(" done ") == 3
+
+    with rt.sessions.begin() as session:
+        bad = cronbox.chain(session, [(render, 1), (seal, "fail"), (notify, None)], catch=oops)
+        lone = plain.dispatch(session, 1)
+    drain(rt)
+    with rt.sessions() as session:
+        p = bad.progress(session)
+        assert cronbox.chain_progress(session, lone) is None and cronbox.chain_progress(session, 987654) is None
+    assert p.state == "failed" and p.current is None
+    assert states(p) == [(0, "render", "done"), (1, "seal", "failed"), (2, "notify", "stopped")]
+    assert (p.steps[1].attempts, p.steps[1].error) == (1, "ValueError: no key")
+    assert (p.catch.index, p.catch.handler, p.catch.status) == (1, "oops", "done")
+    shown = invoke(env, "queue", "chain", str(bad.first_job_id))
+    assert f"chain {bad.id}: failed" in shown.output and "stopped" in shown.output and "ValueError: no key" in shown.output
+    assert "catch" in shown.output and "oops" in shown.output
+    missing = invoke(env, "queue", "chain", str(lone))
+    assert missing.exit_code == 2 and f"job {lone} is not a step of a chain" in missing.output
+
+    with rt.sessions.begin() as session:  # `queue prune` took the first step's job: read from a later step
+        session.execute(delete(Job).where(Job.id == good.first_job_id))
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, second)
+        assert states(p) == [(0, None, "pruned"), (1, "seal", "done"), (2, "notify", "done")]
+        with pytest.raises(PayloadError, match="no chain"):
+            good.progress(session)
+
+
 def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
     @job("q", name="member", registry=registry)
     def member(payload, ctx):
