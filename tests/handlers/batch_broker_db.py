@@ -1,0 +1,21 @@
+"""The database side of tests.handlers.batch_broker's batch and chain: queue "mixdb", run by `queue work`."""
+from __future__ import annotations
+
+import cronbox
+from tests.handlers.batch_broker import member_run, record, step_run
+
+
+@cronbox.job("mixdb", name="mix.db_member", tries=5, timeout=10)
+def db_member(payload, ctx):
+    return member_run(payload, ctx)
+
+
+@cronbox.job("mixdb", name="mix.db_step", tries=5, timeout=10)
+def db_step(payload, ctx):
+    return step_run(payload, ctx)
+
+
+@cronbox.job("mixdb", name="mix.finally", tries=5, timeout=10)
+def finally_(payload, ctx):
+    progress = ctx.batch.progress(ctx.session)
+    record("early-finally" if progress.pending != 0 or progress.finished_at is None else "finally", payload, ctx)
