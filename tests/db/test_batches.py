@@ -438,6 +438,10 @@ def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
     def member(payload, ctx):
         pass
 
+    @cronbox.consumer("visit.closed", name="receipt", registry=registry)
+    def receipt(event, ctx):
+        pass
+
     def plain(payload, ctx):
         pass
 
@@ -458,7 +462,137 @@ def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
             cronbox.chain(session, [(member, loop)])
         with pytest.raises(PayloadError, match="at least one step"):
             cronbox.chain(session, [])
+        with pytest.raises(PayloadError, match="step 1 must be a"):
+            cronbox.chain(session, [(member, 1), (member,)])
+        with pytest.raises(PayloadError, match="step 0 must be a @job function"):
+            cronbox.chain(session, [(plain, 1)])
+        with pytest.raises(PayloadError, match="catch=: no job named"):
+            cronbox.chain(session, [(member, 1)], catch="nobody.registered")
+        with pytest.raises(PayloadError, match="must be a @job function"):
+            cronbox.batch(session, name="x", finally_=receipt)  # a consumer, not a job
+        for name in ("", "x" * 192, "two\nlines", 7):
+            with pytest.raises(PayloadError, match="a batch name must be printable text"):
+                cronbox.batch(session, name=name)
+        with pytest.raises(PayloadError, match="allow_failures must be True or False"):
+            cronbox.batch(session, name="x", allow_failures="yes")
+        with pytest.raises(PayloadError, match="not JSON|JSON"):
+            cronbox.batch(session, name="x", payload={"when": object()})
+        with pytest.raises(PayloadError, match="batch= must be a cronbox.batch"):
+            member.dispatch(session, 1, batch="7")
+        assert session.scalar(select(func.count()).select_from(JobBatch)) == 0  # nothing written by a refusal
+        assert session.scalar(select(func.count()).select_from(Job)) == 0
         session.rollback()
+
+
+def test_a_finished_batch_takes_no_member_and_a_callback_adding_one_is_one_recorded_failure(rt, registry):
+    """Nothing can join a batch once it finished: a dispatch from outside is refused at once, and its own
+    `then` adding a member fails (its tries used, the error recorded), the batch left as it was."""
+    @job("q", name="member", registry=registry)
+    def member(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="member", n=payload))
+
+    @job("q", name="then", registry=registry, tries=1)
+    def then(payload, ctx):
+        ctx.batch.add(ctx.session, member, 99)
+
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="x", then=then)
+        member.dispatch(session, 1, batch=b)
+        member.dispatch(session, 2, batch=b)
+    drain(rt)
+    for target in (b, b.id):
+        with pytest.raises(PayloadError, match=f"batch {b.id} is finished: it takes no new member"):
+            with rt.sessions.begin() as session:
+                member.dispatch(session, 3, batch=target)
+    with rt.sessions() as session:
+        failed = session.execute(select(Job.status, Job.last_error).where(Job.handler == "then")).one()
+        p = b.progress(session)
+    assert failed.status == "failed" and f"batch {b.id} is finished: it takes no new member" in failed.last_error
+    assert sorted(n for _w, n in effect_rows(rt, "member")) == [1, 2]
+    assert (p.state, p.done, p.total) == ("finished", 2, 2)
+
+
+def test_a_chain_ends_in_a_batch_whose_then_starts_a_chain(rt, registry):
+    """Export a patient's records: a chain whose last step starts a batch (one job per source), whose
+    `then` starts a chain (zip, then seal): each started in the outcome transaction of the job before."""
+    @job("q", name="collect", registry=registry)
+    def collect(payload, ctx):
+        return ["labs", "notes", "images"]
+
+    @job("q", name="fan_out", registry=registry)
+    def fan_out(payload, ctx):
+        parts = cronbox.batch(ctx.session, name=f"export {payload}", then=zip_, payload=payload)
+        for source in ctx.previous:
+            parts.add(ctx.session, export_one, source)
+
+    @job("q", name="export_one", registry=registry)
+    def export_one(payload, ctx):
+        return len(payload)
+
+    @job("q", name="zip", registry=registry)
+    def zip_(payload, ctx):
+        total = sum(value for _id, value in ctx.batch.results(ctx.session))
+        cronbox.chain(ctx.session, [(pack, total), (seal, payload)])
+
+    @job("q", name="pack", registry=registry)
+    def pack(payload, ctx):
+        return {"bytes": payload}
+
+    @job("q", name="seal", registry=registry)
+    def seal(payload, ctx):
+        ctx.session.execute(insert(effects).values(what=f"sealed for {payload}", n=ctx.previous["bytes"]))
+
+    with rt.sessions.begin() as session:
+        cronbox.chain(session, [(collect, 7), (fan_out, 7)])
+    drain(rt)
+    assert effect_rows(rt) == [("sealed for 7", len("labs") + len("notes") + len("images"))]
+    with rt.sessions() as session:
+        counts = dict(session.execute(select(Job.handler, func.count()).group_by(Job.handler)).all())
+        assert set(session.scalars(select(Job.status))) == {"done"}
+    assert counts == {"collect": 1, "fan_out": 1, "export_one": 3, "zip": 1, "pack": 1, "seal": 1}
+
+
+def test_results_and_idempotency_keys_expire_and_results_and_finished_batches_are_pruned(rt, registry, env):
+    """CRONBOX_RESULT_TTL (7d) and CRONBOX_IDEMPOTENCY_TTL (1d) by the clock: a result is read as expired
+    after its time and `queue prune` deletes it; a key is given to a new job after its time; a finished
+    batch goes with its last member, a running one stays."""
+    from datetime import datetime, timedelta
+
+    from cronbox.outbox.core import clock
+    from tests.helpers import invoke
+
+    @job("q", name="value", registry=registry)
+    def value(payload, ctx):
+        return payload
+
+    start = datetime(2026, 12, 1, 8, 0)
+    with clock.frozen(start):
+        with rt.sessions.begin() as session:
+            b = cronbox.batch(session, name="old")
+            old = value.dispatch(session, "old", batch=b, idempotency_key="req-1")
+        work(rt)
+        clock.advance(3600)
+        with rt.sessions.begin() as session:
+            assert value.dispatch(session, "again", idempotency_key="req-1") == old  # within the key's day
+        clock.advance(86400)
+        with rt.sessions.begin() as session:
+            renewed = value.dispatch(session, "later", idempotency_key="req-1")  # its day passed: a new job
+            running = cronbox.batch(session, name="running")
+            value.dispatch(session, "waits", batch=running, delay=timedelta(days=30))
+        assert renewed != old
+        work(rt)
+        clock.advance(6 * 86400)  # 7 days and an hour after the first result: past its TTL
+        with rt.sessions() as session:
+            assert value.result(session, old).status == "expired"
+            assert value.result(session, renewed).value == "later"  # 6 days old: kept
+        pruned = invoke(env, "queue", "prune", "--older-than", "48h")
+        assert pruned.exit_code == 0, pruned.output
+        with rt.sessions() as session:
+            assert value.result(session, old).status == "unknown"  # its job and its result pruned
+            assert batches.progress(session, b.id) is None  # finished, its members gone: pruned with them
+            assert running.progress(session).state == "running"
+            kept = value.result(session, renewed)  # its job pruned (done 6 days ago), its result kept its 7 days
+            assert (kept.status, kept.value) == ("done", "later")
 
 
 def test_a_batch_spanning_a_database_queue_and_a_rabbitmq_queue_finishes_once(rt, registry, rabbit):
@@ -518,6 +652,8 @@ def test_a_member_on_a_celery_queue_is_refused(rt, registry):
         for target in (plain, task):
             with pytest.raises(PayloadError, match="forwarded to Celery"):
                 target.dispatch(session, 1, batch=b)
+            with pytest.raises(PayloadError, match="forwarded to Celery: .* cannot be a chain step"):
+                cronbox.chain(session, [(target, 1)])
         session.rollback()
 
 
