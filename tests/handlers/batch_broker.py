@@ -24,28 +24,27 @@ def record(what: str, n: int, ctx) -> None:
     ctx.session.execute(insert(effects).values(consumer=f"{what}@{os.environ.get('TEST_RUNNER', '?')}", event_id=n))
 
 
-def member_run(payload, ctx):
-    record("member", payload, ctx)
-    return payload
+def member_and_step(queue: str, side: str):
+    """The member job and the chain step job of one side ("mq" here, "db" in batch_broker_db) on `queue`:
+    a member records its number and returns it; step `payload` (1, 2, 3) checks that ctx.previous is
+    the step before's number, records it and returns its own."""
+    @cronbox.job(queue, name=f"mix.{side}_member", tries=5, timeout=10)
+    def member(payload, ctx):
+        record("member", payload, ctx)
+        return payload
+
+    @cronbox.job(queue, name=f"mix.{side}_step", tries=5, timeout=10)
+    def step(payload, ctx):
+        expected = None if payload == 1 else payload - 1
+        if ctx.previous != expected:
+            raise cronbox.PermanentFailure(f"step {payload} got {ctx.previous!r}, not {expected!r}")
+        record(f"step{payload}", payload, ctx)
+        return payload
+
+    return member, step
 
 
-def step_run(payload, ctx):
-    """Step `payload` (1, 2, 3) of the chain: the step before returned its own number."""
-    expected = None if payload == 1 else payload - 1
-    if ctx.previous != expected:
-        raise cronbox.PermanentFailure(f"step {payload} got {ctx.previous!r}, not {expected!r}")
-    record(f"step{payload}", payload, ctx)
-    return payload
-
-
-@cronbox.job("mixmq", name="mix.mq_member", tries=5, timeout=10)
-def mq_member(payload, ctx):
-    return member_run(payload, ctx)
-
-
-@cronbox.job("mixmq", name="mix.mq_step", tries=5, timeout=10)
-def mq_step(payload, ctx):
-    return step_run(payload, ctx)
+mq_member, mq_step = member_and_step("mixmq", "mq")
 
 
 @cronbox.job("mixmq", name="mix.then", tries=5, timeout=10)

@@ -2,17 +2,9 @@
 from __future__ import annotations
 
 import cronbox
-from tests.handlers.batch_broker import member_run, record, step_run
+from tests.handlers.batch_broker import member_and_step, record
 
-
-@cronbox.job("mixdb", name="mix.db_member", tries=5, timeout=10)
-def db_member(payload, ctx):
-    return member_run(payload, ctx)
-
-
-@cronbox.job("mixdb", name="mix.db_step", tries=5, timeout=10)
-def db_step(payload, ctx):
-    return step_run(payload, ctx)
+db_member, db_step = member_and_step("mixdb", "db")
 
 
 @cronbox.job("mixdb", name="mix.finally", tries=5, timeout=10)

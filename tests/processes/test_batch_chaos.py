@@ -87,7 +87,12 @@ def test_random_sigkills_lose_no_member_and_fire_every_callback_once_after_its_l
         proc = run_cli(chaos_env, "queue", "work", "--queue", "chaos", "--stop-when-empty", timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
+    chaos_seconds, left = time.monotonic() - started, unfinished(runtime)
     run_until(clean, lambda: unfinished(runtime) == 0, pause=LEASE, seconds=600)
+    # What the run did, for the record (pytest -s shows it): the full size's numbers go in the report.
+    print(f"\nbatch chaos {runtime.settings.database_url.split(':')[0]} {runtime.settings.claim_mode}: {BATCHES} "
+          f"batches, {member_n} members, {CHAINS} chains; {kills} kills in {chaos_seconds:.0f} s of chaos, "
+          f"{left} jobs left for the clean runs, done after {time.monotonic() - started:.0f} s")
     assert kills >= 3, "the chaos hardly happened"
     loud = set(range(member_n)) - quiet_numbers
     assert quiet_ids and loud
