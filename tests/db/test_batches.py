@@ -329,6 +329,38 @@ def test_two_workers_finishing_the_last_members_at_once_fire_once(rt, registry):
     assert len(effect_rows(rt, "then")) == 1 and len(effect_rows(rt, "member")) == 2
 
 
+def test_grouped_members_and_steps_are_counted_by_their_groups_commit(rt, registry):
+    """Group commit (grouped=True: consecutive jobs in one transaction, a savepoint each) acks members and
+    chain steps through the same outcome writes: the batch finishes once, the chain goes on, a member
+    failing inside a group is counted as failed by that group's transaction."""
+    @job("q", name="part", registry=registry, grouped=True, tries=1)
+    def part(payload, ctx):
+        if payload == 4:
+            raise ValueError("bad part")
+        ctx.session.execute(insert(effects).values(what="part", n=payload))
+        return payload
+
+    @job("q", name="then", registry=registry)
+    def then(payload, ctx):
+        p = ctx.batch.progress(ctx.session)
+        total = sum(value for _id, value in ctx.batch.results(ctx.session))
+        ctx.session.execute(insert(effects).values(what=f"then:{p.done}:{p.failed}:{p.pending}", n=total))
+
+    @job("q", name="last", registry=registry)
+    def last(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="last", n=ctx.previous))
+
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="grouped", then=then, allow_failures=True)
+        for n in range(1, 7):
+            part.dispatch(session, n, batch=b)
+        cronbox.chain(session, [(part, 10), (part, 20), (last, None)])
+    drain(rt)
+    assert effect_rows(rt, "then:5:1:0") == [("then:5:1:0", 1 + 2 + 3 + 5 + 6)]
+    assert sorted(n for _w, n in effect_rows(rt, "part")) == [1, 2, 3, 5, 6, 10, 20]
+    assert effect_rows(rt, "last") == [("last", 20)]
+
+
 def test_a_chain_passes_each_result_on_and_stops_at_a_failure(rt, registry):
     @job("q", name="render", registry=registry)
     def render(payload, ctx):
