@@ -19,11 +19,12 @@ import pytest
 from sqlalchemy import func, select
 
 import cronbox
+from cronbox.outbox.engine.models import Heartbeat
 from cronbox.outbox.queue.models import Job
 from tests.conftest import child_env, run_cli
 from tests.handlers import batch_chaos
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import run_until
+from tests.helpers import run_until, wait_for
 
 pytestmark = pytest.mark.backends("mysql-skip-locked", "mysql-token", "postgresql")
 
@@ -37,6 +38,12 @@ def counts(runtime, consumer: str) -> Counter:
         return Counter(dict(session.execute(select(effects.c.event_id, func.count())
                                             .where(effects.c.consumer == consumer)
                                             .group_by(effects.c.event_id)).all()))
+
+
+def running(runtime) -> set[int]:
+    """The pids of the runs that have started (their heartbeat row)."""
+    with runtime.sessions() as session:
+        return set(session.scalars(select(Heartbeat.pid)))
 
 
 def unfinished(runtime) -> int:
@@ -72,7 +79,12 @@ def test_random_sigkills_lose_no_member_and_fire_every_callback_once_after_its_l
         commands = [["queue", "work", "--queue", "chaos", "--max-time", "20"]] * 2 + [["tick", "--max-time", "20"]]
         procs = [subprocess.Popen([sys.executable, "-m", "cronbox", *command], env=child_env(chaos_env), cwd="/",
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for command in commands]
-        time.sleep(rng.uniform(1.0, 2.5))  # past the imports: kills land in claims, handlers, acks and callbacks
+        # Past the imports and into the runs (each has written its heartbeat row; however loaded the machine,
+        # a start-up is not what gets killed), then a random moment: kills land in claims, handlers, acks and
+        # callbacks.
+        wait_for(lambda: all(proc.poll() is not None for proc in procs if proc.pid not in running(runtime)),
+                 "the chaos round's processes to start their runs", 120)
+        time.sleep(rng.uniform(0.2, 1.5))
         for proc in procs:
             if rng.random() < 0.8:
                 proc.send_signal(signal.SIGKILL)
@@ -94,6 +106,8 @@ def test_random_sigkills_lose_no_member_and_fire_every_callback_once_after_its_l
           f"batches, {member_n} members, {CHAINS} chains; {kills} kills in {chaos_seconds:.0f} s of chaos, "
           f"{left} jobs left for the clean runs, done after {time.monotonic() - started:.0f} s")
     assert kills >= 3, "the chaos hardly happened"
+    with runtime.sessions() as session:
+        assert left < (session.scalar(select(func.count()).select_from(Job)) or 0), "no job finished during the chaos"
     loud = set(range(member_n)) - quiet_numbers
     assert quiet_ids and loud
     assert counts(runtime, "member") == Counter({n: 1 for n in loud})  # no member lost, none applied twice
