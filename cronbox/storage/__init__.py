@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cronbox.outbox.core.settings import Settings, load_settings
 
+from cronbox.outbox.core import sealing
 from cronbox.outbox.core.engines import make_engine, session_factory
 from cronbox.outbox.core.session_types import AnySession
 
@@ -110,6 +111,14 @@ def _app_storage() -> Storage | None:
         return None
     state = flask.current_app.extensions.get("cronbox")
     return None if state is None else state.storage
+
+
+def current_sealer():
+    """The payload sealer of current()'s store (outbox.core.sealing asks this: set_resolver below)."""
+    return current().payload_sealer()
+
+
+sealing.set_resolver(current_sealer)
 
 
 def put(session: AnySession, stream, *, filename: str, content_type: str, owner: str) -> str:

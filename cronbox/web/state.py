@@ -55,6 +55,7 @@ class CronboxState:
                     runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
                     runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
                     runtime.host_engines = lambda: host_engines(self.app, self.db)
+                    runtime.sealer_source = self.sealer  # sealed payloads open under this app's keys
                     try:
                         self._load_handlers(runtime)
                     except BaseException:
@@ -88,6 +89,10 @@ class CronboxState:
                     self._storage = Storage(self.settings, runtime.sessions)
         return self._storage
 
+    def sealer(self):
+        """This app's payload sealer (outbox.core.sealing), under its storage's keys."""
+        return self.storage.payload_sealer()
+
     def derived_keys(self, label: bytes) -> list[bytes]:
         """Keys for `label` (the console's cookie and CSRF tokens, upload CSRF tokens), one per URL-signing
         key, oldest first (the last one signs). Read per call (one scandir: storage.keyring), so a new
@@ -101,6 +106,7 @@ class CronboxState:
 
         runtime.handler_scope = HostScope(self.app, self.db)
         runtime.host_engines = lambda: host_engines(self.app, self.db)  # a pool's children drop their pools too
+        runtime.sealer_source = self.sealer  # sealed payloads open under this app's keys, context or not
         self.use_runtime(runtime)
         modules = self._load_handlers(runtime)
         close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened

@@ -83,6 +83,7 @@ def run_checks(runtime, *, backlog: bool = True) -> Report:
                 work, queues = _backlog_checks(session, now, interval)
                 checks += work
                 checks += _forward_checks(session, runtime, now)
+                checks += _payload_key_checks(session, runtime)
     except Exception as exc:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
@@ -242,6 +243,25 @@ def _forward_checks(session, runtime, now: datetime) -> list[Check]:
         return [Check("forward", WARN, f"{exc}; forwarding not checked")]
     return [Check(f"forward.{f.consumer}", grade, describe_failing(f, seconds), round(seconds))
             for grade, f, seconds in found]
+
+
+def _payload_key_checks(session, runtime) -> list[Check]:
+    """Sealed payloads waiting to run whose master key is not in the key folder: a FAIL now, before a
+    worker fails each of them on it (storage.payload_keys)."""
+    from cronbox.storage.payload_keys import waiting_key_ids
+
+    used = waiting_key_ids(session)
+    if not used:
+        return []
+    sealer = runtime.sealer()
+    if sealer is None:
+        return [Check("payload_keys", FAIL, f"sealed payloads wait under {len(used)} key(s), but no key vault is "
+                                            "configured here")]
+    missing = sorted(used - sealer.keys.known())
+    if missing:
+        return [Check("payload_keys", FAIL, f"sealed payloads wait under master key(s) missing from the key folder: "
+                                            f"{', '.join(missing)}; restore them from your key backup", len(missing))]
+    return [Check("payload_keys", OK, f"every waiting sealed payload's key is present ({len(used)} key(s))", 0)]
 
 
 def _disk_check(folder) -> Check:
