@@ -35,7 +35,7 @@ from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.registry import Registry
 from cronbox.outbox.engine.runtime import Runtime
 from cronbox.outbox.queue.worker import Worker
-from cronbox.storage.service import Storage
+from cronbox.storage.payload_keys import sealer_of
 
 REGISTRY = Registry()
 META = MetaData()
@@ -77,7 +77,7 @@ def main() -> None:
         rt = Runtime(settings, registry=REGISTRY)
         upgrade(settings, rt.engine)
         META.create_all(rt.engine)
-        sealer = Storage(settings, rt.sessions).payload_sealer()
+        sealer = sealer_of(settings)
         rt.sealer_source = lambda: sealer
         with sealing.using(sealer):
             run(rt, args)

@@ -304,17 +304,13 @@ def runtime(settings, registry, database, request):
         rt = Runtime(settings, registry=registry)
     # Sealed payloads (the channel jobs are sealed) under this test's own key folder, never the checkout's
     # standalone one: the same sealer seals in the test's process and opens in its workers.
-    sealer = sealer_for_test(settings, rt)
+    from cronbox.storage.payload_keys import sealer_of
+
+    sealer = sealer_of(settings)
     rt.sealer_source = lambda: sealer
     with sealing.using(sealer):
         yield rt
     rt.dispose()
-
-
-def sealer_for_test(settings, rt):
-    from cronbox.storage.service import Storage
-
-    return Storage(settings, rt.sessions).payload_sealer()
 
 
 def thorough(examples: int) -> int:

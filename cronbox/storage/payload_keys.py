@@ -1,19 +1,32 @@
 """The key vault's side of sealed payloads (outbox.core.sealing): master keys for the outbox's sealer.
 
 The outbox layer never imports storage; this module gives it what it needs, the active master key
-and any key by id, read from the same key ring as the files' (`storage new-key` rotates both;
+and any key by id, read from the same key folder as the files' (`storage new-key` rotates both;
 `payloads rewrap` re-seals waiting rows under the new key). The payload key itself is derived in
 outbox.core.sealing (HKDF, its own info): never a file's data key.
+
+A sealer needs the settings only (the key folder): never the app's Storage, its runtime or a
+connection of its own. record() and dispatch() find it inside the caller's transaction, where a
+second connection (a schema check, SQLite's second writer) would wait on that very transaction.
+The key folder is read on the first seal or open, not before: a process that seals nothing never
+loads `keys` (and with it libsodium).
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from cronbox.outbox.core.sealing import MissingPayloadKey, PayloadIntegrityError, Sealer
+from cronbox.outbox.core.errors import SettingsError
+from cronbox.outbox.core.sealing import MissingPayloadKey, PayloadIntegrityError, Sealer, VaultUnusable
+from cronbox.outbox.core.settings import Settings
 
-from .errors import IntegrityError, UnknownKey
-from .keys import KeyRing
+from .errors import IntegrityError, KeyFolderError, UnknownKey
+
+if TYPE_CHECKING:
+    from .keys import KeyRing
+
+log = logging.getLogger("cronbox")
 
 # How long a key ring read is trusted before the key folder is looked at again (one scandir): a
 # record() pays no system call, and a key added by `storage new-key` is used within this time.
@@ -21,17 +34,24 @@ RECHECK_SECONDS = 1.0
 
 
 class VaultPayloadKeys:
-    """PayloadKeys over a Storage's key ring."""
+    """PayloadKeys over the key folder of `settings` (generated on first use, as the files' are)."""
 
-    def __init__(self, storage: Any):  # a service.Storage (which imports this module)
-        self.storage = storage
+    def __init__(self, settings: Settings):
+        self.settings = settings
         self._ring: KeyRing | None = None
         self._read_at = 0.0
 
     def _keyring(self, *, fresh: bool = False) -> KeyRing:
+        from . import keys  # here: libsodium loads with the first sealed payload, not with a plain tick
+
         now = time.monotonic()
         if fresh or self._ring is None or now - self._read_at > RECHECK_SECONDS:
-            self._ring, self._read_at = self.storage.keyring(), now
+            if self._ring is None or keys.folder_stamp(self.settings) != self._ring.stamp:
+                try:
+                    self._ring = keys.load(self.settings)
+                except KeyFolderError as exc:
+                    raise VaultUnusable(str(exc)) from None
+            self._read_at = now
         return self._ring
 
     def active(self) -> tuple[str, bytes]:
@@ -54,8 +74,53 @@ class VaultPayloadKeys:
         return set(self._keyring(fresh=True).encryption)
 
 
-def sealer_of(storage: Any) -> Sealer:
-    return Sealer(VaultPayloadKeys(storage), seal_all=storage.settings.seal_payloads == "all")
+def sealer_of(settings: Settings) -> Sealer:
+    """The payload sealer of the key folder `settings` name. Its owner keeps it (one per app:
+    cronbox.web.state; one per standalone store: cronbox.storage): it caches the database's install
+    id and the derived keys."""
+    return Sealer(VaultPayloadKeys(settings), seal_all=settings.seal_payloads == "all")
+
+
+def vault_problem(settings: Settings) -> str | None:
+    """Why the key folder of `settings` cannot seal payloads (unsafe, unreadable, inside a web root),
+    or None when it can (one that does not exist yet is made on first use). Start-up and health ask."""
+    from . import keys
+
+    try:
+        keys.check_key_folder(settings)
+    except KeyFolderError as exc:
+        return str(exc)
+    return None
+
+
+def check_vault(settings: Settings, *, warn: bool) -> None:
+    """Start-up's look at the key vault (Cronbox.init_app with warn=True; a standalone cron command with
+    warn=False, which pays for it only under CRONBOX_SEAL_PAYLOADS=all). CRONBOX_SEAL_PAYLOADS=all with a
+    key folder that cannot be used: SettingsError, one line. Otherwise, with `warn`, that key folder is
+    said once in the log: the payloads sealed by default (the channel jobs) are stored unsealed until it
+    is fixed, and health says so too."""
+    if settings.seal_payloads != "all" and not warn:
+        return
+    problem = vault_problem(settings)
+    if problem is None:
+        return
+    if settings.seal_payloads == "all":
+        raise SettingsError(f"CRONBOX_SEAL_PAYLOADS=all, but the key vault is not usable: {problem}")
+    log.warning("sealed payloads: the key vault is not usable, so the channel jobs' payloads (PHI) are stored "
+                "unsealed and sealed=True ones are refused: %s", problem)
+
+
+def unsealed_by_default(session, names: set[str]) -> int:
+    """How many payloads of jobs sealed by default (`names`) wait, run or failed unsealed: dispatched where
+    no key vault was usable, or before the upgrade that sealed them (health)."""
+    from sqlalchemy import func, select
+
+    from cronbox.outbox.queue.models import Job
+
+    if not names:
+        return 0
+    return session.scalar(select(func.count()).select_from(Job).where(
+        Job.handler.in_(sorted(names)), Job.seal_id.is_(None), Job.status.in_(("ready", "reserved", "failed"))))
 
 
 def waiting_key_ids(session) -> set[str]:

@@ -167,15 +167,6 @@ class Storage:
         ciphers.sealing_algorithm(settings.seal_algorithm)  # refuse an impossible setting at start-up
         self._ring: KeyRing | None = None
         self._tokens: Tokens | None = None
-        self._sealer = None
-
-    def payload_sealer(self):
-        """The sealer of event and job payloads under this store's keys (outbox.core.sealing), one per store."""
-        if self._sealer is None:
-            from .payload_keys import sealer_of
-
-            self._sealer = sealer_of(self)
-        return self._sealer
 
     # --- keys --------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ class CronboxState:
     extension: Any = None  # the Cronbox object whose init_app made this state (Cronbox.storage checks it)
     _runtime: Runtime | None = None
     _storage: Any = None
+    _sealer: Any = None
     _schema_checked: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -90,8 +91,16 @@ class CronboxState:
         return self._storage
 
     def sealer(self):
-        """This app's payload sealer (outbox.core.sealing), under its storage's keys."""
-        return self.storage.payload_sealer()
+        """This app's payload sealer (outbox.core.sealing), under its instance folder's keys. From the
+        settings alone, never through `storage`: record() and dispatch() ask for it inside the caller's
+        transaction, where the storage's schema check (a connection of its own) would wait on it."""
+        if self._sealer is None:
+            from cronbox.storage.payload_keys import sealer_of
+
+            with self._lock:
+                if self._sealer is None:
+                    self._sealer = sealer_of(self.settings)
+        return self._sealer
 
     def derived_keys(self, label: bytes) -> list[bytes]:
         """Keys for `label` (the console's cookie and CSRF tokens, upload CSRF tokens), one per URL-signing

@@ -17,20 +17,15 @@ from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.models import FAILED, Job
 from cronbox.outbox.queue.worker import Worker
 from cronbox.storage import keys
-from cronbox.storage.service import Storage
+from cronbox.storage.payload_keys import sealer_of
 from tests.helpers import relay
 
 MARKER = "BIOPSY-RESULTS-READY-4711"
 
 
 @pytest.fixture
-def store(runtime, settings):
-    return Storage(settings, runtime.sessions)
-
-
-@pytest.fixture
-def sealer(store, runtime):
-    sealer = store.payload_sealer()
+def sealer(runtime, settings):
+    sealer = sealer_of(settings)
     runtime.sealer_source = lambda: sealer
     with sealing.using(sealer):
         yield sealer
@@ -112,10 +107,10 @@ def test_sealed_dispatch_without_a_vault_fails_at_dispatch_with_one_line(runtime
     assert jobs_of(runtime) == []
 
 
-def test_seal_all_seals_every_job_and_event(runtime, registry, store, settings):
+def test_seal_all_seals_every_job_and_event(runtime, registry, settings):
     from dataclasses import replace
 
-    sealer = Storage(replace(settings, seal_payloads="all"), runtime.sessions).payload_sealer()
+    sealer = sealer_of(replace(settings, seal_payloads="all"))
     runtime.sealer_source = lambda: sealer
     seen = []
 
@@ -189,7 +184,7 @@ def test_an_altered_or_moved_envelope_fails_its_item_alone_and_its_row_stays(run
     with runtime.engine.begin() as connection:
         alter(connection, rows)
     if name == "another database":  # a fresh sealer: this process had read the install id already
-        fresh = Storage(runtime.settings, runtime.sessions).payload_sealer()
+        fresh = sealer_of(runtime.settings)
         runtime.sealer_source = lambda: fresh
     stored = {r.id: r.payload for r in jobs_of(runtime)}
     work(runtime, ["sms"])
@@ -232,7 +227,7 @@ def test_a_row_whose_key_is_gone_fails_with_the_key_named_and_stays(runtime, reg
     key_id = jobs_of(runtime)[0].payload.split(":")[1]
     keys.new_key(settings, keys.ENCRYPTION)
     (settings.key_folder / f"{key_id}.key").unlink()
-    fresh = Storage(settings, runtime.sessions).payload_sealer()
+    fresh = sealer_of(settings)
     runtime.sealer_source = lambda: fresh
     work(runtime, ["sms"])
     [row] = jobs_of(runtime)
@@ -323,7 +318,7 @@ def test_rewrap_reseals_waiting_payloads_under_the_new_key_and_seal_seals_old_pl
     dispatch(runtime, later, {"n": 9, "text": MARKER})  # plaintext, as written before sealing was turned on
     old = jobs_of(runtime)[0].payload.split(":")[1]
     new = keys.new_key(settings, keys.ENCRYPTION)
-    fresh = Storage(settings, runtime.sessions).payload_sealer()
+    fresh = sealer_of(settings)
     runtime.sealer_source = lambda: fresh
     result = payload_maintenance.rewrap(runtime.sessions, fresh, batch_size=2)
     assert result.done == 5 and result.failed == []

@@ -161,6 +161,7 @@ def rewrap(batch_size):
 def seal_payloads(all_, batch_size):
     """Seal in place the plaintext payloads of waiting, failed and dead jobs and events written before
     they were declared sealed (resumable)."""
+    import cronbox.outbox.channels  # noqa: F401  (the channel jobs, sealed by default: theirs too)
     from cronbox.outbox.engine.registry import DEFAULT
     from cronbox.storage import payload_maintenance
 

@@ -18,8 +18,13 @@ Why each part (the spec says it byte by byte):
 
 The outbox layer holds no key: whoever owns the vault (cronbox.storage) gives a `PayloadKeys` and
 a resolver (`set_resolver`) that finds the sealer of the current app, the way storage.current()
-finds its store. A process where none is set cannot seal: a sealed record()/dispatch() fails there
-with one line, before anything is written.
+finds its store; finding it reads no key and opens no connection (record() and dispatch() ask
+inside the caller's transaction). A process where none is set cannot seal: a sealed
+record()/dispatch() fails there with one line, before anything is written; a payload sealed only
+by default (the channel jobs': BY_DEFAULT) is stored plain there, said once in the log.
+
+`cryptography` is imported in one place, `_crypto()`, on the first payload sealed or opened: a
+tick, a worker or a record() with no sealed payload never loads it.
 """
 from __future__ import annotations
 
@@ -27,16 +32,17 @@ import base64
 import binascii
 import contextlib
 import contextvars
+import functools
 import hashlib
 import hmac
+import logging
 import os
 import re
 import struct
 import sys
 import weakref
-from typing import Any, Callable, Iterator, Protocol
-
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -44,8 +50,10 @@ from sqlalchemy.engine import Connection
 from cronbox.outbox.core.errors import CronboxError, PayloadError
 from cronbox.outbox.core.payload import load_payload
 
-if TYPE_CHECKING:  # cryptography loads with the first sealed payload: a tick with none never pays for it
+if TYPE_CHECKING:  # cryptography loads with the first sealed payload (_crypto): a tick with none never pays for it
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+log = logging.getLogger("cronbox")
 
 PREFIX = "cbxp1:"  # no JSON text starts with "c": a plaintext payload is never taken for an envelope
 VERSION = 1
@@ -58,6 +66,16 @@ AD_LABEL = b"cronbox-payload/v1"
 # before anything else, so a row cannot point a reader at a path or an unbounded string.
 _KEY_ID = re.compile(r"enc-[0-9]{4,9}-[0-9a-f]{8}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+
+# What a declaration's `sealed` says: True (always; where no key vault is usable the payload is
+# refused), False (only under CRONBOX_SEAL_PAYLOADS=all), or BY_DEFAULT, the channel jobs': sealed
+# wherever a key vault is configured and usable, stored plain where none is (an app upgraded without
+# one keeps sending its SMS; the log says so once per process, and health lists the rows).
+BY_DEFAULT: Literal["by-default"] = "by-default"
+# Where a process has a key vault (current()): what NoVault and the unsealed warning tell the user.
+WHERE_VAULTS = ("use it inside an app context of an app cronbox is set up on, in a cron command, or after "
+                "cronbox.storage.configure()")
+Sealing = bool | Literal["by-default"]
 
 
 class SealError(CronboxError):
@@ -77,12 +95,15 @@ class MissingPayloadKey(SealError):
                          "backup (the row is kept)")
 
 
+class VaultUnusable(SealError):
+    """The key folder cannot be used (unsafe, unreadable, inside a web root): the vault's owner says why."""
+
+
 class NoVault(SealError, PayloadError):
     """A sealed payload where no key vault is configured: refused before anything is written."""
 
     def __init__(self, what: str):
-        super().__init__(f"{what} is sealed, but no key vault is configured in this process: use it inside an app "
-                         "context of an app cronbox is set up on, or a cron command (or sealing.using(...))")
+        super().__init__(f"{what} is sealed, but no key vault is configured in this process: {WHERE_VAULTS}")
 
 
 class PayloadKeys(Protocol):
@@ -96,12 +117,27 @@ class PayloadKeys(Protocol):
 
 # --- the format (pure functions: keys and bytes in, text or bytes out) -----------------------------
 
-def hkdf(master: bytes, info: bytes) -> bytes:
-    """HKDF-SHA-256 (RFC 5869) through `cryptography`'s public HKDF: no salt (RFC 5869's zeros), 32 bytes."""
+@functools.cache
+def _crypto() -> SimpleNamespace:
+    """`cryptography`'s public AES-GCM, HKDF and InvalidTag: the one place they are imported, on the
+    first payload sealed or opened in this process."""
+    from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master)
+    return SimpleNamespace(AESGCM=AESGCM, HKDF=HKDF, SHA256=hashes.SHA256, InvalidTag=InvalidTag)
+
+
+def hkdf(master: bytes, info: bytes) -> bytes:
+    """HKDF-SHA-256 (RFC 5869) through `cryptography`'s public HKDF: no salt (RFC 5869's zeros), 32 bytes."""
+    crypto = _crypto()
+    return crypto.HKDF(algorithm=crypto.SHA256(), length=32, salt=None, info=info).derive(master)
+
+
+def aead_of(key: bytes) -> AESGCM:
+    """An AES-256-GCM of `key` (a derived payload key)."""
+    return _crypto().AESGCM(key)
 
 
 def derive_key(master: bytes, key_id: str) -> bytes:
@@ -153,11 +189,9 @@ def seal_text(aead: AESGCM, key_id: str, ad: bytes, body: str, *, nonce: bytes |
 
 
 def open_text(aead: AESGCM, raw: bytes, ad: bytes) -> str:
-    from cryptography.exceptions import InvalidTag
-
     try:
         plain = aead.decrypt(raw[:NONCE_SIZE], raw[NONCE_SIZE:], ad)
-    except InvalidTag:
+    except _crypto().InvalidTag:
         raise PayloadIntegrityError("sealed payload does not authenticate (altered, or copied from another row, "
                                     "table or database); the row is kept") from None
     return plain.decode("utf-8")
@@ -196,9 +230,7 @@ class Sealer:
     def _aead(self, key_id: str, master: bytes) -> AESGCM:
         aead = self._aeads.get((key_id, master))
         if aead is None:
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-            aead = self._aeads[(key_id, master)] = AESGCM(derive_key(master, key_id))
+            aead = self._aeads[(key_id, master)] = aead_of(derive_key(master, key_id))
         return aead
 
     def install_id(self, connection: Connection) -> bytes:
@@ -274,14 +306,15 @@ _resolver: list[Callable[[], Sealer | None]] = []  # set once by the vault's own
 
 
 def set_resolver(resolver: Callable[[], Sealer | None]) -> None:
-    """How to find the current app's sealer (cronbox.storage sets it: the app context's storage's, else
-    the standalone one). A function holding no state: two apps in one process each get their own."""
+    """How to find the current app's sealer (cronbox.storage sets it: the app context's app's, else the
+    standalone store's). A function holding no state: two apps in one process each get their own."""
     _resolver[:] = [resolver]
 
 
 @contextlib.contextmanager
 def using(sealer: Sealer | None) -> Iterator[None]:
-    """Seal and open with `sealer` inside the block (tests, scripts with their own Storage)."""
+    """Seal and open with `sealer` inside the block (tests, scripts with a sealer of their own:
+    cronbox.storage.payload_keys.sealer_of(settings)); an app context of a cronbox app uses its app's."""
     token = _override.set(sealer)
     try:
         yield
@@ -301,13 +334,41 @@ def current() -> Sealer | None:
         return None
 
 
-def sealer_for(*, sealed: bool, what: str) -> Sealer | None:
-    """The sealer a row about to be inserted is sealed with: the current one when `sealed` (NoVault
-    when there is none) or under CRONBOX_SEAL_PAYLOADS=all; None: the payload stays plaintext."""
-    sealer = current() if sealed else _seal_all()
-    if sealer is None and sealed:
+def sealer_for(*, sealed: Sealing, what: str) -> Sealer | None:
+    """The sealer a row about to be inserted is sealed with, or None: its payload stays plaintext.
+
+    sealed=True, or any payload under CRONBOX_SEAL_PAYLOADS=all: the current sealer; NoVault when
+    there is none, VaultUnusable when its key folder cannot be used (one line each, nothing written).
+    BY_DEFAULT: the same where it can, else None, said once per process and reason. False: None.
+    Finding the sealer reads settings only; its key folder is read here (cached a second, made on
+    first use), never a connection of its own."""
+    sealer = current()
+    if sealed is True and sealer is None:
         raise NoVault(what)
+    if sealer is None or (sealed is False and not sealer.seal_all):
+        if sealed == BY_DEFAULT:
+            _stored_plain(what, f"no key vault is configured in this process ({WHERE_VAULTS})")
+        return None
+    try:
+        sealer.keys.active()
+    except VaultUnusable as exc:
+        if sealed == BY_DEFAULT and not sealer.seal_all:
+            _stored_plain(what, f"the key vault is not usable: {exc}")
+            return None
+        raise VaultUnusable(f"{what} is sealed, but the key vault is not usable: {exc}") from None
     return sealer
+
+
+_said: set[str] = set()  # the reasons _stored_plain logged in this process
+
+
+def _stored_plain(what: str, why: str) -> None:
+    """One warning per process and reason: a payload sealed by default went into its row plain."""
+    if why not in _said:
+        _said.add(why)
+        log.warning("sealed payloads: %s stored unsealed (the channel jobs are sealed where a key vault is usable): "
+                    "%s; `python -m cronbox health` counts such rows, `python -m cronbox storage seal-payloads` "
+                    "seals them", what, why)
 
 
 def _in_cronbox_app() -> bool:
@@ -317,17 +378,12 @@ def _in_cronbox_app() -> bool:
     return flask is not None and flask.has_app_context() and "cronbox" in flask.current_app.extensions
 
 
-def seal_for_insert(connection: Connection, table: str, name: str, body: str, *, sealed: bool,
+def seal_for_insert(connection: Connection, table: str, name: str, body: str, *, sealed: Sealing,
                     what: str) -> tuple[str, str | None]:
-    """(payload column, seal_id column) of a row about to be inserted: the envelope when `sealed` or
-    CRONBOX_SEAL_PAYLOADS=all, else the text as it is."""
+    """(payload column, seal_id column) of a row about to be inserted: the envelope when sealer_for()
+    gives a sealer, else the text as it is."""
     sealer = sealer_for(sealed=sealed, what=what)
     return (body, None) if sealer is None else sealer.seal(connection, table, name, body)
-
-
-def _seal_all() -> Sealer | None:
-    sealer = current() if _resolver or _override.get() is not None else None
-    return sealer if sealer is not None and sealer.seal_all else None
 
 
 def open_payload(runtime: Any, table: str, name: str, seal_id: str | None, text: str,

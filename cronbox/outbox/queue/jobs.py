@@ -19,7 +19,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.inserts import check_text, connection_of, delay_seconds, new_trace_id
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.sealing import JOBS, sealer_for
+from cronbox.outbox.core.sealing import BY_DEFAULT, JOBS, Sealing, sealer_for
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
@@ -53,7 +53,7 @@ class JobHandler:
     cost: int = 1  # what one run spends of its queue's and group's cost budgets
     jobs: Jobs | None = field(default=None, repr=False, compare=False)  # where registered: the groups dispatch may name
     module: str | None = None  # a Celery task's (no fn): the module that declared it (outbox.engine.registry)
-    sealed: bool = False  # payloads stored as envelopes (outbox.core.sealing): see job()
+    sealed: Sealing = False  # payloads stored as envelopes (outbox.core.sealing): see job()
 
     @property
     def max_attempts(self) -> int:
@@ -195,7 +195,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         unique: bool = False, retry_until: float | timedelta | None = None,
         rate_limit: str | RateLimit | Callable[[Any], RateLimit | None] | None = None,
         channel: str | None = None, grouped: bool = False, concurrency_group: str | None = None,
-        concurrency_limit: int | None = None, cost: int = 1, sealed: bool = False,
+        concurrency_limit: int | None = None, cost: int = 1, sealed: Sealing = False,
         registry: Registry | None = None) -> Callable[[Callable[..., Any]], JobFunction]:
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
@@ -222,6 +222,8 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     sealed=True: its payloads are stored as AES-256-GCM envelopes under the app's key vault (one AEAD
     call in dispatch(), opened only in the worker's memory; docs/howto/sealed-payloads.md); a
     dispatch where no vault is configured is refused. CRONBOX_SEAL_PAYLOADS=all seals every job.
+    (The channel jobs say `sealed=outbox.core.sealing.BY_DEFAULT`: sealed wherever a key vault is
+    usable, plain where none is, so an app upgraded without one keeps sending.)
     """
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise RegistrationError(f"queue name {queue!r} must be 1-64 letters, digits, or _ . : -")
@@ -247,7 +249,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
             raise RegistrationError("grouped=True cannot be combined with concurrency_group= "
                                     "(its slot is taken and freed in transactions of their own)")
     groups.check_cost(cost)
-    if not isinstance(sealed, bool):
+    if not isinstance(sealed, bool) and sealed != BY_DEFAULT:
         raise RegistrationError(f"sealed must be True or False, not {sealed!r}")
     policy = Backoff.of(backoff)
     limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
