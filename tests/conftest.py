@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from cronbox.outbox.core import sealing
 from cronbox.outbox.core.migrate import upgrade
 from cronbox.outbox.core.settings import load_settings
 from cronbox.outbox.engine.runtime import Runtime
@@ -260,11 +261,14 @@ def mysql_template(mysql_admin, tmp_path_factory) -> list[str]:
             tables = [row[0] for row in connection.execute(text("SHOW TABLES"))]
             statements = [connection.execute(text(f"SHOW CREATE TABLE `{t}`")).one()[1] for t in tables]
             versions = [row[0] for row in connection.execute(text("SELECT version_num FROM cronbox_alembic_version"))]
+            installs = connection.execute(text("SELECT install_id FROM cronbox_install")).all()  # migration 0014's row
         rt.dispose()
     finally:
         with mysql_admin.connect() as connection:
             connection.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-    return statements + [f"INSERT INTO cronbox_alembic_version (version_num) VALUES ('{v}')" for v in versions]
+    return (statements + [f"INSERT INTO cronbox_alembic_version (version_num) VALUES ('{v}')" for v in versions]
+            + [f"INSERT INTO cronbox_install (id, install_id, created_at) VALUES (1, '{i}', UTC_TIMESTAMP(6))"
+               for (i,) in installs])
 
 
 @pytest.fixture
@@ -298,7 +302,14 @@ def runtime(settings, registry, database, request):
             source.close()
             copy.close()
         rt = Runtime(settings, registry=registry)
-    yield rt
+    # Sealed payloads (the channel jobs are sealed) under this test's own key folder, never the checkout's
+    # standalone one: the same sealer seals in the test's process and opens in its workers.
+    from cronbox.storage.payload_keys import sealer_of
+
+    sealer = sealer_of(settings)
+    rt.sealer_source = lambda: sealer
+    with sealing.using(sealer):
+        yield rt
     rt.dispose()
 
 

@@ -109,3 +109,12 @@ def kill_connection(admin_engine, thread_id: int, timeout: float = 10.0) -> None
                                  {"id": int(thread_id)}).scalar():
             assert time.monotonic() < deadline, f"connection {thread_id} still there {timeout} s after KILL"
             time.sleep(0.02)
+
+
+def opened_payload(runtime, row) -> str:
+    """A job row's payload as JSON text, opened when it is sealed (the channel jobs are)."""
+    import json
+
+    from cronbox.outbox.core.sealing import JOBS, open_payload
+
+    return json.dumps(open_payload(runtime, JOBS, row.handler, row.seal_id, row.payload), ensure_ascii=False)

@@ -109,3 +109,21 @@ def never_fits_lines(rows, now: datetime) -> list[str]:
     `outbox status`: said, so no handler starves silently."""
     return [f"never fits: {row.handler} ({row.kind}, {age(row.never_fits_at, now)} ago): {row.never_fits}"
             for row in rows]
+
+
+def reveal_options(command):
+    """`--reveal` and `--reason` of `queue show` and `outbox show`."""
+    command = click.option("--reason", default=None, help="Why it is revealed (written to the audit trail).")(command)
+    return click.option("--reveal", is_flag=True,
+                        help="Show the payload's text (opened if sealed); audited, needs --reason.")(command)
+
+
+def print_shown(rt, table: str, row_id: int, reveal: bool, reason: str | None) -> None:
+    """`queue show` / `outbox show`: the row's payload as a person may see it (storage.payload_reveal)."""
+    import getpass
+
+    from cronbox.storage.payload_reveal import show as show_payload
+
+    shown = show_payload(rt, table, row_id, reveal=reveal, actor=f"cli:{getpass.getuser()}", reason=reason)
+    click.echo(f"{'job' if table == 'cronbox_jobs' else 'event'} {shown.id}  {shown.name}  {shown.status}")
+    click.echo(f"payload: {shown.payload}")

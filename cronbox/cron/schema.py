@@ -16,6 +16,7 @@ from __future__ import annotations
 import cronbox.cron.operator.models  # noqa: F401
 import cronbox.cron.scheduling.models  # noqa: F401
 import cronbox.outbox.channels.models  # noqa: F401
+import cronbox.outbox.core.install  # noqa: F401
 from cronbox.outbox.core.models import Base
 import cronbox.outbox.engine.models  # noqa: F401
 import cronbox.outbox.events.models  # noqa: F401

@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cronbox.outbox.core.settings import Settings, load_settings
 
+from cronbox.outbox.core import sealing
+from cronbox.outbox.core.sealing import Sealer
 from cronbox.outbox.core.engines import make_engine, session_factory
 from cronbox.outbox.core.session_types import AnySession
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 _default: Storage | None = None  # configure()'s, or the standalone one built on first use
 _pending: tuple[Settings, sessionmaker[Session] | None] | None = None  # use()'s settings, not built yet
 _hosted = False  # a Cronbox extension was set up in this process (mark_hosted)
+_sealer: Sealer | None = None  # the standalone store's payload sealer, from its settings (current_sealer)
 _LAZY = ("OpenedFile", "Sealed", "Storage")
 
 
@@ -53,12 +56,14 @@ def __getattr__(name: str):
 
 def configure(settings: Settings | None = None, sessions: sessionmaker[Session] | None = None) -> Storage:
     """Make the Storage the module-level functions use outside an app context; returns it."""
-    global _default, _pending
+    global _default, _pending, _sealer
     from .service import Storage
 
     settings = settings or load_settings()
     if sessions is None:
         sessions = session_factory(make_engine(settings, role="cron"))
+    if _pending is None or _pending[0] is not settings:
+        _sealer = None  # another store's settings: its sealer is made again from them
     _default, _pending = Storage(settings, sessions), None
     return _default
 
@@ -67,8 +72,8 @@ def use(settings: Settings, sessions: sessionmaker[Session] | None) -> None:
     """configure() with these settings on first use (a standalone command's runtime): the settings are
     the ones resolved at start, so a handler that later changes os.environ or the working directory
     does not move the keys; a command that never seals never loads the ciphers."""
-    global _default, _pending
-    _default, _pending = None, (settings, sessions)
+    global _default, _pending, _sealer
+    _default, _pending, _sealer = None, (settings, sessions), None
 
 
 def mark_hosted() -> None:
@@ -87,29 +92,55 @@ def current() -> Storage:
     or CRONBOX_APP in the environment or .env), none: NoAppContext. Else the standalone app's, from the
     .env settings, resolved once and kept.
     """
-    app_storage = _app_storage()
-    if app_storage is not None:
-        return app_storage
+    state = _app_state()
+    if state is not None:
+        return state.storage
     if _default is not None:
         return _default
-    if _pending is not None:
-        return configure(*_pending)
-    if _hosted:
-        raise NoAppContext()
-    settings = load_settings()
-    if settings.get("CRONBOX_APP"):
-        raise NoAppContext()
-    return configure(settings)
+    return configure(*_standalone())
 
 
-def _app_storage() -> Storage | None:
-    """The current Flask app's sealed storage, when there is an app context and cronbox is set up on its
-    app. Only a process that imported Flask can be in an app context: storage never imports it."""
+def _standalone() -> tuple[Settings, sessionmaker[Session] | None]:
+    """What the standalone store is (or will be) built from: configure()'s or use()'s, else the .env
+    settings, resolved once and kept (as use() keeps them). NoAppContext in a process with a host app."""
+    if _default is not None:
+        return _default.settings, _default.sessions
+    if _pending is None:
+        if _hosted:
+            raise NoAppContext()
+        settings = load_settings()
+        if settings.get("CRONBOX_APP"):
+            raise NoAppContext()
+        use(settings, None)
+    assert _pending is not None
+    return _pending
+
+
+def _app_state():
+    """cronbox's state of the current Flask app, when there is an app context and cronbox is set up on
+    its app. Only a process that imported Flask can be in an app context: storage never imports it."""
     flask = sys.modules.get("flask")
     if flask is None or not flask.has_app_context():
         return None
-    state = flask.current_app.extensions.get("cronbox")
-    return None if state is None else state.storage
+    return flask.current_app.extensions.get("cronbox")
+
+
+def current_sealer() -> Sealer:
+    """The payload sealer of the store current() gives, from its settings alone (outbox.core.sealing
+    asks this, inside record()'s and dispatch()'s transaction: set_resolver below). Building the Storage
+    would check the app's schema on a connection of its own, which on SQLite waits on the caller's."""
+    global _sealer
+    state = _app_state()
+    if state is not None:
+        return state.sealer()
+    if _sealer is None:
+        from .payload_keys import sealer_of
+
+        _sealer = sealer_of(_standalone()[0])
+    return _sealer
+
+
+sealing.set_resolver(current_sealer)
 
 
 def put(session: AnySession, stream, *, filename: str, content_type: str, owner: str) -> str:

@@ -11,12 +11,12 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import struct
 from dataclasses import dataclass
 
 from .ciphers import AES_256_GCM, NONCE_SIZES, TAG_SIZE, XCHACHA20_POLY1305, ChunkCipher, open_once, seal_once
 from .errors import IntegrityError, StorageError, TooLarge
+from .key_ids import is_master_key_id
 
 MAGIC = b"cbxseal"
 VERSION = 1
@@ -29,11 +29,6 @@ DATA_KEY_SIZE = 32
 FIXED_HEADER = len(MAGIC) + 3  # magic, version, algorithm, chunk shift
 WRAP_NONCE_SIZE = META_NONCE_SIZE = 24
 
-# A key id (docs/sealed-format.md, "Key files") is its key file's name without ".key": the kind,
-# the sequence number in 4 to 9 decimal digits, 8 lowercase hex digits. That is 17 to 22 ASCII
-# characters, within the 32 of the cronbox_files.key_id column. Only "enc" keys wrap data keys.
-KEY_ID = re.compile(r"(?P<kind>enc|sig)-(?P<sequence>[0-9]{4,9})-[0-9a-f]{8}")
-MAX_SEQUENCE = 999_999_999
 
 _PAYLOAD_INFO = b"cronbox-sealed/v1 payload"
 _META_INFO = b"cronbox-sealed/v1 meta"
@@ -167,12 +162,6 @@ def sealed_size(plaintext_size: int, algorithm: int) -> int:
 
 
 # --- wrapped data key and sealed metadata (stored in the database row) ------------------------
-
-def is_master_key_id(key_id) -> bool:
-    """True for the id of an encryption (master) key: `enc-`, 4 to 9 digits, `-`, 8 lowercase hex digits."""
-    match = KEY_ID.fullmatch(key_id) if isinstance(key_id, str) else None
-    return match is not None and match["kind"] == "enc"
-
 
 def _wrap_ad(key_id: str, file_id: bytes) -> bytes:
     encoded = key_id.encode("ascii")

@@ -4,7 +4,7 @@
     <keys>/sig-0001-8e02d4a7.key
 
 The file name without ".key" is the key id (stored in each file row as
-`key_id`; the one rule for ids is format.KEY_ID, docs/sealed-format.md "Key
+`key_id`; the one rule for ids is key_ids.KEY_ID, docs/sealed-format.md "Key
 files"). The sequence number orders keys of a kind: the encryption key with the
 highest one is the active one (it wraps new data keys); signing keys are handed to itsdangerous
 oldest to newest, so the newest signs and older ones still verify links issued
@@ -38,7 +38,7 @@ import filelock
 from cronbox.outbox.core.settings import Settings
 
 from .errors import IntegrityError, KeyFolderError, UnknownKey
-from .format import KEY_ID, MAX_SEQUENCE, is_master_key_id
+from .key_ids import KEY_ID, MAX_SEQUENCE, is_master_key_id
 from .vault import check_outside_web_roots
 
 log = logging.getLogger("cronbox")

@@ -27,6 +27,7 @@ from cronbox.outbox.core.engines import make_engine, session_factory
 from cronbox.outbox.core.inserts import new_trace_id
 from cronbox.outbox.core.migrate import SCHEMA_HEAD, current_revision, upgrade
 from cronbox.outbox.core.payload import dump_payload, load_payload
+from cronbox.outbox.core.sealing import open_payload
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
@@ -515,11 +516,15 @@ class Kit:
 
     def _events(self, type: str | None) -> list[EventRow]:
         self._ready()
-        return event_rows(self._read(lambda s: deliveries.recorded(s, type=type)))
+        return event_rows(self._read(lambda s: deliveries.recorded(s, type=type)), self._open)
 
     def _jobs(self, name: str | None, queue: str | None) -> list[JobRow]:
         self._ready()
-        return job_rows(self._read(lambda s: jobstore.listed(s, handler=name, queue=queue)))
+        return job_rows(self._read(lambda s: jobstore.listed(s, handler=name, queue=queue)), self._open)
+
+    def _open(self, table: str, name: str, seal_id: str | None, text: str):
+        """A sealed payload opened as its handler would get it, under the runtime's keys."""
+        return self._read(lambda s: open_payload(self.runtime, table, name, seal_id, text, s.connection()))
 
     def _read(self, work: Callable[[Session], T]) -> T:
         """A read of committed rows, never waiting on the app's open transaction (see _reading_engine)."""

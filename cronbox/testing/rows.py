@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import EVENTS, JOBS, is_sealed
 
 SHOWN_ROWS = 20  # rows listed in a failure message; more are counted
 SHOWN_PAYLOAD = 300  # characters of a payload shown per row
@@ -98,17 +99,23 @@ class JobRow:
         return self.status == "failed"
 
 
-def event_rows(found: Sequence[tuple]) -> list[EventRow]:
-    """deliveries.recorded()'s rows as EventRows, payloads decoded."""
-    return [EventRow(e.id, e.type, e.key, load_payload(e.payload), e.created_at, e.available_at,
+def _payload(opener: Callable | None, table: str, name: str, seal_id: str | None, text: str):
+    """A row's payload as its handler gets it: a sealed one opened (in this test's memory) by `opener`."""
+    return opener(table, name, seal_id, text) if opener is not None and is_sealed(text) else load_payload(text)
+
+
+def event_rows(found: Sequence[tuple], opener: Callable | None = None) -> list[EventRow]:
+    """deliveries.recorded()'s rows as EventRows, payloads decoded (sealed ones opened by `opener`)."""
+    return [EventRow(e.id, e.type, e.key, _payload(opener, EVENTS, e.type, e.seal_id, e.payload), e.created_at,
+                     e.available_at,
                      tuple(DeliveryRow(d.id, d.consumer, d.status, d.attempts, d.last_error, d.next_attempt_at,
                                        d.finished_at) for d in rows))
             for e, rows in found]
 
 
-def job_rows(found: Sequence) -> list[JobRow]:
-    """jobstore.listed()'s rows as JobRows, payloads decoded."""
-    return [JobRow(r.id, r.handler, r.queue, load_payload(r.payload), r.status, r.attempts, r.last_error,
+def job_rows(found: Sequence, opener: Callable | None = None) -> list[JobRow]:
+    """jobstore.listed()'s rows as JobRows, payloads decoded (sealed ones opened by `opener`)."""
+    return [JobRow(r.id, r.handler, r.queue, _payload(opener, JOBS, r.handler, r.seal_id, r.payload), r.status, r.attempts, r.last_error,
                    r.error_class, r.available_at, r.retry_until, r.created_at, r.reserved_at, r.finished_at)
             for r in found]
 

@@ -39,6 +39,7 @@ from cronbox.outbox.core.errors import SettingsError
 from cronbox.outbox.core.settings import ROOT_MARKERS, Settings, load_settings, url_prefix
 from cronbox.outbox.core.settings_table import PARTS  # each part: a CRONBOX_<PART> switch and _PREFIX
 from cronbox import storage as sealed_storage
+from cronbox.storage import payload_keys
 
 from . import hostcsrf
 from .state import CronboxState
@@ -118,7 +119,8 @@ class Cronbox:
         app.extensions["cronbox"] = state
         sealed_storage.mark_hosted()  # module-level storage.* outside an app context now refuses (whose keys?)
         hostcsrf.watch_requests(app)  # the host's sealed_upload_route views, before its CSRFProtect reads them
-        _register_parts(app, state)
+        _register_parts(app, state)  # the files part refuses an unsafe key folder first
+        payload_keys.check_vault(settings, warn=True)  # else said once; CRONBOX_SEAL_PAYLOADS=all refuses it
         from cronbox.cron.cli import cli as cron_cli  # `flask --app clinic cron tick`
 
         if "cron" not in app.cli.commands:

@@ -41,6 +41,7 @@ class CronboxState:
     extension: Any = None  # the Cronbox object whose init_app made this state (Cronbox.storage checks it)
     _runtime: Runtime | None = None
     _storage: Any = None
+    _sealer: Any = None
     _schema_checked: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -55,6 +56,7 @@ class CronboxState:
                     runtime = open_runtime(role="web", settings=self.settings, migrate=False, handlers=False)
                     runtime.handler_scope = HostScope(self.app, self.db)  # a web tick's handlers, as in cron
                     runtime.host_engines = lambda: host_engines(self.app, self.db)
+                    runtime.sealer_source = self.sealer  # sealed payloads open under this app's keys
                     try:
                         self._load_handlers(runtime)
                     except BaseException:
@@ -88,6 +90,18 @@ class CronboxState:
                     self._storage = Storage(self.settings, runtime.sessions)
         return self._storage
 
+    def sealer(self):
+        """This app's payload sealer (outbox.core.sealing), under its instance folder's keys. From the
+        settings alone, never through `storage`: record() and dispatch() ask for it inside the caller's
+        transaction, where the storage's schema check (a connection of its own) would wait on it."""
+        if self._sealer is None:
+            from cronbox.storage.payload_keys import sealer_of
+
+            with self._lock:
+                if self._sealer is None:
+                    self._sealer = sealer_of(self.settings)
+        return self._sealer
+
     def derived_keys(self, label: bytes) -> list[bytes]:
         """Keys for `label` (the console's cookie and CSRF tokens, upload CSRF tokens), one per URL-signing
         key, oldest first (the last one signs). Read per call (one scandir: storage.keyring), so a new
@@ -101,6 +115,7 @@ class CronboxState:
 
         runtime.handler_scope = HostScope(self.app, self.db)
         runtime.host_engines = lambda: host_engines(self.app, self.db)  # a pool's children drop their pools too
+        runtime.sealer_source = self.sealer  # sealed payloads open under this app's keys, context or not
         self.use_runtime(runtime)
         modules = self._load_handlers(runtime)
         close_host_pools(self.app, self.db)  # last: what the factory or a handler module's import opened

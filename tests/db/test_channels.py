@@ -21,6 +21,7 @@ from cronbox.outbox.queue.models import ChannelPause, Job
 from cronbox.outbox.queue.worker import Worker
 from tests.fake_providers import API_KEY, SHAPES, measured, wait_for, TWILIO_SID, TWILIO_TOKEN, Providers
 from tests.registries import copy_of
+from tests.helpers import opened_payload
 
 # The channels' drivers against their servers on loopback: the database behind their rows changes
 # nothing, so not PostgreSQL too (.ci/run's 30 minutes; the job queue itself runs there in test_queue).
@@ -161,7 +162,8 @@ def test_out_of_credit_pauses_the_channel_and_alerts_once(sms_rt, providers):
             alerts = session.scalars(select(Job).where(Job.handler == "cronbox.email")).all()
         assert pause.paused_until == T0 + timedelta(seconds=900)
         assert len(alerts) == 1 and alerts[0].unique_key == "cronbox.email:alert:channel-paused:sms"
-        assert "ops@example.com" in alerts[0].payload and "sms channel paused" in alerts[0].payload
+        text = opened_payload(sms_rt, alerts[0])
+        assert "ops@example.com" in text and "sms channel paused" in text
         clock.advance(901)
         with sms_rt.sessions.begin() as session:
             session.execute(Job.__table__.delete().where(Job.id == first))
@@ -233,7 +235,7 @@ def test_twilio_lookup_failure_fails_as_outcome_unknown_and_alerts(env, runtime,
         assert len(providers.sends("twilio")) == 1
         with rt.sessions() as session:
             alerts = session.scalars(select(Job).where(Job.handler == "cronbox.email")).all()
-        assert len(alerts) == 1 and "outcome unknown" in alerts[0].payload
+        assert len(alerts) == 1 and "outcome unknown" in opened_payload(rt, alerts[0])
     finally:
         rt.dispose()
 

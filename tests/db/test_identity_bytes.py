@@ -230,9 +230,9 @@ def _insert_at_0009(connection, rows_):
     rows_.insert(metadata.tables["cronbox_heartbeats"], {"detail": None})
 
 
-# Columns added after 0009 (0013's payload_bytes, 0015's batch and idempotency columns): not there to
-# read at 0009, and filled by the upgrade.
-LATER_COLUMNS = {"payload_bytes", "batch_id", "flow", "idempotency_key", "idempotency_until"}
+# Columns added after 0009 (0013's payload_bytes, 0014's seal_id, 0015's batch and idempotency columns):
+# not there to read at 0009, and filled by the upgrade.
+LATER_COLUMNS = {"payload_bytes", "seal_id", "batch_id", "flow", "idempotency_key", "idempotency_until"}
 
 
 def _snapshot(connection) -> dict:

@@ -203,6 +203,45 @@ def test_a_plain_tick_never_loads_the_broker_client_or_flask(env, settings, comm
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout
 
 
+SEALING = '''
+import sys
+import cronbox
+from cronbox import storage
+from cronbox.outbox import open_runtime
+
+rt = open_runtime(role="cron", migrate=False)
+storage.use(rt.settings, rt.sessions)  # a key vault: the standalone store's key folder
+plain = cronbox.job("q", name="plain.job")(lambda payload, ctx: None)
+loaded = lambda: sorted(m for m in WATCHED if m in sys.modules)
+with rt.sessions.begin() as session:
+    cronbox.record(session, "visit.plain", {"n": 1})
+    plain.dispatch(session, {"n": 1})
+    cronbox.record(session, "visit.plain", {"n": 2})
+print(loaded())
+with rt.sessions.begin() as session:
+    job_id = cronbox.send_sms.dispatch(session, {"to": "+15550100", "text": "sealed by default"})
+with rt.sessions() as session:
+    from sqlalchemy import text
+    sealed = session.execute(text("SELECT payload FROM cronbox_jobs WHERE id = :i"), {"i": job_id}).scalar()
+print(loaded(), sealed.startswith("cbxp1:"))
+'''
+
+
+def test_plain_records_and_dispatches_load_no_cipher_and_the_first_sealed_one_does(env):
+    """The class of the start-up test above, for a process that writes: record() and dispatch() of plain
+    payloads (which ask whether CRONBOX_SEAL_PAYLOADS=all) load neither `cryptography` nor libsodium;
+    the first sealed payload loads `cryptography` (its AES-GCM and HKDF) and still not libsodium."""
+    assert run_cli(env, "migrate").returncode == 0
+    backend = env["DATABASE_URL"].split(":")[0].split("+")[0]
+    watched = ("nacl",) if backend == "mysql" else ("cryptography", "nacl")  # PyMySQL imports cryptography itself
+    proc = subprocess.run([sys.executable, "-c", f"WATCHED = {watched!r}\n" + SEALING], env=child_env(env),
+                          cwd="/", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    before, after = proc.stdout.strip().splitlines()[-2:]
+    assert before == "[]", proc.stdout
+    assert after == ("[]" if backend == "mysql" else "['cryptography']") + " True", proc.stdout
+
+
 def test_every_command_is_on_the_root(env):
     """Commands are imported only when used (cron/cli.py's COMMANDS), and every one is still there."""
     listed = run_cli(env, "--help")

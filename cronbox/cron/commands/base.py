@@ -24,6 +24,7 @@ from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.runtime import Runtime, open_runtime
 from cronbox import storage as sealed_storage
+from cronbox.storage import payload_keys
 
 log = logging.getLogger("cronbox")
 PROG = "python -m cronbox"
@@ -98,6 +99,7 @@ class State:
                 self._runtime = self._host.open_runtime(migrate=migrate)
             else:
                 self._runtime = open_runtime(role="cron", migrate=migrate)
+                payload_keys.check_vault(self._runtime.settings, warn=False)  # CRONBOX_SEAL_PAYLOADS=all: usable?
                 # storage.* in handlers: these settings, resolved now, whatever a handler does to os.environ
                 sealed_storage.use(self._runtime.settings, self._runtime.sessions)
         return self._runtime

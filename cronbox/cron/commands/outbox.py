@@ -1,14 +1,15 @@
-"""`outbox ...`: publish, status, dead, retry, skip, prune."""
+"""`outbox ...`: publish, status, dead, show, retry, skip, prune."""
 from __future__ import annotations
 
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import PRUNE_FLOOR, Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.format import PRUNE_FLOOR, Duration, PageCursor, age, never_fits_lines, print_shown, reveal_options, table
 from cronbox.cron.scheduling.retention import prune_outbox
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
+from cronbox.outbox.core.sealing import EVENTS
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import profiles
 from cronbox.outbox.engine.admission import time_headroom
@@ -18,6 +19,14 @@ from cronbox.outbox.events import deliveries
 from cronbox.outbox.events.relay import Relay
 
 outbox = CommandGroup("outbox", help="The transactional outbox: relay, inspect and repair deliveries.")
+
+
+@outbox.command()
+@click.argument("event_id", type=click.IntRange(min=1))
+@reveal_options
+def show(event_id, reveal, reason):
+    """One event and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
+    print_shown(runtime(), EVENTS, event_id, reveal, reason)
 
 
 @outbox.command()

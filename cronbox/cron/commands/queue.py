@@ -1,15 +1,17 @@
-"""`queue ...`: work, status, groups, profiles, pools, failed, retry, resume, forget, flush, prune, batches, batch,
-chain."""
+"""`queue ...`: work, status, groups, profiles, pools, failed, show, retry, resume, forget, flush, prune, batches,
+batch, chain."""
 from __future__ import annotations
 
 import click
 
 from cronbox.cron.commands.base import CommandGroup, runtime
-from cronbox.cron.format import DURATION, PRUNE_FLOOR, Checked, Duration, PageCursor, age, never_fits_lines, table
+from cronbox.cron.format import (DURATION, PRUNE_FLOOR, Checked, Duration, PageCursor, age, never_fits_lines, print_shown,
+                                  reveal_options, table)
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import UnknownIds
 from cronbox.outbox.core.lock_wait import run_lock_waits
 from cronbox.outbox.core.notify import own_listener
+from cronbox.outbox.core.sealing import JOBS
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.engine import heartbeat, profiles
 from cronbox.outbox.engine.admission import time_headroom
@@ -353,6 +355,14 @@ def resume(channel):
         raise click.UsageError(f"no job sends through channel {channel!r} "
                                f"(channels: {', '.join(sorted(known)) or 'none'})")
     click.echo(f"queue resume: channel {channel} is not paused; nothing to do")
+
+
+@queue.command()
+@click.argument("job_id", type=click.IntRange(min=1))
+@reveal_options
+def show(job_id, reveal, reason):
+    """One job and its payload, masked (`sealed (N bytes, key K)`) unless --reveal."""
+    print_shown(runtime(), JOBS, job_id, reveal, reason)
 
 
 @queue.command()

@@ -1,4 +1,4 @@
-"""`storage ...`: put, grant, revoke, url, verify, rewrap, audit, sweep, keys, new-key."""
+"""`storage ...`: put, grant, revoke, url, verify, rewrap, seal-payloads, audit, sweep, keys, new-key."""
 from __future__ import annotations
 
 import mimetypes
@@ -122,7 +122,10 @@ def verify(file_id, all_):
 @click.option("--batch-size", type=click.IntRange(min=1, max=5000), default=maintenance.BATCH, show_default=True,
               help="Rows read and re-wrapped per batch (the run checks its lock between batches).")
 def rewrap(batch_size):
-    """Re-wrap every data key under the active master key (resumable; no file is rewritten)."""
+    """Re-wrap every data key, and re-seal every waiting sealed payload, under the active master key
+    (resumable; no file is rewritten)."""
+    from cronbox.storage import payload_maintenance
+
     rt = runtime()
     st = _storage()
     lock = rt.lock("rewrap")
@@ -135,13 +138,53 @@ def rewrap(batch_size):
             st, batch_size=batch_size, before_batch=lock.check,
             progress=lambda r: click.echo(f"rewrap: {r.rewrapped}/{r.total} data keys under {active}"
                                           + (f", {len(r.failed)} failed" if r.failed else "")))
+        sealer = rt.sealer()
+        payloads = payload_maintenance.ResealResult() if sealer is None else payload_maintenance.rewrap(
+            rt.sessions, sealer, batch_size=batch_size, before_batch=lock.check,
+            progress=lambda r: click.echo(f"rewrap: {r.done} sealed payloads re-sealed under {active}"))
     finally:
         lock.release()
-    click.echo(f"rewrap: done, {result.rewrapped} re-wrapped under {active}, {len(result.failed)} failed")
+    click.echo(f"rewrap: done, {result.rewrapped} re-wrapped under {active}, {len(result.failed)} failed; "
+               f"{payloads.done} sealed payloads re-sealed, {len(payloads.failed)} failed")
+    failed = result.failed + payloads.failed
+    for failed_id, reason in failed:
+        click.echo(f"  {failed_id}: {reason}")
+    if failed:
+        raise CommandFailed(f"{len(failed)} data key(s) or payload(s) could not be re-wrapped (listed above)")
+
+
+@storage.command(name="seal-payloads")
+@click.option("--all", "all_", is_flag=True,
+              help="Every waiting plaintext payload, not only those of jobs and event types declared sealed.")
+@click.option("--batch-size", type=click.IntRange(min=1, max=5000), default=maintenance.BATCH, show_default=True,
+              help="Rows read and sealed per batch (the run checks its lock between batches).")
+def seal_payloads(all_, batch_size):
+    """Seal in place the plaintext payloads of waiting, failed and dead jobs and events written before
+    they were declared sealed (resumable)."""
+    import cronbox.outbox.channels  # noqa: F401  (the channel jobs, sealed by default: theirs too)
+    from cronbox.outbox.engine.registry import DEFAULT
+    from cronbox.storage import payload_maintenance
+
+    rt = runtime()
+    sealer = rt.sealer()
+    if sealer is None:
+        raise CommandFailed("no key vault is configured for this app: nothing can be sealed")
+    jobs = None if all_ else {handler.name for handler in rt.jobs.all() if handler.sealed}
+    types = None if all_ else set(DEFAULT.sealed_types) | set(rt.registry.sealed_types)
+    lock = rt.lock("rewrap")
+    if not lock.acquire():
+        click.echo("skipped: storage rewrap already running")
+        return
+    try:
+        result = payload_maintenance.seal_plaintext(rt.sessions, sealer, jobs=jobs, event_types=types,
+                                                    batch_size=batch_size, before_batch=lock.check)
+    finally:
+        lock.release()
+    click.echo(f"seal-payloads: {result.done} payloads sealed, {len(result.failed)} failed")
     for failed_id, reason in result.failed:
         click.echo(f"  {failed_id}: {reason}")
     if result.failed:
-        raise CommandFailed(f"{len(result.failed)} data key(s) could not be re-wrapped (listed above)")
+        raise CommandFailed(f"{len(result.failed)} payload(s) could not be sealed (listed above)")
 
 
 @storage.command(name="audit")

@@ -83,6 +83,8 @@ def run_checks(runtime, *, backlog: bool = True) -> Report:
                 work, queues = _backlog_checks(session, now, interval)
                 checks += work
                 checks += _forward_checks(session, runtime, now)
+                checks += _payload_key_checks(session, runtime)
+                checks += _payload_sealing_checks(session, runtime)
     except Exception as exc:
         checks.append(Check("database", FAIL, f"unreachable: {type(exc).__name__}"))
     checks.append(_disk_check(settings.instance))
@@ -242,6 +244,48 @@ def _forward_checks(session, runtime, now: datetime) -> list[Check]:
         return [Check("forward", WARN, f"{exc}; forwarding not checked")]
     return [Check(f"forward.{f.consumer}", grade, describe_failing(f, seconds), round(seconds))
             for grade, f, seconds in found]
+
+
+def _payload_key_checks(session, runtime) -> list[Check]:
+    """Sealed payloads waiting to run whose master key is not in the key folder: a FAIL now, before a
+    worker fails each of them on it (storage.payload_keys)."""
+    from cronbox.storage.payload_keys import waiting_key_ids
+
+    used = waiting_key_ids(session)
+    if not used:
+        return []
+    sealer = runtime.sealer()
+    if sealer is None:
+        return [Check("payload_keys", FAIL, f"sealed payloads wait under {len(used)} key(s), but no key vault is "
+                                            "configured here")]
+    missing = sorted(used - sealer.keys.known())
+    if missing:
+        return [Check("payload_keys", FAIL, f"sealed payloads wait under master key(s) missing from the key folder: "
+                                            f"{', '.join(missing)}; restore them from your key backup", len(missing))]
+    return [Check("payload_keys", OK, f"every waiting sealed payload's key is present ({len(used)} key(s))", 0)]
+
+
+def _payload_sealing_checks(session, runtime) -> list[Check]:
+    """The payloads sealed by default (the channel jobs: PHI) stored unsealed: all of them from now on
+    when the key vault cannot be used (a WARN; a FAIL under CRONBOX_SEAL_PAYLOADS=all), and those
+    waiting that were dispatched where no key vault was configured or before the upgrade (a WARN)."""
+    import cronbox.outbox.channels  # noqa: F401  (the channel jobs: the ones sealed by default)
+    from cronbox.outbox.core.sealing import BY_DEFAULT
+    from cronbox.outbox.engine.registry import DEFAULT
+    from cronbox.storage.payload_keys import unsealed_by_default, vault_problem
+
+    problem = vault_problem(runtime.settings)
+    if problem is not None:
+        grade = FAIL if runtime.settings.seal_payloads == "all" else WARN
+        return [Check("payload_sealing", grade, f"PHI payloads are stored unsealed (the channel jobs'; sealed=True "
+                                                f"ones are refused): the key vault is not usable: {problem}")]
+    names = {h.name for h in (*runtime.jobs.all(), *DEFAULT.jobs.all()) if h.sealed == BY_DEFAULT}
+    count = unsealed_by_default(session, names)
+    if count:
+        return [Check("payload_sealing", WARN, f"{count} channel job payload(s) (PHI) wait unsealed: dispatched where "
+                                               "no key vault was configured, or before sealing; `python -m cronbox "
+                                               "storage seal-payloads` seals them", count)]
+    return [Check("payload_sealing", OK, "the key vault is usable: the channel jobs' payloads are sealed", 0)]
 
 
 def _disk_check(folder) -> Check:

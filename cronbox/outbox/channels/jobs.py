@@ -22,6 +22,7 @@ from cronbox.outbox.channels.errors import UnknownAfterLookup
 from cronbox.outbox.channels.models import Notification
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PermanentFailure
+from cronbox.outbox.core.sealing import BY_DEFAULT  # sealed where a key vault is usable: they carry PHI
 from cronbox.outbox.core.sql import insert_ignore
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.registry import DEFAULT
@@ -39,7 +40,7 @@ def _text(payload, name: str, *, limit: int, required: bool = True) -> str | Non
     return value
 
 
-@job("sms", name="cronbox.sms", tries=5, backoff=30, timeout=60, channel="sms",
+@job("sms", name="cronbox.sms", tries=5, backoff=30, timeout=60, channel="sms", sealed=BY_DEFAULT,
      rate_limit=lambda settings: channel_config(settings).sms_rate)
 def send_sms(payload, ctx):
     """An SMS through the configured driver (CRONBOX_SMS_DRIVER). payload: {"to": "+98912...", "text": "..."}.
@@ -59,7 +60,7 @@ def send_sms(payload, ctx):
         raise
 
 
-@job("mail", name="cronbox.email", tries=5, backoff=60, timeout=90, channel="mail",
+@job("mail", name="cronbox.email", tries=5, backoff=60, timeout=90, channel="mail", sealed=BY_DEFAULT,
      rate_limit=lambda settings: channel_config(settings).mail_rate)
 def send_email(payload, ctx):
     """An e-mail through SMTP (or the log driver). payload: {"to": "a@b.c", "subject": "...", "text": "...",
@@ -71,7 +72,7 @@ def send_email(payload, ctx):
                html=_text(payload, "html", limit=2_000_000, required=False))
 
 
-@job("webhook", name="cronbox.webhook", tries=8, backoff=30, timeout=60, channel="webhook")
+@job("webhook", name="cronbox.webhook", tries=8, backoff=30, timeout=60, channel="webhook", sealed=BY_DEFAULT)
 def send_webhook(payload, ctx):
     """payload: {"check", "status", "message", "time", "host", "recovery"}: posted as JSON, signed
     (outbox/channels/webhook.py). Dispatched by admin_alert, not meant for other messages; the worker
@@ -84,7 +85,7 @@ def send_webhook(payload, ctx):
     webhook.send(channel_config(ctx.settings), ctx, {**fields, "recovery": payload["recovery"]})
 
 
-@job("notifications", name="cronbox.notify", tries=5, backoff=5, timeout=30)
+@job("notifications", name="cronbox.notify", tries=5, backoff=5, timeout=30, sealed=BY_DEFAULT)
 def notify(payload, ctx):
     """payload: {"to": recipient id, "kind": "...", "title": "...", "body": "...", "data": optional JSON}.
     Written through `ctx.session` (the job's) with the job's idempotency key: exactly one row per job."""

@@ -35,6 +35,7 @@ ROOT_MARKERS = ("artisan_via_cron.sh", ".env")
 CLAIM_MODES = ("auto", "skip-locked", "token")
 TLS_MODES = ("off", "on")
 SEAL_ALGORITHMS = ("auto", "aes-256-gcm", "xchacha20-poly1305")
+SEAL_PAYLOADS = ("declared", "all")
 
 # Audit records (the sealed files' access audit and the console's action log) are kept at least six
 # years: HIPAA 45 CFR 164.316(b)(2). Six years hold up to two leap days, hence 2192 days, the default too.
@@ -72,6 +73,7 @@ class Settings:
     upload_max: int = 256 * 1024 * 1024
     url_max_ttl: int = 3600
     seal_algorithm: str = "auto"
+    seal_payloads: str = "declared"  # CRONBOX_SEAL_PAYLOADS: "all" seals every event and job payload
     audit_retention_days: int = 2192
     inbox_retention_days: int = 14  # CRONBOX_INBOX_RETENTION_DAYS: a redelivery older than this runs again
     ops_show_file_names: bool = False  # the console's Files page unseals file names (they can be PHI)
@@ -228,6 +230,9 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
     seal_algorithm = (get("CRONBOX_SEAL_ALGORITHM") or "auto").lower()
     if seal_algorithm not in SEAL_ALGORITHMS:
         raise SettingsError(f"CRONBOX_SEAL_ALGORITHM={seal_algorithm!r} is not one of {', '.join(SEAL_ALGORITHMS)}")
+    seal_payloads = (get("CRONBOX_SEAL_PAYLOADS") or "declared").lower()
+    if seal_payloads not in SEAL_PAYLOADS:
+        raise SettingsError(f"CRONBOX_SEAL_PAYLOADS={seal_payloads!r} is not one of {', '.join(SEAL_PAYLOADS)}")
     for name in MODULE_DURATIONS:
         _duration(get, name, 0)
     return Settings(
@@ -255,6 +260,7 @@ def load_settings(app_root: Path | None = None, environ: Mapping[str, str] | Non
         upload_max=_size(get, "CRONBOX_UPLOAD_MAX", 256 * 1024 * 1024),
         url_max_ttl=int(_duration(get, "CRONBOX_URL_MAX_TTL", 3600)),
         seal_algorithm=seal_algorithm,
+        seal_payloads=seal_payloads,
         audit_retention_days=int(_duration(
             get, "CRONBOX_AUDIT_RETENTION", AUDIT_RETENTION_FLOOR_DAYS * 86400,
             floor=(AUDIT_RETENTION_FLOOR_DAYS * 86400, f"{AUDIT_RETENTION_FLOOR_DAYS}d: {AUDIT_FLOOR_WHY}")) // 86400),

@@ -230,6 +230,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CRONBOX_SEAL_ALGORITHM", "choice", "auto",
             "`auto` (AES-256-GCM with AES-NI, else XChaCha20-Poly1305), `aes-256-gcm` or "
             "`xchacha20-poly1305`.", "files"),
+    Setting("CRONBOX_SEAL_PAYLOADS", "choice", "declared",
+            "`declared` (events and jobs declared `sealed=True`, and the channel jobs) or `all` (every event and "
+            "job payload): sealed payloads are AES-256-GCM envelopes under the key vault "
+            "(docs/howto/sealed-payloads.md).", "files"),
     Setting("CRONBOX_AUDIT_RETENTION", "duration", "2192d",
             "how long `storage sweep` keeps the file access audit and the daily prune the console's action "
             "log; at least `2192d` (HIPAA 45 CFR 164.316(b)(2): six years), less is refused.", "files"),

@@ -214,6 +214,12 @@ class Context:
         self.previous: Any = None  # jobs (issue 39): a chain step's previous result
 
     @property
+    def connection(self) -> Connection:
+        """The run's connection the attempt works on: for cronbox's own reads before the call (a sealed
+        payload's install id, outbox.core.sealing). A handler writes through `session`."""
+        return self._connection
+
+    @property
     def session(self) -> Session:
         """The attempt's session, in a savepoint of the transaction that carries the ack: its writes
         commit with the ack or not at all (`commit()` releases the savepoint, `rollback()` undoes the

@@ -26,6 +26,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_deadlock
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.sealing import is_sealed
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.handler_call import TIMEOUT, Outcome
@@ -151,8 +152,11 @@ class CommitGroup:
 def may_join(item, handler, token: str, settings) -> bool:
     """The rule for an item to run in a group: its handler opted in (`grouped=True`), groups are on
     (CRONBOX_GROUP_MAX > 1), it comes from the group's claim, it still has an attempt, and its lease
-    covers its timeout plus the group's time (CRONBOX_GROUP_MS)."""
-    return (handler is not None and getattr(handler, "grouped", False) and settings.group_max > 1
+    covers its timeout plus the group's time (CRONBOX_GROUP_MS). A sealed payload runs alone: its
+    opening may fail (an altered envelope, a missing key), and only a lone item's failure before its
+    handler's call is recorded as its own (outbox.core.sealing)."""
+    return (handler is not None and not is_sealed(item.payload) and getattr(handler, "grouped", False)
+            and settings.group_max > 1
             and item.claim_token == token and not exhausted(item, handler)
             and clock.utcnow() + timedelta(seconds=handler.timeout, milliseconds=settings.group_ms)
             <= item.lease_until)

@@ -110,6 +110,9 @@ class Registry:
         self.jobs.forwarded = self.broker_queues
         self._source = source
         self._pause_listeners: list[PauseListener] = []
+        # Event types declared sealed (@consumer(..., sealed=True)): a view shares its source's set,
+        # so a type one module seals is sealed for every producer in the process (record() asks DEFAULT).
+        self.sealed_types: set[str] = source.sealed_types if source is not None else set()
 
     @property
     def pause_listeners(self) -> list[PauseListener]:

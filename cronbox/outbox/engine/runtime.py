@@ -48,6 +48,15 @@ class Runtime:
         # The host app's engines (cronbox.web.hosting), which a handler may have used: a forked child
         # drops their pooled connections too (drop_inherited_connections). None: no host app.
         self.host_engines: Callable[[], Iterable[Engine]] | None = None
+        # Where sealed payloads are opened with (outbox.core.sealing): given by the layer owning the key
+        # vault (the app's storage: cronbox.web.state, cronbox.cron.commands.base). None: the current one.
+        self.sealer_source: Callable[[], Any] | None = None
+
+    def sealer(self):
+        """The sealer this runtime opens payloads with (None: no key vault here)."""
+        from cronbox.outbox.core import sealing
+
+        return self.sealer_source() if self.sealer_source is not None else sealing.current()
 
     def scope_for(self, ctx) -> Callable[[], ContextManager] | None:
         """What call_handler wraps the call of a handler receiving `ctx` in, if anything."""

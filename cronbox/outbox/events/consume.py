@@ -144,7 +144,7 @@ class QueueConsumer:
                     # process it is the first the broker redelivers (see _requeue_redelivered)
                     self.link.flush_acks()
             try:
-                incoming = parse(message, self.runtime.consumers)
+                incoming = parse(message, self.runtime.consumers, self.runtime)
             except BadMessage as bad:
                 self._park(message, f"bad message: {bad.reason}", queues.attempts_of(headers_of(message)), None)
                 self.link.ack(tag)

@@ -27,6 +27,7 @@ class Consumer:
     timeout: float
     grouped: bool = False  # group commit: see consumer()
     runs: str | None = None  # "tick", "broker", "both"; None: unsaid (outbox.events.placement)
+    sealed: bool = False  # its event type is sealed (outbox.core.sealing): see consumer()
 
     def matches(self, event_type: str) -> bool:
         return event_type == self.event_type
@@ -40,7 +41,7 @@ class ConsumerFunction(Protocol):
 
 
 def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10, backoff=DEFAULT_BACKOFF,
-             timeout: float = 30, grouped: bool = False, runs: str | None = None,
+             timeout: float = 30, grouped: bool = False, runs: str | None = None, sealed: bool = False,
              registry: Registry | None = None) -> Callable[[Callable[..., Any]], ConsumerFunction]:
     """Register `fn(event, ctx)` for events of `event_type`. Several consumers per type are fine:
     each gets its own delivery rows, retries and dead state.
@@ -61,7 +62,12 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
     its own writes; when the whole transaction is lost (timeout, deadlock, dropped connection) the
     others run again one per transaction, without losing an attempt. The transaction stays open at
     most CRONBOX_GROUP_MS (200 ms) past its first handler, so a web request waiting on a row lock a
-    grouped handler took waits at most that long. ctx.commit_now() is refused in a grouped handler."""
+    grouped handler took waits at most that long. ctx.commit_now() is refused in a grouped handler.
+
+    sealed=True declares `event_type` sealed: every record() of it, in this process, stores its
+    payload as an envelope under the app's key vault (docs/howto/sealed-payloads.md), whatever the
+    producer says. Declarations never unseal: one consumer saying sealed=True is enough, and the
+    others (sealed=False, the default) get the same opened payload."""
     if not isinstance(event_type, str) or not event_type or len(event_type) > NAME_MAX:
         raise RegistrationError(f"event type must be a non-empty string of at most {NAME_MAX} characters")
     if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -72,6 +78,8 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         raise RegistrationError(f"grouped must be True or False, not {grouped!r}")
     if runs not in (None, "tick", "broker", "both"):
         raise RegistrationError(f'runs must be "tick", "broker" or "both", not {runs!r}')
+    if not isinstance(sealed, bool):
+        raise RegistrationError(f"sealed must be True or False, not {sealed!r}")
     policy = Backoff.of(backoff)
 
     def register(fn: Callable[..., Any]) -> ConsumerFunction:
@@ -79,8 +87,11 @@ def consumer(event_type: str, *, name: str | None = None, max_attempts: int = 10
         if len(consumer_name) > NAME_MAX:
             raise RegistrationError(f"consumer name {consumer_name[:40]!r}... is longer than {NAME_MAX} characters")
         (registry or DEFAULT).consumers.add(
-            Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped, runs)
+            Consumer(consumer_name, event_type, fn, max_attempts, policy, float(timeout), grouped, runs, sealed)
         )
+        if sealed:  # record() asks the process's registry (a producer may not know the consumer's)
+            DEFAULT.sealed_types.add(event_type)
+            (registry or DEFAULT).sealed_types.add(event_type)
         registered = cast(ConsumerFunction, fn)
         registered.consumer_name = consumer_name
         return registered

@@ -50,6 +50,7 @@ class Claimed(NamedTuple):
     payload: str
     trace_id: str
     created_at: datetime
+    seal_id: str | None = None  # the event's, when its payload is sealed (outbox.core.sealing)
 
 
 def fan_out(session: Session, registry: Consumers, now: datetime, limit: int) -> tuple[int, int]:
@@ -142,13 +143,13 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
         return []
     rows = session.execute(
         select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
-               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
+               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at, E.c.seal_id)
         .join(E, E.c.id == D.c.event_id)
         .where(D.c.id.in_(ids))
         .order_by(D.c.id)
     ).all()
     return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.lease_until, r.event_id, r.type, r.key,
-                    r.payload, r.trace_id, r.created_at) for r in rows]
+                    r.payload, r.trace_id, r.created_at, r.seal_id) for r in rows]
 
 
 # Built once: the ack runs once a delivery (a handler's writes commit with it), and building an
@@ -455,7 +456,8 @@ def recorded(session: Session, *, type: str | None = None) -> list[tuple]:
     """Every event (of `type`), in id order, each with its delivery rows (by id): the read model of
     cronbox.testing's `recorded()`. Two statements; a test database holds few rows (the operator's
     views page instead: dead_page, status)."""
-    query = select(E.c.id, E.c.type, E.c.key, E.c.payload, E.c.created_at, E.c.available_at, E.c.fanned_out_at)
+    query = select(E.c.id, E.c.type, E.c.key, E.c.payload, E.c.created_at, E.c.available_at, E.c.fanned_out_at,
+                   E.c.seal_id)
     if type is not None:
         query = query.where(E.c.type == type)
     events = session.execute(query.order_by(E.c.id)).all()

@@ -8,7 +8,7 @@ called with the Event and a Context; its rows' writes are outbox.events.deliveri
 """
 from __future__ import annotations
 
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import EVENTS, open_payload
 from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.context import Context, Event
@@ -17,11 +17,13 @@ from cronbox.outbox.engine.runner import Runner
 from cronbox.outbox.events import deliveries
 
 
-def delivery_family(consumers) -> Family:
-    """The family of the delivery rows of `consumers` (the runtime's registered consumers)."""
+def delivery_family(consumers, runtime=None) -> Family:
+    """The family of the delivery rows of `consumers` (the runtime's registered consumers); a sealed
+    payload is opened under `runtime`'s keys (outbox.core.sealing)."""
 
     def args(item, ctx: Context) -> tuple:
-        return (Event(item.event_id, item.event_type, item.key, load_payload(item.payload), item.created_at), ctx)
+        payload = open_payload(runtime, EVENTS, item.event_type, item.seal_id, item.payload, ctx.connection)
+        return (Event(item.event_id, item.event_type, item.key, payload, item.created_at), ctx)
 
     def describe(item) -> str:
         return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "
@@ -33,5 +35,5 @@ def delivery_family(consumers) -> Family:
 def delivery_runner(runtime) -> Runner:
     """A relay run's runner of in-process consumers' deliveries; its outcomes (`runner.outcomes`)
     are the forwarder's too."""
-    outcomes = Outcomes(delivery_family(runtime.consumers), deliveries, RunConnection(runtime))
+    outcomes = Outcomes(delivery_family(runtime.consumers, runtime), deliveries, RunConnection(runtime))
     return Runner(runtime, outcomes)

@@ -27,6 +27,7 @@ from typing import Callable
 from cronbox.outbox.core.errors import RegistrationError
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.engine.backoff import Backoff
+from cronbox.outbox.core.sealing import is_sealed
 from cronbox.outbox.engine.registry import DEFAULT, Registry
 from cronbox.outbox.amqp.broker import Outgoing
 
@@ -61,6 +62,7 @@ class ForwardTarget:
     timeout: float
     fn: Callable | None = None  # nothing to call: the relay publishes instead
     module: str | None = None  # the module that called forward(): which app owns it (outbox.engine.registry)
+    open: bool = False  # sealed payloads published opened (forward(open=True)); else as their envelope
 
     @property
     def origin(self) -> tuple:
@@ -76,7 +78,7 @@ class ForwardTarget:
 
 def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable | None = None,
             name: str | None = None, max_attempts: int = FORWARD_MAX_ATTEMPTS, backoff=5.0,
-            timeout: float = FORWARD_TIMEOUT, registry: Registry | None = None) -> ForwardTarget:
+            timeout: float = FORWARD_TIMEOUT, open: bool = False, registry: Registry | None = None) -> ForwardTarget:
     """Forward events whose type matches `event_type` (shell-style: `*`, `?`, `[...]`; default: all
     events) to `exchange` on the broker at CRONBOX_AMQP_URL. The name (default
     "amqp:<exchange>:<pattern>") is the identity stored in the delivery rows: set it explicitly if
@@ -84,7 +86,9 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
 
     routing_key: None (the event type), a string, or a function of the event returning one.
     max_attempts, backoff (seconds, doubling, or a list), timeout (seconds a batch waits for the
-    broker's confirms): as a consumer's. Returns the target. Raises `RegistrationError` (a
+    broker's confirms): as a consumer's. open=True: a sealed payload (outbox.core.sealing) is published
+    opened, as JSON; else it is published as its envelope, with the `x-cronbox-sealed` header
+    (docs/howto/sealed-payloads.md), and the broker never holds its text. Returns the target. Raises `RegistrationError` (a
     `CronboxError`) for a bad argument or a name already taken."""
     if not isinstance(event_type, str) or not event_type or len(event_type) > NAME_MAX:
         raise RegistrationError(f"event type pattern must be a non-empty string of at most {NAME_MAX} characters")
@@ -102,7 +106,7 @@ def forward(event_type: str = "*", *, exchange: str, routing_key: str | Callable
     caller = inspect.currentframe()
     module = caller.f_back.f_globals.get("__name__") if caller is not None and caller.f_back is not None else None
     target = ForwardTarget(target_name, event_type, Target(exchange, routing_key), max_attempts,
-                           Backoff.of(backoff), float(timeout), module=module)
+                           Backoff.of(backoff), float(timeout), module=module, open=bool(open))
     (registry or DEFAULT).consumers.add(target)
     return target
 
@@ -116,15 +120,21 @@ APP_ID = "cronbox"
 # The headers of a forwarded message, in the order they are written.
 TYPE_HEADER, ID_HEADER, TRACE_HEADER, CREATED_HEADER, KEY_HEADER = (
     "x-event-type", "x-event-id", "x-trace-id", "x-created-at", "x-event-key")
+# On a message whose body is a sealed payload's envelope (text, `cbxp1:…`): the event's seal id.
+SEALED_HEADER, INSTALL_HEADER = "x-cronbox-sealed", "x-cronbox-install"  # and its database's install id (hex)
 
 
 def message_id(event_id: int, trace_id: str) -> str:
     return f"cronbox-{event_id}-{trace_id}"
 
 
-def message_of(exchange: str, routing_key: str, item) -> Outgoing:
-    """The message of a claimed delivery: its payload as the body, message_properties(item)."""
-    return Outgoing(exchange, routing_key, item.payload.encode("utf-8"), message_properties(item))
+def message_of(exchange: str, routing_key: str, item, body: str | None = None) -> Outgoing:
+    """The message of a claimed delivery: its payload as the body (`body`: the opened text of a sealed
+    one forwarded open), message_properties(item)."""
+    properties = message_properties(item)
+    if body is None and is_sealed(item.payload):
+        properties["application_headers"][SEALED_HEADER] = item.seal_id or ""
+    return Outgoing(exchange, routing_key, (item.payload if body is None else body).encode("utf-8"), properties)
 
 
 def message_properties(item) -> dict:

@@ -28,7 +28,8 @@ import logging
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import crash_point
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.payload import dump_payload, load_payload
+from cronbox.outbox.core.sealing import EVENTS, is_sealed, open_payload
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Event
@@ -36,7 +37,7 @@ from cronbox.outbox.engine.handler_call import ERROR, Outcome
 from cronbox.outbox.engine.outcomes import Outcomes, exhausted
 from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.deliveries import Claimed
-from cronbox.outbox.events.forward import ForwardTarget, message_of
+from cronbox.outbox.events.forward import INSTALL_HEADER, ForwardTarget, message_of
 
 log = logging.getLogger("cronbox")
 
@@ -112,7 +113,7 @@ class Forwarder:
                 self.outcomes.give_up_exhausted(item, target)
                 continue
             try:
-                messages.append(message_for(target, item))
+                messages.append(message_for(target, item, self.runtime, self.outcomes.db.connection))
             except Exception as exc:  # a routing_key function that raised, or a payload it could not read
                 self.outcomes.failed(item, target, Outcome(ERROR, 0.0, f"no routing key: {describe(exc, 900)}"))
                 continue
@@ -135,17 +136,32 @@ class Forwarder:
             self.outcomes.failed(item, target, Outcome(ERROR, seconds, error))
 
 
-def message_for(target: ForwardTarget, item: Claimed) -> Outgoing:
+def message_for(target: ForwardTarget, item: Claimed, runtime=None, connection=None) -> Outgoing:
     """The message of a claimed delivery, with its routing key: the event type, the target's fixed
-    key, or what its function makes of the event (which sees the event as a consumer would)."""
+    key, or what its function makes of the event (which sees the event as a consumer would). A
+    sealed payload is opened (in memory) only for a key function or a target forwarding it open."""
     routing_key = target.target.routing_key
+    opened: list = []
+
+    def payload():
+        if not opened:
+            opened.append(open_payload(runtime, EVENTS, item.event_type, item.seal_id, item.payload, connection)
+                          if is_sealed(item.payload)
+                          else load_payload(item.payload))
+        return opened[0]
+
     if routing_key is None:
         key = item.event_type
     elif isinstance(routing_key, str):
         key = routing_key
     else:
-        key = target.target.key_for(Event(item.event_id, item.event_type, item.key, load_payload(item.payload),
-                                          item.created_at))
+        key = target.target.key_for(Event(item.event_id, item.event_type, item.key, payload(), item.created_at))
     if len(key.encode("utf-8", "surrogatepass")) > MAX_ROUTING_KEY:
         raise ValueError(f"the routing key is longer than AMQP's {MAX_ROUTING_KEY} bytes: {key[:40]!r}...")
-    return message_of(target.target.exchange, key, item)
+    if target.open and is_sealed(item.payload):
+        return message_of(target.target.exchange, key, item, dump_payload(payload()))
+    message = message_of(target.target.exchange, key, item)
+    sealer = runtime.sealer() if runtime is not None and is_sealed(item.payload) else None
+    if sealer is not None and connection is not None:  # `amqp consume` with the same keys opens it
+        message.properties["application_headers"][INSTALL_HEADER] = sealer.install_id(connection).hex()
+    return message

@@ -9,8 +9,10 @@ from datetime import datetime, timezone
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.text import NAME_MAX, clean_text
 from cronbox.outbox.engine.context import Event
+from cronbox.outbox.core.sealing import EVENTS, SealError, is_sealed
 from cronbox.outbox.events import queues
-from cronbox.outbox.events.forward import CREATED_HEADER, ID_HEADER, KEY_HEADER, TRACE_HEADER, TYPE_HEADER
+from cronbox.outbox.events.forward import (CREATED_HEADER, ID_HEADER, INSTALL_HEADER, KEY_HEADER, SEALED_HEADER,
+                                           TRACE_HEADER, TYPE_HEADER)
 from cronbox.outbox.events.placement import runs_off_broker
 
 MAX_BODY = 1024 * 1024  # bytes; a larger message is parked as bad (events are small JSON documents)
@@ -32,8 +34,9 @@ class Incoming:
     consumers: list
 
 
-def parse(message, registry) -> Incoming:
-    """The message as an event for its consumers; BadMessage with the reason if it cannot be one."""
+def parse(message, registry, runtime=None) -> Incoming:
+    """The message as an event for its consumers; BadMessage with the reason if it cannot be one. A
+    sealed event's envelope (forwarded sealed) is opened here, in memory, under `runtime`'s keys."""
     props = message.properties or {}
     headers = headers_of(message)
     body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8", "surrogatepass")
@@ -51,7 +54,10 @@ def parse(message, registry) -> Incoming:
     if not consumers:
         raise BadMessage(f"no consumer registered here for type {clean_text(event_type, NAME_MAX)!r}")
     try:
-        payload = json.loads(body.decode("utf-8"))
+        text = body.decode("utf-8")
+        if is_sealed(text):
+            text = _opened(runtime, headers, event_type, text)
+        payload = json.loads(text)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise BadMessage("body is not JSON (UTF-8)") from None
     key = headers.get(KEY_HEADER)
@@ -60,6 +66,16 @@ def parse(message, registry) -> Incoming:
                   key if isinstance(key, str) else None, payload, _created_at(headers, props))
     attempts = queues.attempts_of(headers, below=max(c.max_attempts for c in consumers))
     return Incoming(message_id, event_type, trace_id_of(props), event, attempts, consumers)
+
+
+def _opened(runtime, headers: dict, event_type: str, text: str) -> str:
+    sealer = runtime.sealer() if runtime is not None else None
+    if sealer is None:
+        raise BadMessage("sealed payload, but no key vault is configured here")
+    try:
+        return sealer.open_message(headers.get(INSTALL_HEADER), EVENTS, event_type, headers.get(SEALED_HEADER), text)
+    except SealError as exc:
+        raise BadMessage(f"sealed payload does not open: {exc}") from None
 
 
 def headers_of(message) -> dict:

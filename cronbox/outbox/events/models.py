@@ -30,6 +30,9 @@ class OutboxEvent(Base):
     # older than migration 0013 (unknown, counted as nothing).
     payload_bytes: Mapped[int | None] = mapped_column(Integer)
     trace_id: Mapped[str] = mapped_column(String(32))
+    # A sealed payload's row identity (outbox.core.sealing): 32 random hex digits written with the
+    # envelope in the same INSERT, bound into its associated data. NULL: a plaintext payload.
+    seal_id: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     # When deliveries may first be attempted (record(..., delay=)).
     available_at: Mapped[datetime] = mapped_column(UtcDateTime)

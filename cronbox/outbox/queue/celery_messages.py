@@ -23,6 +23,7 @@ import socket
 import uuid
 
 from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import JOBS, is_sealed, open_payload
 from cronbox.outbox.amqp.broker import Outgoing
 
 NAMESPACE = uuid.UUID("6b3a1c52-1f0e-4a55-9d3f-2f8a3c5e7d10")  # task ids: uuid5 of the job's trace id
@@ -41,11 +42,15 @@ def arguments(payload) -> tuple[list, dict]:
     return ([] if payload is None else [payload]), {}
 
 
-def message_for(broker_queue: str, item, *, again: bool = False, origin: str | None = None) -> Outgoing:
+def message_for(broker_queue: str, item, *, again: bool = False, origin: str | None = None,
+                runtime=None) -> Outgoing:
     """The Celery task message of a claimed job (jobstore.ClaimedJob), to the default exchange,
-    routed to `broker_queue` (Celery declares its queues on the default exchange too)."""
+    routed to `broker_queue` (Celery declares its queues on the default exchange too). A sealed row
+    (celery_task(sealed=True, celery_protects=...)) is opened here, in memory, under `runtime`'s keys:
+    Celery's own signing or encryption protects the message from there."""
     tid = task_id(item)
-    args, kwargs = arguments(load_payload(item.payload))
+    args, kwargs = arguments(open_payload(runtime, JOBS, item.handler, item.seal_id, item.payload)
+                             if is_sealed(item.payload) else load_payload(item.payload))
     shown = f"<cronbox job {item.id}>"
     headers = {
         "lang": "py", "task": item.handler, "id": tid, "shadow": None, "eta": None, "expires": None,

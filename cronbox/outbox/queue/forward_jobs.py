@@ -104,7 +104,11 @@ def _declare(queue, protocol, broker_queue, republish_after, registry, module) -
     return declared
 
 
-def celery_task(name: str, *, queue: str = "celery", registry: Registry | None = None) -> JobHandler:
+CELERY_PROTECTIONS = ("signing", "encryption")
+
+
+def celery_task(name: str, *, queue: str = "celery", sealed: bool = False, celery_protects: str | None = None,
+                registry: Registry | None = None) -> JobHandler:
     """A Celery task of the user's, named `name` (the name its Celery registered), sent to `queue`,
     dispatched in the caller's transaction like a job:
 
@@ -116,13 +120,22 @@ def celery_task(name: str, *, queue: str = "celery", registry: Registry | None =
     the task message once the transaction committed, and the row is done when the broker confirmed
     it; Celery's own retry rules apply from there. Returns the job (its `.dispatch`). Raises
     `RegistrationError` (a `CronboxError`) for a bad name, or a queue already forwarded to cronbox's
-    own workers."""
+    own workers.
+
+    sealed=True keeps the row sealed in the database (docs/howto/sealed-payloads.md), but a Celery task
+    message carries its arguments as Celery's JSON: it is refused unless `celery_protects` says how your
+    Celery protects its messages ("signing" or "encryption": Celery's `security_key` /
+    `task_serializer="auth"` setup), i.e. you accept the arguments leaving the database opened."""
     from cronbox.outbox.engine.backoff import Backoff
     from cronbox.outbox.queue.jobs import JobHandler
 
     if not isinstance(name, str) or not name or len(name) > NAME_MAX - 60 or not name.isprintable():
         raise RegistrationError(f"a Celery task name must be printable text of 1 to {NAME_MAX - 60} characters, "
                                 f"not {name!r}")
+    if sealed and celery_protects not in CELERY_PROTECTIONS:
+        raise RegistrationError(f"celery_task {name!r} is sealed, but Celery would put its arguments on the broker in "
+                                "plaintext: set up Celery's message signing or encryption and say so with "
+                                "celery_protects='signing' or 'encryption', or leave sealed=False")
     module = _caller_module()
     target = registry or DEFAULT
     forwarded = target.broker_queues.get(queue)
@@ -132,6 +145,6 @@ def celery_task(name: str, *, queue: str = "celery", registry: Registry | None =
         raise RegistrationError(f"queue {queue} is forwarded to cronbox's workers: a Celery task needs a queue "
                                 "forwarded with protocol='celery'")
     handler = JobHandler(name, queue, None, 1, Backoff.of(5), 30.0, False, None,  # type: ignore[arg-type]
-                         jobs=target.jobs, module=module)
+                         jobs=target.jobs, module=module, sealed=bool(sealed))
     target.jobs.add(handler)
     return handler

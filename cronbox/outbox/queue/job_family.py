@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
-from cronbox.outbox.core.payload import load_payload
+from cronbox.outbox.core.sealing import JOBS, open_payload
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
 from cronbox.outbox.engine.outcomes import Family, LeaseStore, Outcomes
@@ -70,12 +70,13 @@ class JobStore:
                                 key_ttl=self.key_ttl)
 
 
-def job_args(item, ctx) -> tuple:
-    """A job handler's arguments: its payload and ctx, with ctx.batch (a member's batch, a callback's)
-    and ctx.previous (a chain step's previous result) for jobs of a batch or chain (issue 39)."""
+def job_args(item, ctx, runtime=None) -> tuple:
+    """A job handler's arguments: its payload (a sealed one opened under `runtime`'s keys,
+    outbox.core.sealing) and ctx, with ctx.batch (a member's batch, a callback's) and ctx.previous (a
+    chain step's previous result) for jobs of a batch or chain (issue 39)."""
     if item.batch_id is not None or item.flow is not None:
         batches.attach(ctx, item)
-    return (load_payload(item.payload), ctx)
+    return (open_payload(runtime, JOBS, item.handler, item.seal_id, item.payload, ctx.connection), ctx)
 
 
 def job_family(runtime) -> Family:
@@ -90,7 +91,7 @@ def job_family(runtime) -> Family:
                 listener(session, runtime.settings, pause.channel, pause.seconds, pause.pause_reason)
 
     return Family("job", "failed", handler=lambda item: registry.get(item.handler),
-                  args=job_args, describe=lambda item: f"job={item.id} queue={item.queue} handler={item.handler}",
+                  args=lambda item, ctx: job_args(item, ctx, runtime), describe=lambda item: f"job={item.id} queue={item.queue} handler={item.handler}",
                   retry_later_at=retry_later_at, on_retry_later=on_retry_later,
                   keep_value=lambda value: results.encode(value, result_max))  # issue 39: the job's result
 

@@ -19,6 +19,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.inserts import check_text, connection_of, delay_seconds, new_trace_id
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
+from cronbox.outbox.core.sealing import BY_DEFAULT, JOBS, Sealing, sealer_for
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
@@ -52,6 +53,7 @@ class JobHandler:
     cost: int = 1  # what one run spends of its queue's and group's cost budgets
     jobs: Jobs | None = field(default=None, repr=False, compare=False)  # where registered: the groups dispatch may name
     module: str | None = None  # a Celery task's (no fn): the module that declared it (outbox.engine.registry)
+    sealed: Sealing = False  # payloads stored as envelopes (outbox.core.sealing): see job()
 
     @property
     def max_attempts(self) -> int:
@@ -92,8 +94,14 @@ class JobHandler:
                                    f"@job concurrency_group={concurrency_group!r} and its concurrency_limit")
         if cost is not None:
             groups.check_cost(cost, error=PayloadError)
-        if unique_key is None and self.unique:
-            unique_key = hashlib.sha256(body.encode()).hexdigest()
+        sealer = sealer_for(sealed=self.sealed, what=f"job {self.name}")
+        if unique_key is None and self.unique:  # sealed: a keyed hash (a bare one of a phone number is guessed)
+            unique_key = hashlib.sha256(body.encode()).hexdigest() if sealer is None else sealer.fingerprint(
+                self.name, body)
+        connection = connection_of(session, Job)
+        seal_id = None
+        if sealer is not None:  # one AEAD call, in memory: the INSERT below stays the only statement
+            body, seal_id = sealer.seal(connection, JOBS, self.name, body)
         now = clock.utcnow()
         row = {
             "queue": self.queue,
@@ -109,8 +117,8 @@ class JobHandler:
             "created_at": now,
             "concurrency_group": concurrency_group,
             "cost": cost,
+            "seal_id": seal_id,
         }
-        connection = connection_of(session, Job)
         if batch is not None:  # issue 39: a member (outbox.queue.batches)
             row["batch_id"] = batches.admit(connection, batch, self)
         if idempotency_key is not None:
@@ -187,7 +195,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
         unique: bool = False, retry_until: float | timedelta | None = None,
         rate_limit: str | RateLimit | Callable[[Any], RateLimit | None] | None = None,
         channel: str | None = None, grouped: bool = False, concurrency_group: str | None = None,
-        concurrency_limit: int | None = None, cost: int = 1,
+        concurrency_limit: int | None = None, cost: int = 1, sealed: Sealing = False,
         registry: Registry | None = None) -> Callable[[Callable[..., Any]], JobFunction]:
     """Register `fn(payload, ctx)` as a job on `queue`; the decorated function gets `.dispatch()`.
 
@@ -211,6 +219,11 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
     (200 ms) past its first job, so a web request waiting on a row lock a grouped job took waits at
     most that long. Not with channel= or rate_limit= (their checks write in transactions of their
     own); ctx.commit_now() is refused in a grouped job.
+    sealed=True: its payloads are stored as AES-256-GCM envelopes under the app's key vault (one AEAD
+    call in dispatch(), opened only in the worker's memory; docs/howto/sealed-payloads.md); a
+    dispatch where no vault is configured is refused. CRONBOX_SEAL_PAYLOADS=all seals every job.
+    (The channel jobs say `sealed=outbox.core.sealing.BY_DEFAULT`: sealed wherever a key vault is
+    usable, plain where none is, so an app upgraded without one keeps sending.)
     """
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise RegistrationError(f"queue name {queue!r} must be 1-64 letters, digits, or _ . : -")
@@ -236,6 +249,8 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
             raise RegistrationError("grouped=True cannot be combined with concurrency_group= "
                                     "(its slot is taken and freed in transactions of their own)")
     groups.check_cost(cost)
+    if not isinstance(sealed, bool) and sealed != BY_DEFAULT:
+        raise RegistrationError(f"sealed must be True or False, not {sealed!r}")
     policy = Backoff.of(backoff)
     limit = RateLimit.parse(rate_limit, bucket=f"queue:{queue}") if isinstance(rate_limit, str) else rate_limit
     if limit is not None and not isinstance(limit, RateLimit) and not callable(limit):
@@ -252,7 +267,7 @@ def job(queue: str = "default", *, name: str | None = None, tries: int = 5, back
             raise RegistrationError(f"concurrency group {concurrency_group!r} has limit {other.concurrency_limit} "
                                     f"({other.name}), not {concurrency_limit}: one group, one limit")
         handler = JobHandler(job_name, queue, fn, tries, policy, float(timeout), unique, retry_until, limit, channel,
-                             grouped, concurrency_group, concurrency_limit, cost, jobs)
+                             grouped, concurrency_group, concurrency_limit, cost, jobs, sealed=sealed)
         jobs.add(handler)
         registered = cast(JobFunction, fn)
         registered.dispatch = handler.dispatch

@@ -47,6 +47,7 @@ class ClaimedJob:
     cost: int | None = None
     batch_id: int | None = None  # issue 39: the batch it is a member of (outbox.queue.batches)
     flow: str | None = None  # a chain's rest, or which batch's callback it is (JSON)
+    seal_id: str | None = None  # when its payload is sealed (outbox.core.sealing)
 
 
 def due_queues(session: Session, registry: Jobs, queues: list[str], now: datetime, *,
@@ -313,7 +314,8 @@ def untake(session: Session, sent: dict[int, str], token: str, lease_until: date
 
 
 CLAIMED = (J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.attempts, J.c.claim_token, J.c.available_at,
-           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost, J.c.batch_id, J.c.flow)  # a ClaimedJob's columns, in order
+           J.c.retry_until, J.c.trace_id, J.c.concurrency_group, J.c.cost, J.c.batch_id, J.c.flow,
+           J.c.seal_id)  # a ClaimedJob's columns, in order
 
 
 def _claimed(row) -> ClaimedJob:
@@ -595,7 +597,8 @@ def listed(session: Session, *, handler: str | None = None, queue: str | None = 
     model of cronbox.testing's `dispatched()`. A test database holds few rows; a deployment's is never
     read this way (the operator's views page: failed_page, status)."""
     rows = select(J.c.id, J.c.queue, J.c.handler, J.c.payload, J.c.status, J.c.attempts, J.c.available_at,
-                  J.c.retry_until, J.c.last_error, J.c.error_class, J.c.created_at, J.c.reserved_at, J.c.finished_at)
+                  J.c.retry_until, J.c.last_error, J.c.error_class, J.c.created_at, J.c.reserved_at, J.c.finished_at,
+                  J.c.seal_id)
     if handler is not None:
         rows = rows.where(J.c.handler == handler)
     if queue is not None:

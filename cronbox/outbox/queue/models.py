@@ -38,6 +38,8 @@ class Job(Base):
     unique_key: Mapped[str | None] = mapped_column(ExactString(NAME_MAX), unique=True)
     retry_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
     trace_id: Mapped[str] = mapped_column(String(32))
+    # A sealed payload's row identity (outbox.core.sealing), written with it; NULL: plaintext.
+    seal_id: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     reserved_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -22,6 +22,8 @@ under its lock, so no two publishers claim at once.
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -106,7 +108,8 @@ class JobPublisher:
         items = again + claimed
         if not items:
             return 0
-        make = celery_messages.message_for if forwarded.protocol == CELERY else job_messages.message_for
+        make = (functools.partial(celery_messages.message_for, runtime=self.runtime) if forwarded.protocol == CELERY
+                else job_messages.message_for)
         # A job a worker took and never finished may be what killed it: its copy is flagged, to be taken alone.
         messages = [make(forwarded.broker_queue, item, again=item.id in suspects) for item in items]
         try:

@@ -1,7 +1,7 @@
 """batches: batches of jobs, chains, results and idempotency keys (issue 39)
 
 Revision ID: 0015_batches
-Revises: 0013_payload_bytes
+Revises: 0014_sealed_payloads
 Create Date: 2026-12-08
 
 1. `cronbox_jobs` gains `batch_id` (the batch a job is a member of; indexed with its status, so a
@@ -12,15 +12,14 @@ Create Date: 2026-12-08
 3. `cronbox_job_results`: a job's return value, written with its done, kept CRONBOX_RESULT_TTL.
 
 Every new column is nullable: a process still running the code before this revision writes jobs
-without them, as plain jobs. (The sealed-payloads branch adds 0014; this revision is rechained on it
-at merge.)
+without them, as plain jobs. (Rechained on the sealed payloads' 0014 at their merge.)
 """
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = "0015_batches"
-down_revision = "0013_payload_bytes"
+down_revision = "0014_sealed_payloads"
 branch_labels = None
 depends_on = None
 
