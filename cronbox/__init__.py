@@ -13,8 +13,9 @@ The public API, all importable from here:
 
 - the extension: `Cronbox`;
 - events: `record`, `consumer`, `forward` (to RabbitMQ), `Event`, `Context`;
-- jobs: `job` (its `.dispatch()` and `.result()`), `batch`, `chain`, `cancel_batch` (`Batch`, `Chain`,
-  `Progress`, `JobResult`), and the channels' jobs `send_sms`, `send_email`, `send_webhook`, `notify`;
+- jobs: `job` (its `.dispatch()` and `.result()`), `batch`, `chain`, `cancel_batch`, `chain_progress`
+  (`Batch`, `Chain`, `Progress`, `ChainProgress`, `ChainStep`, `JobResult`), and the channels' jobs
+  `send_sms`, `send_email`, `send_webhook`, `notify`;
   `forward_jobs` (a queue's jobs run off RabbitMQ by `amqp work`, or by your Celery), `celery_task`
   (a task of your Celery's, dispatched in your transaction);
 - periodic tasks: `schedule` (`@schedule.every(minutes=5)`, `@schedule.cron("0 3 * * *")`);
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .outbox.queue.forward_jobs import celery_task, forward_jobs
     from .outbox.queue.jobs import job
     from .outbox.queue.batches import Batch, Chain, Progress, batch, cancel_batch, chain
+    from .outbox.queue.chains import ChainProgress, ChainStep, chain_progress
     from .outbox.queue.results import JobResult
     from .web.uploads import BodyAlreadyRead, UploadRefused, request_client, seal_upload, sealed_upload_route
 
@@ -72,6 +74,9 @@ _EXPORTS = {
     "Batch": (".outbox.queue.batches", "Batch"),
     "Chain": (".outbox.queue.batches", "Chain"),
     "Progress": (".outbox.queue.batches", "Progress"),
+    "chain_progress": (".outbox.queue.chains", "chain_progress"),
+    "ChainProgress": (".outbox.queue.chains", "ChainProgress"),
+    "ChainStep": (".outbox.queue.chains", "ChainStep"),
     "JobResult": (".outbox.queue.results", "JobResult"),
     "forward_jobs": (".outbox.queue.forward_jobs", "forward_jobs"),
     "celery_task": (".outbox.queue.forward_jobs", "celery_task"),
@@ -98,6 +103,8 @@ __all__ = [
     "Batch",
     "BodyAlreadyRead",
     "Chain",
+    "ChainProgress",
+    "ChainStep",
     "Context",
     "Cronbox",
     "CronboxError",
@@ -114,6 +121,7 @@ __all__ = [
     "cancel_batch",
     "celery_task",
     "chain",
+    "chain_progress",
     "consumer",
     "forward",
     "forward_jobs",

@@ -42,14 +42,14 @@ def count_events(runtime) -> int:
         return session.scalar(select(func.count()).select_from(OutboxEvent))
 
 
-def wait_for(condition, what: str, timeout: float = 60) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds (a bound a loaded
-    machine meets, never a window the test relies on)."""
+def wait_for(condition, what: str, timeout: float = 60, *, pause: float = 0.01) -> None:
+    """Poll `condition` every `pause` seconds until it holds; fail naming `what` after `timeout` seconds (a
+    bound a loaded machine meets, never a window the test relies on)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(pause)
 
 
 def run_until(run, done, *, pause: float, seconds: float = 180) -> None:

@@ -329,6 +329,38 @@ def test_two_workers_finishing_the_last_members_at_once_fire_once(rt, registry):
     assert len(effect_rows(rt, "then")) == 1 and len(effect_rows(rt, "member")) == 2
 
 
+def test_grouped_members_and_steps_are_counted_by_their_groups_commit(rt, registry):
+    """Group commit (grouped=True: consecutive jobs in one transaction, a savepoint each) acks members and
+    chain steps through the same outcome writes: the batch finishes once, the chain goes on, a member
+    failing inside a group is counted as failed by that group's transaction."""
+    @job("q", name="part", registry=registry, grouped=True, tries=1)
+    def part(payload, ctx):
+        if payload == 4:
+            raise ValueError("bad part")
+        ctx.session.execute(insert(effects).values(what="part", n=payload))
+        return payload
+
+    @job("q", name="then", registry=registry)
+    def then(payload, ctx):
+        p = ctx.batch.progress(ctx.session)
+        total = sum(value for _id, value in ctx.batch.results(ctx.session))
+        ctx.session.execute(insert(effects).values(what=f"then:{p.done}:{p.failed}:{p.pending}", n=total))
+
+    @job("q", name="last", registry=registry)
+    def last(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="last", n=ctx.previous))
+
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="grouped", then=then, allow_failures=True)
+        for n in range(1, 7):
+            part.dispatch(session, n, batch=b)
+        cronbox.chain(session, [(part, 10), (part, 20), (last, None)])
+    drain(rt)
+    assert effect_rows(rt, "then:5:1:0") == [("then:5:1:0", 1 + 2 + 3 + 5 + 6)]
+    assert sorted(n for _w, n in effect_rows(rt, "part")) == [1, 2, 3, 5, 6, 10, 20]
+    assert effect_rows(rt, "last") == [("last", 20)]
+
+
 def test_a_chain_passes_each_result_on_and_stops_at_a_failure(rt, registry):
     @job("q", name="render", registry=registry)
     def render(payload, ctx):
@@ -355,9 +387,91 @@ def test_a_chain_passes_each_result_on_and_stops_at_a_failure(rt, registry):
     assert sorted(effect_rows(rt)) == [("catch:2:notify", 0), ("notify:key-1", 3)]
 
 
+def test_a_chains_progress_says_which_step_it_is_on_and_each_steps_state(rt, registry, env):
+    """Read from its steps' rows by primary key, from any step's job id: the step it is on, each step's
+    status (a job's, or later / stopped / pruned), the catch's job; the same from `queue chain JOB_ID`."""
+    from sqlalchemy import delete
+
+    from tests.helpers import invoke
+
+    @job("q", name="render", registry=registry)
+    def render(payload, ctx):
+        return payload
+
+    @job("q", name="seal", registry=registry, tries=1)
+    def seal(payload, ctx):
+        if payload == "fail":
+            raise ValueError("no key")
+        return ctx.previous
+
+    @job("q", name="notify", registry=registry)
+    def notify(payload, ctx):
+        pass
+
+    @job("q", name="oops", registry=registry)
+    def oops(payload, ctx):
+        pass
+
+    @job("q", name="plain", registry=registry)
+    def plain(payload, ctx):
+        pass
+
+    def states(progress):
+        return [(step.index, step.handler, step.status) for step in progress.steps]
+
+    with rt.sessions.begin() as session:
+        good = cronbox.chain(session, [(render, 3), (seal, "ok"), (notify, None)])
+    with rt.sessions() as session:
+        p = good.progress(session)
+    assert (p.id, p.state, p.current.index, p.current.job_id, p.catch) == (good.id, "running", 0, good.first_job_id, None)
+    assert states(p) == [(0, "render", "ready"), (1, "seal", "later"), (2, "notify", "later")]
+    work(rt, batch_size=1, max_handled=1)
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, good.first_job_id)
+    assert states(p) == [(0, "render", "done"), (1, "seal", "ready"), (2, "notify", "later")]
+    second = p.steps[1].job_id
+    assert p.current.index == 1 and p.steps[0].finished_at is not None
+    drain(rt)
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, second)  # from a later step: the same chain
+    assert (p.state, p.current) == ("finished", None) and [s.status for s in p.steps] == ["done"] * 3
+    shown = invoke(env, "queue", "chain", str(p.steps[2].job_id))
+    assert shown.exit_code == 0, shown.output
+    assert f"chain {good.id}: finished" in shown.output and shown.output.count(" done ") == 3
+
+    with rt.sessions.begin() as session:
+        bad = cronbox.chain(session, [(render, 1), (seal, "fail"), (notify, None)], catch=oops)
+        lone = plain.dispatch(session, 1)
+    drain(rt)
+    with rt.sessions() as session:
+        p = bad.progress(session)
+        assert cronbox.chain_progress(session, lone) is None and cronbox.chain_progress(session, 987654) is None
+    assert p.state == "failed" and p.current is None
+    assert states(p) == [(0, "render", "done"), (1, "seal", "failed"), (2, "notify", "stopped")]
+    assert (p.steps[1].attempts, p.steps[1].error) == (1, "ValueError: no key")
+    assert (p.catch.index, p.catch.handler, p.catch.status) == (1, "oops", "done")
+    shown = invoke(env, "queue", "chain", str(bad.first_job_id))
+    assert f"chain {bad.id}: failed" in shown.output and "stopped" in shown.output and "ValueError: no key" in shown.output
+    assert "catch" in shown.output and "oops" in shown.output
+    missing = invoke(env, "queue", "chain", str(lone))
+    assert missing.exit_code == 2 and f"job {lone} is not a step of a chain" in missing.output
+
+    with rt.sessions.begin() as session:  # `queue prune` took the first step's job: read from a later step
+        session.execute(delete(Job).where(Job.id == good.first_job_id))
+    with rt.sessions() as session:
+        p = cronbox.chain_progress(session, second)
+        assert states(p) == [(0, None, "pruned"), (1, "seal", "done"), (2, "notify", "done")]
+        with pytest.raises(PayloadError, match="no chain"):
+            good.progress(session)
+
+
 def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
     @job("q", name="member", registry=registry)
     def member(payload, ctx):
+        pass
+
+    @cronbox.consumer("visit.closed", name="receipt", registry=registry)
+    def receipt(event, ctx):
         pass
 
     def plain(payload, ctx):
@@ -380,7 +494,137 @@ def test_bad_input_is_one_clear_error_at_dispatch(rt, registry):
             cronbox.chain(session, [(member, loop)])
         with pytest.raises(PayloadError, match="at least one step"):
             cronbox.chain(session, [])
+        with pytest.raises(PayloadError, match="step 1 must be a"):
+            cronbox.chain(session, [(member, 1), (member,)])
+        with pytest.raises(PayloadError, match="step 0 must be a @job function"):
+            cronbox.chain(session, [(plain, 1)])
+        with pytest.raises(PayloadError, match="catch=: no job named"):
+            cronbox.chain(session, [(member, 1)], catch="nobody.registered")
+        with pytest.raises(PayloadError, match="must be a @job function"):
+            cronbox.batch(session, name="x", finally_=receipt)  # a consumer, not a job
+        for name in ("", "x" * 192, "two\nlines", 7):
+            with pytest.raises(PayloadError, match="a batch name must be printable text"):
+                cronbox.batch(session, name=name)
+        with pytest.raises(PayloadError, match="allow_failures must be True or False"):
+            cronbox.batch(session, name="x", allow_failures="yes")
+        with pytest.raises(PayloadError, match="not JSON|JSON"):
+            cronbox.batch(session, name="x", payload={"when": object()})
+        with pytest.raises(PayloadError, match="batch= must be a cronbox.batch"):
+            member.dispatch(session, 1, batch="7")
+        assert session.scalar(select(func.count()).select_from(JobBatch)) == 0  # nothing written by a refusal
+        assert session.scalar(select(func.count()).select_from(Job)) == 0
         session.rollback()
+
+
+def test_a_finished_batch_takes_no_member_and_a_callback_adding_one_is_one_recorded_failure(rt, registry):
+    """Nothing can join a batch once it finished: a dispatch from outside is refused at once, and its own
+    `then` adding a member fails (its tries used, the error recorded), the batch left as it was."""
+    @job("q", name="member", registry=registry)
+    def member(payload, ctx):
+        ctx.session.execute(insert(effects).values(what="member", n=payload))
+
+    @job("q", name="then", registry=registry, tries=1)
+    def then(payload, ctx):
+        ctx.batch.add(ctx.session, member, 99)
+
+    with rt.sessions.begin() as session:
+        b = cronbox.batch(session, name="x", then=then)
+        member.dispatch(session, 1, batch=b)
+        member.dispatch(session, 2, batch=b)
+    drain(rt)
+    for target in (b, b.id):
+        with pytest.raises(PayloadError, match=f"batch {b.id} is finished: it takes no new member"):
+            with rt.sessions.begin() as session:
+                member.dispatch(session, 3, batch=target)
+    with rt.sessions() as session:
+        failed = session.execute(select(Job.status, Job.last_error).where(Job.handler == "then")).one()
+        p = b.progress(session)
+    assert failed.status == "failed" and f"batch {b.id} is finished: it takes no new member" in failed.last_error
+    assert sorted(n for _w, n in effect_rows(rt, "member")) == [1, 2]
+    assert (p.state, p.done, p.total) == ("finished", 2, 2)
+
+
+def test_a_chain_ends_in_a_batch_whose_then_starts_a_chain(rt, registry):
+    """Export a patient's records: a chain whose last step starts a batch (one job per source), whose
+    `then` starts a chain (zip, then seal): each started in the outcome transaction of the job before."""
+    @job("q", name="collect", registry=registry)
+    def collect(payload, ctx):
+        return ["labs", "notes", "images"]
+
+    @job("q", name="fan_out", registry=registry)
+    def fan_out(payload, ctx):
+        parts = cronbox.batch(ctx.session, name=f"export {payload}", then=zip_, payload=payload)
+        for source in ctx.previous:
+            parts.add(ctx.session, export_one, source)
+
+    @job("q", name="export_one", registry=registry)
+    def export_one(payload, ctx):
+        return len(payload)
+
+    @job("q", name="zip", registry=registry)
+    def zip_(payload, ctx):
+        total = sum(value for _id, value in ctx.batch.results(ctx.session))
+        cronbox.chain(ctx.session, [(pack, total), (seal, payload)])
+
+    @job("q", name="pack", registry=registry)
+    def pack(payload, ctx):
+        return {"bytes": payload}
+
+    @job("q", name="seal", registry=registry)
+    def seal(payload, ctx):
+        ctx.session.execute(insert(effects).values(what=f"sealed for {payload}", n=ctx.previous["bytes"]))
+
+    with rt.sessions.begin() as session:
+        cronbox.chain(session, [(collect, 7), (fan_out, 7)])
+    drain(rt)
+    assert effect_rows(rt) == [("sealed for 7", len("labs") + len("notes") + len("images"))]
+    with rt.sessions() as session:
+        counts = dict(session.execute(select(Job.handler, func.count()).group_by(Job.handler)).all())
+        assert set(session.scalars(select(Job.status))) == {"done"}
+    assert counts == {"collect": 1, "fan_out": 1, "export_one": 3, "zip": 1, "pack": 1, "seal": 1}
+
+
+def test_results_and_idempotency_keys_expire_and_results_and_finished_batches_are_pruned(rt, registry, env):
+    """CRONBOX_RESULT_TTL (7d) and CRONBOX_IDEMPOTENCY_TTL (1d) by the clock: a result is read as expired
+    after its time and `queue prune` deletes it; a key is given to a new job after its time; a finished
+    batch goes with its last member, a running one stays."""
+    from datetime import datetime, timedelta
+
+    from cronbox.outbox.core import clock
+    from tests.helpers import invoke
+
+    @job("q", name="value", registry=registry)
+    def value(payload, ctx):
+        return payload
+
+    start = datetime(2026, 12, 1, 8, 0)
+    with clock.frozen(start):
+        with rt.sessions.begin() as session:
+            b = cronbox.batch(session, name="old")
+            old = value.dispatch(session, "old", batch=b, idempotency_key="req-1")
+        work(rt)
+        clock.advance(3600)
+        with rt.sessions.begin() as session:
+            assert value.dispatch(session, "again", idempotency_key="req-1") == old  # within the key's day
+        clock.advance(86400)
+        with rt.sessions.begin() as session:
+            renewed = value.dispatch(session, "later", idempotency_key="req-1")  # its day passed: a new job
+            running = cronbox.batch(session, name="running")
+            value.dispatch(session, "waits", batch=running, delay=timedelta(days=30))
+        assert renewed != old
+        work(rt)
+        clock.advance(6 * 86400)  # 7 days and an hour after the first result: past its TTL
+        with rt.sessions() as session:
+            assert value.result(session, old).status == "expired"
+            assert value.result(session, renewed).value == "later"  # 6 days old: kept
+        pruned = invoke(env, "queue", "prune", "--older-than", "48h")
+        assert pruned.exit_code == 0, pruned.output
+        with rt.sessions() as session:
+            assert value.result(session, old).status == "unknown"  # its job and its result pruned
+            assert batches.progress(session, b.id) is None  # finished, its members gone: pruned with them
+            assert running.progress(session).state == "running"
+            kept = value.result(session, renewed)  # its job pruned (done 6 days ago), its result kept its 7 days
+            assert (kept.status, kept.value) == ("done", "later")
 
 
 def test_a_batch_spanning_a_database_queue_and_a_rabbitmq_queue_finishes_once(rt, registry, rabbit):
@@ -440,6 +684,8 @@ def test_a_member_on_a_celery_queue_is_refused(rt, registry):
         for target in (plain, task):
             with pytest.raises(PayloadError, match="forwarded to Celery"):
                 target.dispatch(session, 1, batch=b)
+            with pytest.raises(PayloadError, match="forwarded to Celery: .* cannot be a chain step"):
+                cronbox.chain(session, [(target, 1)])
         session.rollback()
 
 

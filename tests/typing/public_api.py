@@ -120,3 +120,7 @@ def batches_and_chains(db: SQLAlchemy) -> None:
     stopped: int = cronbox.cancel_batch(db.session, batch)
     chain: cronbox.Chain = cronbox.chain(db.session, [(remind, {"patient": 7}), (summary, None)], catch=summary)
     assert stopped >= 0 and chain.first_job_id > 0
+    steps: cronbox.ChainProgress = chain.progress(db.session)
+    on: cronbox.ChainStep | None = steps.current
+    again_read: cronbox.ChainProgress | None = cronbox.chain_progress(db.session, chain.first_job_id)
+    assert steps.state in ("running", "finished", "failed") and (on is None or on.index >= 0) and again_read

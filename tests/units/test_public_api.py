@@ -23,7 +23,8 @@ PUBLIC = {
     "batch": "cronbox.outbox.queue.batches", "chain": "cronbox.outbox.queue.batches",
     "cancel_batch": "cronbox.outbox.queue.batches", "Batch": "cronbox.outbox.queue.batches",
     "Chain": "cronbox.outbox.queue.batches", "Progress": "cronbox.outbox.queue.batches",
-    "JobResult": "cronbox.outbox.queue.results",
+    "JobResult": "cronbox.outbox.queue.results", "chain_progress": "cronbox.outbox.queue.chains",
+    "ChainProgress": "cronbox.outbox.queue.chains", "ChainStep": "cronbox.outbox.queue.chains",
 }
 
 

@@ -1,5 +1,5 @@
 """`queue ...`: work, status, groups, profiles, pools, failed, show, retry, resume, forget, flush, prune, batches,
-batch."""
+batch, chain."""
 from __future__ import annotations
 
 import click
@@ -17,7 +17,7 @@ from cronbox.outbox.engine import heartbeat, profiles
 from cronbox.outbox.engine.admission import time_headroom
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import record_run, run_loop, start_within
-from cronbox.outbox.queue import batches, groups, jobstore, pauses
+from cronbox.outbox.queue import batches, chains, groups, jobstore, pauses
 from cronbox.outbox.queue.jobs import QUEUE_NAME
 from cronbox.outbox.queue.pool import Pool, PoolRefused, check_budget
 from cronbox.outbox.queue.worker import Worker
@@ -320,6 +320,23 @@ def batch_command(batch_id, cancel, retry_failed):
                          [[r.id, r.handler, r.status, r.attempts, (r.last_error or "")[:80]] for r in page.rows]))
     if page.after:
         click.echo(f"(the newest {MEMBERS_SHOWN} members; the console's batch page shows them all, by state)")
+
+
+@queue.command("chain")
+@click.argument("job_id", type=click.IntRange(min=1))
+def chain_command(job_id):
+    """The chain whose step is job JOB_ID (any step's): the step it is on, and each step's state."""
+    rt = runtime()
+    found = in_transaction(rt.sessions, lambda s: chains.chain_progress(s, job_id))
+    if found is None:
+        raise click.UsageError(f"job {job_id} is not a step of a chain (or is gone)")
+    current = found.current
+    where = f", on step {current.index + 1} of {len(found.steps)} ({current.handler})" if current is not None else ""
+    click.echo(f"chain {found.id}: {found.state}{where}")
+    shown = [(step.index + 1, step) for step in found.steps] + ([("catch", found.catch)] if found.catch else [])
+    rows = [[label, step.job_id, step.handler, step.status, step.attempts, (step.error or "")[:80]]
+            for label, step in shown]
+    click.echo(table(["step", "job", "handler", "status", "attempts", "error"], rows))
 
 
 @queue.command()

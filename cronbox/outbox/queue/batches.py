@@ -78,7 +78,7 @@ from cronbox.outbox.core.payload import dump_payload, load_payload, payload_byte
 from cronbox.outbox.core.session_types import Transactional
 from cronbox.outbox.core.text import ERROR_MAX, is_utf8
 from cronbox.outbox.core.inserts import connection_of, new_trace_id
-from cronbox.outbox.queue import results
+from cronbox.outbox.queue import chains, results
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job, JobBatch
 
 J = Job.__table__
@@ -403,7 +403,8 @@ def on_failed(session: Session, item: Any, error: str, now: datetime) -> None:
         if "chain" in flow and flow.get("catch"):
             body = dump_payload({"chain": flow["chain"], "step": flow["step"], "job": item.handler,
                                  "job_id": item.id, "error": error})
-            session.execute(_INSERT_JOB, _job_row(flow["catch"], body, now))
+            catch_id = session.execute(_INSERT_JOB, _job_row(flow["catch"], body, now)).inserted_primary_key[0]
+            _link(session, item.id, flow, "catch_job", catch_id)
     if item.batch_id is None:
         return
     batch_id = item.batch_id
@@ -448,6 +449,14 @@ class Chain:
     id: str
     first_job_id: int
 
+    def progress(self, session: Transactional) -> chains.ChainProgress:
+        """Its ChainProgress (each step's state, the step it is on), read on `session`; PayloadError if its
+        first step's job is gone (pruned: `cronbox.chain_progress` with a later step's job id still reads it)."""
+        found = chains.chain_progress(session, self.first_job_id)
+        if found is None:
+            raise PayloadError(f"no chain with a first step job {self.first_job_id}")
+        return found
+
 
 def chain(session: Transactional, steps: Any, *, catch: Any = None) -> Chain:
     """Dispatch a chain in `session`'s transaction: the first of `steps` ((job_fn, payload) pairs) now,
@@ -484,13 +493,25 @@ def chain(session: Transactional, steps: Any, *, catch: Any = None) -> Chain:
 
 
 def _next_step(session: Session, item: Any, value: str | None, now: datetime) -> None:
+    """The step after `item` (made done by this transaction), dispatched in it: its flow names the first
+    step's job ("first") and carries `item`'s result; `item`'s flow records the new job's id ("next"),
+    so the chain's rows link forward from its first job (outbox.queue.chains reads them)."""
     flow = json.loads(item.flow)
     if "chain" not in flow or not flow["rest"]:
         return
     spec, rest = flow["rest"][0], flow["rest"][1:]
     following = json.dumps({"chain": flow["chain"], "step": flow["step"] + 1, "rest": rest, "catch": flow["catch"],
+                            "first": flow.get("first", item.id),
                             "previous": load_payload(value) if value is not None else None})
-    session.execute(_INSERT_JOB, _job_row(spec, spec[3], now, flow=following))
+    next_id = session.execute(_INSERT_JOB, _job_row(spec, spec[3], now, flow=following)).inserted_primary_key[0]
+    _link(session, item.id, flow, "next", next_id)
+
+
+def _link(session: Session, job_id: int, flow: dict, what: str, linked_id: int) -> None:
+    """Record in a finished step's flow the job its outcome dispatched ("next": the next step; "catch_job":
+    the chain's catch). The step's row is its own outcome's, written by this transaction a statement
+    ago under its claim token: nobody else writes it."""
+    session.execute(update(J).where(J.c.id == job_id).values(flow=json.dumps({**flow, what: linked_id})))
 
 
 # ---- what a handler sees (ctx.batch, ctx.previous) ----------------------------------------
