@@ -11,11 +11,13 @@ migrations made once per session (CREATE DATABASE ... TEMPLATE), dropped at the 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import secrets
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,10 +175,13 @@ class ServerSettingsLock:
 
 
 @pytest.fixture(scope="session")
-def server_settings_lock(tmp_path_factory) -> ServerSettingsLock:
-    base = tmp_path_factory.getbasetemp()
-    shared_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one per test run
-    return ServerSettingsLock(shared_folder / "mariadb-server-settings.lock")
+def server_settings_lock() -> ServerSettingsLock:
+    """One lock per MariaDB server on this machine, not per test run: two test runs side by side (two
+    checkouts, or a run beside CI) share the server, and a run's `SET GLOBAL wait_timeout = 2` timed out
+    an idle connection of the other's (a host app's request, "Got timeout reading communication packets")."""
+    url = make_url(os.environ.get("TEST_MYSQL_URL") or "mysql://127.0.0.1")
+    server = hashlib.sha256(f"{url.host}:{url.port or 3306}".encode()).hexdigest()[:12]
+    return ServerSettingsLock(Path(tempfile.gettempdir()) / f"cronbox-mariadb-server-settings-{server}.lock")
 
 
 @pytest.fixture
