@@ -378,7 +378,16 @@ class Outcomes:
 
     def line(self, item, handler, outcome_name: str, outcome: Outcome | None, note: str | None = None, *,
              attempt: int | None = None) -> None:
-        """One line per outcome; `attempt`: the attempts that ran, when not the claim's count."""
+        """One line per outcome; `attempt`: the attempts that ran, when not the claim's count. Not even
+        made when the logger's level leaves it out (a host may keep only warnings)."""
+        if outcome_name == "done":
+            level = logging.INFO
+        elif outcome_name == self.family.gave_up_word:
+            level = logging.ERROR
+        else:
+            level = logging.WARNING
+        if not log.isEnabledFor(level):
+            return
         ms = f"{outcome.seconds * 1000:.1f}" if outcome else "-"
         attempt = item.attempts if attempt is None else attempt
         line = (f"{self.family.describe(item)} outcome={outcome_name} "
@@ -387,12 +396,7 @@ class Outcomes:
             line += f" error={log_text(outcome.error)!r}"  # the full text is in the item's row
         if note:
             line += f" ({note})"
-        if outcome_name == "done":
-            log.info(line)
-        elif outcome_name == self.family.gave_up_word:
-            log.error(line)
-        else:
-            log.warning(line)
+        log.log(level, line)
 
 
 def outlasts(handler, lease_until: datetime | None) -> bool:
