@@ -102,14 +102,20 @@ def _raise_interrupt(signum, frame):
     raise SignalInterrupt()
 
 
-def call_handler(fn: Callable, args: tuple, *, timeout: float,
-                 scope: Callable[[], ContextManager] | None = None) -> Outcome:
+def call_handler(fn: Callable, args: tuple, *, timeout: float, scope: Callable[[], ContextManager] | None = None,
+                 dispositions: SignalDispositions | None = None) -> Outcome:
     """Call a handler and say how it went; never raises for anything the handler does.
     `scope` wraps the call (a host app's app context): its failures count as the handler's; its
-    setup and teardown are outside the timer (a teardown cut short would leave the context pushed)."""
+    setup and teardown are outside the timer (a teardown cut short would leave the context pushed).
+    `dispositions`: the signal dispositions put back after the call, kept by a caller that makes its
+    calls one after another (the runner, for a batch: read once, they are what each call put back
+    for the next); by default read for this call."""
     main_thread = threading.current_thread() is threading.main_thread()
     use_timer = timeout > 0 and main_thread and not _ALARM.armed  # nested: under the outer call's timer
-    dispositions = SignalDispositions() if main_thread else None  # put back after the call
+    if not main_thread:
+        dispositions = None  # signals are set in the main thread only
+    elif dispositions is None:
+        dispositions = SignalDispositions()
     if dispositions is not None:
         if dispositions.before[signal.SIGINT] is signal.default_int_handler:
             # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler

@@ -86,9 +86,11 @@ class SignalDispositions:
     Main thread only (signals can only be set there). Identity is compared through the public
     signal.getsignal (SIG_IGN/SIG_DFL come back as the same enum members each time); the private
     _signal module it wraps would save an enum look-up per call, but our rule forbids private names.
-    Each disposition is read once before the call (`before`, which the caller's own installs update:
-    `install`) and once after it: a read of a Python-level handler costs a few µs (the enum look-up
-    fails and raises), paid per handler call."""
+    A read of a Python-level handler costs a few µs (the enum look-up fails and raises): each
+    disposition is read once after each call, and once before the calls (`before`, which cronbox's
+    own installs update: `install`): before each call, or once for the calls of a runner's batch,
+    between which only the runner's own writes run (what each call puts back is the next one's
+    `before`)."""
 
     __slots__ = ("before",)
 
