@@ -306,6 +306,18 @@ class Outcomes:
         return True
 
     # -- not started --------------------------------------------------------------
+    def not_runnable_here(self, item, wait: float, error: str) -> None:
+        """An item this run holds, its attempt not counted, whose handler is not registered here (a
+        job `amqp work` took off the broker under its message's claim, published by other code):
+        ready again in `wait` seconds for a run that has the handler, `error` in its row. A RetryLater
+        of no attempt, counted and logged as one."""
+        next_at = clock.utcnow() + timedelta(seconds=wait)
+        outcome = Outcome(RETRY_LATER, 0.0, error, retry_in=wait)
+        held = self._write(None, lambda s: self._reschedule(s, item, next_at, error, False))
+        if self._lease_held(held, item, None, outcome):
+            self.stats.deferred += 1
+            self.line(item, None, "retry-later", outcome, f"not registered here; waiting {wait:.0f}s, no attempt used")
+
     def release(self, items: list, *, best_effort: bool = False) -> None:
         """Give back claimed items not started (their attempt not counted), in one transaction."""
         if not items:
