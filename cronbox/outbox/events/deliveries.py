@@ -121,6 +121,10 @@ _EARLIER = D.alias()
 HELD_BACK = exists().where(_EARLIER.c.consumer == D.c.consumer, _EARLIER.c.key == D.c.key,
                            _EARLIER.c.status.in_(HOLDING), _EARLIER.c.event_id < D.c.event_id)
 
+# A Claimed's columns, in its fields' order.
+CLAIMED = (D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"), E.c.type,
+           E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
+
 
 def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
            lease_margin: float) -> list[Claimed]:
@@ -141,14 +145,9 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
     if not ids:
         return []
     rows = session.execute(
-        select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
-               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at)
-        .join(E, E.c.id == D.c.event_id)
-        .where(D.c.id.in_(ids))
-        .order_by(D.c.id)
+        select(*CLAIMED).join(E, E.c.id == D.c.event_id).where(D.c.id.in_(ids)).order_by(D.c.id)
     ).all()
-    return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.lease_until, r.event_id, r.type, r.key,
-                    r.payload, r.trace_id, r.created_at) for r in rows]
+    return [Claimed._make(r) for r in rows]  # by position: a Row's attributes are looked up by name
 
 
 # Built once: the ack runs once a delivery (a handler's writes commit with it), and building an
