@@ -208,8 +208,9 @@ class Runner:
             if index and budget.stop_reason() is not None:
                 self.outcomes.release(work[index:])
                 break
+            handler = self.family.handler(item)  # None: not registered here (any more)
             try:
-                deferred = self._deferred(item, budget)
+                deferred = self._deferred(item, handler, budget)
             except BaseException:  # its release or wait not written: as for an item never started
                 self._flush(quiet, best_effort=True)
                 self.outcomes.release(work[index:], best_effort=True)
@@ -217,14 +218,14 @@ class Runner:
             if deferred:
                 batch.index += 1
                 continue
-            if item.id not in batch.alone and self._groupable(item, self.family.handler(item), item.claim_token):
+            if item.id not in batch.alone and self._groupable(item, handler, item.claim_token):
                 self._flush(quiet)  # its own transaction: before the group opens one on the connection
                 handled += self._run_group(batch)
                 continue
             batch.started = False
             try:
                 try:
-                    ran = self._run_one(item, batch)
+                    ran = self._run_one(item, handler, batch)
                 except Exception as exc:
                     # Recording what the handler did failed: unless the database went away, one
                     # item must not stop the run (or crash every later one on the same item).
@@ -258,11 +259,10 @@ class Runner:
             log.warning("%s: could not ack %d finished items; they will run again", self.family.kind, len(items))
 
     # -- admission ---------------------------------------------------------------------
-    def _deferred(self, item, budget: Budget) -> bool:
+    def _deferred(self, item, handler, budget: Budget) -> bool:
         """Admission (outbox.engine.admission) before the item starts: True when it was given back,
         without using an attempt: released, the run stopping (it fits a later run), or waiting
         NEVER_FITS_DELAY (it fits no run like this one)."""
-        handler = self.family.handler(item)
         if handler is None or exhausted(item, handler):
             return False
         verdict = self.admission.check(handler.name, budget)
@@ -305,9 +305,8 @@ class Runner:
         budget.record(outcome.seconds, self.admission.record(handler.name, probe, outcome.seconds))
         return self.outcomes.returned(item, outcome)
 
-    def _run_one(self, item, batch: Batch) -> bool:
+    def _run_one(self, item, handler, batch: Batch) -> bool:
         outcomes, quiet = self.outcomes, batch.quiet
-        handler = self.family.handler(item)
         if handler is None:  # not registered here any more: give the lease back
             outcomes.release([item])
             return False
