@@ -157,7 +157,7 @@ def _claim(session: Session, consumers, claimable, candidates, limit: int, *, no
     rows = session.execute(
         select(*CLAIMED).join(E, E.c.id == D.c.event_id).where(D.c.id.in_(ids)).order_by(D.c.id)
     ).all()
-    return [Claimed._make(r) for r in rows]  # by position: a Row's attributes are looked up by name
+    return [Claimed(*row) for row in rows]  # by position: a Row's attributes are looked up by name
 
 
 # Built once: the ack runs once a delivery (a handler's writes commit with it), and building an
