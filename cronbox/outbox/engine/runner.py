@@ -208,8 +208,8 @@ class Runner:
             if index and budget.stop_reason() is not None:
                 self.outcomes.release(work[index:])
                 break
-            handler = self.family.handler(item)  # None: not registered here (any more)
             try:
+                handler = self.family.handler(item)  # None: not registered here (any more)
                 deferred = self._deferred(item, handler, budget)
             except BaseException:  # its release or wait not written: as for an item never started
                 self._flush(quiet, best_effort=True)
