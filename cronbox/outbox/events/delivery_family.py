@@ -8,10 +8,8 @@ called with the Event and a Context; its rows' writes are outbox.events.deliveri
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from cronbox.outbox.core.payload import load_payload
-from cronbox.outbox.core.text import NAME_MAX, clean_text
+from cronbox.outbox.core.text import shown_name
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.context import Context, Event
 from cronbox.outbox.engine.outcomes import Family, Outcomes
@@ -26,15 +24,9 @@ def delivery_family(consumers) -> Family:
         return (Event(item.event_id, item.event_type, item.key, load_payload(item.payload), item.created_at), ctx)
 
     def describe(item) -> str:
-        return f"delivery={item.id} consumer={item.consumer} event={item.event_id} type={_shown_type(item.event_type)}"
+        return f"delivery={item.id} consumer={item.consumer} event={item.event_id} type={shown_name(item.event_type)}"
 
     return Family("delivery", "dead", handler=lambda item: consumers.get(item.consumer), args=args, describe=describe)
-
-
-@lru_cache(maxsize=256)
-def _shown_type(event_type: str) -> str:
-    """An event type as a log line shows it (a line per delivery: a run's few types cleaned once each)."""
-    return clean_text(event_type, NAME_MAX)
 
 
 def delivery_runner(runtime) -> Runner:
