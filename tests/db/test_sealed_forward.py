@@ -16,10 +16,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy import select, text
 
 import cronbox
-from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.events.models import Delivery, OutboxEvent
-from cronbox.outbox.events.relay import Relay
+from tests.helpers import relay
 from tests.rabbit import amqp_vhost, rabbit  # noqa: F401  (the RabbitMQ fixtures)
 
 MARKER = "PHI-MARKER biopsy results for Jane Roe"
@@ -40,11 +39,7 @@ def forward_sealed(runtime, registry, rabbit, *, open_: bool):
     with runtime.sessions.begin() as session:
         cronbox.record(session, kind, {"text": MARKER}, key="patient:7")
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
-    relay = Relay(runtime)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay(runtime)
     [message] = rabbit.take(queue)
     with runtime.sessions() as session:
         event = session.scalars(select(OutboxEvent)).one()

@@ -432,7 +432,6 @@ def test_no_marker_in_a_mysqldump_the_instance_folder_or_the_logs_after_a_run(ru
 def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_opens_it(runtime, registry,
                                                                                           sealer, rabbit):
     from cronbox.outbox.events.incoming import BadMessage, parse
-    from cronbox.outbox.events.relay import Relay
 
     kind = f"clinic.result.{secrets.token_hex(3)}"
     exchange = rabbit.exchange()
@@ -447,11 +446,7 @@ def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_o
     with runtime.sessions.begin() as session:
         cronbox.record(session, kind, {"text": MARKER})
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
-    relay = Relay(runtime)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay(runtime)
     [message] = rabbit.take(sealed_queue)
     assert len(rabbit.take(open_queue)) == 1  # bound to the same key: the same sealed message
     body = message.body if isinstance(message.body, str) else message.body.decode()
