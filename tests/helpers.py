@@ -17,9 +17,12 @@ from cronbox.outbox.events.relay import Relay
 
 
 def relay(runtime, *, max_time: float = 30, batch_size: int = 100):
-    """One relay run until nothing is due; returns its stats."""
+    """One relay run until nothing is due (its broker connection closed after, if it forwarded); its stats."""
     r = Relay(runtime, batch_size=batch_size)
-    r.run(Budget(max_time=max_time, memory_mb=None))
+    try:
+        r.run(Budget(max_time=max_time, memory_mb=None))
+    finally:
+        r.close()
     return r.stats
 
 

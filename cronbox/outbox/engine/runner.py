@@ -43,12 +43,13 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.sealing import SealError
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.admission import NEVER_FITS_DELAY, Admission
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
-from cronbox.outbox.engine.handler_call import RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.handler_call import ERROR, RETRY_LATER, TIMEOUT, Outcome, call_handler
 from cronbox.outbox.engine.handler_process import SignalDispositions
 from cronbox.outbox.engine.outcomes import LEASE_LOST, Outcomes, exhausted, outlasts
 
@@ -299,9 +300,16 @@ class Runner:
         """The handler's call, measured into its profile and the budget; what it returned kept for the
         item's ack as the family says (Outcomes.returned)."""
         budget = batch.budget
+        try:
+            args = self.family.args(item, ctx)
+        except SealError as exc:
+            # A sealed payload (or flow) that does not open: altered, moved from another row, table or
+            # database, or its key missing. This item's failure, recorded by its policy with the reason
+            # in its one outcome line; its row stays as it is, and the run goes on with the next item.
+            return Outcome(ERROR, 0.0, describe(exc))
         probe = self.admission.probe()
-        outcome = call_handler(handler.fn, self.family.args(item, ctx), timeout=handler.timeout,
-                               scope=self.runtime.scope_for(ctx), dispositions=batch.signals)
+        outcome = call_handler(handler.fn, args, timeout=handler.timeout, scope=self.runtime.scope_for(ctx),
+                               dispositions=batch.signals)
         budget.record(outcome.seconds, self.admission.record(handler.name, probe, outcome.seconds))
         return self.outcomes.returned(item, outcome)
 

@@ -76,7 +76,7 @@ def job_args(item, ctx, runtime=None) -> tuple:
     outbox.core.sealing) and ctx, with ctx.batch (a member's batch, a callback's) and ctx.previous (a
     chain step's previous result) for jobs of a batch or chain (issue 39)."""
     if item.batch_id is not None or item.flow is not None:
-        batches.attach(ctx, item)
+        batches.attach(ctx, item, runtime)
     return (open_payload(runtime, JOBS, item.handler, item.seal_id, item.payload, ctx.connection), ctx)
 
 
