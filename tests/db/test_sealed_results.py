@@ -99,7 +99,7 @@ def test_a_chain_with_a_sealed_step_is_sealed_whole_and_passes_each_result_on_op
     with runtime.sessions() as session:  # its progress follows the links inside the sealed flows
         progress = cronbox.chain_progress(session, done[-1].id)
     assert [(s.handler, s.job_id, s.status) for s in progress.steps] == [(r.handler, r.id, DONE) for r in done]
-    assert progress.status == "finished"
+    assert progress.state == "finished"
 
 
 def test_a_sealed_chains_catch_is_a_sealed_row_and_gets_what_failed(runtime, registry):
@@ -129,7 +129,7 @@ def test_a_sealed_chains_catch_is_a_sealed_row_and_gets_what_failed(runtime, reg
     assert sealed(failed.flow)  # its link to the catch ("catch_job") written sealed
     with runtime.sessions() as session:
         progress = cronbox.chain_progress(session, made.first_job_id)
-    assert [s.status for s in progress.steps] == [FAILED, "stopped"] and progress.status == "failed"
+    assert [s.status for s in progress.steps] == [FAILED, "stopped"] and progress.state == "failed"
     assert progress.catch is not None and (progress.catch.job_id, progress.catch.status) == (caught[0].id, DONE)
 
 
