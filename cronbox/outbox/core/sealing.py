@@ -411,7 +411,7 @@ def open_payload(runtime: Any, table: str, name: str, seal_id: str | None, text:
         return load_payload(text)
     sealer = runtime.sealer() if runtime is not None else current()
     if sealer is None:
-        raise SealError("sealed payload, but no key vault is configured for this run")
+        raise SealError(f"sealed payload, but no key vault is configured in this process: {WHERE_VAULTS}")
     if connection is None and runtime is None:
         raise SealError("sealed payload: no connection to read the database's install id on")
     if connection is None:

@@ -43,6 +43,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core import sealing
 from cronbox.outbox.core.sealing import SealError
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.admission import NEVER_FITS_DELAY, Admission
@@ -176,7 +177,11 @@ class Runner:
         """Run a claimed batch (see the module's docstring); how many items were handled."""
         batch = Batch(claimed, budget, self.runtime.settings.ack_flush)
         try:
-            return self._process(batch)
+            # What the batch seals or opens besides its claimed payloads (a sealed job's result, a sealed
+            # chain's next row, a handler's own dispatch()) under the run's keys too, with or without an
+            # app context (outbox.core.sealing.current: an app context's own sealer still comes first).
+            with sealing.using(self.runtime.sealer()):
+                return self._process(batch)
         except OperationalError as exc:
             if not is_lock_conflict(exc):
                 raise
