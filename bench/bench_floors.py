@@ -2,7 +2,8 @@
 
     python bench/bench_floors.py --tree /work/main --label main --mysql mysql+pymysql://root:@127.0.0.1/test \
         [--postgres postgresql://postgres@127.0.0.1:5432/postgres] [--store SQLite|MariaDB|PostgreSQL ...] \
-        [--section record|dispatch|drain|relay|forward|consume|jobs-publish|jobs-work ...] [--rounds 3] [--items N] \
+        [--section record|dispatch|drain|relay|forward|consume|jobs-publish|jobs-work|drain-noop|relay-noop ...] \
+        [--rounds 3] [--items N] \
         [--amqp amqp://guest:guest@127.0.0.1:5672/] [--before REV]
 
 cronbox runs from the tree given (`--tree`, first on the child's sys.path) as a user runs it: record and
@@ -16,7 +17,8 @@ at that commit too (`git archive REV`, unpacked in a temporary folder, as bench_
 same run: each round runs the section once per tree, the trees' order swapped every round, on the same
 database; each tree's rows are the medians of its rounds. On PostgreSQL (`--postgres`, a
 server URL: each section gets a database of its own there) the drain's peer-body rows need `--mysql` too:
-that body bumps the harness's counter in MariaDB whatever cronbox's store.
+that body bumps the harness's counter in MariaDB whatever cronbox's store. `drain-noop` and `relay-noop`
+are the no-op CPU rows of `drain` and `relay` alone (issue 41's own-CPU target).
 """
 from __future__ import annotations
 
@@ -140,6 +142,11 @@ def section_drain(t: Target, store: str, table: Report, rounds: int, peer_db: bo
         table.rate(f"drain: `queue work --stop-when-empty`, {n:,} jobs of the peer body, start to exit", store, a, b,
                    "≥0.85×")
 
+    section_drain_noop(t, store, table, rounds, n)
+
+
+def section_drain_noop(t: Target, store: str, table: Report, rounds: int, n: int = 5000) -> None:
+    """The drain's no-op jobs: CPU per item (also a section of its own, `drain-noop`)."""
     def noop_ours(k):
         t.fresh("seed-jobs", "noop_job", k)
         return t.cron(WORK)
@@ -190,7 +197,11 @@ def section_relay(t: Target, store: str, table: Report, rounds: int, n: int = 20
         a, b = alternate(rounds, ours, floor)
         table.rate(f"relay: `tick --no-linger`, {n:,} events to a {title}, start to exit", store, a, b, "≥0.85×")
         table.rate(f"relay: {title}, the tick's own reported time / the floor's loop", store, own, floor_own, "")
+    section_relay_noop(t, store, table, rounds)
 
+
+def section_relay_noop(t: Target, store: str, table: Report, rounds: int, n: int = 5000) -> None:
+    """The relay to a no-op consumer: CPU per item (also a section of its own, `relay-noop`)."""
     def noop_ours(k):
         t.fresh("seed-events", "fl.noop", k)
         return tick(t)
@@ -199,7 +210,7 @@ def section_relay(t: Target, store: str, table: Report, rounds: int, n: int = 20
         t.fresh("seed-events", "fl.noop", k)
         return t.floor("floor_sql.py", ["relay-noop", str(k)])
 
-    cpu_per_item(store, table, rounds, 5000, "relay: `tick` to a no-op consumer", noop_ours, noop_floor)
+    cpu_per_item(store, table, rounds, n, "relay: `tick` to a no-op consumer", noop_ours, noop_floor)
 
 
 def section_forward(t: Target, store: str, table: Report, rounds: int, broker: dict, n: int = 10000) -> None:
@@ -333,7 +344,8 @@ def env_counter(t: Target) -> None:
         common.reset_counter(db, COUNTER)
 
 
-SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume", "jobs-publish", "jobs-work")
+SECTIONS = ("record", "dispatch", "drain", "relay", "forward", "consume", "jobs-publish", "jobs-work", "drain-noop",
+            "relay-noop")
 
 
 def unpack(rev: str) -> str:
@@ -353,6 +365,10 @@ def run_section(section: str, t: Target, store: str, table: Report, rounds: int 
         section_drain(t, store, table, rounds, peer_db=bool(args.mysql), **size)
     elif section == "relay":
         section_relay(t, store, table, rounds, **size)
+    elif section == "drain-noop":
+        section_drain_noop(t, store, table, rounds, **size)
+    elif section == "relay-noop":
+        section_relay_noop(t, store, table, rounds, **size)
     elif section == "forward":
         section_forward(t, store, table, rounds, broker, **size)
     elif section == "consume":

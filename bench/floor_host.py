@@ -34,11 +34,11 @@ FLOOR_ROWS = Table("bench_floor_rows", MetaData(), Column("id", Integer, primary
                    Column("note", String(32)))
 
 
-def run(argv: list[str], env: dict, *, timeout: float = 600) -> dict:
+def run(argv: list[str], env: dict, *, timeout: float = 600, cwd: str | None = None) -> dict:
     """Start to exit: wall seconds, the child's CPU seconds (user + system) and its stdout."""
     started = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=cwd)
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -83,8 +83,10 @@ class Target:
         self.env["PYTHONPATH"] = os.pathsep.join([self.tree, str(BENCH), str(PEERS)])
 
     def cron(self, args: list[str], **kw) -> dict:
-        """`python -m cronbox ARGS` as the README's cron line runs it, from the tree's directory."""
-        return run([sys.executable, "-m", "cronbox", *args], self.env, **kw)
+        """`python -m cronbox ARGS` as the README's cron line runs it, from the tree's directory: `-m` puts
+        the working directory first on sys.path, ahead of PYTHONPATH, so a bench started in another
+        checkout would run that checkout's cronbox instead (both trees of a --before run, until issue 41)."""
+        return run([sys.executable, "-m", "cronbox", *args], self.env, cwd=self.tree, **kw)
 
     def host(self, args: list[str]) -> dict:
         """This module as a program (record, dispatch, seeding) in the tree."""

@@ -24,13 +24,18 @@ TWILIO_SID, TWILIO_TOKEN = "AC0123456789", "twilio-secret-token"
 
 BIG = 48 * 2**20  # the "huge" answer's promised length
 SHAPES = ("huge", "endless", "slow")  # answers a hostile or broken server may give (`shape` below)
+SLOW_BYTE = 0.2  # seconds between the "slow" answer's bytes: within a channel's socket timeout (0.5 s and more)
+SLOW_PAD = 300  # the "slow" answer's trailing spaces: read whole, it takes a minute at least
 
 
 def answer(handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict | None = None,
            shape: str | None = None) -> int:
     """Send `status` with `data` as its body, or shaped: "huge" (data, then padding to 48 MiB, as a
-    Content-Length body), "endless" (data, then chunks of padding for ever, chunked), "slow" (data a
-    byte every 0.2 s). Returns the body bytes written before the client hung up or the shape ended."""
+    Content-Length body), "endless" (data, then chunks of padding for ever, chunked), "slow" (data and
+    SLOW_PAD spaces, a byte every SLOW_BYTE s: each read gets a byte within the socket's timeout, the
+    whole answer takes a minute, so only a total deadline ends it soon, and a bound on the call tells
+    that apart however loaded the machine). Returns the body bytes written before the client hung up
+    or the shape ended."""
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     for key, value in (headers or {}).items():
@@ -38,7 +43,8 @@ def answer(handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: d
     if shape == "endless":
         handler.send_header("Transfer-Encoding", "chunked")
     else:
-        handler.send_header("Content-Length", str(BIG if shape == "huge" else len(data)))
+        handler.send_header("Content-Length", str(BIG if shape == "huge" else
+                                                  len(data) + SLOW_PAD if shape == "slow" else len(data)))
     handler.end_headers()
     written = 0
     pad = b" " * 2**20
@@ -47,11 +53,11 @@ def answer(handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: d
             handler.wfile.write(data)
             return len(data)
         if shape == "slow":
-            for byte in data:
+            for byte in data + b" " * SLOW_PAD:
                 handler.wfile.write(bytes([byte]))
                 handler.wfile.flush()
                 written += 1
-                time.sleep(0.2)
+                time.sleep(SLOW_BYTE)
             return written
         if shape == "huge":
             handler.wfile.write(data)

@@ -1,6 +1,7 @@
 """Small helpers shared by the tests."""
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,9 +18,12 @@ from cronbox.outbox.events.relay import Relay
 
 
 def relay(runtime, *, max_time: float = 30, batch_size: int = 100):
-    """One relay run until nothing is due; returns its stats."""
+    """One relay run until nothing is due (its broker connection closed after, if it forwarded); its stats."""
     r = Relay(runtime, batch_size=batch_size)
-    r.run(Budget(max_time=max_time, memory_mb=None))
+    try:
+        r.run(Budget(max_time=max_time, memory_mb=None))
+    finally:
+        r.close()
     return r.stats
 
 
@@ -65,6 +69,15 @@ def run_until(run, done, *, pause: float, seconds: float = 180) -> None:
         time.sleep(pause)
 
 
+def run_seconds(output: str) -> float:
+    """A run's own time: its summary line's "in N s" (tick, queue work; from when it took its lock or
+    began its budget). Bounds on a command's run use it, not the process's wall time, which counts the
+    interpreter's start-up and exit: seconds on a loaded machine."""
+    match = re.search(r" in (\d+\.\d+)s", output)
+    assert match, f"no run summary in: {output[-3000:]}"
+    return float(match.group(1))
+
+
 def seconds_after_its_run(logs: Path, command: str, exited_at: float) -> float:
     """How long a command's process lived after its run: from the run's summary line in the log
     folder `logs` ("tick: ..." for command "tick", cronbox's own timestamp) to `exited_at` (time.time()
@@ -98,7 +111,7 @@ def table_column(output: str, header: str) -> list[str]:
     return [line[:end].split()[-1] for line in lines[start + 1:] if line.strip() and not line.startswith("more:")]
 
 
-def kill_connection(admin_engine, thread_id: int, timeout: float = 10.0) -> None:
+def kill_connection(admin_engine, thread_id: int, timeout: float = 60.0) -> None:
     """KILL a MariaDB connection and wait until the server has ended it. KILL only marks the thread:
     it lets go of its named locks and leaves the process list a moment later, so a test that looks
     right after KILL can still see the lock held (a CI failure once)."""

@@ -125,12 +125,14 @@ def unsealed_by_default(session, names: set[str]) -> int:
 
 def waiting_key_ids(session) -> set[str]:
     """Master key ids of sealed payloads that may still run: jobs ready, reserved or failed, events not
-    fanned out or with a pending or dead delivery (health: a missing key said before a worker fails)."""
+    fanned out or with a pending or dead delivery, results not expired (health: a missing key said
+    before a worker, or a reader of a result, fails on it)."""
     from sqlalchemy import func, or_, select
 
+    from cronbox.outbox.core import clock
     from cronbox.outbox.core.sealing import PREFIX
     from cronbox.outbox.events.models import Delivery, OutboxEvent
-    from cronbox.outbox.queue.models import Job
+    from cronbox.outbox.queue.models import Job, JobResult
 
     start, width = len(PREFIX) + 1, 23  # the key id and its ":" (ids are 17 to 22 characters)
     jobs = select(func.substr(Job.payload, start, width)).where(
@@ -139,5 +141,7 @@ def waiting_key_ids(session) -> set[str]:
         OutboxEvent.seal_id.is_not(None),
         or_(OutboxEvent.fanned_out_at.is_(None),
             OutboxEvent.id.in_(select(Delivery.event_id).where(Delivery.status.in_(("pending", "dead")))))).distinct()
-    found = set(session.scalars(jobs)) | set(session.scalars(events))
+    kept = select(func.substr(JobResult.value, start, width)).where(
+        JobResult.value.startswith(PREFIX, autoescape=True), JobResult.expires_at > clock.utcnow()).distinct()
+    found = set(session.scalars(jobs)) | set(session.scalars(events)) | set(session.scalars(kept))
     return {text.split(":", 1)[0] for text in found if text}

@@ -6,21 +6,25 @@ out, or with a pending or dead delivery) by id, a batch per short transaction, a
 with `UPDATE ... WHERE id = ? AND payload = <as read>`: a run killed anywhere leaves each row wholly
 old or wholly new, a row changed meanwhile (a retry, a prune) is left alone, and the next run goes
 on from what is left. Finished rows are not touched: retention deletes them as before. The command
-holds its run lock and checks it between batches (`before_batch`).
+holds its run lock and checks it between batches (`before_batch`). A rewrap re-seals a sealed chain
+step's flow with its payload, and the sealed results not expired yet (kept CRONBOX_RESULT_TTL after
+their job finished) the same way, so no key the old rows need is left behind.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import literal, or_, select, update
 
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.payload import payload_bytes
-from cronbox.outbox.core.sealing import EVENTS, JOBS, PREFIX, SealError, Sealer, is_sealed
+from cronbox.outbox.core import clock
+from cronbox.outbox.core.sealing import EVENTS, FLOWS, JOBS, PREFIX, RESULTS, SealError, Sealer, is_sealed, \
+    result_seal_id
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.events.models import Delivery, OutboxEvent
-from cronbox.outbox.queue.models import Job
+from cronbox.outbox.queue.models import Job, JobResult
 
 BATCH = 200
 
@@ -53,7 +57,8 @@ def _run(sessions, sealer: Sealer, table: str, where: tuple, change: Callable, *
 
         def work(session) -> int:
             nonlocal after
-            rows = session.execute(select(model.id, name_column, model.seal_id, model.payload)
+            flow = Job.flow if table == JOBS else literal(None).label("flow")
+            rows = session.execute(select(model.id, name_column, model.seal_id, model.payload, flow)
                                    .where(model.id > after, _waiting(table), *where)
                                    .order_by(model.id).limit(batch_size)).all()
             connection = session.connection()
@@ -90,13 +95,57 @@ def rewrap(sessions, sealer: Sealer, *, batch_size: int = BATCH, before_batch: C
 
         def change(connection, row, table=table):
             envelope = sealer.reseal(connection, table, row[1], row.seal_id, row.payload)
-            return None if envelope is None else {"payload": envelope}
+            if envelope is None:
+                return None
+            if not is_sealed(row.flow):
+                return {"payload": envelope}
+            return {"payload": envelope, "flow": sealer.reseal(connection, FLOWS, row[1], row.seal_id, row.flow)}
 
         part = _run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
                     progress=progress)
         total.done += part.done
         total.failed += part.failed
+    part = _rewrap_results(sessions, sealer, active_id, batch_size=batch_size, before_batch=before_batch,
+                           progress=progress)
+    total.done += part.done
+    total.failed += part.failed
     return total
+
+
+def _rewrap_results(sessions, sealer: Sealer, active_id: str, *, batch_size: int, before_batch: Callable[[], None],
+                    progress: Callable[[ResealResult], None]) -> ResealResult:
+    """The sealed results not expired and not under the active key, re-sealed (by job id, as `_run`)."""
+    R = JobResult
+    result = ResealResult()
+    after = 0
+    while True:
+        before_batch()
+
+        def work(session) -> int:
+            nonlocal after
+            rows = session.execute(select(R.job_id, R.value).where(
+                R.job_id > after, R.expires_at > clock.utcnow(), R.value.startswith(PREFIX, autoescape=True),
+                ~R.value.startswith(f"{PREFIX}{active_id}:", autoescape=True)).order_by(R.job_id).limit(batch_size)).all()
+            connection = session.connection()
+            for row in rows:
+                try:
+                    envelope = sealer.reseal(connection, RESULTS, "", result_seal_id(row.job_id), row.value)
+                except SealError as exc:
+                    result.failed.append((f"result of job {row.job_id}", str(exc)))
+                    continue
+                if envelope is not None:
+                    result.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
+                                                   .values(value=envelope)
+                                                   .execution_options(synchronize_session=False)).rowcount
+            if rows:
+                after = rows[-1].job_id
+            return len(rows)
+
+        if not in_transaction(sessions, work):
+            break
+        crash_point("reseal-batch")
+        progress(result)
+    return result
 
 
 def seal_plaintext(sessions, sealer: Sealer, *, jobs: set[str] | None, event_types: set[str] | None,

@@ -452,7 +452,9 @@ def test_a_paused_channel_holds_a_broker_workers_job_without_an_attempt(runtime,
     assert effects(runtime) == []
 
 
-def test_a_job_whose_handler_the_worker_lacks_waits_without_an_attempt(runtime, registry, rabbit, forwarded):
+def test_a_job_whose_handler_the_worker_lacks_waits_without_an_attempt(runtime, registry, rabbit, forwarded, caplog):
+    """Its outcome is written, counted and logged as every other (Outcomes.not_runnable_here)."""
+    caplog.set_level("INFO", logger="cronbox")
     [job_id] = dispatch(runtime, registry, "send", [{"n": 1}])
     publish(runtime)
     elsewhere = Registry()  # a worker running other code: "sms" forwarded, no "send" job
@@ -466,6 +468,10 @@ def test_a_job_whose_handler_the_worker_lacks_waits_without_an_attempt(runtime, 
     assert worker.broker_stats.not_here == ["send"]
     assert row.status == "ready" and row.attempts == 0 and "no handler send" in row.last_error
     assert row.available_at > clock.utcnow() + timedelta(seconds=50)
+    assert (worker.stats.deferred, worker.stats.lease_lost, worker.stats.done) == (1, 0, 0)
+    [line] = [r.getMessage() for r in caplog.records if f"job={job_id} " in r.getMessage()]
+    assert line.startswith(f"job={job_id} queue=sms handler=send outcome=retry-later attempt=0/? ")
+    assert line.endswith("(not registered here; waiting 60s, no attempt used)") and "no handler send" in line
 
 
 @pytest.mark.backends("sqlite")  # declarations only: no row is written

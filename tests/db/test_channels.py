@@ -142,7 +142,7 @@ def test_a_huge_endless_or_slow_answer_is_read_bounded_and_classified(sms_rt, pr
         peak, seconds = measured(lambda: work(sms_rt))
         row = job(sms_rt, job_id)
     assert peak < 4 * 2**20, peak
-    assert seconds < 5  # the slow body is given up after CRONBOX_CHANNEL_TIMEOUT
+    assert seconds < 30  # the slow body (a minute whole) is given up after CRONBOX_CHANNEL_TIMEOUT (0.5 s)
     assert row.status == status and outcomes(sms_rt) == [outcome]
     assert row.last_error is None or len(row.last_error) < 200
     if shape != "slow":  # the client hung up long before 48 MiB (or for ever)

@@ -177,7 +177,7 @@ def test_a_broker_that_never_answers_costs_the_timeout_not_the_run(runtime, regi
     stats = run(relay)
     relay.close()
     hole.close()
-    assert clock.monotonic() - started < 5
+    assert clock.monotonic() - started < 15  # the target's 1 s timeout, not the run's 30 s
     assert stats.done == 0 and stats.retried == 1
     (row,) = deliveries(runtime, consumer="to-broker")
     assert row.status == "pending" and "broker unreachable" in row.last_error

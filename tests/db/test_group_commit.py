@@ -22,7 +22,7 @@ from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.models import Job
 from cronbox.outbox.queue.worker import Worker
-from tests.helpers import deliveries, relay
+from tests.helpers import deliveries, relay, wait_for
 
 T0 = datetime(2026, 12, 1, 12, 0, 0)
 
@@ -38,8 +38,9 @@ def leases(runtime):
     """The suite's CRONBOX_LEASE_MARGIN=0 makes leases just the handler's timeout: a member joins a group
     only while its lease covers its timeout plus the group's time, so give them the default margin.
     And a time bound no loaded test machine reaches, so the groups are what each test says (the
-    time bound has its own test)."""
-    runtime.settings = dataclasses.replace(runtime.settings, lease_margin=30.0, group_ms=20_000)
+    time bound has its own test): CRONBOX_GROUP_MS, and CRONBOX_ACK_FLUSH, which caps it (0.5 s by
+    default: a loaded machine's group of a few members outlasted it, and split)."""
+    runtime.settings = dataclasses.replace(runtime.settings, lease_margin=30.0, group_ms=20_000, ack_flush=20.0)
 
 
 @pytest.fixture
@@ -216,11 +217,13 @@ def test_the_group_is_bounded_in_time(runtime, registry, tables):
 
 def test_a_timeout_loses_the_group_and_the_others_run_again_alone_without_losing_an_attempt(
         runtime, registry, tables):
-    @consumer("g", name="grouped", grouped=True, timeout=0.3, backoff=[60], max_attempts=1, registry=registry)
+    # 2 s: each other member's write ends well within it however loaded the machine (a timeout of
+    # theirs would make them dead too); the slow one sleeps until the timer ends it.
+    @consumer("g", name="grouped", grouped=True, timeout=2, backoff=[60], max_attempts=1, registry=registry)
     def grouped(event, ctx):
         write(ctx, "grouped", event.id)
         if event.payload["n"] == 2:
-            time.sleep(3)
+            time.sleep(60)
 
     ids = record(runtime, "g", 5)
     commits = Commits(runtime.engine)
@@ -327,14 +330,22 @@ def test_a_real_deadlock_loses_the_group_and_its_members_succeed_alone(runtime, 
     other = create_engine(runtime.settings.database_url, isolation_level="READ COMMITTED")
     holding, waiting = threading.Event(), threading.Event()
     errors: list[BaseException] = []
+    rival_connection: list[int] = []
+
+    def rival_waits_for_a_lock() -> bool:
+        with other.connect() as connection:
+            return bool(connection.execute(text(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = :id AND "
+                "trx_state = 'LOCK WAIT'"), {"id": rival_connection[0]}).scalar())
 
     def rival():
         try:
             with other.begin() as connection:
+                rival_connection.append(connection.execute(text("SELECT CONNECTION_ID()")).scalar())
                 connection.execute(insert(filler), [{"n": i} for i in range(300)])
                 connection.execute(update(locks).where(locks.c.id == 2).values(n=locks.c.n + 1))
                 holding.set()
-                assert waiting.wait(10)
+                assert waiting.wait(60)
                 connection.execute(update(locks).where(locks.c.id == 1).values(n=locks.c.n + 1))
         except BaseException as exc:  # noqa: BLE001 (reported by the test)
             errors.append(exc)
@@ -351,16 +362,16 @@ def test_a_real_deadlock_loses_the_group_and_its_members_succeed_alone(runtime, 
             ctx.session.execute(update(locks).where(locks.c.id == 1).values(n=locks.c.n + 1))
             if not thread.is_alive() and not holding.is_set():
                 thread.start()
-                assert holding.wait(10)
+                assert holding.wait(20)  # (within the handler's 30 s timeout)
         if n == 1:
             if not waiting.is_set():
                 waiting.set()
-                time.sleep(0.3)  # the rival is now waiting for row 1
+                wait_for(rival_waits_for_a_lock, "the rival to wait for row 1", timeout=20)  # (within the 30 s timeout)
             ctx.session.execute(update(locks).where(locks.c.id == 2).values(n=locks.c.n + 1))  # 1213 the first time
 
     ids = record(runtime, "g", 3)
     relay(runtime)
-    thread.join(10)
+    thread.join(60)
     other.dispose()
     assert not errors, errors
     assert (1, 1) in attempts_seen and attempts_seen.count((1, 1)) == 2  # it ran again after the deadlock
@@ -378,7 +389,8 @@ def test_a_dropped_connection_loses_the_group_and_its_members_succeed_alone(runt
     cut = []
     with TcpProxy(3306) as proxy:
         proxied = Runtime(dataclasses.replace(settings, database_url=proxy.url(settings.database_url),
-                                              lease_margin=30.0, group_ms=20_000), registry=registry)
+                                              lease_margin=30.0, group_ms=20_000, ack_flush=20.0),
+                        registry=registry)
 
         @consumer("g", name="grouped", grouped=True, max_attempts=1, registry=registry)
         def grouped(event, ctx):

@@ -412,18 +412,20 @@ def test_lease_lost_ack_rolls_back_the_consumer_writes(runtime, registry, effect
 def test_timeout_interrupts_a_consumer_discards_its_connection_and_the_run_goes_on(runtime, registry, effects_table):
     import time as _time
 
-    @consumer("t", name="sleepy", timeout=0.3, backoff=[60], registry=registry)
+    # 2 s: the quick item's INSERT ends well within it however loaded the machine; the slow one sleeps
+    # 60 s, which the run would take were the timer not to interrupt it.
+    @consumer("t", name="sleepy", timeout=2, backoff=[60], registry=registry)
     def sleepy(event, ctx):
         ctx.session.execute(insert(effects).values(consumer="sleepy", event_id=event.id))
         if event.payload["slow"]:
-            _time.sleep(5)
+            _time.sleep(60)
 
     with runtime.sessions.begin() as session:
         cronbox.record(session, "t", {"slow": True})
         cronbox.record(session, "t", {"slow": False})
     started = _time.monotonic()
-    stats = relay(runtime)
-    assert _time.monotonic() - started < 3
+    stats = relay(runtime, max_time=120)
+    assert _time.monotonic() - started < 30  # interrupted, not the handler's 60 s
     slow, quick = deliveries(runtime)
     assert slow.status == "pending" and slow.attempts == 1 and "HandlerTimeout" in slow.last_error
     assert quick.status == "done"

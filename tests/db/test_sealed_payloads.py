@@ -200,6 +200,48 @@ def test_an_altered_or_moved_envelope_fails_its_item_alone_and_its_row_stays(run
     assert {r.id: r.payload for r in after} == stored  # nothing rewritten, nothing deleted
 
 
+def test_a_bad_envelope_is_one_integrity_line_for_its_item_and_the_run_goes_on(runtime, registry, sealer, caplog):
+    """A job's and a delivery's envelope that does not open each make one log line, their outcome's,
+    naming the integrity error: never "could not record the outcome" (nothing failed to record)."""
+    import logging
+
+    kind = f"tampered.{secrets.token_hex(4)}"
+    seen = []
+
+    @job("sms", name=f"job-{kind}", sealed=True, tries=2, registry=registry)
+    def text_patient(payload, ctx):
+        seen.append(payload["n"])
+
+    @consumer(kind, name=f"c-{kind}", sealed=True, max_attempts=1, registry=registry)
+    def on_result(event, ctx):
+        seen.append(event.payload["n"])
+
+    ids = [dispatch(runtime, text_patient, {"n": n, "text": MARKER}) for n in range(3)]
+    with runtime.sessions.begin() as session:
+        events = [cronbox.record(session, kind, {"n": 10 + n, "text": MARKER}).id for n in range(3)]
+    flip, rows = _tamper_cases(runtime, sealer)[3][1], jobs_of(runtime)  # a body bit
+    with runtime.engine.begin() as connection:
+        flip(connection, rows)
+        envelope = connection.execute(select(OutboxEvent.payload).where(OutboxEvent.id == events[1])).scalar()
+        connection.execute(update(OutboxEvent).where(OutboxEvent.id == events[1]).values(
+            payload=envelope[:-4] + ("AAAA" if envelope[-4:] != "AAAA" else "BBBB")))
+    with caplog.at_level(logging.INFO, logger="cronbox"):
+        work(runtime, ["sms"])
+        relay(runtime)
+    assert sorted(seen) == [0, 2, 10, 12]  # the others ran
+    lines = [r.getMessage() for r in caplog.records if r.name == "cronbox"]
+    assert not [line for line in lines if "could not record" in line], lines
+    for subject in (f"job={ids[1]} ", f"event={events[1]} "):
+        about = [line for line in lines if subject in line]
+        assert len(about) == 1, (subject, lines)
+        assert "PayloadIntegrityError: sealed payload does not authenticate" in about[0], about
+        assert MARKER not in about[0]
+    assert jobs_of(runtime)[1].status == "ready" and jobs_of(runtime)[1].attempts == 1  # retried by its policy
+    with runtime.sessions() as session:
+        dead = session.scalars(select(Delivery).where(Delivery.event_id == events[1])).one()
+        assert dead.status == "dead" and "PayloadIntegrityError" in dead.last_error
+
+
 def test_an_envelope_copied_with_its_seal_id_into_a_second_row_is_refused_by_the_database(runtime, registry,
                                                                                          sealer):
     """The seal id is the row's identity (docs/sealed-format.md): unique, so no second row can carry it."""
@@ -390,7 +432,6 @@ def test_no_marker_in_a_mysqldump_the_instance_folder_or_the_logs_after_a_run(ru
 def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_opens_it(runtime, registry,
                                                                                           sealer, rabbit):
     from cronbox.outbox.events.incoming import BadMessage, parse
-    from cronbox.outbox.events.relay import Relay
 
     kind = f"clinic.result.{secrets.token_hex(3)}"
     exchange = rabbit.exchange()
@@ -405,11 +446,7 @@ def test_a_sealed_type_is_forwarded_sealed_and_amqp_consume_with_the_same_keys_o
     with runtime.sessions.begin() as session:
         cronbox.record(session, kind, {"text": MARKER})
     runtime.settings.raw["CRONBOX_AMQP_URL"] = rabbit.url
-    relay = Relay(runtime)
-    try:
-        relay.run(Budget(max_time=30, memory_mb=None))
-    finally:
-        relay.close()
+    relay(runtime)
     [message] = rabbit.take(sealed_queue)
     assert len(rabbit.take(open_queue)) == 1  # bound to the same key: the same sealed message
     body = message.body if isinstance(message.body, str) else message.body.decode()

@@ -150,7 +150,7 @@ def test_a_huge_endless_or_slow_answer_is_read_bounded_and_classified(hook_rt, r
         with hook_rt.sessions() as session:
             job = session.scalars(select(Job).where(Job.handler == "cronbox.webhook")).one()
     assert peak < 4 * 2**20, peak
-    assert seconds < 6  # the slow body is given up after CRONBOX_CHANNEL_TIMEOUT
+    assert seconds < 30  # the slow body (a minute whole) is given up after CRONBOX_CHANNEL_TIMEOUT (2 s)
     assert [a.outcome for a in attempts(hook_rt)] == ["sending", outcome]
     assert job.status == {"sent": "done", "not-sent": "ready", "rejected": "failed"}[outcome]
     assert job.last_error is None or len(job.last_error) < 200

@@ -26,6 +26,7 @@ from cronbox import outbox
 import cronbox
 from tests.conftest import APP_ROOT
 from tests.handlers.effects import metadata as effects_metadata
+from tests.helpers import wait_for
 
 SCRIPT = APP_ROOT / "artisan_via_cron.sh"
 BARE_PATH = "/usr/bin:/bin"
@@ -602,14 +603,6 @@ def blocking_tick(app, env, runtime, tmp_path):
     tick_env = {**env, "CRONBOX_HANDLERS": "tests.handlers.effects",
                 "TEST_INSIDE_FILE": str(inside), "TEST_RELEASE_FILE": str(release)}
     return tick_env, inside, release
-
-
-def wait_for(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def start(app: App, env: dict[str, str], *args: str) -> subprocess.Popen:

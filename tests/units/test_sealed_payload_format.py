@@ -56,6 +56,26 @@ def test_the_vector_is_what_the_spec_says_and_what_the_code_makes():
     assert made == ENVELOPE and opened(ENVELOPE) == BODY
 
 
+# The result vector of docs/sealed-format.md ("Results and chains"): job 42's result, name empty.
+RESULT_ID = bytes.fromhex("0000000000000000000000000000002a")
+RESULT_BODY = '{"found":"ok"}'
+RESULT_ENVELOPE = "cbxp1:enc-0001-00000000:AAECAwQFBgcICQoLztmsN3LD2hvXtJWoJwANsvttfNUq6vl2HQF68R30"
+
+
+def test_the_result_vector_is_what_the_spec_says_and_what_the_code_makes():
+    assert sealing.result_seal_id(42) == RESULT_ID.hex()
+    ad = spec_ad(INSTALL, "cronbox_job_results", RESULT_ID, KEY_ID, "")
+    assert ad == ad_of(table=sealing.RESULTS, seal_id=RESULT_ID, name="")
+    raw = base64.urlsafe_b64decode(RESULT_ENVELOPE.split(":")[2] + "==")
+    assert AESGCM(bytes.fromhex(PAYLOAD_KEY)).decrypt(raw[:12], raw[12:], ad).decode() == RESULT_BODY
+    made = sealing.seal_text(AESGCM(sealing.derive_key(MASTER, KEY_ID)), KEY_ID, ad, RESULT_BODY, nonce=NONCE)
+    assert made == RESULT_ENVELOPE
+    for change in ({"seal_id": bytes.fromhex(sealing.result_seal_id(43))}, {"table": sealing.JOBS},
+                   {"table": sealing.FLOWS}):  # another job's result, or taken for a payload or a flow
+        with pytest.raises(PayloadIntegrityError):
+            opened(RESULT_ENVELOPE, ad_of(**{"table": sealing.RESULTS, "seal_id": RESULT_ID, "name": "", **change}))
+
+
 def _with_raw(raw: bytes) -> str:
     return f"cbxp1:{KEY_ID}:{base64.urlsafe_b64encode(raw).rstrip(b'=').decode()}"
 

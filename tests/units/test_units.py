@@ -200,3 +200,30 @@ def test_limited_lines_log_a_bounded_number_a_window_then_say_how_many_were_left
     assert [r.getMessage() for r in caplog.records][3:] == ["message 5", "message 6",
                                                             "refused: 2 more not logged (at most 2 lines every 60s)"]
     assert {r.levelname for r in caplog.records} == {"WARNING"}
+
+
+def test_the_operator_log_switches_files_at_utc_midnight_and_each_line_says_its_own_second(tmp_path):
+    """outbox.core.logs: the day's file and the line's time are made once a day and once a second
+    (a run writes a line per item); a record of the next day, or of a later second, still gets its own."""
+    import logging
+    from datetime import datetime, timezone
+
+    from cronbox.outbox.core.logs import DailyFileHandler, UtcFormatter
+
+    handler = DailyFileHandler(tmp_path)
+    handler.setFormatter(UtcFormatter())
+    midnight = datetime(2026, 3, 2, tzinfo=timezone.utc).timestamp()
+    for n, created in enumerate((midnight - 1.5, midnight - 1.25, midnight - 0.001, midnight, midnight + 0.5,
+                                 midnight + 86400.0, midnight - 2.0)):
+        record = logging.LogRecord("cronbox", logging.INFO, __file__, 1, f"line {n}", None, None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        handler.emit(record)
+    handler.close()
+    lines = {path.name: path.read_text().splitlines() for path in tmp_path.iterdir()}
+    assert {name: [line.split(" INFO ")[0] + " " + line.rsplit(" ", 1)[1] for line in text]
+            for name, text in lines.items()} == {
+        "cronbox-2026-03-01.log": ["2026-03-01T23:59:58.500Z 0", "2026-03-01T23:59:58.750Z 1",
+                                   "2026-03-01T23:59:59.999Z 2", "2026-03-01T23:59:58.000Z 6"],
+        "cronbox-2026-03-02.log": ["2026-03-02T00:00:00.000Z 3", "2026-03-02T00:00:00.500Z 4"],
+        "cronbox-2026-03-03.log": ["2026-03-03T00:00:00.000Z 5"],
+    }

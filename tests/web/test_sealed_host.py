@@ -180,3 +180,48 @@ def test_health_counts_channel_payloads_left_plain_and_seal_payloads_seals_them(
     assert sealing_check().status == "ok"
     with runtime.sessions() as session:
         assert all(p.startswith("cbxp1:") for p in session.scalars(select(Job.payload)))
+
+
+def test_a_run_outside_the_app_context_seals_results_and_chains_under_the_apps_keys(runtime, database, registry,
+                                                                                   host_root):
+    """A worker's run seals what its jobs carry (a result, a sealed chain's next row) under its runtime's
+    keys, as it opens their payloads: also where no app context says whose keys (a test kit draining
+    outside one, a cron process whose handlers' contexts have ended)."""
+    from cronbox.outbox.engine.budget import Budget
+    from cronbox.outbox.queue.worker import Worker
+
+    seen = []
+
+    @job("host-results", name="host.lookup", sealed=True, registry=registry)
+    def lookup(payload, ctx):
+        return {"patient": MARKER}
+
+    @job("host-results", name="host.step", sealed=True, registry=registry)
+    def step(payload, ctx):
+        seen.append(ctx.previous)
+        return payload
+
+    app, db = host_app(host_root, host_url(database))
+
+    @app.post("/go")
+    def go():
+        job_id = lookup.dispatch(db.session, 1)
+        cronbox.chain(db.session, [(step, 1), (step, 2)])
+        db.session.commit()
+        return str(job_id)
+
+    st = Cronbox().init_app(app, db=db)
+    try:
+        job_id = int(app.test_client().post("/go").get_data(as_text=True))
+        runtime.sealer_source = st.sealer  # the app's keys, as a cron command's runtime has them (attach_cron)
+        with sealing.using(None):  # nothing else: outside the app's context, a hosted process has no sealer
+            for _ in range(3):
+                Worker(runtime, ["host-results"]).run(Budget(max_time=60, memory_mb=None))
+        with runtime.sessions() as session:
+            assert [(r.handler, r.status) for r in session.scalars(select(Job).order_by(Job.id))] == [
+                ("host.lookup", "done"), ("host.step", "done"), ("host.step", "done")]
+        assert seen == [None, 1]
+        with app.app_context():
+            assert lookup.result(db.session, job_id).value == {"patient": MARKER}
+    finally:
+        st.runtime.dispose()

@@ -26,10 +26,18 @@ class DailyFileHandler(logging.Handler):
         self.folder = folder
         self.prefix = prefix
         self._day: str | None = None
+        self._day_span = (0.0, 0.0)  # the open file's day, [start, end) in Unix seconds
         self._stream = None
         self._failing = False  # the last write failed and stderr was told
 
-    def _file_for(self, day: str):
+    def _file_for(self, created: float):
+        """The file of the UTC day of `created` (a record's Unix time): the open one while the day
+        lasts (a run writes a line per item: no date is made for each)."""
+        start, end = self._day_span
+        if self._stream is not None and start <= created < end:
+            return self._stream
+        moment = datetime.fromtimestamp(created, timezone.utc)
+        day = moment.strftime("%Y-%m-%d")
         if day != self._day:
             if self._stream is not None:
                 self._stream.close()
@@ -38,12 +46,13 @@ class DailyFileHandler(logging.Handler):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
             self._day = day
+        midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        self._day_span = (midnight, midnight + 86400.0)
         return self._stream
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            day = datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%d")
-            self._file_for(day).write(self.format(record) + "\n")
+            self._file_for(record.created).write(self.format(record) + "\n")
             self._failing = False
         except OSError as exc:
             self._write_failed(exc)
@@ -77,6 +86,19 @@ class UtcFormatter(logging.Formatter):
 
     def __init__(self):
         super().__init__("%(asctime)s.%(msecs)03dZ %(levelname)s [%(process)d] %(message)s", "%Y-%m-%dT%H:%M:%S")
+        self._second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The record's second (its milliseconds are the format's), made once a second: a run writes
+        a line per item, many a second."""
+        second = int(record.created)
+        last = self._second
+        if last[0] == second and datefmt == self.datefmt:
+            return last[1]
+        text = super().formatTime(record, datefmt)
+        if datefmt == self.datefmt:
+            self._second = (second, text)
+        return text
 
 
 class StderrHandler(logging.StreamHandler):

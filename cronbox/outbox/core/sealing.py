@@ -58,6 +58,10 @@ log = logging.getLogger("cronbox")
 PREFIX = "cbxp1:"  # no JSON text starts with "c": a plaintext payload is never taken for an envelope
 VERSION = 1
 EVENTS, JOBS = "cronbox_events", "cronbox_jobs"
+# What else a sealed job seals (docs/sealed-format.md, "Results and chains"), each its own `table` in the
+# associated data, so no envelope opens in another's place: a sealed chain step's `flow` (bound to its
+# row's seal id and handler, as its payload is) and a sealed job's result (bound to its job id).
+FLOWS, RESULTS = "cronbox_jobs.flow", "cronbox_job_results"
 NONCE_SIZE, TAG_SIZE, SEAL_ID_SIZE, INSTALL_ID_SIZE = 12, 16, 16, 16
 KEY_INFO = b"cronbox-payload/v1 key "
 UNIQUE_INFO = b"cronbox-payload/v1 unique "
@@ -213,6 +217,12 @@ def new_seal_id() -> str:
     return os.urandom(SEAL_ID_SIZE).hex()
 
 
+def result_seal_id(job_id: int) -> str:
+    """The identity a job's result envelope is bound to (RESULTS): its job id, the 16 bytes of a seal id
+    as a big-endian unsigned integer. A result row's key is its job id, and it outlives the job's row."""
+    return int(job_id).to_bytes(SEAL_ID_SIZE, "big").hex()
+
+
 # --- the sealer: keys, the install id, sealing and opening ----------------------------------------
 
 class Sealer:
@@ -256,10 +266,15 @@ class Sealer:
 
     def seal(self, connection: Connection, table: str, name: str, body: str) -> tuple[str, str]:
         """(envelope, seal id) of a dumped payload, for the INSERT the caller is about to run."""
-        key_id, master = self.keys.active()
         seal_id = new_seal_id()
+        return self.seal_with(connection, table, seal_id, name, body), seal_id
+
+    def seal_with(self, connection: Connection, table: str, seal_id: str, name: str, body: str) -> str:
+        """The envelope of `body` bound to an identity the row already has: its seal id (a sealed chain
+        step's flow, FLOWS), or its job's (a result, RESULTS: result_seal_id)."""
+        key_id, master = self.keys.active()
         ad = associated_data(self.install_id(connection), table, bytes.fromhex(seal_id), key_id, name)
-        return seal_text(self._aead(key_id, master), key_id, ad, body), seal_id
+        return seal_text(self._aead(key_id, master), key_id, ad, body)
 
     def open(self, connection: Connection, table: str, name: str, seal_id: str | None, text: str) -> str:
         """The JSON text of an envelope; PayloadIntegrityError, MissingPayloadKey."""
@@ -389,13 +404,16 @@ def seal_for_insert(connection: Connection, table: str, name: str, body: str, *,
 def open_payload(runtime: Any, table: str, name: str, seal_id: str | None, text: str,
                  connection: Connection | None = None) -> Any:
     """The payload of a claimed row, in this process's memory only: the JSON value of a plaintext row
-    as before, an envelope opened first. Raises PayloadIntegrityError / MissingPayloadKey (the item
+    as before, an envelope opened first (under `runtime`'s keys; runtime=None: the current sealer's,
+    as record() and dispatch() find it). Raises PayloadIntegrityError / MissingPayloadKey (the item
     fails, its row is kept)."""
     if not is_sealed(text):
         return load_payload(text)
-    sealer = runtime.sealer()
+    sealer = runtime.sealer() if runtime is not None else current()
     if sealer is None:
-        raise SealError("sealed payload, but no key vault is configured for this run")
+        raise SealError(f"sealed payload, but no key vault is configured in this process: {WHERE_VAULTS}")
+    if connection is None and runtime is None:
+        raise SealError("sealed payload: no connection to read the database's install id on")
     if connection is None:
         with runtime.engine.connect() as own:
             return load_payload(sealer.open(own, table, name, seal_id, text))

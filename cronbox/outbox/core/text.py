@@ -13,6 +13,7 @@ column, whatever the exception's own methods do.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from cronbox.outbox.core.errors import SignalInterrupt
 
@@ -62,6 +63,13 @@ def clean_text(text: str, limit: int = ERROR_MAX, *, one_line: bool = True) -> s
         text = _LINE_BREAKS.sub(" ", text)
     text = (_UNSHOWABLE if one_line else _UNSHOWABLE_BUT_LINES).sub(_escape, text)
     return text[:limit].strip()
+
+
+@lru_cache(maxsize=256)
+def shown_name(name: str) -> str:
+    """A name from a row (an event type, a job's handler) as a log line shows it: clean_text'd, once per
+    name (a run logs a line per item, and has few names)."""
+    return clean_text(name, NAME_MAX)
 
 
 def _escape(match: re.Match) -> str:

@@ -41,13 +41,16 @@ CLAIM_BYTES = 4 * 2 ** 20
 
 
 def claim(session: Session, table: Table, candidates: Select, claimable, values: dict, *, mode: str,
-          direct_lock: bool = True, max_bytes: int = CLAIM_BYTES) -> list[int]:
+          direct_lock: bool = True, max_bytes: int = CLAIM_BYTES, params: dict | None = None) -> list[int]:
     """Claim rows of `table` chosen by `candidates`: a SELECT of (id, payload bytes), ordered and
     limited, of which a prefix is claimed whose payloads add up to at most `max_bytes` (the first
     row always: a larger payload is claimed alone; an unknown size, NULL, counts as nothing).
 
     `claimable` re-checks, under the row lock, that a row is still free to claim.
     `values` must set the claim token column (`claim_token`).
+    `params`: the values of the bound parameters of `candidates` and `claimable`, for statements
+    built once (a family's claim runs twice a batch: building its statements each time costs more
+    Python than the batch's items). Their names must not be the table's columns (an UPDATE's).
     `direct_lock`: the candidate query may itself carry FOR UPDATE SKIP LOCKED; pass
     False when it has a correlated subquery on the same table (locking reads do not
     lock subquery rows on MySQL, but we do not rely on what MariaDB versions do). A direct
@@ -58,20 +61,20 @@ def claim(session: Session, table: Table, candidates: Select, claimable, values:
     token = values["claim_token"]
     id_col = table.c.id
     if mode == SQLITE:
-        ids = within_bytes(session.execute(candidates), max_bytes)
+        ids = within_bytes(session.execute(candidates, params), max_bytes)
         if ids:
             session.execute(update(table).where(id_col.in_(ids)).values(values))
         return ids
     if mode == SKIP_LOCKED:
         if direct_lock:
-            ids = within_bytes(session.execute(candidates.with_for_update(skip_locked=True)), max_bytes)
+            ids = within_bytes(session.execute(candidates.with_for_update(skip_locked=True), params), max_bytes)
         else:
-            found = within_bytes(session.execute(candidates), max_bytes)
+            found = within_bytes(session.execute(candidates, params), max_bytes)
             if not found:
                 return []
             ids = list(session.scalars(
-                select(id_col).where(id_col.in_(found), claimable).order_by(id_col).with_for_update(skip_locked=True)
-            ))
+                select(id_col).where(id_col.in_(found), claimable).order_by(id_col).with_for_update(skip_locked=True),
+                params))
         if ids:
             session.execute(update(table).where(id_col.in_(ids)).values(values))
         return ids
@@ -80,10 +83,10 @@ def claim(session: Session, table: Table, candidates: Select, claimable, values:
         # longer claimable, so reading again gets the next ones. Without this a worker run
         # with --stop-when-empty would exit while its peer still has a queue to share.
         for _ in range(TOKEN_RACE_RETRIES):
-            found = within_bytes(session.execute(candidates), max_bytes)
+            found = within_bytes(session.execute(candidates, params), max_bytes)
             if not found:
                 return []
-            session.execute(update(table).where(id_col.in_(found), claimable).values(values))
+            session.execute(update(table).where(id_col.in_(found), claimable).values(values), params)
             won = list(session.scalars(
                 select(id_col).where(id_col.in_(found), table.c.claim_token == token).order_by(id_col)
             ))

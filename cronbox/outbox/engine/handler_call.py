@@ -102,23 +102,30 @@ def _raise_interrupt(signum, frame):
     raise SignalInterrupt()
 
 
-def call_handler(fn: Callable, args: tuple, *, timeout: float,
-                 scope: Callable[[], ContextManager] | None = None) -> Outcome:
+def call_handler(fn: Callable, args: tuple, *, timeout: float, scope: Callable[[], ContextManager] | None = None,
+                 dispositions: SignalDispositions | None = None) -> Outcome:
     """Call a handler and say how it went; never raises for anything the handler does.
     `scope` wraps the call (a host app's app context): its failures count as the handler's; its
-    setup and teardown are outside the timer (a teardown cut short would leave the context pushed)."""
+    setup and teardown are outside the timer (a teardown cut short would leave the context pushed).
+    `dispositions`: the signal dispositions put back after the call, kept by a caller that makes its
+    calls one after another (the runner, for a batch: read once, they are what each call put back
+    for the next); by default read for this call."""
     main_thread = threading.current_thread() is threading.main_thread()
     use_timer = timeout > 0 and main_thread and not _ALARM.armed  # nested: under the outer call's timer
-    if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler
-        # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
-        # like Python's own handler).
-        signal.signal(signal.SIGINT, _raise_interrupt)
-    if use_timer and signal.getsignal(signal.SIGALRM) is not _ALARM:
-        # Installed once and left in place (it only acts while our timer is armed): swapping
-        # handlers around every call cost two syscalls per job.
-        signal.signal(signal.SIGALRM, _ALARM)
-    dispositions = SignalDispositions() if main_thread else None  # (after: SIGALRM's is ours to put back)
+    if not main_thread:
+        dispositions = None  # signals are set in the main thread only
+    elif dispositions is None:
+        dispositions = SignalDispositions()
+    if dispositions is not None:
+        if dispositions.before[signal.SIGINT] is signal.default_int_handler:
+            # Where Ctrl-C would raise KeyboardInterrupt, raise a marked one instead, so that a handler
+            # raising KeyboardInterrupt itself is a failed attempt, not a stop (left in place: it acts
+            # like Python's own handler).
+            dispositions.install(signal.SIGINT, _raise_interrupt)
+        if use_timer and dispositions.before[signal.SIGALRM] is not _ALARM:
+            # Installed once and left in place (it only acts while our timer is armed): swapping
+            # handlers around every call cost two syscalls per job.
+            dispositions.install(signal.SIGALRM, _ALARM)
     alarm = _ALARM if use_timer else None
     if alarm is not None:
         alarm.fired = False  # (a scope failing before the call must not read the last call's)
@@ -134,7 +141,7 @@ def call_handler(fn: Callable, args: tuple, *, timeout: float,
                     result = _call_here(fn, args, pid, alarm, timeout)
         finally:
             if dispositions is not None:
-                dispositions.restore(_name_of(fn))
+                dispositions.restore(fn)
     except SignalInterrupt:
         raise
     except BaseException as exc:  # the handler's own failure, whatever it is: record it, retry later
@@ -191,10 +198,6 @@ def _invoke(fn: Callable, args: tuple):
 
 
 _QUIET_FRAMES = frozenset({_call_here.__code__, _Alarm.arm.__code__, _Alarm.disarm.__code__})
-
-
-def _name_of(fn: Callable) -> str:
-    return clean_text(str(getattr(fn, "__qualname__", None) or type(fn).__name__), 200)
 
 
 def _retry_seconds(exc: RetryLater) -> float | None:

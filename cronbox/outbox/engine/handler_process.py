@@ -31,6 +31,7 @@ import sys
 import threading
 
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core.text import clean_text
 
 log = logging.getLogger("cronbox")
 
@@ -84,19 +85,35 @@ class SignalDispositions:
     after it if changed.
     Main thread only (signals can only be set there). Identity is compared through the public
     signal.getsignal (SIG_IGN/SIG_DFL come back as the same enum members each time); the private
-    _signal module it wraps would save an enum look-up per call, but our rule forbids private names."""
+    _signal module it wraps would save an enum look-up per call, but our rule forbids private names.
+    A read of a Python-level handler costs a few µs (the enum look-up fails and raises): each
+    disposition is read once after each call, and once before the calls (`before`, which cronbox's
+    own installs update: `install`): before each call, or once for the calls of a runner's batch,
+    between which only the runner's own writes run (what each call puts back is the next one's
+    `before`)."""
 
     __slots__ = ("before",)
 
     def __init__(self):
-        self.before = [(sig, signal.getsignal(sig)) for sig in KEPT_SIGNALS]
+        self.before = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
 
-    def restore(self, handler_name: str) -> None:
-        for sig, disposition in self.before:
+    def install(self, sig: int, handler) -> None:
+        """Set `sig`'s handler before the call: what is put back after it."""
+        signal.signal(sig, handler)
+        self.before[sig] = handler
+
+    def restore(self, fn) -> None:
+        """After the handler `fn`'s call: put back what it changed (one line each, naming it)."""
+        for sig, disposition in self.before.items():
             if signal.getsignal(sig) is not disposition and disposition is not None:
                 signal.signal(sig, disposition)
-                log.warning("handler %s changed the %s handler; cronbox's is back in place", handler_name,
+                log.warning("handler %s changed the %s handler; cronbox's is back in place", _handler_name(fn),
                             signal.Signals(sig).name)
+
+
+def _handler_name(fn) -> str:
+    """A handler's name for a log line."""
+    return clean_text(str(getattr(fn, "__qualname__", None) or type(fn).__name__), 200)
 
 
 def leftover_threads(before: set[threading.Thread] | None = None) -> list[threading.Thread]:

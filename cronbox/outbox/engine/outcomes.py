@@ -306,6 +306,18 @@ class Outcomes:
         return True
 
     # -- not started --------------------------------------------------------------
+    def not_runnable_here(self, item, wait: float, error: str) -> None:
+        """An item this run holds, its attempt not counted, whose handler is not registered here (a
+        job `amqp work` took off the broker under its message's claim, published by other code):
+        ready again in `wait` seconds for a run that has the handler, `error` in its row. A RetryLater
+        of no attempt, counted and logged as one."""
+        next_at = clock.utcnow() + timedelta(seconds=wait)
+        outcome = Outcome(RETRY_LATER, 0.0, error, retry_in=wait)
+        held = self._write(None, lambda s: self._reschedule(s, item, next_at, error, False))
+        if self._lease_held(held, item, None, outcome):
+            self.stats.deferred += 1
+            self.line(item, None, "retry-later", outcome, f"not registered here; waiting {wait:.0f}s, no attempt used")
+
     def release(self, items: list, *, best_effort: bool = False) -> None:
         """Give back claimed items not started (their attempt not counted), in one transaction."""
         if not items:
@@ -378,7 +390,16 @@ class Outcomes:
 
     def line(self, item, handler, outcome_name: str, outcome: Outcome | None, note: str | None = None, *,
              attempt: int | None = None) -> None:
-        """One line per outcome; `attempt`: the attempts that ran, when not the claim's count."""
+        """One line per outcome; `attempt`: the attempts that ran, when not the claim's count. Not even
+        made when the logger's level leaves it out (a host may keep only warnings)."""
+        if outcome_name == "done":
+            level = logging.INFO
+        elif outcome_name == self.family.gave_up_word:
+            level = logging.ERROR
+        else:
+            level = logging.WARNING
+        if not log.isEnabledFor(level):
+            return
         ms = f"{outcome.seconds * 1000:.1f}" if outcome else "-"
         attempt = item.attempts if attempt is None else attempt
         line = (f"{self.family.describe(item)} outcome={outcome_name} "
@@ -387,12 +408,7 @@ class Outcomes:
             line += f" error={log_text(outcome.error)!r}"  # the full text is in the item's row
         if note:
             line += f" ({note})"
-        if outcome_name == "done":
-            log.info(line)
-        elif outcome_name == self.family.gave_up_word:
-            log.error(line)
-        else:
-            log.warning(line)
+        log.log(level, line)
 
 
 def outlasts(handler, lease_until: datetime | None) -> bool:

@@ -32,6 +32,7 @@ claimed batch: the runner itself keeps only what outlives batches (admission's p
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
@@ -42,12 +43,15 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost, is_lock_conflict
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.logs import log_text
+from cronbox.outbox.core import sealing
+from cronbox.outbox.core.sealing import SealError
 from cronbox.outbox.core.text import describe
 from cronbox.outbox.engine.admission import NEVER_FITS_DELAY, Admission
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.context import Context
 from cronbox.outbox.engine.group_commit import CULPRIT, FAILED, CommitGroup, may_join
-from cronbox.outbox.engine.handler_call import RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.handler_call import ERROR, RETRY_LATER, TIMEOUT, Outcome, call_handler
+from cronbox.outbox.engine.handler_process import SignalDispositions
 from cronbox.outbox.engine.outcomes import LEASE_LOST, Outcomes, exhausted, outlasts
 
 log = logging.getLogger("cronbox")
@@ -98,7 +102,7 @@ class QuietAcks:
 class Batch:
     """One claimed batch while the runner works through it."""
 
-    __slots__ = ("work", "index", "budget", "quiet", "alone", "started", "handover")
+    __slots__ = ("work", "index", "budget", "quiet", "alone", "started", "handover", "signals")
 
     def __init__(self, claimed: list, budget: Budget, ack_flush: float):
         self.work = list(claimed)  # a lost group puts its members back here, to run alone
@@ -108,6 +112,9 @@ class Batch:
         self.alone: set[int] = set()  # ids of a lost group's members, run one per transaction now
         self.started = False  # has the current item's handler been called?
         self.handover = None  # the gate's: a finished job's concurrency slot kept for the next job
+        # The signal dispositions put back after each handler call (outbox.engine.handler_process),
+        # read once for the batch: between its calls only the runner's own writes run.
+        self.signals = SignalDispositions() if threading.current_thread() is threading.main_thread() else None
 
     @property
     def upcoming(self):
@@ -170,7 +177,11 @@ class Runner:
         """Run a claimed batch (see the module's docstring); how many items were handled."""
         batch = Batch(claimed, budget, self.runtime.settings.ack_flush)
         try:
-            return self._process(batch)
+            # What the batch seals or opens besides its claimed payloads (a sealed job's result, a sealed
+            # chain's next row, a handler's own dispatch()) under the run's keys too, with or without an
+            # app context (outbox.core.sealing.current: an app context's own sealer still comes first).
+            with sealing.using(self.runtime.sealer()):
+                return self._process(batch)
         except OperationalError as exc:
             if not is_lock_conflict(exc):
                 raise
@@ -204,7 +215,8 @@ class Runner:
                 self.outcomes.release(work[index:])
                 break
             try:
-                deferred = self._deferred(item, budget)
+                handler = self.family.handler(item)  # None: not registered here (any more)
+                deferred = self._deferred(item, handler, budget)
             except BaseException:  # its release or wait not written: as for an item never started
                 self._flush(quiet, best_effort=True)
                 self.outcomes.release(work[index:], best_effort=True)
@@ -212,14 +224,14 @@ class Runner:
             if deferred:
                 batch.index += 1
                 continue
-            if item.id not in batch.alone and self._groupable(item, self.family.handler(item), item.claim_token):
+            if item.id not in batch.alone and self._groupable(item, handler, item.claim_token):
                 self._flush(quiet)  # its own transaction: before the group opens one on the connection
                 handled += self._run_group(batch)
                 continue
             batch.started = False
             try:
                 try:
-                    ran = self._run_one(item, batch)
+                    ran = self._run_one(item, handler, batch)
                 except Exception as exc:
                     # Recording what the handler did failed: unless the database went away, one
                     # item must not stop the run (or crash every later one on the same item).
@@ -253,11 +265,10 @@ class Runner:
             log.warning("%s: could not ack %d finished items; they will run again", self.family.kind, len(items))
 
     # -- admission ---------------------------------------------------------------------
-    def _deferred(self, item, budget: Budget) -> bool:
+    def _deferred(self, item, handler, budget: Budget) -> bool:
         """Admission (outbox.engine.admission) before the item starts: True when it was given back,
         without using an attempt: released, the run stopping (it fits a later run), or waiting
         NEVER_FITS_DELAY (it fits no run like this one)."""
-        handler = self.family.handler(item)
         if handler is None or exhausted(item, handler):
             return False
         verdict = self.admission.check(handler.name, budget)
@@ -290,18 +301,25 @@ class Runner:
                        idempotency_key=f"{self.family.kind}-{item.id}-{item.trace_id}",
                        connection=self.db.connection, settings=self.runtime.settings, commit_group=group)
 
-    def _call(self, item, handler, ctx: Context, budget: Budget) -> Outcome:
+    def _call(self, item, handler, ctx: Context, batch: Batch) -> Outcome:
         """The handler's call, measured into its profile and the budget; what it returned kept for the
         item's ack as the family says (Outcomes.returned)."""
+        budget = batch.budget
+        try:
+            args = self.family.args(item, ctx)
+        except SealError as exc:
+            # A sealed payload (or flow) that does not open: altered, moved from another row, table or
+            # database, or its key missing. This item's failure, recorded by its policy with the reason
+            # in its one outcome line; its row stays as it is, and the run goes on with the next item.
+            return Outcome(ERROR, 0.0, describe(exc))
         probe = self.admission.probe()
-        outcome = call_handler(handler.fn, self.family.args(item, ctx), timeout=handler.timeout,
-                               scope=self.runtime.scope_for(ctx))
+        outcome = call_handler(handler.fn, args, timeout=handler.timeout, scope=self.runtime.scope_for(ctx),
+                               dispositions=batch.signals)
         budget.record(outcome.seconds, self.admission.record(handler.name, probe, outcome.seconds))
         return self.outcomes.returned(item, outcome)
 
-    def _run_one(self, item, batch: Batch) -> bool:
+    def _run_one(self, item, handler, batch: Batch) -> bool:
         outcomes, quiet = self.outcomes, batch.quiet
-        handler = self.family.handler(item)
         if handler is None:  # not registered here any more: give the lease back
             outcomes.release([item])
             return False
@@ -321,7 +339,7 @@ class Runner:
             outcome = gate.check(item, handler, batch) if gate is not None else None
             if outcome is None:
                 batch.started = True
-                outcome = self._call(item, handler, ctx, batch.budget)
+                outcome = self._call(item, handler, ctx, batch)
             if outcome.ok and not ctx.session_used:
                 quiet.add(item, outcome.seconds)
                 # A due ack frees a held slot too: no handover to the next job (holds_until_ack) then.
@@ -372,7 +390,7 @@ class Runner:
                 index += 1
                 crash_point("after-claim")
                 ctx = self._context(item, group)
-                outcome = self._call(item, handler, ctx, budget)
+                outcome = self._call(item, handler, ctx, batch)
                 ran.append(item)
                 end, outcome = group.ended(item, ctx, outcome)
                 if end == CULPRIT:

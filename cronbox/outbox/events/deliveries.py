@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from cronbox.outbox.core import paging
@@ -107,30 +107,44 @@ def claim_due(session: Session, registry: Consumers, *, now: datetime, limit: in
     consumers = registry.all()
     if not consumers or limit <= 0:
         return []
-    expired = and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < now)
-    fresh = and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= now)
-    for claimable, size in ((expired, 1), (fresh, limit)):
-        claimed = _claim(session, consumers, claimable, size, now=now, mode=mode, lease_margin=lease_margin)
+    for (claimable, candidates), size in ((EXPIRED, 1), (FRESH, limit)):
+        claimed = _claim(session, consumers, claimable, candidates, size, now=now, mode=mode, lease_margin=lease_margin)
         if claimed:
             return claimed
     return []
 
 
-def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime, mode: str,
-           lease_margin: float) -> list[Claimed]:
-    earlier = aliased(Delivery)
-    held_back = exists().where(
-        earlier.consumer == D.c.consumer,
-        earlier.key == D.c.key,
-        earlier.status.in_(HOLDING),
-        earlier.event_id < D.c.event_id,
-    )
-    candidates = (
-        select(D.c.id, D.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
-        .where(claimable, D.c.consumer.in_([c.name for c in consumers]), or_(D.c.key.is_(None), ~held_back))
+# The claim's statements, built once (outbox.engine.claim's `params`: twice a batch, building them cost
+# more Python than the batch's items), their values bound at each claim.
+# A delivery waits while an earlier one of its key, for its consumer, is pending or dead.
+_EARLIER = D.alias()
+HELD_BACK = exists().where(_EARLIER.c.consumer == D.c.consumer, _EARLIER.c.key == D.c.key,
+                           _EARLIER.c.status.in_(HOLDING), _EARLIER.c.event_id < D.c.event_id)
+
+
+def _claimable(claimable):
+    """(`claimable`, the candidates it picks): ids and payload sizes (the claim takes up to its bytes:
+    outbox.engine.claim), in id order."""
+    return claimable, (
+        select(D.c.id, D.c.payload_bytes)
+        .where(claimable, D.c.consumer.in_(bindparam("claim_consumers", expanding=True)),
+               or_(D.c.key.is_(None), ~HELD_BACK))
         .order_by(D.c.id)
-        .limit(limit)
+        .limit(bindparam("claim_limit", type_=Integer))
     )
+
+
+EXPIRED = _claimable(and_(D.c.status == PENDING, D.c.claim_token.is_not(None), D.c.lease_until < bindparam("claim_now")))
+FRESH = _claimable(and_(D.c.status == PENDING, D.c.claim_token.is_(None), D.c.next_attempt_at <= bindparam("claim_now")))
+
+# A Claimed's columns, in its fields' order.
+CLAIMED = (D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"), E.c.type,
+           E.c.key, E.c.payload, E.c.trace_id, E.c.created_at, E.c.seal_id)
+
+
+def _claim(session: Session, consumers, claimable, candidates, limit: int, *, now: datetime, mode: str,
+           lease_margin: float) -> list[Claimed]:
+    params = {"claim_now": now, "claim_consumers": [c.name for c in consumers], "claim_limit": limit}
     token = uuid.uuid4().hex
     leases = lease_for(consumers, now, lease_margin)
     values = {
@@ -138,18 +152,13 @@ def _claim(session: Session, consumers, claimable, limit: int, *, now: datetime,
         "attempts": D.c.attempts + 1,
         "lease_until": case(leases, value=D.c.consumer, else_=max(leases.values())),
     }
-    ids = claim(session, D, candidates, claimable, values, mode=mode, direct_lock=False)
+    ids = claim(session, D, candidates, claimable, values, mode=mode, direct_lock=False, params=params)
     if not ids:
         return []
     rows = session.execute(
-        select(D.c.id, D.c.consumer, D.c.attempts, D.c.claim_token, D.c.lease_until, E.c.id.label("event_id"),
-               E.c.type, E.c.key, E.c.payload, E.c.trace_id, E.c.created_at, E.c.seal_id)
-        .join(E, E.c.id == D.c.event_id)
-        .where(D.c.id.in_(ids))
-        .order_by(D.c.id)
+        select(*CLAIMED).join(E, E.c.id == D.c.event_id).where(D.c.id.in_(ids)).order_by(D.c.id)
     ).all()
-    return [Claimed(r.id, r.consumer, r.attempts, r.claim_token, r.lease_until, r.event_id, r.type, r.key,
-                    r.payload, r.trace_id, r.created_at, r.seal_id) for r in rows]
+    return [Claimed(*row) for row in rows]  # by position: a Row's attributes are looked up by name
 
 
 # Built once: the ack runs once a delivery (a handler's writes commit with it), and building an

@@ -9,7 +9,7 @@ called with the Event and a Context; its rows' writes are outbox.events.deliveri
 from __future__ import annotations
 
 from cronbox.outbox.core.sealing import EVENTS, open_payload
-from cronbox.outbox.core.text import NAME_MAX, clean_text
+from cronbox.outbox.core.text import shown_name
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.context import Context, Event
 from cronbox.outbox.engine.outcomes import Family, Outcomes
@@ -26,8 +26,7 @@ def delivery_family(consumers, runtime=None) -> Family:
         return (Event(item.event_id, item.event_type, item.key, payload, item.created_at), ctx)
 
     def describe(item) -> str:
-        return (f"delivery={item.id} consumer={item.consumer} event={item.event_id} "
-                f"type={clean_text(item.event_type, NAME_MAX)}")
+        return f"delivery={item.id} consumer={item.consumer} event={item.event_id} type={shown_name(item.event_type)}"
 
     return Family("delivery", "dead", handler=lambda item: consumers.get(item.consumer), args=args, describe=describe)
 

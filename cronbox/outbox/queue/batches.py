@@ -60,6 +60,13 @@ the chain stops. A chain ends in a batch, or a batch's `then` starts a chain, th
 Queues forwarded to Celery are refused for members, chain steps and callbacks (a batch's then, catch
 and finally, a chain's catch), at dispatch: their rows are done when the broker confirms the task
 message (jobstore.ack_published), long before Celery runs the task, which gets no ctx.batch either.
+
+Sealed payloads (outbox.core.sealing, docs/sealed-format.md "Results and chains"): a chain with a
+sealed step (or catch) is sealed whole, each of its rows' payload and `flow` (the later steps'
+payloads, the previous step's result) sealed under the row's seal id; the transaction that dispatches
+its next step or its catch opens the flow and seals the new row. A batch with a sealed callback seals
+its callbacks' rows. A sealed member's result is sealed (outbox.queue.results), opened when `then`
+reads it (`ctx.batch.results()`). The batch's own payload (`batch(payload=)`) is stored as given.
 """
 from __future__ import annotations
 
@@ -76,6 +83,7 @@ from sqlalchemy.orm import Session
 from cronbox.outbox.core import clock, paging
 from cronbox.outbox.core.errors import PayloadError
 from cronbox.outbox.core.payload import dump_payload, load_payload, payload_bytes
+from cronbox.outbox.core.sealing import BY_DEFAULT, FLOWS, JOBS, Sealer, Sealing, is_sealed, open_payload, sealer_for
 from cronbox.outbox.core.session_types import Transactional
 from cronbox.outbox.core.text import ERROR_MAX, is_utf8
 from cronbox.outbox.core.inserts import connection_of, new_trace_id
@@ -86,6 +94,7 @@ J = Job.__table__
 B = JobBatch.__table__
 _INSERT_JOB = insert(J)
 THEN, CATCH, FINALLY = "then", "catch", "finally"
+SEALED = "sealed"  # in a batch's callbacks: their rows are sealed (a callback declared sealed)
 CANCELLED_CLASS = "BatchCancelled"
 MAX_BATCH_NAME = 191
 CELERY = "celery"
@@ -97,6 +106,10 @@ def spec_of(job: Any, role: str, what: str, registry: Any = None) -> list:
     """[name, queue, retry_until seconds] of a registered job given as its @job function, its
     JobHandler, or its name; PayloadError naming `role` otherwise, or for a job on a queue forwarded
     to Celery (refuse_celery: `what` it would have been)."""
+    return _spec_and_handler(job, role, what, registry)[0]
+
+
+def _spec_and_handler(job: Any, role: str, what: str, registry: Any = None) -> tuple[list, Any]:
     handler = getattr(job, "job", job)
     if isinstance(job, str):
         jobs = registry if registry is not None else _default_jobs()
@@ -110,7 +123,13 @@ def spec_of(job: Any, role: str, what: str, registry: Any = None) -> list:
         raise PayloadError(f"{role}: {name} is not the job registered under that name")
     refuse_celery(handler, what)
     retry_until = getattr(handler, "retry_until", None)
-    return [name, queue, retry_until]
+    return [name, queue, retry_until], handler
+
+
+def _sealing_of(handlers: list) -> Sealing:
+    """How a chain or a batch's callbacks are sealed: as the most sealed of their jobs' declarations."""
+    said = [getattr(handler, "sealed", False) for handler in handlers]
+    return True if any(s is True for s in said) else BY_DEFAULT if BY_DEFAULT in said else False
 
 
 def _default_jobs():
@@ -130,12 +149,32 @@ def refuse_celery(handler: Any, what: str) -> None:
                            f"the broker confirms the task message, before it runs, so it cannot be {what}")
 
 
-def _job_row(spec: list, payload_text: str, now: datetime, **extra) -> dict:
+def _job_row(spec: list, payload_text: str, now: datetime, *, connection: Connection,
+             sealer: Sealer | None = None, flow: str | None = None, **extra) -> dict:
+    """A job row of `spec` to INSERT: with `sealer`, its payload and flow sealed under a new seal id,
+    as dispatch() seals a payload (one AEAD call each, in memory)."""
     name, queue, retry_until = spec[:3]
+    seal_id = None
+    if sealer is not None:
+        payload_text, seal_id = sealer.seal(connection, JOBS, name, payload_text)
+        if flow is not None:
+            flow = sealer.seal_with(connection, FLOWS, seal_id, name, flow)
     return {"queue": queue, "handler": name, "payload": payload_text, "payload_bytes": payload_bytes(payload_text),
             "status": READY, "attempts": 0, "available_at": now, "unique_key": None,
             "retry_until": now + timedelta(seconds=retry_until) if retry_until is not None else None,
-            "trace_id": new_trace_id(), "created_at": now, "concurrency_group": None, "cost": None, **extra}
+            "trace_id": new_trace_id(), "created_at": now, "concurrency_group": None, "cost": None,
+            "seal_id": seal_id, "flow": flow, **extra}
+
+
+def _flow(connection: Connection, item: Any, runtime: Any = None) -> dict:
+    """A job's flow, opened in memory when its chain is sealed (under `runtime`'s keys, as its payload; in
+    an outcome's transaction, under the current sealer's)."""
+    return open_payload(runtime, FLOWS, item.handler, item.seal_id, item.flow, connection)
+
+
+def _sealer_of_flow(item: Any) -> Sealer | None:
+    """The sealer the rows a sealed chain's step dispatches (its next step, its catch) are sealed with."""
+    return sealer_for(sealed=True, what=f"chain step job {item.id}") if is_sealed(item.flow) else None
 
 
 def _dump(value: Any, what: str) -> str:
@@ -256,11 +295,15 @@ def create(session: Transactional, *, name: str, then: Any = None, catch: Any = 
         raise PayloadError(f"a batch name must be printable text of 1 to {MAX_BATCH_NAME} characters, not {name!r}")
     if not isinstance(allow_failures, bool):
         raise PayloadError(f"allow_failures must be True or False, not {allow_failures!r}")
-    callbacks = {role: spec_of(job, f"{keyword}=", f"a batch's {keyword}= callback")
-                 for role, keyword, job in ((THEN, "then", then), (CATCH, "catch", catch),
-                                            (FINALLY, "finally_", finally_)) if job is not None}
+    found = {role: _spec_and_handler(job, f"{keyword}=", f"a batch's {keyword}= callback")
+             for role, keyword, job in ((THEN, "then", then), (CATCH, "catch", catch), (FINALLY, "finally_", finally_))
+             if job is not None}
+    callbacks: dict[str, Any] = {role: spec for role, (spec, _handler) in found.items()}
     body = _dump(payload, "the batch's payload")
     connection = connection_of(session, JobBatch)
+    if sealer_for(sealed=_sealing_of([handler for _spec, handler in found.values()]),
+                  what=f"batch {name!r}'s callbacks") is not None:
+        callbacks[SEALED] = True  # their rows are sealed, in whichever transaction dispatches them
     now = clock.utcnow()
     # Created finished, its `then` and `finally` dispatched: what an empty batch is when its transaction
     # commits (as Laravel's, Sidekiq's and GoodJob's empty batches: the callbacks at once). The first
@@ -270,7 +313,7 @@ def create(session: Transactional, *, name: str, then: Any = None, catch: Any = 
         "done": 0, "failed": 0, "cancelled": 0, "trace_id": new_trace_id(), "created_at": now, "finished_at": now,
     }).inserted_primary_key[0]  # type: ignore[index]
     empty = [connection.execute(_INSERT_JOB, row).inserted_primary_key[0]  # type: ignore[index]
-             for row in _callback_rows(batch_id, name, callbacks, [THEN, FINALLY], body, now)]
+             for row in _callback_rows(connection, batch_id, name, callbacks, [THEN, FINALLY], body, now)]
     return Batch(batch_id, name, transaction=connection.get_transaction(), empty=empty)
 
 
@@ -339,15 +382,17 @@ def _settle(session: Session, batch_id: int, now: datetime) -> bool:
     return True
 
 
-def _callback_rows(batch_id: int, name: str, callbacks: dict, roles: list[str], payload: str,
+def _callback_rows(connection: Connection, batch_id: int, name: str, callbacks: dict, roles: list[str], payload: str,
                    now: datetime) -> list[dict]:
-    return [_job_row(callbacks[role], payload, now, flow=json.dumps({"callback": role, "batch": batch_id, "name": name}))
-            for role in roles if role in callbacks]
+    roles = [role for role in roles if role in callbacks]
+    sealer = sealer_for(sealed=True, what=f"batch {batch_id}'s callbacks") if callbacks.get(SEALED) and roles else None
+    return [_job_row(callbacks[role], payload, now, connection=connection, sealer=sealer,
+                     flow=json.dumps({"callback": role, "batch": batch_id, "name": name})) for role in roles]
 
 
 def _callbacks(session: Session, batch_id: int, name: str, callbacks: dict, roles: list[str], payload: str,
                now: datetime) -> None:
-    rows = _callback_rows(batch_id, name, callbacks, roles, payload, now)
+    rows = _callback_rows(session.connection(), batch_id, name, callbacks, roles, payload, now)
     if rows:
         session.execute(_INSERT_JOB, rows)
 
@@ -387,8 +432,9 @@ def cancel_running(session: Session, batch_id: int, now: datetime) -> tuple[int 
 def on_done(session: Session, items: list, values: dict[int, str], now: datetime, keep: float) -> None:
     """Jobs this transaction made done (each by its token-guarded ack): their results stored, the
     next step of their chains dispatched, their batches counted and settled (in batch id order)."""
-    results.insert_results(session, [(item.id, item.batch_id, values[item.id]) for item in items
-                                     if item.id in values], now, keep)
+    stored = results.seal(session, items, values)  # a sealed job's result sealed; the next step gets it opened
+    results.insert_results(session, [(item.id, item.batch_id, stored[item.id]) for item in items
+                                     if item.id in stored], now, keep)
     per_batch: dict[int, int] = {}
     for item in items:
         if item.flow is not None:
@@ -404,12 +450,14 @@ def on_failed(session: Session, item: Any, error: str, now: datetime) -> None:
     """A job this transaction failed for good: its chain's catch, or its batch's counter, first-failure
     catch (and, unless allow_failures, the cancel of the members not started), and settle."""
     if item.flow is not None:
-        flow = json.loads(item.flow)
+        connection = session.connection()
+        flow = _flow(connection, item)
         if "chain" in flow and flow.get("catch"):
             body = dump_payload({"chain": flow["chain"], "step": flow["step"], "job": item.handler,
                                  "job_id": item.id, "error": error})
-            catch_id = session.execute(_INSERT_JOB, _job_row(flow["catch"], body, now)).inserted_primary_key[0]
-            _link(session, item.id, flow, "catch_job", catch_id)
+            catch_id = session.execute(_INSERT_JOB, _job_row(flow["catch"], body, now, connection=connection,
+                                                             sealer=_sealer_of_flow(item))).inserted_primary_key[0]
+            _link(session, item, flow, "catch_job", catch_id)
     if item.batch_id is None:
         return
     batch_id = item.batch_id
@@ -477,55 +525,69 @@ def chain(session: Transactional, steps: Any, *, catch: Any = None) -> Chain:
     steps = list(steps)
     if not steps:
         raise PayloadError("a chain needs at least one step")
-    specs = []
+    specs, handlers = [], []
     for index, step in enumerate(steps):
         if not isinstance(step, tuple) or len(step) != 2:
             raise PayloadError(f"step {index} must be a (job_fn, payload) pair, not {type(step).__name__}"
                                + (" (a chain inside a chain, or the chain itself: a cycle)"
                                   if isinstance(step, list) else ""))
         job, payload = step
-        spec = spec_of(job, f"step {index}", "a chain step")
+        spec, handler = _spec_and_handler(job, f"step {index}", "a chain step")
         specs.append(spec + [_dump(payload, f"step {index}'s payload")])
-    catch_spec = spec_of(catch, "catch=", "a chain's catch= callback") if catch is not None else None
+        handlers.append(handler)
+    catch_spec, catch_handler = (_spec_and_handler(catch, "catch=", "a chain's catch= callback") if catch is not None
+                                 else (None, None))
     chain_id = uuid.uuid4().hex
     now = clock.utcnow()
     flow = json.dumps({"chain": chain_id, "step": 0, "rest": specs[1:], "catch": catch_spec})
     connection = connection_of(session, Job)
-    job_id = connection.execute(_INSERT_JOB, _job_row(specs[0], specs[0][3], now, flow=flow)) \
+    # A sealed step seals the chain whole: every step's row carries the later ones' payloads in its flow.
+    sealer = sealer_for(sealed=_sealing_of(handlers + [catch_handler]), what=f"a chain with job {specs[0][0]}")
+    job_id = connection.execute(_INSERT_JOB, _job_row(specs[0], specs[0][3], now, connection=connection,
+                                                      sealer=sealer, flow=flow)) \
         .inserted_primary_key[0]  # type: ignore[index]
     return Chain(chain_id, job_id)
 
 
 def _next_step(session: Session, item: Any, value: str | None, now: datetime) -> None:
-    """The step after `item` (made done by this transaction), dispatched in it: its flow names the first
-    step's job ("first") and carries `item`'s result; `item`'s flow records the new job's id ("next"),
-    so the chain's rows link forward from its first job (outbox.queue.chains reads them)."""
-    flow = json.loads(item.flow)
+    """The step after `item` (made done by this transaction), dispatched in it with `value` (the step's
+    result, its JSON as the handler returned it) as its ctx.previous: its flow names the first step's job
+    ("first") and is sealed with the row when the chain is; `item`'s flow records the new job's id
+    ("next"), so the chain's rows link forward from its first job (outbox.queue.chains reads them)."""
+    connection = session.connection()
+    flow = _flow(connection, item)
     if "chain" not in flow or not flow["rest"]:
         return
     spec, rest = flow["rest"][0], flow["rest"][1:]
     following = json.dumps({"chain": flow["chain"], "step": flow["step"] + 1, "rest": rest, "catch": flow["catch"],
                             "first": flow.get("first", item.id),
                             "previous": load_payload(value) if value is not None else None})
-    next_id = session.execute(_INSERT_JOB, _job_row(spec, spec[3], now, flow=following)).inserted_primary_key[0]
-    _link(session, item.id, flow, "next", next_id)
+    next_id = session.execute(_INSERT_JOB, _job_row(spec, spec[3], now, connection=connection,
+                                                    sealer=_sealer_of_flow(item), flow=following)).inserted_primary_key[0]
+    _link(session, item, flow, "next", next_id)
 
 
-def _link(session: Session, job_id: int, flow: dict, what: str, linked_id: int) -> None:
+def _link(session: Session, item: Any, flow: dict, what: str, linked_id: int) -> None:
     """Record in a finished step's flow the job its outcome dispatched ("next": the next step; "catch_job":
-    the chain's catch). The step's row is its own outcome's, written by this transaction a statement
-    ago under its claim token: nobody else writes it."""
-    session.execute(update(J).where(J.c.id == job_id).values(flow=json.dumps({**flow, what: linked_id})))
+    the chain's catch), sealed again under the step's own seal id when its flow is sealed (the flow carries
+    the previous step's result). The step's row is its own outcome's, written by this transaction a
+    statement ago under its claim token: nobody else writes it."""
+    text = json.dumps({**flow, what: linked_id})
+    sealer = _sealer_of_flow(item)
+    if sealer is not None:
+        text = sealer.seal_with(session.connection(), FLOWS, item.seal_id, item.handler, text)
+    session.execute(update(J).where(J.c.id == item.id).values(flow=text))
 
 
 # ---- what a handler sees (ctx.batch, ctx.previous) ----------------------------------------
 
-def attach(ctx: Any, item: Any) -> None:
-    """Set ctx.batch (a member's batch, or a callback's) and ctx.previous (a chain step's previous result)."""
+def attach(ctx: Any, item: Any, runtime: Any = None) -> None:
+    """Set ctx.batch (a member's batch, or a callback's) and ctx.previous (a chain step's previous result,
+    from its flow, opened in memory when sealed)."""
     if item.batch_id is not None:
         ctx.batch = Batch(item.batch_id, member=True)
     if item.flow is not None:
-        flow = json.loads(item.flow)
+        flow = _flow(ctx.connection, item, runtime)
         if "callback" in flow:
             ctx.batch = Batch(flow["batch"], flow.get("name"))
         ctx.previous = flow.get("previous")

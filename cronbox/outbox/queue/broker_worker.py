@@ -47,7 +47,7 @@ from datetime import timedelta
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.db_errors import is_connection_lost
 from cronbox.outbox.core.logs import LimitedLines
-from cronbox.outbox.core.text import NAME_MAX, clean_text, describe
+from cronbox.outbox.core.text import clean_text, describe
 from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import RunResult
 from cronbox.outbox.amqp.broker import BrokerAddress
@@ -270,11 +270,9 @@ class BrokerWorker:
 
     def _not_here(self, item) -> None:
         """A job whose handler this worker does not have (a worker running other code than the
-        publisher's): ready again later, no attempt used, for a worker that has it."""
-        later = clock.utcnow() + timedelta(seconds=UNKNOWN_HANDLER_WAIT)
-        error = f"no handler {item.handler} is registered in the broker worker that took it"
-        self.db.transaction(lambda s: jobstore.reschedule(s, item, later, error, False))
+        publisher's): ready again later, no attempt used, for a worker that has it (its outcome, as
+        every other: outbox.engine.outcomes)."""
+        self.runner.outcomes.not_runnable_here(
+            item, UNKNOWN_HANDLER_WAIT, f"no handler {item.handler} is registered in the broker worker that took it")
         if item.handler not in self.broker_stats.not_here:
             self.broker_stats.not_here.append(item.handler)
-        log.warning("job=%d queue=%s handler=%s is not registered here; waiting %.0fs (no attempt used) trace=%s",
-                    item.id, item.queue, clean_text(item.handler, NAME_MAX), UNKNOWN_HANDLER_WAIT, item.trace_id)

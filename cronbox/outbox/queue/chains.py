@@ -14,7 +14,6 @@ Each step's `status` is its job's (ready, reserved, done, failed) or, for a step
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -22,11 +21,13 @@ from sqlalchemy import select
 
 from cronbox.outbox.core.session_types import Transactional
 from cronbox.outbox.core.inserts import connection_of
+from cronbox.outbox.core.sealing import FLOWS, open_payload
 from cronbox.outbox.queue.models import DONE, FAILED, READY, RESERVED, Job
 
 J = Job.__table__
 LATER, STOPPED, PRUNED = "later", "stopped", "pruned"
-_COLUMNS = (J.c.id, J.c.handler, J.c.status, J.c.attempts, J.c.last_error, J.c.finished_at, J.c.flow)
+_COLUMNS = (J.c.id, J.c.handler, J.c.status, J.c.attempts, J.c.last_error, J.c.finished_at, J.c.flow,
+            J.c.seal_id)
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,18 @@ def chain_progress(session: Transactional, job_id: int) -> ChainProgress | None:
     def row_of(wanted: int):
         return connection.execute(select(*_COLUMNS).where(J.c.id == wanted)).first()
 
+    def flow_of(row) -> dict:
+        # A sealed chain's flow (it carries the previous step's result) opened in memory, under the
+        # current sealer's keys, for its links only: nothing of it is shown.
+        return open_payload(None, FLOWS, row.handler, row.seal_id, row.flow, connection)
+
     row = row_of(job_id)
-    flow = json.loads(row.flow) if row is not None and row.flow is not None else {}
+    flow = flow_of(row) if row is not None and row.flow is not None else {}
     if "chain" not in flow or "step" not in flow:
         return None
     first = row_of(flow["first"]) if flow.get("first") is not None else None
     if first is not None:
-        row, flow = first, json.loads(first.flow)
+        row, flow = first, flow_of(first)
     steps = [ChainStep(index, None, None, PRUNED) for index in range(flow["step"])]  # before the first row kept
     catch = None
     while True:
@@ -93,7 +99,7 @@ def chain_progress(session: Transactional, job_id: int) -> ChainProgress | None:
         following = row_of(flow["next"]) if row.status == DONE and flow.get("next") is not None else None
         if following is None:
             break
-        row, flow = following, json.loads(following.flow)
+        row, flow = following, flow_of(following)
     after = flow["step"] + 1
     if row.status == FAILED:
         left = STOPPED

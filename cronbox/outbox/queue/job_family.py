@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.sealing import JOBS, open_payload
+from cronbox.outbox.core.text import shown_name
 from cronbox.outbox.engine.connection import RunConnection
 from cronbox.outbox.engine.handler_call import PERMANENT, RETRY_LATER, Outcome
 from cronbox.outbox.engine.outcomes import Family, LeaseStore, Outcomes
@@ -75,7 +76,7 @@ def job_args(item, ctx, runtime=None) -> tuple:
     outbox.core.sealing) and ctx, with ctx.batch (a member's batch, a callback's) and ctx.previous (a
     chain step's previous result) for jobs of a batch or chain (issue 39)."""
     if item.batch_id is not None or item.flow is not None:
-        batches.attach(ctx, item)
+        batches.attach(ctx, item, runtime)
     return (open_payload(runtime, JOBS, item.handler, item.seal_id, item.payload, ctx.connection), ctx)
 
 
@@ -91,7 +92,8 @@ def job_family(runtime) -> Family:
                 listener(session, runtime.settings, pause.channel, pause.seconds, pause.pause_reason)
 
     return Family("job", "failed", handler=lambda item: registry.get(item.handler),
-                  args=lambda item, ctx: job_args(item, ctx, runtime), describe=lambda item: f"job={item.id} queue={item.queue} handler={item.handler}",
+                  args=lambda item, ctx: job_args(item, ctx, runtime),
+                  describe=lambda item: f"job={item.id} queue={item.queue} handler={shown_name(item.handler)}",
                   retry_later_at=retry_later_at, on_retry_later=on_retry_later,
                   keep_value=lambda value: results.encode(value, result_max))  # issue 39: the job's result
 

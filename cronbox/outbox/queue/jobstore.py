@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, case, delete, exists, func, or_, select, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
@@ -92,15 +92,22 @@ def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, li
     return []
 
 
+# The worker's claim of one queue, built once (outbox.engine.claim's `params`: twice a batch, building it
+# cost more Python than the batch's items), its values bound at each claim.
+CLAIMABLE = and_(J.c.queue == bindparam("claim_queue"), J.c.status == bindparam("claim_status"),
+                 J.c.available_at <= bindparam("claim_now"))
+CANDIDATES = (
+    select(J.c.id, J.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
+    .where(CLAIMABLE, J.c.handler.in_(bindparam("claim_handlers", expanding=True)))
+    .order_by(J.c.available_at, J.c.id)
+    .limit(bindparam("claim_limit", type_=Integer))
+)
+
+
 def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, now: datetime, mode: str,
            lease_margin: float) -> list[ClaimedJob]:
-    claimable = and_(J.c.queue == queue, J.c.status == status, J.c.available_at <= now)
-    candidates = (
-        select(J.c.id, J.c.payload_bytes)  # the claim takes up to its bytes (outbox.engine.claim)
-        .where(claimable, J.c.handler.in_([h.name for h in handlers]))
-        .order_by(J.c.available_at, J.c.id)
-        .limit(limit)
-    )
+    params = {"claim_queue": queue, "claim_status": status, "claim_now": now,
+              "claim_handlers": [h.name for h in handlers], "claim_limit": limit}
     token = uuid.uuid4().hex
     leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in handlers}
     values = {
@@ -110,7 +117,7 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
         "available_at": case(leases, value=J.c.handler, else_=max(leases.values())),
         "reserved_at": now,
     }
-    ids = claim(session, J, candidates, claimable, values, mode=mode)
+    ids = claim(session, J, CANDIDATES, CLAIMABLE, values, mode=mode, params=params)
     if not ids:
         return []
     return _rows(session, J.c.id.in_(ids), ids)

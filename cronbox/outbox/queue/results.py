@@ -11,6 +11,10 @@ CRONBOX_RESULT_TTL (a duration with its unit), then the daily retention deletes 
 
 `read` is what `job_fn.result(session, job_id)` returns: a `JobResult` whose `status` says which
 case it is (pending, done, failed, expired, unknown), never an exception for an id it does not know.
+
+A sealed job's result is sealed too (`seal`: the job's row has a seal id), as an envelope bound to its
+job id (outbox.core.sealing.RESULTS, docs/sealed-format.md "Results and chains"), under the current
+sealer, in the ack's transaction; `read` and `of_batch` open it in the reader's memory.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core.errors import PayloadError
-from cronbox.outbox.core.payload import dump_payload, load_payload, payload_bytes
+from cronbox.outbox.core.payload import dump_payload, payload_bytes
+from cronbox.outbox.core.sealing import RESULTS, open_payload, result_seal_id, sealer_for
 from cronbox.outbox.queue.models import DONE, FAILED, Job, JobResult as ResultRow
 
 J = Job.__table__
@@ -63,6 +68,27 @@ def encode(value: Any, limit: int) -> str:
     return text
 
 
+def seal(session: Session, items: list, values: dict[int, str]) -> dict[int, str]:
+    """`values` (job id -> JSON) with the results of sealed jobs (their rows have a seal id) sealed."""
+    sealed = [item for item in items if item.id in values and item.seal_id is not None]
+    if not sealed:
+        return values
+    connection = session.connection()
+    sealer = sealer_for(sealed=True, what=f"the result of job {sealed[0].id}")
+    assert sealer is not None  # sealed=True: NoVault otherwise
+    return {**values, **{item.id: sealer.seal_with(connection, RESULTS, result_seal_id(item.id), "", values[item.id])
+                         for item in sealed}}
+
+
+def value_of(connection, job_id: int, text: str) -> Any:
+    """A stored result's JSON value, opened first when sealed (under the current sealer)."""
+    return open_payload(None, RESULTS, "", result_seal_id(job_id), text, connection)
+
+
+def _connection(session):
+    return session.connection() if isinstance(session, Session) else session
+
+
 def insert_results(session: Session, rows: list[tuple[int, int | None, str]], now: datetime, keep: float) -> None:
     """(job id, batch id, JSON) of jobs this transaction made done: one INSERT for them all."""
     if rows:
@@ -92,7 +118,7 @@ def read(session: Session, job_id: int, now: datetime) -> JobResult:
     """One job's result, in two primary-key reads at most."""
     stored = session.execute(select(R.c.value, R.c.expires_at).where(R.c.job_id == job_id)).first()
     if stored is not None and stored.expires_at > now:
-        return JobResult(DONE, load_payload(stored.value))
+        return JobResult(DONE, value_of(_connection(session), job_id, stored.value))
     row = session.execute(select(J.c.status, J.c.last_error).where(J.c.id == job_id)).first()
     if row is None:
         return JobResult(EXPIRED if stored is not None else UNKNOWN)
@@ -112,7 +138,7 @@ def of_batch(session: Session, batch_id: int, now: datetime, *, page_size: int =
                                                                    R.c.expires_at > now)
                                .order_by(R.c.job_id).limit(page_size)).all()
         for row in rows:
-            yield row.job_id, load_payload(row.value)
+            yield row.job_id, value_of(_connection(session), row.job_id, row.value)
         if len(rows) < page_size:
             return
         after = rows[-1].job_id
