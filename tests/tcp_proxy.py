@@ -24,6 +24,8 @@ under a resource alarm without setting one on the shared RabbitMQ:
         proxy.publishes                 # basic.publish frames the clients sent, all connections
         proxy.publishes_while_blocked   # of those, the ones sent after the proxy blocked their
                                         # connection and before it unblocked it
+        proxy.closes_passed             # the server's connection.close frames passed on to their
+                                        # clients (written to the client's socket: the client has it)
 
 Threads: one accepting, two per connection pumping bytes. A refused connection is accepted and
 closed straight away, so the client sees "Lost connection" during the handshake rather than
@@ -36,7 +38,7 @@ import struct
 import threading
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"  # what an AMQP 0-9-1 client sends first, before any frame
-BASIC_PUBLISH, CONFIRM_SELECT = (60, 40), (85, 10)
+BASIC_PUBLISH, CONFIRM_SELECT, CONNECTION_CLOSE = (60, 40), (85, 10), (10, 50)
 
 
 def method_frame(class_id: int, method_id: int, arguments: bytes = b"") -> bytes:
@@ -92,6 +94,7 @@ class TcpProxy:
         self.block_after_publishes: int | None = None
         self.publishes = 0
         self.publishes_while_blocked = 0
+        self.closes_passed = 0
         self._links: list[dict] = []  # per connection (amqp): its client socket, send lock, state
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -196,10 +199,13 @@ class TcpProxy:
                     if not (self.muted or pair["muted"]):
                         sink.sendall(data)
                     continue
-                for _kind, _payload, raw in pair["downstream"].feed(data):
+                for kind, payload, raw in pair["downstream"].feed(data):
                     with pair["lock"]:  # whole frames: the proxy's own go between them
                         if not (self.muted or pair["muted"]):
                             sink.sendall(raw)
+                            if method_of(kind, payload) == CONNECTION_CLOSE:
+                                with self._lock:
+                                    self.closes_passed += 1
         except OSError:
             if pair.get("draining"):
                 self._drain(source)

@@ -689,6 +689,38 @@ def test_a_member_on_a_celery_queue_is_refused(rt, registry):
         session.rollback()
 
 
+def test_a_callback_on_a_celery_queue_is_refused(rt, registry):
+    """A batch's then / catch / finally_ and a chain's catch on a queue forwarded to Celery are refused at
+    dispatch with one line, as members and steps are (such a job is done at the broker's confirm, and
+    runs without ctx.batch); nothing of the batch or chain is written."""
+    from cronbox.outbox.queue.forward_jobs import celery_task, forward_jobs
+
+    @job("celeryq", name="plain", registry=registry)
+    def plain(payload, ctx):
+        pass
+
+    @job("q", name="local", registry=registry)
+    def local(payload, ctx):
+        pass
+
+    forward_jobs("celeryq", protocol="celery", registry=registry)
+    task = celery_task("reports.build", queue="celeryq", registry=registry)
+    with rt.sessions() as session:
+        for target in (plain, task):
+            for keyword in ("then", "catch", "finally_"):
+                with pytest.raises(PayloadError, match=rf"forwarded to Celery: .* cannot be a batch's {keyword}= "
+                                                       "callback$") as refused:
+                    cronbox.batch(session, name="x", **{keyword: target})
+                assert "\n" not in str(refused.value)
+            with pytest.raises(PayloadError, match="forwarded to Celery: .* cannot be a chain's catch= callback$"):
+                cronbox.chain(session, [(local, 1)], catch=target)
+        assert session.scalar(select(func.count()).select_from(JobBatch)) == 0
+        assert session.scalar(select(func.count()).select_from(Job)) == 0
+        cronbox.batch(session, name="fine", then=local, catch=local, finally_=local)  # a local callback still is
+        cronbox.chain(session, [(local, 1)], catch=local)
+        session.rollback()
+
+
 def test_queue_batches_and_queue_batch_show_and_act(rt, registry, env):
     from tests.helpers import invoke
 

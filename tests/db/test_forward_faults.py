@@ -16,7 +16,7 @@ from cronbox.outbox.engine.budget import Budget
 from cronbox.outbox.engine.run_loop import run_loop
 from cronbox.outbox.amqp.broker import Broker, Outgoing
 from cronbox.outbox.events.relay import Relay
-from tests.helpers import deliveries
+from tests.helpers import deliveries, wait_for
 from tests.rabbit import rabbitmqctl, url
 from tests.tcp_proxy import TcpProxy
 
@@ -181,10 +181,14 @@ def test_an_operator_closing_the_connection_republishes_the_batch_at_once_in_the
     held back by the proxy) is it a failed attempt, which the relay retries with backoff."""
     exchange = rabbit.exchange()
     queue = rabbit.queue(exchange)
-    with TcpProxy(5672) as proxy:
+    with TcpProxy(5672, amqp=True) as proxy:
         broker = Broker(url(rabbit.vhost, proxy.port))
         assert broker.send([Outgoing(exchange, "e", b"{}", {"message_id": "m0"})], 5) == [None]
         assert rabbit.close_cronbox_connections() == 1
+        # rabbitmqctl returns before the broker's connection.close reaches the client: the batch must
+        # find it there (unread), not publish on the connection before it arrives; after a mute below
+        # it would never arrive (what the broker sends on a muted connection is held back).
+        wait_for(lambda: proxy.closes_passed == 1, "the broker's connection.close to reach the relay")
         if second == "fails too":
             proxy.mute_on(PUBLISH)
         results = broker.send([Outgoing(exchange, "e", b"{}", {"message_id": f"m{i}"}) for i in (1, 2, 3)], 2)

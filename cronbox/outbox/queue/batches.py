@@ -57,8 +57,9 @@ in the next handler); a step that fails after its tries dispatches the chain's `
 the chain stops. A chain ends in a batch, or a batch's `then` starts a chain, through the handlers:
 `cronbox.batch(ctx.session, ...)` or `cronbox.chain(ctx.session, ...)` in a step or callback.
 
-Queues forwarded to Celery are refused for members and chain steps: their rows are done when the
-broker confirms the task message (jobstore.ack_published), long before Celery runs the task.
+Queues forwarded to Celery are refused for members, chain steps and callbacks (a batch's then, catch
+and finally, a chain's catch), at dispatch: their rows are done when the broker confirms the task
+message (jobstore.ack_published), long before Celery runs the task, which gets no ctx.batch either.
 
 Sealed payloads (outbox.core.sealing, docs/sealed-format.md "Results and chains"): a chain with a
 sealed step (or catch) is sealed whole, each of its rows' payload and `flow` (the later steps'
@@ -101,13 +102,14 @@ CELERY = "celery"
 
 # ---- what callbacks and steps are -----------------------------------------------------
 
-def spec_of(job: Any, role: str, registry: Any = None) -> list:
+def spec_of(job: Any, role: str, what: str, registry: Any = None) -> list:
     """[name, queue, retry_until seconds] of a registered job given as its @job function, its
-    JobHandler, or its name; PayloadError naming `role` otherwise."""
-    return _spec_and_handler(job, role, registry)[0]
+    JobHandler, or its name; PayloadError naming `role` otherwise, or for a job on a queue forwarded
+    to Celery (refuse_celery: `what` it would have been)."""
+    return _spec_and_handler(job, role, what, registry)[0]
 
 
-def _spec_and_handler(job: Any, role: str, registry: Any = None) -> tuple[list, Any]:
+def _spec_and_handler(job: Any, role: str, what: str, registry: Any = None) -> tuple[list, Any]:
     handler = getattr(job, "job", job)
     if isinstance(job, str):
         jobs = registry if registry is not None else _default_jobs()
@@ -119,6 +121,7 @@ def _spec_and_handler(job: Any, role: str, registry: Any = None) -> tuple[list, 
         raise PayloadError(f"{role} must be a @job function (or its name), not {type(job).__name__}")
     if jobs is not None and jobs.get(name) is not handler:
         raise PayloadError(f"{role}: {name} is not the job registered under that name")
+    refuse_celery(handler, what)
     retry_until = getattr(handler, "retry_until", None)
     return [name, queue, retry_until], handler
 
@@ -136,8 +139,9 @@ def _default_jobs():
 
 
 def refuse_celery(handler: Any, what: str) -> None:
-    """A member or chain step on a queue forwarded to Celery is refused: its row is done at the broker's
-    confirm (jobstore.ack_published), not when the task ran, so nothing could count it."""
+    """A member, chain step or callback on a queue forwarded to Celery is refused: its row is done at the
+    broker's confirm (jobstore.ack_published), not when the task ran, so nothing could count it, follow
+    it or give it its batch (ctx.batch) or chain."""
     forwarded = getattr(getattr(handler, "jobs", None), "forwarded", None)
     declared = forwarded.get(handler.queue) if forwarded is not None else None
     if getattr(handler, "fn", True) is None or (declared is not None and declared.protocol == CELERY):
@@ -272,7 +276,7 @@ def batch(session: Transactional, *, name: str, then: Any = None, catch: Any = N
     last try; unless allow_failures, the members not started are then cancelled); `finally_` once every
     member finished, however. Each gets `payload` (JSON) and `ctx.batch` (its progress, its members'
     results a page at a time). Raises PayloadError (a CronboxError) for a bad name, a callback that is
-    not a registered @job, or a payload that is not JSON."""
+    not a registered @job or is on a queue forwarded to Celery, or a payload that is not JSON."""
     return create(session, name=name, then=then, catch=catch, finally_=finally_, allow_failures=allow_failures,
                   payload=payload)
 
@@ -291,8 +295,9 @@ def create(session: Transactional, *, name: str, then: Any = None, catch: Any = 
         raise PayloadError(f"a batch name must be printable text of 1 to {MAX_BATCH_NAME} characters, not {name!r}")
     if not isinstance(allow_failures, bool):
         raise PayloadError(f"allow_failures must be True or False, not {allow_failures!r}")
-    found = {role: _spec_and_handler(job, f"{role if role != FINALLY else 'finally_'}=")
-             for role, job in ((THEN, then), (CATCH, catch), (FINALLY, finally_)) if job is not None}
+    found = {role: _spec_and_handler(job, f"{keyword}=", f"a batch's {keyword}= callback")
+             for role, keyword, job in ((THEN, "then", then), (CATCH, "catch", catch), (FINALLY, "finally_", finally_))
+             if job is not None}
     callbacks: dict[str, Any] = {role: spec for role, (spec, _handler) in found.items()}
     body = _dump(payload, "the batch's payload")
     connection = connection_of(session, JobBatch)
@@ -514,7 +519,7 @@ def chain(session: Transactional, steps: Any, *, catch: Any = None) -> Chain:
     `then` start a chain: `cronbox.batch(ctx.session, ...)` / `cronbox.chain(ctx.session, ...)` in the
     handler. Raises PayloadError for a step that is not a (@job function, JSON payload) pair (a list
     inside the steps, the chain itself among them: a cycle), a payload that contains itself, or a
-    step on a queue forwarded to Celery. Returns the Chain."""
+    step or `catch` on a queue forwarded to Celery. Returns the Chain."""
     if isinstance(steps, (str, bytes, dict)) or not hasattr(steps, "__iter__"):
         raise PayloadError("steps must be a list of (job_fn, payload) pairs")
     steps = list(steps)
@@ -527,11 +532,11 @@ def chain(session: Transactional, steps: Any, *, catch: Any = None) -> Chain:
                                + (" (a chain inside a chain, or the chain itself: a cycle)"
                                   if isinstance(step, list) else ""))
         job, payload = step
-        spec, handler = _spec_and_handler(job, f"step {index}")
-        refuse_celery(getattr(job, "job", job), "a chain step")
+        spec, handler = _spec_and_handler(job, f"step {index}", "a chain step")
         specs.append(spec + [_dump(payload, f"step {index}'s payload")])
         handlers.append(handler)
-    catch_spec, catch_handler = _spec_and_handler(catch, "catch=") if catch is not None else (None, None)
+    catch_spec, catch_handler = (_spec_and_handler(catch, "catch=", "a chain's catch= callback") if catch is not None
+                                 else (None, None))
     chain_id = uuid.uuid4().hex
     now = clock.utcnow()
     flow = json.dumps({"chain": chain_id, "step": 0, "rest": specs[1:], "catch": catch_spec})
