@@ -9,13 +9,21 @@ on from what is left. Finished rows are not touched: retention deletes them as b
 holds its run lock and checks it between batches (`before_batch`). A rewrap re-seals a sealed chain
 step's flow with its payload, and the sealed results not expired yet (kept CRONBOX_RESULT_TTL after
 their job finished) the same way, so no key the old rows need is left behind.
+
+Sealing in place seals what a sealed job's row carries beside its payload too: a waiting chain step's
+`flow` holds the later steps' payloads and the previous step's result, and a plaintext flow would also
+leave the steps it dispatches unsealed (a chain is sealed whole when its flow is: queue.batches); so a
+step's flow is sealed with its payload, under the row's seal id, when the step's job or any job its flow
+names is one sealed now. And the results not expired of those jobs (readable by `result()` and a batch's
+`then` for CRONBOX_RESULT_TTL) are sealed, bound to their job id, as a sealed job's result is written.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy import literal, or_, select, update
+from sqlalchemy import and_, literal, or_, select, update
 
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.payload import payload_bytes
@@ -70,7 +78,12 @@ def _run(sessions, sealer: Sealer, table: str, where: tuple, change: Callable, *
                     continue
                 if values is not None:
                     values["payload_bytes"] = payload_bytes(values["payload"])
-                    result.done += session.execute(update(model).where(model.id == row.id, model.payload == row.payload)
+                    # As read: a row changed meanwhile (a retry, a prune, a chain step's outcome linking
+                    # its next job in its flow) is left alone.
+                    unchanged = [model.payload == row.payload]
+                    if table == JOBS:
+                        unchanged.append(Job.flow.is_(None) if row.flow is None else Job.flow == row.flow)
+                    result.done += session.execute(update(model).where(model.id == row.id, *unchanged)
                                                    .values(**values).execution_options(synchronize_session=False)
                                                    ).rowcount
             if rows:
@@ -151,23 +164,94 @@ def _rewrap_results(sessions, sealer: Sealer, active_id: str, *, batch_size: int
 def seal_plaintext(sessions, sealer: Sealer, *, jobs: set[str] | None, event_types: set[str] | None,
                    batch_size: int = BATCH, before_batch: Callable[[], None] = lambda: None,
                    progress: Callable[[ResealResult], None] = lambda r: None) -> ResealResult:
-    """Seal in place the waiting plaintext payloads of these job handlers and event types (None: every one)."""
+    """Seal in place the waiting plaintext payloads of these job handlers and event types (None: every one),
+    a chain step's plaintext flow with its payload, and the plaintext results not expired of these jobs."""
     total = ResealResult()
     for table, names in ((EVENTS, event_types), (JOBS, jobs)):
         if names is not None and not names:
             continue
-        model = _model(table)
-        name_column = Job.handler if table == JOBS else OutboxEvent.type
-        where = (model.seal_id.is_(None),) + ((name_column.in_(sorted(names)),) if names is not None else ())
+        if table == JOBS:
+            # A row not sealed, or a row whose flow is not: sealed by an earlier seal-payloads that left it.
+            plain_flow = and_(Job.flow.is_not(None), ~Job.flow.startswith(PREFIX, autoescape=True))
+            where: tuple = (or_(Job.seal_id.is_(None), plain_flow),)
+            if names is not None:  # the flow of a step of another job may name a sealed one: read below
+                where += (or_(Job.handler.in_(sorted(names)), plain_flow),)
+        else:
+            where = (OutboxEvent.seal_id.is_(None),) + ((OutboxEvent.type.in_(sorted(names)),)
+                                                        if names is not None else ())
 
-        def change(connection, row, table=table):
-            if is_sealed(row.payload):
+        def change(connection, row, table=table, names=names):
+            flow = row.flow if row.flow is not None and not is_sealed(row.flow) else None
+            if names is not None and row[1] not in names and not (flow is not None and _flow_jobs(flow) & names):
                 return None
-            envelope, seal_id = sealer.seal(connection, table, row[1], row.payload)
-            return {"payload": envelope, "seal_id": seal_id}
+            if row.seal_id is None:
+                if is_sealed(row.payload):
+                    return None  # an envelope without its seal id: nothing here can open it, nor seal it again
+                payload, seal_id = sealer.seal(connection, table, row[1], row.payload)
+            else:
+                payload, seal_id = row.payload, row.seal_id
+            values = {"payload": payload, "seal_id": seal_id}
+            if flow is not None:
+                values["flow"] = sealer.seal_with(connection, FLOWS, seal_id, row[1], flow)
+            return values
 
         part = _run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
                     progress=progress)
         total.done += part.done
         total.failed += part.failed
+    if jobs is None or jobs:
+        part = _seal_results(sessions, sealer, jobs, batch_size=batch_size, before_batch=before_batch,
+                             progress=progress)
+        total.done += part.done
+        total.failed += part.failed
     return total
+
+
+def _flow_jobs(flow: str) -> set[str]:
+    """The jobs a chain step's flow names: its later steps and its catch ([name, queue, ...] each)."""
+    try:
+        value = json.loads(flow)
+    except ValueError:
+        return set()
+    if not isinstance(value, dict):
+        return set()
+    specs = list(value.get("rest") or []) + [value.get("catch")]
+    return {spec[0] for spec in specs if isinstance(spec, list) and spec and isinstance(spec[0], str)}
+
+
+def _seal_results(sessions, sealer: Sealer, jobs: set[str] | None, *, batch_size: int,
+                  before_batch: Callable[[], None], progress: Callable[[ResealResult], None]) -> ResealResult:
+    """The plaintext results not expired of these jobs (None: of every job, its row kept or pruned) sealed
+    in place, bound to their job id as a sealed job's ack seals them (by job id, as `_run`)."""
+    R = JobResult
+    result = ResealResult()
+    after = 0
+    while True:
+        before_batch()
+
+        def work(session) -> int:
+            nonlocal after
+            query = select(R.job_id, R.value).where(R.job_id > after, R.expires_at > clock.utcnow(),
+                                                     ~R.value.startswith(PREFIX, autoescape=True))
+            if jobs is not None:
+                query = query.join(Job, Job.id == R.job_id).where(Job.handler.in_(sorted(jobs)))
+            rows = session.execute(query.order_by(R.job_id).limit(batch_size)).all()
+            connection = session.connection()
+            for row in rows:
+                try:
+                    envelope = sealer.seal_with(connection, RESULTS, result_seal_id(row.job_id), "", row.value)
+                except SealError as exc:
+                    result.failed.append((f"result of job {row.job_id}", str(exc)))
+                    continue
+                result.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
+                                               .values(value=envelope)
+                                               .execution_options(synchronize_session=False)).rowcount
+            if rows:
+                after = rows[-1].job_id
+            return len(rows)
+
+        if not in_transaction(sessions, work):
+            break
+        crash_point("reseal-batch")
+        progress(result)
+    return result

@@ -373,6 +373,59 @@ def test_rewrap_reseals_waiting_payloads_under_the_new_key_and_seal_seals_old_pl
     assert sorted(p["n"] for p in seen) == [0, 1, 2, 3, 4, 9]
 
 
+def results_of(rt) -> dict[int, str]:
+    from cronbox.outbox.queue.models import JobResult
+
+    with rt.sessions() as session:
+        return {row.job_id: row.value for row in session.scalars(select(JobResult))}
+
+
+def test_seal_payloads_seals_a_waiting_chain_steps_flow_and_the_results_of_the_jobs_it_seals(runtime, registry,
+                                                                                             sealer):
+    """Written before `report` was sealed: a done report's result (readable for CRONBOX_RESULT_TTL), and a
+    chain whose waiting first step, a job never sealed, carries report's payload in its flow. Sealing
+    `report` in place seals both; the chain then runs sealed whole, its next step and results too."""
+    from cronbox.storage import payload_maintenance
+
+    seen = []
+
+    @job("clinic", name="cronbox-test.scan", registry=registry)
+    def scan(payload, ctx):
+        return {"scan": payload["note"]}
+
+    @job("clinic", name="cronbox-test.report", registry=registry)
+    def report(payload, ctx):
+        seen.append((payload, ctx.previous))
+        return {"report": payload["note"]}
+
+    done_id = dispatch(runtime, report, {"note": f"{MARKER} done"})
+    work(runtime, ["clinic"])
+    with runtime.sessions.begin() as session:
+        cronbox.chain(session, [(scan, {"note": f"{MARKER} scan"}), (report, {"note": f"{MARKER} report"})])
+    first = jobs_of(runtime)[1]
+    assert first.seal_id is None and MARKER in first.flow and MARKER in results_of(runtime)[done_id]
+
+    def seal_report():
+        return payload_maintenance.seal_plaintext(runtime.sessions, sealer, jobs={"cronbox-test.report"},
+                                                  event_types=set())
+
+    sealed = seal_report()
+    assert (sealed.done, sealed.failed) == (2, [])  # the chain's waiting step (payload and flow), the result
+    first = jobs_of(runtime)[1]
+    assert first.payload.startswith("cbxp1:") and first.flow.startswith("cbxp1:") and MARKER not in first.flow
+    assert results_of(runtime)[done_id].startswith("cbxp1:")
+    with runtime.sessions() as session:
+        assert report.result(session, done_id).value == {"report": f"{MARKER} done"}
+    assert seal_report().done == 0  # resumable: nothing left
+
+    work(runtime, ["clinic"])
+    assert seen == [({"note": f"{MARKER} done"}, None), ({"note": f"{MARKER} report"}, {"scan": f"{MARKER} scan"})]
+    rows = jobs_of(runtime)
+    assert [r.status for r in rows] == ["done"] * 3
+    assert [MARKER in r.payload + (r.flow or "") for r in rows] == [True, False, False]  # the done row: retention's
+    assert [MARKER in value for value in results_of(runtime).values()] == [False] * 3
+
+
 @pytest.mark.backends("sqlite", "mysql-skip-locked")
 def test_the_commands_seal_old_rows_and_reseal_after_a_new_key(runtime, registry, sealer, settings, env):
     from tests.conftest import run_cli
