@@ -163,7 +163,8 @@ def rewrap(batch_size):
               help="Rows read and sealed per batch (the run checks its lock between batches).")
 def seal_payloads(all_, batch_size):
     """Seal in place the plaintext payloads of waiting, failed and dead jobs and events written before
-    they were declared sealed (resumable)."""
+    they were declared sealed (resumable); a unique job's default key is re-keyed with its payload, and a
+    job then found waiting twice is failed as DuplicateJob (docs/howto/sealed-payloads.md)."""
     import cronbox.outbox.channels  # noqa: F401  (the channel jobs, sealed by default: theirs too)
     from cronbox.outbox.engine.registry import DEFAULT
     from cronbox.outbox.queue.job_family import idempotency_ttl
