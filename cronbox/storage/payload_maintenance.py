@@ -16,6 +16,26 @@ leave the steps it dispatches unsealed (a chain is sealed whole when its flow is
 step's flow is sealed with its payload, under the row's seal id, when the step's job or any job its flow
 names is one sealed now. And the results not expired of those jobs (readable by `result()` and a batch's
 `then` for CRONBOX_RESULT_TTL) are sealed, bound to their job id, as a sealed job's result is written.
+
+Unique keys. A unique job dispatched without a unique_key holds a default one derived from its payload
+(queue.jobs.default_unique_key): a bare SHA-256 when plain, a keyed fingerprint when sealed, under the
+active master key. Both commands re-key it in the same guarded UPDATE as the payload: sealing in place
+replaces a bare hash (a phone number's is found by trying every number) with the fingerprint, and a
+rewrap replaces the old key's fingerprint (or a bare hash an earlier seal-payloads left) with the active
+key's; otherwise a sealed dispatch of the same payload computes a key no waiting row holds, and the job
+runs twice. A default key is told from one the caller gave by recomputing it from the row's payload;
+any other key is left as it is. The new key is written with `unique_key = <as read>` in the guard (a job
+that finished meanwhile keeps no key), in a SAVEPOINT: a dispatch that takes the new key meanwhile makes
+the row a failure of this run, left as it was, and the next run resolves it as below.
+
+When another waiting or running job already holds the new key, the two are the same job with the same
+payload, both admitted only because their keys differed. One is stopped, never deleted: the later
+dispatched of the two (higher id: the one dispatch would have refused), else the other, if it is ready and
+in no batch or chain, is failed as a duplicate (error class DuplicateJob, jobstore.fail_duplicate), its
+payload sealed all the same, listed by `queue failed` and runnable with `queue retry`; the other keeps or
+takes the key. When neither can be stopped (running, or a batch member whose failure would fail its
+batch), both run, as they would have, and the row being sealed loses its default key (the other holds the
+new one). Each case is reported (`ResealResult.duplicates`) and printed by the command.
 """
 from __future__ import annotations
 
@@ -24,15 +44,18 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sqlalchemy import and_, literal, or_, select, update
+from sqlalchemy.exc import IntegrityError
 
 from cronbox.outbox.core.faults import crash_point
 from cronbox.outbox.core.payload import payload_bytes
 from cronbox.outbox.core import clock
-from cronbox.outbox.core.sealing import EVENTS, FLOWS, JOBS, PREFIX, RESULTS, SealError, Sealer, is_sealed, \
-    result_seal_id
+from cronbox.outbox.core.sealing import EVENTS, FLOWS, JOBS, PREFIX, RESULTS, SealError, Sealer, envelope_parts, \
+    is_sealed, result_seal_id
 from cronbox.outbox.core.transactions import in_transaction
 from cronbox.outbox.events.models import Delivery, OutboxEvent
-from cronbox.outbox.queue.models import Job, JobResult
+from cronbox.outbox.queue import jobstore
+from cronbox.outbox.queue.jobs import default_unique_key
+from cronbox.outbox.queue.models import READY, Job, JobResult
 
 BATCH = 200
 
@@ -41,6 +64,16 @@ BATCH = 200
 class ResealResult:
     done: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)  # ("job 7", why)
+    rekeyed: int = 0  # default unique keys replaced by the keyed one (the module's docstring)
+    stopped: int = 0  # jobs failed as duplicates (DuplicateJob)
+    duplicates: list[tuple[str, str]] = field(default_factory=list)  # ("job 7", what was done)
+
+    def add(self, other: ResealResult) -> None:
+        self.done += other.done
+        self.failed += other.failed
+        self.rekeyed += other.rekeyed
+        self.stopped += other.stopped
+        self.duplicates += other.duplicates
 
 
 def _waiting(table: str):
@@ -55,18 +88,22 @@ def _model(table: str):
 
 
 def _run(sessions, sealer: Sealer, table: str, where: tuple, change: Callable, *, batch_size: int,
-         before_batch: Callable[[], None], progress: Callable[[ResealResult], None]) -> ResealResult:
+         before_batch: Callable[[], None], progress: Callable[[ResealResult], None], command: str,
+         key_ttl: float) -> ResealResult:
     model = _model(table)
     name_column = Job.handler if table == JOBS else OutboxEvent.type
+    if table == JOBS:
+        extra = (Job.flow, Job.unique_key, Job.status, Job.batch_id)
+    else:
+        extra = tuple(literal(None).label(label) for label in ("flow", "unique_key", "status", "batch_id"))
     result = ResealResult()
     after = 0
     while True:
         before_batch()
 
-        def work(session) -> int:
-            nonlocal after
-            flow = Job.flow if table == JOBS else literal(None).label("flow")
-            rows = session.execute(select(model.id, name_column, model.seal_id, model.payload, flow)
+        def work(session) -> tuple[int, ResealResult]:
+            part = ResealResult()  # counted once the batch commits: in_transaction may run this again
+            rows = session.execute(select(model.id, name_column, model.seal_id, model.payload, *extra)
                                    .where(model.id > after, _waiting(table), *where)
                                    .order_by(model.id).limit(batch_size)).all()
             connection = session.connection()
@@ -74,32 +111,100 @@ def _run(sessions, sealer: Sealer, table: str, where: tuple, change: Callable, *
                 try:
                     values = change(connection, row)
                 except SealError as exc:
-                    result.failed.append((f"{'job' if table == JOBS else 'event'} {row.id}", str(exc)))
+                    part.failed.append((f"{'job' if table == JOBS else 'event'} {row.id}", str(exc)))
                     continue
-                if values is not None:
+                if not values:
+                    continue
+                sealed = "payload" in values  # else only a default unique key to re-key
+                if sealed:
                     values["payload_bytes"] = payload_bytes(values["payload"])
-                    # As read: a row changed meanwhile (a retry, a prune, a chain step's outcome linking
-                    # its next job in its flow) is left alone.
-                    unchanged = [model.payload == row.payload]
-                    if table == JOBS:
-                        unchanged.append(Job.flow.is_(None) if row.flow is None else Job.flow == row.flow)
-                    result.done += session.execute(update(model).where(model.id == row.id, *unchanged)
-                                                   .values(**values).execution_options(synchronize_session=False)
-                                                   ).rowcount
-            if rows:
-                after = rows[-1].id
-            return len(rows)
+                # As read: a row changed meanwhile (a retry, a prune, a chain step's outcome linking
+                # its next job in its flow) is left alone.
+                unchanged = [model.id == row.id, model.payload == row.payload]
+                if table == JOBS:
+                    unchanged.append(Job.flow.is_(None) if row.flow is None else Job.flow == row.flow)
+                if "unique_key" in values:
+                    count = _rekey(session, row, values, unchanged, part, command=command, key_ttl=key_ttl)
+                else:
+                    count = session.execute(update(model).where(*unchanged).values(**values)
+                                            .execution_options(synchronize_session=False)).rowcount
+                if sealed:
+                    part.done += count
+            return (rows[-1].id if rows else 0), part
 
-        if not in_transaction(sessions, work):
+        last, part = in_transaction(sessions, work)
+        if not last:
             break
+        after = last
+        result.add(part)
         crash_point("reseal-batch")
         progress(result)
     return result
 
 
+def _rekey(session, row, values: dict, unchanged: list, result: ResealResult, *, command: str,
+           key_ttl: float) -> int:
+    """The guarded UPDATE of a job row whose default unique key is re-keyed (`values["unique_key"]`), and
+    the duplicate it may turn out to be (the module's docstring). Rows written: 1, or 0 when it changed
+    meanwhile (left as it is: the next run reads it again)."""
+    new_key = values["unique_key"]
+    guard = [*unchanged, Job.unique_key == row.unique_key]  # a job that finished meanwhile keeps no key
+    holder = session.execute(select(Job.id, Job.status, Job.batch_id, Job.flow)
+                             .where(Job.unique_key == new_key, Job.id != row.id)).first()
+    if holder is None:
+        try:
+            with session.begin_nested():
+                count = session.execute(update(Job).where(*guard).values(**values)
+                                        .execution_options(synchronize_session=False)).rowcount
+        except IntegrityError:
+            result.failed.append((f"job {row.id}", "a dispatch took its new unique key meanwhile: left as it was; "
+                                                   "run the command again"))
+            return 0
+        result.rekeyed += count
+        return count
+    now = clock.utcnow()
+    later, earlier = (row, holder) if row.id > holder.id else (holder, row)
+    for stop, keep in ((later, earlier), (earlier, later)):
+        if stop.status != READY or stop.batch_id is not None or stop.flow is not None:
+            continue  # running, or a batch member or chain step: its failure would fail its batch or chain
+        why = (f"a duplicate of job {keep.id} (the same job and payload, waiting or running), found when "
+               f"`storage {command}` re-keyed their unique key; `queue retry {stop.id}` runs it anyway")
+        if stop is row:  # sealed all the same: its payload leaves plaintext with it
+            count = int(jobstore.fail_duplicate(session, row.id, keep.id, now, why, key_ttl=key_ttl,
+                                                unique_key=row.unique_key, guard=unchanged,
+                                                values={k: v for k, v in values.items() if k != "unique_key"}))
+        else:
+            with session.begin_nested() as savepoint:
+                if not jobstore.fail_duplicate(session, holder.id, row.id, now, why, key_ttl=key_ttl,
+                                               unique_key=new_key):
+                    continue  # claimed meanwhile: this row may be stopped instead
+                count = session.execute(update(Job).where(*guard).values(**values)
+                                        .execution_options(synchronize_session=False)).rowcount
+                if not count:
+                    savepoint.rollback()  # this row changed meanwhile: the other one stays as it was
+                    return 0
+            result.rekeyed += 1
+        if count:
+            result.stopped += 1
+            result.duplicates.append((f"job {stop.id}", f"a duplicate of job {keep.id}: failed as "
+                                      f"{jobstore.DUPLICATE_CLASS} (`queue retry {stop.id}` runs it anyway)"))
+        return count
+    count = session.execute(update(Job).where(*guard).values(**{**values, "unique_key": None})
+                            .execution_options(synchronize_session=False)).rowcount
+    if count:
+        result.duplicates.append((f"job {row.id}", f"a duplicate of job {holder.id}; neither can be stopped "
+                                  f"(running, or in a batch): both run, job {row.id} without its unique key"))
+    return count
+
+
 def rewrap(sessions, sealer: Sealer, *, batch_size: int = BATCH, before_batch: Callable[[], None] = lambda: None,
-           progress: Callable[[ResealResult], None] = lambda r: None) -> ResealResult:
-    """Re-seal the waiting sealed payloads not under the active master key (events, then jobs)."""
+           progress: Callable[[ResealResult], None] = lambda r: None,
+           key_ttl: float = jobstore.IDEMPOTENCY_TTL_DEFAULT) -> ResealResult:
+    """Re-seal the waiting sealed payloads not under the active master key (events, then jobs), and re-key
+    a unique job's default key: the fingerprint is keyed by the master key too, so after `storage new-key`
+    a sealed dispatch of the same payload would miss the waiting job (the module's docstring: and what
+    happens when a job dispatched since holds the new key). `key_ttl`: CRONBOX_IDEMPOTENCY_TTL, kept by
+    a job failed as a duplicate."""
     active_id = sealer.keys.active()[0]
     total = ResealResult()
     for table in (EVENTS, JOBS):
@@ -107,21 +212,28 @@ def rewrap(sessions, sealer: Sealer, *, batch_size: int = BATCH, before_batch: C
         where = (model.seal_id.is_not(None), ~model.payload.startswith(f"{PREFIX}{active_id}:", autoescape=True))
 
         def change(connection, row, table=table):
-            envelope = sealer.reseal(connection, table, row[1], row.seal_id, row.payload)
-            if envelope is None:
-                return None
-            if not is_sealed(row.flow):
-                return {"payload": envelope}
-            return {"payload": envelope, "flow": sealer.reseal(connection, FLOWS, row[1], row.seal_id, row.flow)}
+            if row.unique_key is None:
+                envelope = sealer.reseal(connection, table, row[1], row.seal_id, row.payload)
+                if envelope is None:
+                    return None
+                values = {"payload": envelope}
+            else:  # opened once: its default key is recomputed from the text
+                body = sealer.open(connection, table, row[1], row.seal_id, row.payload) if is_sealed(row.payload) \
+                    else row.payload
+                values = {"payload": sealer.seal_with(connection, table, row.seal_id, row[1], body)}
+                # The fingerprint under the key it was sealed with, or a bare hash an earlier seal-payloads left.
+                old_key = envelope_parts(row.payload)[0] if is_sealed(row.payload) else None
+                if row.unique_key in (default_unique_key(row[1], body, None),
+                                      *((default_unique_key(row[1], body, sealer, old_key),) if old_key else ())):
+                    values["unique_key"] = default_unique_key(row[1], body, sealer)
+            if is_sealed(row.flow):
+                values["flow"] = sealer.reseal(connection, FLOWS, row[1], row.seal_id, row.flow)
+            return values
 
-        part = _run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
-                    progress=progress)
-        total.done += part.done
-        total.failed += part.failed
-    part = _rewrap_results(sessions, sealer, active_id, batch_size=batch_size, before_batch=before_batch,
-                           progress=progress)
-    total.done += part.done
-    total.failed += part.failed
+        total.add(_run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
+                       progress=progress, command="rewrap", key_ttl=key_ttl))
+    total.add(_rewrap_results(sessions, sealer, active_id, batch_size=batch_size, before_batch=before_batch,
+                              progress=progress))
     return total
 
 
@@ -163,17 +275,23 @@ def _rewrap_results(sessions, sealer: Sealer, active_id: str, *, batch_size: int
 
 def seal_plaintext(sessions, sealer: Sealer, *, jobs: set[str] | None, event_types: set[str] | None,
                    batch_size: int = BATCH, before_batch: Callable[[], None] = lambda: None,
-                   progress: Callable[[ResealResult], None] = lambda r: None) -> ResealResult:
+                   progress: Callable[[ResealResult], None] = lambda r: None,
+                   key_ttl: float = jobstore.IDEMPOTENCY_TTL_DEFAULT) -> ResealResult:
     """Seal in place the waiting plaintext payloads of these job handlers and event types (None: every one),
-    a chain step's plaintext flow with its payload, and the plaintext results not expired of these jobs."""
+    a chain step's plaintext flow with its payload, and the plaintext results not expired of these jobs.
+    A unique job's default key, a bare hash of its payload, is re-keyed to the keyed fingerprint a sealed
+    dispatch computes (also on a row an earlier seal-payloads sealed without it); a job that turns out a
+    duplicate of one already waiting is failed as DuplicateJob (the module's docstring). `key_ttl`:
+    CRONBOX_IDEMPOTENCY_TTL, kept by a job failed as a duplicate."""
     total = ResealResult()
     for table, names in ((EVENTS, event_types), (JOBS, jobs)):
         if names is not None and not names:
             continue
         if table == JOBS:
-            # A row not sealed, or a row whose flow is not: sealed by an earlier seal-payloads that left it.
+            # A row not sealed, or a row whose flow is not: sealed by an earlier seal-payloads that left it;
+            # or a sealed row with a unique key, which may be a bare hash such a run left (opened to check).
             plain_flow = and_(Job.flow.is_not(None), ~Job.flow.startswith(PREFIX, autoescape=True))
-            where: tuple = (or_(Job.seal_id.is_(None), plain_flow),)
+            where: tuple = (or_(Job.seal_id.is_(None), plain_flow, Job.unique_key.is_not(None)),)
             if names is not None:  # the flow of a step of another job may name a sealed one: read below
                 where += (or_(Job.handler.in_(sorted(names)), plain_flow),)
         else:
@@ -184,26 +302,32 @@ def seal_plaintext(sessions, sealer: Sealer, *, jobs: set[str] | None, event_typ
             flow = row.flow if row.flow is not None and not is_sealed(row.flow) else None
             if names is not None and row[1] not in names and not (flow is not None and _flow_jobs(flow) & names):
                 return None
+            body: str | None = None
             if row.seal_id is None:
                 if is_sealed(row.payload):
                     return None  # an envelope without its seal id: nothing here can open it, nor seal it again
+                body = row.payload
                 payload, seal_id = sealer.seal(connection, table, row[1], row.payload)
             else:
                 payload, seal_id = row.payload, row.seal_id
-            values = {"payload": payload, "seal_id": seal_id}
+            values = {"payload": payload, "seal_id": seal_id} if body is not None or flow is not None else {}
             if flow is not None:
                 values["flow"] = sealer.seal_with(connection, FLOWS, seal_id, row[1], flow)
-            return values
+            if row.unique_key is not None:
+                if body is None:  # sealed already: its key is checked on its text, in memory
+                    try:
+                        body = sealer.open(connection, table, row[1], row.seal_id, row.payload)
+                    except SealError:  # not this command's to report: health and its worker name it
+                        body = None
+                if body is not None and row.unique_key == default_unique_key(row[1], body, None):
+                    values["unique_key"] = default_unique_key(row[1], body, sealer)
+            return values or None
 
-        part = _run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
-                    progress=progress)
-        total.done += part.done
-        total.failed += part.failed
+        total.add(_run(sessions, sealer, table, where, change, batch_size=batch_size, before_batch=before_batch,
+                       progress=progress, command="seal-payloads", key_ttl=key_ttl))
     if jobs is None or jobs:
-        part = _seal_results(sessions, sealer, jobs, batch_size=batch_size, before_batch=before_batch,
-                             progress=progress)
-        total.done += part.done
-        total.failed += part.failed
+        total.add(_seal_results(sessions, sealer, jobs, batch_size=batch_size, before_batch=before_batch,
+                                progress=progress))
     return total
 
 

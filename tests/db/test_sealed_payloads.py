@@ -531,3 +531,206 @@ def test_the_pool_opens_sealed_jobs_in_its_children(runtime, settings, env):
                   "--workers", "2", "--stop-when-empty", "--max-time", "60")
     assert ran.returncode == 0, ran.stderr
     assert [r.status for r in jobs_of(runtime)] == ["done"] * 6, ran.stderr
+
+
+# ---- a unique job's default key, re-keyed with its payload (seal-payloads, rewrap) ---------------------
+
+UNIQUE = "cronbox-test.unique"
+
+
+def _unique_jobs(registry, seen=None):
+    """The same unique job twice: as declared before sealing was turned on (another registry: dispatching
+    only, as an app's older release did) and sealed, as declared now (the runtime's: the worker runs it)."""
+    from cronbox.outbox.engine.registry import Registry
+
+    @job("sms", name=UNIQUE, unique=True, registry=Registry())
+    def plain(payload, ctx):
+        raise AssertionError("the worker runs the sealed declaration")
+
+    @job("sms", name=UNIQUE, unique=True, sealed=True, registry=registry)
+    def sealed(payload, ctx):
+        if seen is not None:
+            seen.append(payload)
+
+    return plain, sealed
+
+
+def _bare_hash(payload) -> str:
+    import hashlib
+
+    from cronbox.outbox.core.payload import dump_payload
+
+    return hashlib.sha256(dump_payload(payload).encode()).hexdigest()
+
+
+def every_column(rt) -> str:
+    """Every column of every job row, as text: where a bare hash of a payload must not be."""
+    with rt.sessions() as session:
+        rows = session.execute(text("SELECT * FROM cronbox_jobs")).all()
+    return "\n".join(" ".join(str(value) for value in row) for row in rows)
+
+
+def _row(rt, job_id) -> Job:
+    return next(r for r in jobs_of(rt) if r.id == job_id)
+
+
+def test_seal_payloads_rekeys_a_unique_jobs_default_key_so_a_sealed_dispatch_is_refused_as_a_duplicate(
+        runtime, registry, sealer):
+    """Dispatched plain (its default unique key a bare SHA-256 of the patient's phone and text), sealed by
+    `storage seal-payloads`: the row then holds the keyed fingerprint a sealed dispatch computes, so that
+    dispatch is refused while it waits, and no bare hash of the payload is left in any column. A key the
+    caller gave is not derived from the payload: it stays as it was, and still refuses its duplicate."""
+    from cronbox.outbox.queue.jobs import default_unique_key
+    from cronbox.outbox.core.payload import dump_payload
+    from cronbox.storage import payload_maintenance
+
+    seen: list = []
+    plain, sealed = _unique_jobs(registry, seen)
+    payload, explicit = {"to": "+15550100", "text": MARKER}, {"to": "+15550101", "text": MARKER}
+    first = dispatch(runtime, plain, payload)
+    with runtime.sessions.begin() as session:
+        given = plain.dispatch(session, explicit, unique_key="appointment-1842")
+    assert _row(runtime, first).unique_key == f"{UNIQUE}:{_bare_hash(payload)}"  # the gap: a guessable hash
+
+    result = payload_maintenance.seal_plaintext(runtime.sessions, sealer, jobs={UNIQUE}, event_types=set())
+    assert (result.done, result.failed, result.rekeyed, result.stopped, result.duplicates) == (2, [], 1, 0, [])
+    row = _row(runtime, first)
+    assert row.payload.startswith("cbxp1:") and MARKER not in row.payload
+    assert row.unique_key == default_unique_key(UNIQUE, dump_payload(payload), sealer)
+    assert _row(runtime, given).unique_key == f"{UNIQUE}:appointment-1842"  # the caller's: untouched
+    stored = every_column(runtime)
+    assert _bare_hash(payload) not in stored and MARKER not in stored
+
+    assert dispatch(runtime, sealed, payload) is None  # a duplicate of the waiting job, as dispatch says
+    with runtime.sessions.begin() as session:
+        assert sealed.dispatch(session, {"other": 1}, unique_key="appointment-1842") is None
+    assert len(jobs_of(runtime)) == 2
+    again = payload_maintenance.seal_plaintext(runtime.sessions, sealer, jobs={UNIQUE}, event_types=set())
+    assert (again.done, again.rekeyed) == (0, 0)  # resumable: the sealed unique rows are read, none changed
+    work(runtime, ["sms"])
+    assert sorted(p["to"] for p in seen) == ["+15550100", "+15550101"]  # each once
+
+
+def test_seal_payloads_rekeys_a_bare_hash_an_earlier_run_left_on_a_sealed_row(runtime, registry, sealer):
+    """A row an earlier seal-payloads sealed kept its bare-hash key: a later run opens it (in memory) to
+    recognise the key, and re-keys it alone; the payload, sealed already, is not written again."""
+    from cronbox.storage import payload_maintenance
+
+    plain, sealed = _unique_jobs(registry)
+    payload = {"to": "+15550100", "text": MARKER}
+    job_id = dispatch(runtime, sealed, payload)
+    envelope = _row(runtime, job_id).payload
+    with runtime.engine.begin() as connection:  # as that earlier run left it
+        connection.execute(update(Job).where(Job.id == job_id).values(unique_key=f"{UNIQUE}:{_bare_hash(payload)}"))
+    result = payload_maintenance.seal_plaintext(runtime.sessions, sealer, jobs={UNIQUE}, event_types=set())
+    assert (result.done, result.rekeyed, result.failed) == (0, 1, [])
+    assert _row(runtime, job_id).payload == envelope and _bare_hash(payload) not in every_column(runtime)
+    assert dispatch(runtime, sealed, payload) is None
+
+
+def test_seal_payloads_fails_the_later_of_two_waiting_duplicates_and_runs_the_job_once(runtime, registry, sealer):
+    """Two waiting jobs of one unique job and payload, admitted only because their keys differed (one
+    dispatched plain, one sealed after sealing was turned on): sealing the plain one makes its key the other's.
+    One is failed as DuplicateJob, never deleted: the later dispatched (the one dispatch would have
+    refused), else, when that one is running, the row being sealed; the other keeps or takes the key.
+    Neither can be stopped (the row a batch member, the other running): both run, and the row loses its
+    default key (the other holds the keyed one)."""
+    from cronbox.outbox.core.payload import dump_payload
+    from cronbox.outbox.queue.jobs import default_unique_key
+    from cronbox.storage import payload_maintenance
+
+    seen: list = []
+    plain, sealed = _unique_jobs(registry, seen)
+    p, q, r = ({"to": f"+1555010{n}", "text": MARKER} for n in range(3))
+    a = dispatch(runtime, plain, p)
+    c = dispatch(runtime, plain, q)
+    with runtime.sessions.begin() as session:
+        e = plain.dispatch(session, r, batch=cronbox.batch(session, name="reminders"))
+    b, d, f = (dispatch(runtime, sealed, payload) for payload in (p, q, r))
+    assert None not in (b, d, f)  # the gap: the sealed dispatches missed the waiting plain ones
+    with runtime.engine.begin() as connection:  # d and f are running
+        connection.execute(update(Job).where(Job.id.in_((d, f))).values(status="reserved", claim_token="t" * 32))
+
+    result = payload_maintenance.seal_plaintext(runtime.sessions, sealer, jobs={UNIQUE}, event_types=set())
+    assert (result.done, result.failed, result.rekeyed, result.stopped) == (3, [], 1, 2)
+    assert [job_id for job_id, _ in result.duplicates] == [f"job {b}", f"job {c}", f"job {e}"]
+    assert "failed as DuplicateJob" in dict(result.duplicates)[f"job {b}"]
+    assert "both run" in dict(result.duplicates)[f"job {e}"]
+    rows = {row.id: row for row in jobs_of(runtime)}
+    assert rows[a].status == "ready" and rows[a].unique_key == default_unique_key(UNIQUE, dump_payload(p), sealer)
+    for stopped, kept in ((b, a), (c, d)):
+        assert rows[stopped].status == FAILED and rows[stopped].error_class == "DuplicateJob"
+        assert rows[stopped].unique_key is None and f"job {kept}" in rows[stopped].last_error
+        assert MARKER not in rows[stopped].last_error
+    assert rows[d].status == "reserved" and rows[d].unique_key == default_unique_key(UNIQUE, dump_payload(q), sealer)
+    assert rows[e].status == "ready" and rows[e].unique_key is None and rows[f].unique_key is not None
+    assert all(row.payload.startswith("cbxp1:") for row in rows.values())
+    stored = every_column(runtime)
+    assert MARKER not in stored and not [x for x in (p, q, r) if _bare_hash(x) in stored]
+    assert dispatch(runtime, sealed, p) is None and dispatch(runtime, sealed, q) is None
+
+    with runtime.engine.begin() as connection:  # the running ones' worker died: due again
+        connection.execute(update(Job).where(Job.id.in_((d, f))).values(status="ready", claim_token=None))
+    work(runtime, ["sms"])
+    assert sorted(x["to"] for x in seen) == ["+15550100", "+15550101", "+15550102", "+15550102"]  # r: both ran
+
+
+def test_rewrap_rekeys_a_unique_jobs_fingerprint_under_the_new_key(runtime, registry, sealer, settings):
+    """The fingerprint is keyed by the active master key: after `storage new-key` a sealed dispatch of a
+    waiting job's payload computes another key and was admitted. `storage rewrap` re-keys the waiting
+    job's default key with its payload, fails a duplicate admitted meanwhile (the later one), and leaves a
+    key the caller gave as it was."""
+    from cronbox.outbox.core.payload import dump_payload
+    from cronbox.outbox.queue.jobs import default_unique_key
+    from cronbox.storage import payload_maintenance
+
+    plain, sealed = _unique_jobs(registry)
+    p, q = {"to": "+15550100", "text": MARKER}, {"to": "+15550101", "text": MARKER}
+    a, c = dispatch(runtime, sealed, p), dispatch(runtime, sealed, q)
+    with runtime.sessions.begin() as session:
+        given = sealed.dispatch(session, {"n": 1}, unique_key="appointment-1842")
+    keys.new_key(settings, keys.ENCRYPTION)
+    fresh = sealer_of(settings)
+    runtime.sealer_source = lambda: fresh
+    with sealing.using(fresh):
+        d = dispatch(runtime, sealed, q)
+        assert d is not None  # the gap: its fingerprint under the new key is not c's
+        result = payload_maintenance.rewrap(runtime.sessions, fresh)
+        assert (result.done, result.failed, result.rekeyed, result.stopped) == (3, [], 2, 1)
+        assert result.duplicates[0][0] == f"job {d}"
+        rows = {row.id: row for row in jobs_of(runtime)}
+        assert rows[a].unique_key == default_unique_key(UNIQUE, dump_payload(p), fresh)
+        assert rows[c].unique_key == default_unique_key(UNIQUE, dump_payload(q), fresh)
+        assert rows[d].status == FAILED and rows[d].error_class == "DuplicateJob" and rows[d].unique_key is None
+        assert rows[given].unique_key == f"{UNIQUE}:appointment-1842"
+        assert dispatch(runtime, sealed, p) is None and dispatch(runtime, sealed, q) is None
+        assert payload_maintenance.rewrap(runtime.sessions, fresh).done == 0
+
+
+@pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
+def test_the_commands_report_unique_keys_re_keyed_and_the_duplicates_they_failed(runtime, registry, sealer, settings,
+                                                                                  env):
+    from tests.conftest import run_cli
+
+    plain, sealed = _unique_jobs(registry)
+    payload = {"to": "+15550100", "text": MARKER}
+    a = dispatch(runtime, plain, payload)
+    b = dispatch(runtime, sealed, payload)  # admitted: its keyed fingerprint is not a's bare hash
+    done = run_cli(env, "storage", "seal-payloads", "--all")
+    assert done.returncode == 0, done.stderr
+    assert ("seal-payloads: 1 payloads sealed, 0 failed; 1 unique keys re-keyed, 1 duplicate jobs failed as "
+            "DuplicateJob") in done.stdout, done.stdout
+    assert f"  job {b}: a duplicate of job {a}: failed as DuplicateJob (`queue retry {b}` runs it anyway)" \
+        in done.stdout, done.stdout
+    assert MARKER not in done.stdout + done.stderr and _bare_hash(payload) not in done.stdout
+    failed = run_cli(env, "queue", "failed")
+    assert failed.returncode == 0 and "DuplicateJob" in failed.stdout, failed.stdout + failed.stderr
+    keys.new_key(settings, keys.ENCRYPTION)
+    rewrapped = run_cli(env, "storage", "rewrap")
+    assert rewrapped.returncode == 0, rewrapped.stderr
+    assert ("2 sealed payloads re-sealed, 0 failed; 1 unique keys re-keyed, 0 duplicate jobs failed as "
+            "DuplicateJob") in rewrapped.stdout, rewrapped.stdout  # a's (re-keyed) and the failed b's
+    fresh = sealer_of(settings)
+    runtime.sealer_source = lambda: fresh
+    with sealing.using(fresh):
+        assert dispatch(runtime, sealed, payload) is None

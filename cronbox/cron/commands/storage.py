@@ -123,7 +123,8 @@ def verify(file_id, all_):
               help="Rows read and re-wrapped per batch (the run checks its lock between batches).")
 def rewrap(batch_size):
     """Re-wrap every data key, and re-seal every waiting sealed payload, under the active master key
-    (resumable; no file is rewritten)."""
+    (resumable; no file is rewritten); a unique job's default key is re-keyed with its payload."""
+    from cronbox.outbox.queue.job_family import idempotency_ttl
     from cronbox.storage import payload_maintenance
 
     rt = runtime()
@@ -141,11 +142,13 @@ def rewrap(batch_size):
         sealer = rt.sealer()
         payloads = payload_maintenance.ResealResult() if sealer is None else payload_maintenance.rewrap(
             rt.sessions, sealer, batch_size=batch_size, before_batch=lock.check,
-            progress=lambda r: click.echo(f"rewrap: {r.done} sealed payloads re-sealed under {active}"))
+            progress=lambda r: click.echo(f"rewrap: {r.done} sealed payloads re-sealed under {active}"),
+            key_ttl=idempotency_ttl(rt.settings))
     finally:
         lock.release()
     click.echo(f"rewrap: done, {result.rewrapped} re-wrapped under {active}, {len(result.failed)} failed; "
-               f"{payloads.done} sealed payloads re-sealed, {len(payloads.failed)} failed")
+               f"{payloads.done} sealed payloads re-sealed, {len(payloads.failed)} failed; {_keys_line(payloads)}")
+    _duplicates(payloads)
     failed = result.failed + payloads.failed
     for failed_id, reason in failed:
         click.echo(f"  {failed_id}: {reason}")
@@ -160,9 +163,11 @@ def rewrap(batch_size):
               help="Rows read and sealed per batch (the run checks its lock between batches).")
 def seal_payloads(all_, batch_size):
     """Seal in place the plaintext payloads of waiting, failed and dead jobs and events written before
-    they were declared sealed (resumable)."""
+    they were declared sealed (resumable); a unique job's default key is re-keyed with its payload, and a
+    job then found waiting twice is failed as DuplicateJob (docs/howto/sealed-payloads.md)."""
     import cronbox.outbox.channels  # noqa: F401  (the channel jobs, sealed by default: theirs too)
     from cronbox.outbox.engine.registry import DEFAULT
+    from cronbox.outbox.queue.job_family import idempotency_ttl
     from cronbox.storage import payload_maintenance
 
     rt = runtime()
@@ -177,14 +182,29 @@ def seal_payloads(all_, batch_size):
         return
     try:
         result = payload_maintenance.seal_plaintext(rt.sessions, sealer, jobs=jobs, event_types=types,
-                                                    batch_size=batch_size, before_batch=lock.check)
+                                                    batch_size=batch_size, before_batch=lock.check,
+                                                    key_ttl=idempotency_ttl(rt.settings))
     finally:
         lock.release()
-    click.echo(f"seal-payloads: {result.done} payloads sealed, {len(result.failed)} failed")
+    click.echo(f"seal-payloads: {result.done} payloads sealed, {len(result.failed)} failed; {_keys_line(result)}")
+    _duplicates(result)
     for failed_id, reason in result.failed:
         click.echo(f"  {failed_id}: {reason}")
     if result.failed:
         raise CommandFailed(f"{len(result.failed)} payload(s) could not be sealed (listed above)")
+
+
+def _keys_line(result) -> str:
+    """The unique keys part of `rewrap` and `seal-payloads`' last line (payload_maintenance: unique keys)."""
+    from cronbox.outbox.queue.jobstore import DUPLICATE_CLASS
+
+    return f"{result.rekeyed} unique keys re-keyed, {result.stopped} duplicate jobs failed as {DUPLICATE_CLASS}"
+
+
+def _duplicates(result) -> None:
+    """One line per duplicate job found: failed (its id, and `queue retry` to run it anyway), or both run."""
+    for job_id, what in result.duplicates:
+        click.echo(f"  {job_id}: {what}")
 
 
 @storage.command(name="audit")

@@ -255,11 +255,17 @@ class Sealer:
             self._installs[engine] = found
         return found
 
-    def fingerprint(self, name: str, body: str) -> str:
+    def fingerprint(self, name: str, body: str, key_id: str | None = None) -> str:
         """A unique job's default key for a sealed payload: HMAC-SHA-256 under a key derived for it,
-        never a bare hash (a phone number's SHA-256 is found by trying every number)."""
-        key_id, master = self.keys.active()
-        key = self._unique_keys.get(key_id)
+        never a bare hash (a phone number's SHA-256 is found by trying every number). Derived from the
+        active master key, so it changes with `storage new-key`; `key_id`: the fingerprint an older key
+        gave (`storage rewrap` recognises a waiting job's default key by it, and re-keys it)."""
+        if key_id is None:
+            key_id, master = self.keys.active()
+            key = self._unique_keys.get(key_id)
+        else:
+            key = self._unique_keys.get(key_id)
+            master = self.keys.material(key_id) if key is None else b""
         if key is None:
             key = self._unique_keys[key_id] = hkdf(master, UNIQUE_INFO + key_id.encode("ascii"))
         return hmac.new(key, name.encode("utf-8") + b"\x00" + body.encode("utf-8"), hashlib.sha256).hexdigest()

@@ -19,7 +19,7 @@ from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import PayloadError, RegistrationError
 from cronbox.outbox.core.inserts import check_text, connection_of, delay_seconds, new_trace_id
 from cronbox.outbox.core.payload import dump_payload, payload_bytes
-from cronbox.outbox.core.sealing import BY_DEFAULT, JOBS, Sealing, sealer_for
+from cronbox.outbox.core.sealing import BY_DEFAULT, JOBS, Sealer, Sealing, sealer_for
 from cronbox.outbox.core.text import NAME_MAX
 from cronbox.outbox.core.sql import insert_ignore_id
 from cronbox.outbox.engine.backoff import Backoff
@@ -95,9 +95,10 @@ class JobHandler:
         if cost is not None:
             groups.check_cost(cost, error=PayloadError)
         sealer = sealer_for(sealed=self.sealed, what=f"job {self.name}")
-        if unique_key is None and self.unique:  # sealed: a keyed hash (a bare one of a phone number is guessed)
-            unique_key = hashlib.sha256(body.encode()).hexdigest() if sealer is None else sealer.fingerprint(
-                self.name, body)
+        if unique_key is None and self.unique:
+            stored_key: str | None = default_unique_key(self.name, body, sealer)
+        else:
+            stored_key = _stored_key(self.name, unique_key) if unique_key else None
         connection = connection_of(session, Job)
         seal_id = None
         if sealer is not None:  # one AEAD call, in memory: the INSERT below stays the only statement
@@ -111,7 +112,7 @@ class JobHandler:
             "status": READY,
             "attempts": 0,
             "available_at": now + timedelta(seconds=seconds),
-            "unique_key": _stored_key(self.name, unique_key) if unique_key else None,
+            "unique_key": stored_key,
             "retry_until": now + timedelta(seconds=self.retry_until) if self.retry_until is not None else None,
             "trace_id": new_trace_id(),
             "created_at": now,
@@ -161,6 +162,16 @@ def _dispatch_once(connection, row: dict, now) -> int | None:
         connection.execute(update(J).where(J.c.id == held.id, J.c.idempotency_until <= now)
                            .values(idempotency_key=None))
     return None
+
+
+def default_unique_key(handler: str, body: str, sealer: Sealer | None, key_id: str | None = None) -> str:
+    """The unique key a unique job dispatched without one stores (as `_stored_key`): a hash of its dumped
+    payload `body`; sealed (`sealer`), a keyed one (Sealer.fingerprint, under the active master key, or
+    `key_id`'s), since a bare hash of a phone number is found by trying every number. `storage
+    seal-payloads` and `rewrap` recompute it to tell a waiting row's default key from one its caller gave,
+    and replace it (cronbox.storage.payload_maintenance)."""
+    key = hashlib.sha256(body.encode()).hexdigest() if sealer is None else sealer.fingerprint(handler, body, key_id)
+    return _stored_key(handler, key)
 
 
 def _stored_key(handler: str, key: str) -> str:

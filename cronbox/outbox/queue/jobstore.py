@@ -427,6 +427,29 @@ def give_up(session: Session, item, error: str, traceback: str | None, now: date
     return True
 
 
+DUPLICATE_CLASS = "DuplicateJob"
+
+
+def fail_duplicate(session: Session, job_id: int, other_id: int, now: datetime, why: str, *,
+                   key_ttl: float = IDEMPOTENCY_TTL_DEFAULT, values: dict | None = None,
+                   unique_key: str | None = None, guard: list | None = None) -> bool:
+    """Job `job_id`, ready and in no batch or chain, failed without running (error class DuplicateJob):
+    job `other_id` is the same job with the same payload and waits or runs, so it would have been refused
+    at dispatch had their unique keys matched (cronbox.storage.payload_maintenance: a default key re-keyed
+    by `storage seal-payloads` or `rewrap`). Failed, not deleted: `queue failed` lists it with `why`, and
+    `queue retry` runs it after all. Guarded by status ready (a claim meanwhile: left to run) and
+    `unique_key` as read (None: not checked), and `guard`'s conditions; `values`: more columns of the same
+    UPDATE (its payload sealed). True if it was."""
+    where = [J.c.id == job_id, J.c.status == READY, J.c.batch_id.is_(None), J.c.flow.is_(None), *(guard or ())]
+    if unique_key is not None:
+        where.append(J.c.unique_key == unique_key)
+    failed = {**(values or {}), "status": FAILED, "available_at": None, "claim_token": None, "unique_key": None,
+              "finished_at": now, "last_error": f"{DUPLICATE_CLASS}: {why}"[:ERROR_MAX],
+              "error_class": DUPLICATE_CLASS, "traceback": None,
+              "idempotency_until": _key_until(now + timedelta(seconds=key_ttl))}
+    return session.execute(update(J).where(*where).values(failed)).rowcount == 1
+
+
 def release(session: Session, ids: list[int], token: str, now: datetime) -> int:
     """Give back jobs claimed but not started: due again at once, attempt not counted.
 
