@@ -148,6 +148,24 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("backend", list(marker.args) if marker else BACKENDS, indirect=True)
 
 
+# The suite's longest tests (minutes of one worker each: the example app's own suite per backend, the
+# chaos runs), collected first. `--dist worksteal` (pytest.ini) hands each worker a contiguous share of the
+# collection and lets idle workers take unstarted tests from the end of another's: the first worker
+# starts these at once and the others take the rest of its share, where in collection order one of them
+# could start last and end the run alone (CI's 30 minutes).
+RUN_FIRST = ("tests/processes/test_example_app.py::",
+             "tests/processes/test_broker_jobs_processes.py::test_thousands_of_jobs",
+             "tests/processes/test_batch_chaos.py::")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first, in RUN_FIRST's order; every other test keeps its place (a stable sort)."""
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(RUN_FIRST) if item.nodeid.startswith(prefix)), len(RUN_FIRST))
+
+    items.sort(key=rank)
+
+
 @pytest.fixture
 def backend(request):
     """Set by pytest_generate_tests from the backends marker."""
