@@ -22,6 +22,7 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Redelivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.helpers import wait_for
 from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
 from tests.rabbit import url
 
@@ -75,6 +76,25 @@ def drain(env, queue, rabbit, *args: str) -> list[str]:
         if messages == 0:
             return summaries
         assert time.monotonic() < deadline, f"{messages} messages still in {queue}"
+
+
+def declare_and_bind(env, queue: str, binding: str) -> None:
+    """What the VPS side does first: `amqp consume --bind` declares its queue and binds it. Run until it
+    has (its "connected" log line comes after both), then stopped by SIGTERM; not a run of --max-time 1,
+    whose time a loaded machine's start could use up before the first connect: such a run ends,
+    exit 0, having declared nothing."""
+    proc = start_cli(env, "amqp", "consume", "--queue", queue, "--bind", binding, "--max-time", "120")
+    logs = Path(env["CRONBOX_INSTANCE"]) / "logs"
+    try:
+        wait_for(lambda: proc.poll() is not None or "amqp consume: connected to" in "".join(
+            path.read_text() for path in logs.glob("cronbox-*.log")), "the consumer to declare and bind its queue")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "stopped: signal" in out, out + err[-2000:]
 
 
 def exactly_once(runtime, count: int) -> None:
@@ -236,14 +256,16 @@ def test_bad_input_and_an_unreachable_broker_are_one_line_errors(setup, rabbit):
     cases = [
         (down, ["amqp", "dead", "--queue", queue], 1, "error: broker unreachable"),
         (down, ["amqp", "retry-dead", "--queue", queue, "--all"], 1, "error: broker unreachable"),
-        (down, ["amqp", "consume", "--queue", queue, "--max-time", "2"], 1, "error: broker unreachable"),
+        # 10 s: a run whose time is up before its first connect ends without one (exit 0); 2 s left a loaded
+        # machine's start that little. Unreachable, it tries until then (1 s, 2 s, 4 s apart).
+        (down, ["amqp", "consume", "--queue", queue, "--max-time", "10"], 1, "error: broker unreachable"),
         ({**env, "CRONBOX_AMQP_URL": ""}, ["amqp", "consume", "--queue", queue], 1, "error: CRONBOX_AMQP_URL is not set"),
         ({**env, "CRONBOX_AMQP_URL": "http://x"}, ["amqp", "dead", "--queue", queue], 1, "error: CRONBOX_AMQP_URL must"),
         (env, ["amqp", "consume", "--queue", "amq.gen"], 2, "error: Invalid value for '--queue'"),
         (env, ["amqp", "consume", "--queue", queue, "--bind", ":x"], 2, "error: Invalid value for '--bind'"),
-        (env, ["amqp", "consume", "--queue", rabbit.name("missing"), "--max-time", "5"], 1, "error: queue"),
+        (env, ["amqp", "consume", "--queue", rabbit.name("missing"), "--max-time", "60"], 1, "error: queue"),
         (env, ["amqp", "dead", "--queue", rabbit.name("missing")], 1, "error: no dead queue"),
-        (env, ["amqp", "consume", "--queue", queue, "--ordered", "--max-time", "5"], 1, "x-single-active-consumer"),
+        (env, ["amqp", "consume", "--queue", queue, "--ordered", "--max-time", "60"], 1, "x-single-active-consumer"),
     ]
     for environment, args, code, start in cases:
         proc = run_cli(environment, *args)
@@ -257,8 +279,7 @@ def test_end_to_end_a_recorded_event_reaches_the_consumer_through_a_tick_and_the
     queue = rabbit.name("e2e")
     rabbit.queues.append(queue)
     # The VPS side declares and binds its queue (--bind), here before anything is published.
-    first = run_cli(env, "amqp", "consume", "--queue", queue, "--bind", f"{exchange}:amqp.#", "--max-time", "1")
-    assert first.returncode == 0, first.stderr
+    declare_and_bind(env, queue, f"{exchange}:amqp.#")
     with runtime.sessions.begin() as session:  # the web request's transaction
         cronbox.record(session, "amqp.write", {"n": 41}, key="patient:41")
     tick = run_cli({**env, "CRONBOX_HANDLERS": "tests.handlers.consuming_forward", "TEST_AMQP_EXCHANGE": exchange},
