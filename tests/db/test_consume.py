@@ -26,6 +26,7 @@ from tests.broker_rows import inbox_count, inbox_has
 from tests.db.test_hostile_handlers import SESSION_CASES
 from tests.handlers import hostile
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
+from tests.helpers import wait_for
 from tests.rabbit import url
 from tests.tcp_proxy import TcpProxy
 
@@ -111,6 +112,18 @@ def queue_exists(rabbit, name) -> bool:
         return True
     except amqp.exceptions.NotFound:
         return False
+    finally:
+        if channel.is_open:
+            channel.close()
+
+
+def consumers_on(rabbit, name) -> int:
+    """How many consumers the queue has (0 while it does not exist)."""
+    channel = rabbit.connection.channel()
+    try:
+        return channel.queue_declare(name, passive=True).consumer_count
+    except amqp.exceptions.NotFound:
+        return 0
     finally:
         if channel.is_open:
             channel.close()
@@ -277,36 +290,56 @@ def test_a_missing_queue_is_a_setup_error_and_bind_declares_it(runtime, rabbit, 
     exchange = rabbit.exchange()
     queue = rabbit.name("bound")
     rabbit.queues.append(queue)
-    done = threading.Timer(1.0, lambda: rabbit.connection.channel().basic_publish(
-        amqp.Message(json.dumps({"n": 9}), message_id="bound-1", type="amqp.write"), exchange=exchange,
-        routing_key="amqp.write"))
+
+    def publish_once_bound() -> None:
+        # Once the consumer consumes from the queue it declared and bound (it binds before it consumes),
+        # not a fixed second after the start, which a loaded machine could pass before the binding: the
+        # message would have gone nowhere.
+        wait_for(lambda: consumers_on(rabbit, queue) > 0, "the consumer to declare, bind and consume its queue")
+        rabbit.connection.channel().basic_publish(
+            amqp.Message(json.dumps({"n": 9}), message_id="bound-1", type="amqp.write"), exchange=exchange,
+            routing_key="amqp.write")
+
+    done = threading.Thread(target=publish_once_bound)
     done.start()
-    consumer, _ = consume(runtime, rabbit, queue, messages=1, binds=[(exchange, "amqp.#")])
-    done.join()
+    consumer, _ = consume(runtime, rabbit, queue, messages=1, max_time=120, binds=[(exchange, "amqp.#")])
+    done.join(60)
     assert rows(runtime) == [("a", 9, 1), ("b", 9, 1)]
 
 
 def test_reconnects_after_the_connection_is_cut_or_closed_by_the_broker(runtime, rabbit, queue, behaviour):
+    def handled() -> list[int]:
+        return sorted(r[1] for r in rows(runtime) if r[0] == "a")
+
     with TcpProxy(5672) as proxy:
+        consumer = QueueConsumer(runtime, parse_url(url(rabbit.vhost, proxy.port)), queue)
+        budget = Budget(max_time=120, memory_mb=None)
+
         def faults():
-            time.sleep(1.0)
-            proxy.cut()
-            time.sleep(0.5)
-            publish(rabbit, queue, 2)
-            deadline = time.monotonic() + 10
-            while not rabbit.close_cronbox_connections("cronbox consumer") and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(0.5)
-            publish(rabbit, queue, 3)
+            # Each fault once the consumer is where it must be for it (message 1 handled on its first
+            # connection; connected again after the cut), not at fixed moments a loaded machine's slow
+            # start could pass: a cut before the first connect, or a close before the reconnect, is no
+            # fault at all. The run ends once all three are handled, not after 3 handled messages: a
+            # message in hand at the cut comes again, and counts twice.
+            try:
+                wait_for(lambda: handled() == [1], "message 1 on the first connection")
+                proxy.cut()
+                wait_for(lambda: proxy.accepted >= 2, "the consumer to connect again after the cut")
+                publish(rabbit, queue, 2)
+                wait_for(lambda: rabbit.close_cronbox_connections("cronbox consumer"), "a consumer connection to close",
+                         pause=0.2)
+                publish(rabbit, queue, 3)  # handled on a third connection: the second is closed at the broker
+                wait_for(lambda: handled() == [1, 2, 3], "the three messages handled")
+            finally:
+                budget.stop("signal")
 
         publish(rabbit, queue, 1)
         thread = threading.Thread(target=faults)
         thread.start()
-        consumer, result = consume(runtime, rabbit, queue, messages=3, max_time=30,
-                                   amqp_url=url(rabbit.vhost, proxy.port))
-        thread.join()
+        result = consumer.run(budget)
+        thread.join(60)
     assert result.exit_code == 0 and consumer.stats.connects >= 3
-    assert sorted(r[1] for r in rows(runtime) if r[0] == "a") == [1, 2, 3]
+    assert handled() == [1, 2, 3]
 
 
 def test_heartbeats_are_serviced_while_idle(runtime, rabbit, queue, behaviour):

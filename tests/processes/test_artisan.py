@@ -643,7 +643,11 @@ def test_a_sigterm_to_the_group_is_waited_out_and_logged(app, blocking_tick):
     try:
         wait_for(inside.exists, "the tick inside the blocking consumer")
         os.killpg(proc.pid, signal.SIGTERM)
-        time.sleep(0.2)
+        # Python took the signal (its log says so) rather than a fixed moment after sending it, which
+        # a loaded machine could pass before the signal was even handled.
+        logs = Path(env["CRONBOX_INSTANCE"]) / "logs"
+        wait_for(lambda: "received SIGTERM" in "".join(p.read_text() for p in logs.glob("cronbox-*.log")),
+                 "Python to take the SIGTERM")
         assert proc.poll() is None  # neither the script nor Python died of it
         release.write_text("go")
         out, err = proc.communicate(timeout=60)

@@ -13,13 +13,14 @@ import pytest
 from sqlalchemy import func, select
 
 import cronbox
+from cronbox.outbox.core import clock
 from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Delivery
 from cronbox.outbox.queue.models import Job
 from tests.conftest import ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
 from tests.handlers.grouped import grouped_job
-from tests.helpers import run_until
+from tests.helpers import run_until, wait_for
 
 # The claim mode is not these tests' subject (test_outbox, test_queue, test_tick and the crash tests run
 # both): MariaDB once, so .ci/run stays under 30 minutes.
@@ -47,6 +48,13 @@ def unfinished(runtime) -> int:
     with runtime.sessions() as session:
         return (session.scalar(select(func.count()).select_from(Delivery).where(Delivery.status != "done"))
                 + session.scalar(select(func.count()).select_from(Job).where(Job.status != "done")))
+
+
+def leases_over(runtime) -> bool:
+    """Has every lease a (crashed) run holds on a job ended?"""
+    with runtime.sessions() as session:
+        latest = session.scalar(select(func.max(Job.available_at)).where(Job.status == "reserved"))
+    return latest is None or clock.utcnow() > latest
 
 
 def finish(runtime, group_env, *command: str) -> None:
@@ -83,11 +91,15 @@ def test_a_crashed_worker_mid_group_loses_no_job_and_applies_once(runtime, group
     with runtime.sessions.begin() as session:
         for n in range(12):
             grouped_job.dispatch(session, {"n": n})
-    proc = run_cli(group_env, "queue", "work", "--queue", "gjobs", "--stop-when-empty",
-                   CRONBOX_CRASH_AT=f"{step}:{nth}")
+    # The crash must fall in the first group: its time (CRONBOX_GROUP_MS, capped by CRONBOX_ACK_FLUSH) and
+    # the members' leases (a member joins while its lease covers its timeout and the group's time) long
+    # enough for three members however loaded the machine. With 200 ms and a 1 s margin a loaded
+    # machine's first group could end after two members, and commit them before the crash.
+    env = {**group_env, "CRONBOX_GROUP_MS": "5000", "CRONBOX_ACK_FLUSH": "5s", "CRONBOX_LEASE_MARGIN": "10"}
+    proc = run_cli(env, "queue", "work", "--queue", "gjobs", "--stop-when-empty", CRONBOX_CRASH_AT=f"{step}:{nth}")
     assert proc.returncode == CRASH_EXIT_CODE, proc.stdout + proc.stderr
     assert db_effects(runtime, "grouped.job") == Counter()  # the first group never committed
-    time.sleep(LEASE)
+    wait_for(lambda: leases_over(runtime), "the crashed run's leases to end")
     finish(runtime, group_env, "queue", "work", "--queue", "gjobs", "--stop-when-empty")
     assert db_effects(runtime, "grouped.job") == Counter({n: 1 for n in range(12)})
 

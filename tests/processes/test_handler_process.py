@@ -114,7 +114,9 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
         wait_for(lambda: inside.exists() or proc.poll() is not None, "the blocking job to start")
         assert inside.exists(), "the tick ended before the blocking job started"
         proc.send_signal(getattr(signal, sig))  # the meddler has run: the blocking job comes after it
-        time.sleep(0.3)
+        # Released once cronbox's handler took the signal (its log line), not a fixed 0.3 s after it was
+        # sent, which a loaded machine could pass before the signal was handled.
+        wait_for(lambda: f"received {sig}" in logs(env) or proc.poll() is not None, f"the tick to take the {sig}")
         release.write_text("go")
         out, err = proc.communicate(timeout=60)
     finally:

@@ -28,6 +28,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from tests import helpers
 from tests.conftest import APP_ROOT, child_env
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")
@@ -200,13 +201,14 @@ class ConnectionWatch:
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    """The file's text once the consumer has written it: not just created (write_text makes it empty
+    first), which a fixed pause after it appears cannot tell on a loaded machine."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (path.exists() and path.read_text()):
         if proc.poll() is not None:
             raise AssertionError(f"the tick ended before the consumer ran: {finish(proc)}")
         assert time.monotonic() < deadline, f"no {path.name} after {timeout}s"
         time.sleep(0.01)
-    time.sleep(0.05)  # written, not just created
     return path.read_text()
 
 
@@ -222,7 +224,9 @@ def run_scenario(host: Host, start_tick, request, tmp_path, done=finish) -> None
     with ConnectionWatch(request, host.database_name, host.is_mysql) if host.is_server else nullcontext() as watch:
         proc = start_tick(CLINIC_INSIDE_FILE=str(inside), CLINIC_RELEASE_FILE=str(release))
         seen_by_consumer = wait_for(inside, proc)
-        time.sleep(0.2)  # a few samples while the consumer holds its transaction open
+        if watch:  # a few samples while the consumer holds its transaction open (however slow they come)
+            taken = len(watch.samples)
+            helpers.wait_for(lambda: len(watch.samples) >= taken + 5, "samples while the consumer holds its transaction")
         release.write_text("go")
         result = done(proc)
     delivered(result, 1)

@@ -17,7 +17,7 @@ from cronbox.outbox.queue import pool
 from cronbox.outbox.queue.models import Job
 from tests.conftest import BACKENDS, MYSQL_BACKENDS, ONE_MYSQL_MODE, child_env, run_cli
 from tests.handlers import pool_jobs
-from tests.helpers import wait_for
+from tests.helpers import cronbox_log, wait_for
 
 # MariaDB once: the claim mode matters only where children claim side by side (both modes there).
 pytestmark = pytest.mark.backends(*ONE_MYSQL_MODE)
@@ -151,7 +151,9 @@ def test_sigterm_to_the_parent_lets_every_child_finish_its_job(runtime, pool_env
         wait_for(lambda: inside(pool_env, n) is not None, f"job {n} to start")
     assert {inside(pool_env, n)[0] for n in range(3)} == children
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # Once the parent took the signal (its log says so), not a fixed 0.3 s after it was sent, which a
+    # loaded machine could pass before the signal was handled: then nothing would be checked.
+    wait_for(lambda: "received SIGTERM" in cronbox_log(runtime), "the pool to take the SIGTERM")
     assert proc.poll() is None and all(alive(pid) for pid in children)  # each still in its job
     Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
     out, err = proc.communicate(timeout=120)
@@ -171,8 +173,11 @@ def test_children_stop_when_the_parent_is_sigkilled(runtime, pool_env):
     wait_for(lambda: inside(pool_env, 0) is not None, "the job to start")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)  # (its children still have its stdout)
-    time.sleep(2 * pool.PARENT_POLL)
-    assert alive(inside(pool_env, 0)[0])  # the one in the job finishes it first
+    # The idle child's exit shows the children saw their parent gone (each looks every PARENT_POLL): a
+    # fixed 2 x PARENT_POLL could pass on a loaded machine before either looked, and check nothing.
+    busy = inside(pool_env, 0)[0]
+    wait_for(lambda: not any(alive(pid) for pid in children - {busy}), "the idle child to see its parent gone")
+    assert alive(busy)  # the one in the job finishes it first
     Path(pool_env["TEST_RELEASE_FILE"]).write_text("go")
     wait_for(lambda: not any(alive(pid) for pid in children), "the orphaned children to exit")
     assert [r.n for r in done_rows(runtime)] == [0]  # the job in progress was finished, not abandoned
