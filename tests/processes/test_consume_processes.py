@@ -154,9 +154,10 @@ def restart_until_parked(env, runtime, rabbit, queue: str, *args: str, poison: i
     """Run the consumer again each time it dies, as systemd's Restart=always does, until the poison
     message is parked and the rest handled (`expected` rows): it must have been killed exactly 3 times,
     by message `poison`, then parked it in Q.dead. The run that gets there is stopped by SIGTERM once
-    it has, never by a --max-time: a run ending by its time with the poison read ahead and not started
-    gives it back, and the broker flags it redelivered like a message in hand when the process died,
-    so the next run counts a death that was not one (a short --max-time on a loaded machine did)."""
+    it has, never by a short --max-time: with --ordered a run ending by its time with the poison read
+    ahead and not started gives it back flagged redelivered, like a message in hand when the process
+    died, so the next run counts a death that was not one (without --ordered a clean stop republishes
+    what it read ahead unflagged: Link.return_read_ahead)."""
     codes = []
     deadline = time.monotonic() + CLEAN_RUNS_FOR
 
@@ -251,9 +252,13 @@ def test_sigterm_mid_message_finishes_commits_acks_and_exits_0(setup, runtime, r
     assert proc.returncode == 0, err[-2000:]
     assert "stopped: signal" in out
     assert rows(runtime) == Counter({("consume.a", 1): 1, ("consume.b", 1): 1})
-    # The prefetched second message was never started: back in the queue, unacked, not lost.
-    assert [m.properties["message_id"] for m in rabbit.take(queue)] == [second]
+    # The prefetched second message was never started: back in the queue, not lost, and not flagged
+    # redelivered (republished unchanged: the next run must not count it as a consumer's death).
+    [back] = rabbit.take(queue)
+    assert back.properties["message_id"] == second and back.delivery_info["redelivered"] is False
+    assert back.properties["application_headers"] == {"x-trace-id": "trace2"} and json.loads(back.body) == {"n": 2}
     log = "".join(p.read_text() for p in (tmp_path / "instance" / "logs").glob("*.log"))
+    assert "amqp consume: 1 message(s) read ahead and not started given back" in log
     line = next(entry for entry in log.splitlines() if "outcome=done" in entry)
     assert "trace=trace1" in line and "consumers=consume.a:done,consume.b:done" in line and '"n"' not in line
 
