@@ -138,6 +138,23 @@ def test_a_crash_before_a_batched_ack_only_brings_its_messages_again(setup, runt
     assert rabbit.take(queue) == []
 
 
+def test_a_crash_while_a_clean_stop_gives_back_what_it_read_ahead_leaves_a_copy_the_inbox_skips(setup, runtime,
+                                                                                                  rabbit):
+    """A clean stop republishes each message read ahead and acks its original after the confirm: killed
+    in between, both copies come back (the original flagged redelivered) and each consumer runs once."""
+    env, queue, calls_file = setup
+    for n in range(6):
+        publish(rabbit, queue, n)
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-messages", "1", "--max-time", "60",
+                   CRONBOX_CRASH_AT="before-read-ahead-ack:1")
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    summaries = drain(env, queue, rabbit)
+    assert sum(int(out.split(" duplicates")[0].rsplit(" ", 1)[1]) for out in summaries) >= 1  # the two copies
+    exactly_once(runtime, 6)
+    assert set(calls(calls_file).values()) == {1}  # the second copy found its inbox rows
+    assert rabbit.take(queue) == [] and rabbit.take(f"{queue}.dead") == []
+
+
 def ready_in(rabbit, queue: str) -> int:
     """Messages ready in `queue` (0 while it does not exist)."""
     channel = rabbit.connection.channel()

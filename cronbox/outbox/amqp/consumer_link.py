@@ -216,6 +216,7 @@ class Link:
                 if not isinstance(body, bytes):  # py-amqp decoded it by its content_encoding: encoded back
                     body = str(body).encode(properties.get("content_encoding") or "utf-8", "surrogatepass")
                 self.publish(queue, body, properties)
+                crash_point("before-read-ahead-ack")
                 self.channel.basic_ack(message.delivery_tag)  # this one only: an Unreadable before it stays unacked
                 given += 1
             self.inbound.popleft()
