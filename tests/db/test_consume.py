@@ -366,3 +366,24 @@ def test_an_unreachable_broker_ends_the_run_by_max_time_with_exit_1(runtime, beh
     with runtime.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Heartbeat).where(
             Heartbeat.outcome == "broker-unreachable")) == 1
+
+
+def test_a_clean_stop_gives_back_what_was_read_ahead_without_the_redelivered_flag(runtime, rabbit, queue, behaviour,
+                                                                                 caplog):
+    """A cron-style run stops after one message with the rest prefetched (never started): they go back
+    republished unchanged, not flagged redelivered, so the next run does not count them as deaths of a
+    consumer. With --max-redeliveries 1 a single such count would park a message that never ran."""
+    caplog.set_level("INFO", logger="cronbox")
+    for n in range(1, 7):
+        publish(rabbit, queue, n)
+    consumer, result = consume(runtime, rabbit, queue, messages=1, max_redeliveries=1)
+    assert result.exit_code == 0 and consumer.stats.done == 1
+    given = [r.getMessage() for r in caplog.records if "read ahead and not started given back" in r.getMessage()]
+    caplog.clear()
+    consumer, result = consume(runtime, rabbit, queue, messages=5, max_redeliveries=1)
+    assert result.exit_code == 0 and consumer.stats.parked == 0 and consumer.stats.done == 5
+    assert not [r for r in caplog.records if "outcome=redelivered" in r.getMessage()
+                or "outcome=parked" in r.getMessage()]
+    assert sorted(rows(runtime)) == sorted((c, n, 1) for c in ("a", "b") for n in range(1, 7))
+    assert rabbit.take(queue) == [] and rabbit.take(queues.dead_queue(queue)) == []
+    assert given, "the first run stopped with nothing read ahead: the test proved nothing"

@@ -138,6 +138,23 @@ def test_a_crash_before_a_batched_ack_only_brings_its_messages_again(setup, runt
     assert rabbit.take(queue) == []
 
 
+def test_a_crash_while_a_clean_stop_gives_back_what_it_read_ahead_leaves_a_copy_the_inbox_skips(setup, runtime,
+                                                                                                  rabbit):
+    """A clean stop republishes each message read ahead and acks its original after the confirm: killed
+    in between, both copies come back (the original flagged redelivered) and each consumer runs once."""
+    env, queue, calls_file = setup
+    for n in range(6):
+        publish(rabbit, queue, n)
+    proc = run_cli(env, "amqp", "consume", "--queue", queue, "--max-messages", "1", "--max-time", "60",
+                   CRONBOX_CRASH_AT="before-read-ahead-ack:1")
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    summaries = drain(env, queue, rabbit)
+    assert sum(int(out.split(" duplicates")[0].rsplit(" ", 1)[1]) for out in summaries) >= 1  # the two copies
+    exactly_once(runtime, 6)
+    assert set(calls(calls_file).values()) == {1}  # the second copy found its inbox rows
+    assert rabbit.take(queue) == [] and rabbit.take(f"{queue}.dead") == []
+
+
 def ready_in(rabbit, queue: str) -> int:
     """Messages ready in `queue` (0 while it does not exist)."""
     channel = rabbit.connection.channel()
@@ -154,9 +171,10 @@ def restart_until_parked(env, runtime, rabbit, queue: str, *args: str, poison: i
     """Run the consumer again each time it dies, as systemd's Restart=always does, until the poison
     message is parked and the rest handled (`expected` rows): it must have been killed exactly 3 times,
     by message `poison`, then parked it in Q.dead. The run that gets there is stopped by SIGTERM once
-    it has, never by a --max-time: a run ending by its time with the poison read ahead and not started
-    gives it back, and the broker flags it redelivered like a message in hand when the process died,
-    so the next run counts a death that was not one (a short --max-time on a loaded machine did)."""
+    it has, never by a short --max-time: with --ordered a run ending by its time with the poison read
+    ahead and not started gives it back flagged redelivered, like a message in hand when the process
+    died, so the next run counts a death that was not one (without --ordered a clean stop republishes
+    what it read ahead unflagged: Link.return_read_ahead)."""
     codes = []
     deadline = time.monotonic() + CLEAN_RUNS_FOR
 
@@ -251,9 +269,13 @@ def test_sigterm_mid_message_finishes_commits_acks_and_exits_0(setup, runtime, r
     assert proc.returncode == 0, err[-2000:]
     assert "stopped: signal" in out
     assert rows(runtime) == Counter({("consume.a", 1): 1, ("consume.b", 1): 1})
-    # The prefetched second message was never started: back in the queue, unacked, not lost.
-    assert [m.properties["message_id"] for m in rabbit.take(queue)] == [second]
+    # The prefetched second message was never started: back in the queue, not lost, and not flagged
+    # redelivered (republished unchanged: the next run must not count it as a consumer's death).
+    [back] = rabbit.take(queue)
+    assert back.properties["message_id"] == second and back.delivery_info["redelivered"] is False
+    assert back.properties["application_headers"] == {"x-trace-id": "trace2"} and json.loads(back.body) == {"n": 2}
     log = "".join(p.read_text() for p in (tmp_path / "instance" / "logs").glob("*.log"))
+    assert "amqp consume: 1 message(s) read ahead and not started given back" in log
     line = next(entry for entry in log.splitlines() if "outcome=done" in entry)
     assert "trace=trace1" in line and "consumers=consume.a:done,consume.b:done" in line and '"n"' not in line
 

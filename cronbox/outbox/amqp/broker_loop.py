@@ -41,7 +41,7 @@ class BrokerLoop:
                  run_inbound: Callable[[Budget], None], connected: Callable[[], str],
                  sessions: Callable[[], object] | None = None, release: Callable[[], None] = lambda: None,
                  on_stop: Callable[[], None] = lambda: None, stop_when_empty: bool = False,
-                 stop_names: dict[str, str] | None = None):
+                 stop_names: dict[str, str] | None = None, return_read_ahead: bool = False):
         self.runtime, self.link = runtime, link
         self.command, self.detail, self.counts = command, detail, counts  # the heartbeat row: `amqp consume`, its queue
         self.run_inbound, self.connected = run_inbound, connected
@@ -49,6 +49,7 @@ class BrokerLoop:
         self.release, self.on_stop = release, on_stop
         self.stop_when_empty = stop_when_empty  # end "empty" once nothing came for POLL seconds
         self.stop_names = stop_names or {}
+        self.return_read_ahead = return_read_ahead  # at a clean stop: Link.return_read_ahead
         self.connects = 0
         self._heartbeat_id: int | None = None
         self._last_beat = 0.0
@@ -68,6 +69,7 @@ class BrokerLoop:
                 except Exception:
                     pass  # the database may be what failed: the row stays "running", as for a killed run
                 raise
+            self.give_back_read_ahead()
             self.link.close()
             self.release()
             heartbeat.finish(self.runtime.sessions, self._heartbeat_id, outcome=result.stop_reason, error=result.error,
@@ -121,6 +123,24 @@ class BrokerLoop:
             except BROKER_ERRORS as exc:
                 log.warning("%s: broker connection lost (%s); reconnecting", self.command, describe(exc, 300))
                 self.link.close(graceful=False)
+
+    def give_back_read_ahead(self) -> None:
+        """The run stops cleanly: what the broker sent ahead and nothing started goes back without the
+        `redelivered` flag (Link.return_read_ahead), for a caller that takes that flag for a consumer's
+        death (`amqp consume`, not in ordered mode: there a republish would break the order). A broker
+        failing meanwhile leaves the close as before: the rest come back flagged."""
+        if not self.return_read_ahead or not self.link.is_open:
+            return
+        try:
+            given = self.link.return_read_ahead()
+        except Exception as exc:
+            log.warning("%s: could not give back the messages read ahead (%s); they come back flagged redelivered",
+                        self.command, describe(exc, 300))
+            if isinstance(exc, BROKER_ERRORS):
+                self.link.close(graceful=False)  # the broker may not answer a close handshake
+            return
+        if given:
+            log.info("%s: %d message(s) read ahead and not started given back to the queue", self.command, given)
 
     def beat(self) -> None:
         """The run's heartbeat row, every BEAT_SECONDS (a database gone only skips a beat)."""

@@ -19,7 +19,7 @@ from cronbox.outbox.amqp.broker import (
     ensure_queue,
     open_connection,
 )
-from cronbox.outbox.amqp.unreadable import UnreadableFrames
+from cronbox.outbox.amqp.unreadable import Unreadable, UnreadableFrames
 from cronbox.outbox.core import clock
 from cronbox.outbox.core.errors import CronboxError
 from cronbox.outbox.core.faults import crash_point
@@ -60,6 +60,7 @@ class Link:
         self.connection: amqp.Connection | None = None
         self.channel = None
         self.inbound: deque = deque()
+        self.consuming: dict[str, str] = {}  # consumer tag -> its queue, on this connection
         self._tag = 0
         self._batch: Batch | None = None
         self._declared: set[str] = set()
@@ -93,11 +94,12 @@ class Link:
             # Several job queues on one channel: --prefetch counts for the channel, not for each queue.
             channel.basic_qos(0, self.prefetch, len(self.jobs) > 1)
             self.inbound.clear()  # tags of a closed channel mean nothing on this one
-            for queue in self.jobs or (self.queue,):
-                channel.basic_consume(queue, callback=self.inbound.append, no_ack=False)
+            consuming = {channel.basic_consume(queue, callback=self.inbound.append, no_ack=False): queue
+                         for queue in self.jobs or (self.queue,)}
         except BaseException:
             close_connection(connection, graceful=False)
             raise
+        self.consuming = consuming
         self.connection, self.channel, self._tag, self._declared = connection, channel, 0, set()
         self._ack_tag = self._ack_count = 0
         self.redelivery_seen = False
@@ -186,6 +188,40 @@ class Link:
         self.flush_acks()
         self.channel.basic_reject(tag, True)
 
+    def return_read_ahead(self) -> int:
+        """At a clean stop, before the connection closes: give back the messages the broker sent
+        ahead (the prefetch) that nothing started, WITHOUT the `redelivered` flag a close or a reject
+        would put on them, which the next run would take for a consumer's death (consume's
+        _requeue_redelivered counts it, and parks the message once it reaches max_redeliveries).
+
+        The consumers are cancelled first (basic.cancel waits for cancel-ok; what the broker sent
+        before it arrives in `inbound` through the callback meanwhile), then each message left is
+        republished unchanged (same body and properties, default exchange, to the queue it came
+        from, confirmed: `publish`) and its original acked after the confirm. It goes to the back
+        of the queue: order within a queue is not promised here (a retry goes to the back too). A
+        crash between the republish and the ack leaves two copies; the inbox skips the second's
+        consumers. A message py-amqp could not decode (Unreadable) is left unacked: it goes back
+        with the close, as it came. The number given back; a broker error propagates (the caller
+        then closes as before, and what was not given back comes again flagged redelivered)."""
+        self.flush_acks()
+        for consumer_tag in list(self.consuming):
+            self.channel.basic_cancel(consumer_tag)
+        given = 0
+        while self.inbound:
+            message = self.inbound[0]
+            if not isinstance(message, Unreadable):
+                queue = self.consuming.get((message.delivery_info or {}).get("consumer_tag"), self.queue)
+                properties = dict(message.properties or {})
+                body = message.body
+                if not isinstance(body, bytes):  # py-amqp decoded it by its content_encoding: encoded back
+                    body = str(body).encode(properties.get("content_encoding") or "utf-8", "surrogatepass")
+                self.publish(queue, body, properties)
+                crash_point("before-read-ahead-ack")
+                self.channel.basic_ack(message.delivery_tag)  # this one only: an Unreadable before it stays unacked
+                given += 1
+            self.inbound.popleft()
+        return given
+
     def readable(self) -> bool:
         """Something already came from the broker and waits to be read (no waiting)."""
         sock = self.connection.sock
@@ -225,6 +261,7 @@ class Link:
         self.redelivery_seen = False
         connection, self.connection, self.channel = self.connection, None, None
         self.inbound.clear()
+        self.consuming = {}
         if connection is not None:
             close_connection(connection, graceful=graceful)
 

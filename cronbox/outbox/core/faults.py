@@ -7,7 +7,9 @@ after-ack-commit, after-publish (forwarding, and the job publisher: the batch wr
 its confirms not yet read), after-publish-confirm (the job publisher: confirms read, the leases not
 yet written, outbox/queue/publisher.py); and for `amqp consume` (outbox/events/consume.py): before-inbox-commit (a consumer's
 writes and inbox row about to commit), after-inbox-commit (every consumer committed, the broker
-ack not sent), before-broker-ack / after-broker-ack (around one batched basic.ack multiple); and
+ack not sent), before-broker-ack / after-broker-ack (around one batched basic.ack multiple),
+before-read-ahead-ack (a clean stop's message read ahead republished, its original not acked:
+outbox/amqp/consumer_link.py Link.return_read_ahead); and
 worker-start (a pool's child, before its first claim, outbox/queue/pool.py). Unset in production;
 reading one environment variable is
 the whole cost.

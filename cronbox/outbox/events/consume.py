@@ -28,6 +28,10 @@ Per message (the relay's forward targets publish them: outbox.events.forward.mes
    poison message; _requeue_redelivered). Not in `ordered` mode, where a republish would break the
    order: there the count is kept in the database (outbox.events.redeliveries) and the message is
    handled in place, or parked once the count reaches max_redeliveries (_park_if_poison).
+   A clean stop (--max-time, --max-messages, SIGTERM) must not feed that count: the messages read
+   ahead and not started are republished unchanged and acked, not flagged (Link.return_read_ahead;
+   not in `ordered` mode, where the one the broker may have sent after the last ack still goes back
+   flagged and counts once, forgotten when it is finished).
 
 The broker connection (outbox.amqp.consumer_link; one, named "cronbox consumer", AMQP heartbeats serviced between messages and
 while idle) is dropped on any error and opened again with backoff until the run's end; unacked
@@ -97,7 +101,8 @@ class QueueConsumer:
         self._db = None  # cronbox's connection while messages flow
         self.loop = BrokerLoop(runtime, self.link, command="amqp consume", detail=queue, counts=self.stats.counts,
                                run_inbound=self._run_inbound, connected=self._connected, sessions=self._sessions,
-                               release=self._release_db, stop_names={"max-jobs": "max-messages"})
+                               release=self._release_db, stop_names={"max-jobs": "max-messages"},
+                               return_read_ahead=not ordered)
 
     # -- the run (outbox.amqp.broker_loop) ----------------------------------------
     def run(self, budget: Budget) -> RunResult:
