@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from sqlalchemy import and_, literal, or_, select, update
+from sqlalchemy import Select, and_, literal, or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from cronbox.outbox.core.faults import crash_point
@@ -241,6 +242,23 @@ def _rewrap_results(sessions, sealer: Sealer, active_id: str, *, batch_size: int
                     progress: Callable[[ResealResult], None]) -> ResealResult:
     """The sealed results not expired and not under the active key, re-sealed (by job id, as `_run`)."""
     R = JobResult
+
+    def rows(after: int):
+        return select(R.job_id, R.value).where(
+            R.job_id > after, R.expires_at > clock.utcnow(), R.value.startswith(PREFIX, autoescape=True),
+            ~R.value.startswith(f"{PREFIX}{active_id}:", autoescape=True))
+
+    return _rewrite_results(sessions, rows, lambda connection, row: sealer.reseal(
+        connection, RESULTS, "", result_seal_id(row.job_id), row.value), batch_size=batch_size,
+        before_batch=before_batch, progress=progress)
+
+
+def _rewrite_results(sessions, rows: Callable[[int], Select], change: Callable[[Connection, Any], str | None], *,
+                     batch_size: int, before_batch: Callable[[], None],
+                     progress: Callable[[ResealResult], None]) -> ResealResult:
+    """Kept results rewritten in place, `rows(after)`'s next batch by job id per short transaction (as
+    `_run`): `change` gives a row's new value (None: left as it is), written guarded by the value as read."""
+    R = JobResult
     result = ResealResult()
     after = 0
     while True:
@@ -248,23 +266,21 @@ def _rewrap_results(sessions, sealer: Sealer, active_id: str, *, batch_size: int
 
         def work(session) -> int:
             nonlocal after
-            rows = session.execute(select(R.job_id, R.value).where(
-                R.job_id > after, R.expires_at > clock.utcnow(), R.value.startswith(PREFIX, autoescape=True),
-                ~R.value.startswith(f"{PREFIX}{active_id}:", autoescape=True)).order_by(R.job_id).limit(batch_size)).all()
+            batch = session.execute(rows(after).order_by(R.job_id).limit(batch_size)).all()
             connection = session.connection()
-            for row in rows:
+            for row in batch:
                 try:
-                    envelope = sealer.reseal(connection, RESULTS, "", result_seal_id(row.job_id), row.value)
+                    value = change(connection, row)
                 except SealError as exc:
                     result.failed.append((f"result of job {row.job_id}", str(exc)))
                     continue
-                if envelope is not None:
+                if value is not None:
                     result.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
-                                                   .values(value=envelope)
+                                                   .values(value=value)
                                                    .execution_options(synchronize_session=False)).rowcount
-            if rows:
-                after = rows[-1].job_id
-            return len(rows)
+            if batch:
+                after = batch[-1].job_id
+            return len(batch)
 
         if not in_transaction(sessions, work):
             break
@@ -348,34 +364,14 @@ def _seal_results(sessions, sealer: Sealer, jobs: set[str] | None, *, batch_size
     """The plaintext results not expired of these jobs (None: of every job, its row kept or pruned) sealed
     in place, bound to their job id as a sealed job's ack seals them (by job id, as `_run`)."""
     R = JobResult
-    result = ResealResult()
-    after = 0
-    while True:
-        before_batch()
 
-        def work(session) -> int:
-            nonlocal after
-            query = select(R.job_id, R.value).where(R.job_id > after, R.expires_at > clock.utcnow(),
-                                                     ~R.value.startswith(PREFIX, autoescape=True))
-            if jobs is not None:
-                query = query.join(Job, Job.id == R.job_id).where(Job.handler.in_(sorted(jobs)))
-            rows = session.execute(query.order_by(R.job_id).limit(batch_size)).all()
-            connection = session.connection()
-            for row in rows:
-                try:
-                    envelope = sealer.seal_with(connection, RESULTS, result_seal_id(row.job_id), "", row.value)
-                except SealError as exc:
-                    result.failed.append((f"result of job {row.job_id}", str(exc)))
-                    continue
-                result.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
-                                               .values(value=envelope)
-                                               .execution_options(synchronize_session=False)).rowcount
-            if rows:
-                after = rows[-1].job_id
-            return len(rows)
+    def rows(after: int):
+        query = select(R.job_id, R.value).where(R.job_id > after, R.expires_at > clock.utcnow(),
+                                                 ~R.value.startswith(PREFIX, autoescape=True))
+        if jobs is not None:
+            query = query.join(Job, Job.id == R.job_id).where(Job.handler.in_(sorted(jobs)))
+        return query
 
-        if not in_transaction(sessions, work):
-            break
-        crash_point("reseal-batch")
-        progress(result)
-    return result
+    return _rewrite_results(sessions, rows, lambda connection, row: sealer.seal_with(
+        connection, RESULTS, result_seal_id(row.job_id), "", row.value), batch_size=batch_size,
+        before_batch=before_batch, progress=progress)
