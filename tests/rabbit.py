@@ -92,6 +92,19 @@ class Rabbit:
                 return out
             out.append(message)
 
+    def state(self, queue: str) -> tuple[int, int] | None:
+        """(messages ready, consumers) of `queue` now, by a passive declare on a channel of its own (a
+        NotFound closes the channel); None while the queue does not exist."""
+        channel = self.connection.channel()
+        try:
+            declared = channel.queue_declare(queue, passive=True)
+            return declared.message_count, declared.consumer_count
+        except amqp.exceptions.NotFound:
+            return None
+        finally:
+            if channel.is_open:
+                channel.close()
+
     def close_cronbox_connections(self, name: str = "cronbox relay") -> int:
         """Close, from the broker's side, every connection cronbox's relay (or the one named `name`:
         "cronbox consumer") has open in this vhost."""

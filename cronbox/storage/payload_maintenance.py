@@ -264,26 +264,27 @@ def _rewrite_results(sessions, rows: Callable[[int], Select], change: Callable[[
     while True:
         before_batch()
 
-        def work(session) -> int:
-            nonlocal after
+        def work(session) -> tuple[int, ResealResult]:
+            part = ResealResult()  # counted once the batch commits, as in `_run`: in_transaction may run this again
             batch = session.execute(rows(after).order_by(R.job_id).limit(batch_size)).all()
             connection = session.connection()
             for row in batch:
                 try:
                     value = change(connection, row)
                 except SealError as exc:
-                    result.failed.append((f"result of job {row.job_id}", str(exc)))
+                    part.failed.append((f"result of job {row.job_id}", str(exc)))
                     continue
                 if value is not None:
-                    result.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
-                                                   .values(value=value)
-                                                   .execution_options(synchronize_session=False)).rowcount
-            if batch:
-                after = batch[-1].job_id
-            return len(batch)
+                    part.done += session.execute(update(R).where(R.job_id == row.job_id, R.value == row.value)
+                                                 .values(value=value)
+                                                 .execution_options(synchronize_session=False)).rowcount
+            return (batch[-1].job_id if batch else 0), part
 
-        if not in_transaction(sessions, work):
+        last, part = in_transaction(sessions, work)
+        if not last:
             break
+        after = last
+        result.add(part)
         crash_point("reseal-batch")
         progress(result)
     return result

@@ -106,27 +106,13 @@ def rows(runtime) -> list[tuple[str, int, int]]:
 
 
 def queue_exists(rabbit, name) -> bool:
-    channel = rabbit.connection.channel()
-    try:
-        channel.queue_declare(name, passive=True)
-        return True
-    except amqp.exceptions.NotFound:
-        return False
-    finally:
-        if channel.is_open:
-            channel.close()
+    return rabbit.state(name) is not None
 
 
 def consumers_on(rabbit, name) -> int:
     """How many consumers the queue has (0 while it does not exist)."""
-    channel = rabbit.connection.channel()
-    try:
-        return channel.queue_declare(name, passive=True).consumer_count
-    except amqp.exceptions.NotFound:
-        return 0
-    finally:
-        if channel.is_open:
-            channel.close()
+    state = rabbit.state(name)
+    return 0 if state is None else state[1]
 
 
 def test_each_consumer_commits_once_duplicates_are_acked_without_a_call(runtime, rabbit, queue, behaviour):

@@ -157,14 +157,8 @@ def test_a_crash_while_a_clean_stop_gives_back_what_it_read_ahead_leaves_a_copy_
 
 def ready_in(rabbit, queue: str) -> int:
     """Messages ready in `queue` (0 while it does not exist)."""
-    channel = rabbit.connection.channel()
-    try:
-        return channel.queue_declare(queue, passive=True).message_count
-    except amqp.exceptions.NotFound:
-        return 0
-    finally:
-        if channel.is_open:
-            channel.close()
+    state = rabbit.state(queue)
+    return 0 if state is None else state[0]
 
 
 def restart_until_parked(env, runtime, rabbit, queue: str, *args: str, poison: int, expected: Counter) -> None:
