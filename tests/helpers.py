@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -54,6 +56,18 @@ def wait_for(condition, what: str, timeout: float = 60, *, pause: float = 0.01) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(pause)
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen):
+    """The block's process is never left running after it: a step that failed (a timeout, an assert)
+    kills it and reaps it, so no command outlives its test to hold a lock or a port the next one needs."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def run_until(run, done, *, pause: float, seconds: float = 180) -> None:

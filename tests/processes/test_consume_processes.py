@@ -22,7 +22,7 @@ from cronbox.outbox.core.faults import CRASH_EXIT_CODE
 from cronbox.outbox.events.models import Redelivery
 from tests.conftest import run_cli, start_cli
 from tests.handlers.consuming import consumed, metadata as consumed_metadata
-from tests.helpers import wait_for
+from tests.helpers import reaped, wait_for
 from tests.processes.test_host_cron import host, paid_notes  # noqa: F401,F811  (the clinic host app fixture)
 from tests.rabbit import url
 
@@ -85,15 +85,11 @@ def declare_and_bind(env, queue: str, binding: str) -> None:
     exit 0, having declared nothing."""
     proc = start_cli(env, "amqp", "consume", "--queue", queue, "--bind", binding, "--max-time", "120")
     logs = Path(env["CRONBOX_INSTANCE"]) / "logs"
-    try:
+    with reaped(proc):
         wait_for(lambda: proc.poll() is not None or "amqp consume: connected to" in "".join(
             path.read_text() for path in logs.glob("cronbox-*.log")), "the consumer to declare and bind its queue")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0 and "stopped: signal" in out, out + err[-2000:]
 
 
@@ -178,16 +174,12 @@ def restart_until_parked(env, runtime, rabbit, queue: str, *args: str, poison: i
     while True:
         proc = start_cli(env, "amqp", "consume", "--queue", queue, *args, "--max-redeliveries", "3",
                          "--max-time", "600")
-        try:
+        with reaped(proc):
             wait_for(lambda: proc.poll() is not None or finished(), "the consumer to die or finish the queue",
                      timeout=max(deadline - time.monotonic(), 1), pause=0.1)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
         codes.append(proc.returncode)
         if proc.returncode == 0:
             break

@@ -22,7 +22,7 @@ from cronbox.outbox.queue.jobs import job
 from cronbox.outbox.queue.models import Job
 from tests.conftest import child_env, run_cli
 from tests.handlers.effects import metadata as effects_metadata
-from tests.helpers import run_seconds, seconds_after_its_run, wait_for
+from tests.helpers import reaped, run_seconds, seconds_after_its_run, wait_for
 from tests.processes.test_host_cron import host  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.backends("sqlite", "mysql-skip-locked", "postgresql")  # the claim mode changes nothing here
@@ -110,7 +110,7 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
                             env=child_env(env, CRONBOX_HANDLERS="tests.handlers.signals", TEST_INSIDE_FILE=str(inside),
                                           TEST_RELEASE_FILE=str(release), **extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with reaped(proc):
         wait_for(lambda: inside.exists() or proc.poll() is not None, "the blocking job to start")
         assert inside.exists(), "the tick ended before the blocking job started"
         proc.send_signal(getattr(signal, sig))  # the meddler has run: the blocking job comes after it
@@ -119,10 +119,6 @@ def test_a_handler_changing_a_stop_signal_does_not_take_the_graceful_stop_away(r
         wait_for(lambda: f"received {sig}" in logs(env) or proc.poll() is not None, f"the tick to take the {sig}")
         release.write_text("go")
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, (proc.returncode, out, err)
     # The stop after the current handler, not the run's end at 20 s: the summary says which (a bound on
     # the time after the signal could not tell them apart on a loaded machine).

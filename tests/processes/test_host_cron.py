@@ -132,12 +132,8 @@ class Host:
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> subprocess.CompletedProcess:
-    try:
+    with helpers.reaped(proc):
         out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -25,7 +25,7 @@ from cronbox.outbox.events.consumers import consumer
 from cronbox.outbox.events.models import Delivery
 from tests.conftest import APP_ROOT, child_env, run_cli
 from tests.handlers.effects import effects, metadata as effects_metadata
-from tests.helpers import cronbox_log, deliveries, run_until, table_column, wait_for
+from tests.helpers import cronbox_log, deliveries, reaped, run_until, table_column, wait_for
 
 HANDLERS = "tests.handlers.effects"
 LEASE = 0.55  # the test consumers' timeout (0.5 s) + CRONBOX_LEASE_MARGIN=0, and a little
@@ -249,16 +249,12 @@ def test_sigterm_to_an_idle_lingering_tick_stops_it_at_once(runtime, tick_env, t
         rows = deliveries(runtime)
         return bool(rows and tasks) and all(d.status == "done" for d in rows) and "running" not in tasks
 
-    try:
+    with reaped(proc):
         wait_for(pass_over, "the tick's pass to be over")
         time.sleep(0.5)  # (past its last statements: in its wait between polls)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     # A 0.1 s wait step, then the process's own exit: on a loaded machine that can take seconds, so the
     # bound is generous; what it tells apart is a stop at --max-time, minutes later.
     assert time.monotonic() - started < 120, out
