@@ -5,8 +5,8 @@ TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/postgres). Without 
 server unreachable, they are skipped with the reason shown in the summary (-rs); with
 CRONBOX_REQUIRE_MYSQL=1 / CRONBOX_REQUIRE_POSTGRES=1 (as in CI) that is a failure instead. Each
 test gets its own database `cronbox_test_<random>`, dropped afterwards: nothing assumes `test` is
-empty. On PostgreSQL the `runtime` fixture makes it a copy of a template database the real
-migrations made once per session (CREATE DATABASE ... TEMPLATE), dropped at the session's end.
+empty. On PostgreSQL a test with the `runtime` fixture gets it as a copy of a template database the
+real migrations made once per session (CREATE DATABASE ... TEMPLATE), dropped at the session's end.
 """
 from __future__ import annotations
 
@@ -124,6 +124,7 @@ class Database:
     url: str
     claim_mode: str
     name: str | None = None
+    migrated: bool = False  # made as a copy of the session's migrated template (PostgreSQL)
 
     @property
     def is_mysql(self) -> bool:
@@ -210,10 +211,15 @@ def database(backend, tmp_path, request):
     if backend == "postgresql":
         admin = request.getfixturevalue("postgres_admin")
         name = f"cronbox_test_{secrets.token_hex(6)}"
+        # A test that has the `runtime` fixture gets the migrated schema: its database is made a copy of
+        # the template at once, not made empty, dropped and made again (two copies of template1's
+        # catalogue a test: the PostgreSQL tests' setup, on a CPU-bound CI run).
+        migrated = "runtime" in request.fixturenames
+        template = f" TEMPLATE {request.getfixturevalue('postgres_template')}" if migrated else ""
         with admin.connect() as connection:
-            connection.execute(text(f"CREATE DATABASE {name}"))
+            connection.execute(text(f"CREATE DATABASE {name}{template}"))
         try:
-            yield Database(backend, postgres_url(name), "auto", name)
+            yield Database(backend, postgres_url(name), "auto", name, migrated=migrated)
         finally:
             with admin.connect() as connection:
                 connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -302,11 +308,13 @@ def runtime(settings, registry, database, request):
     runs them on each backend too): Alembic on every test cost about 0.6 s a test on MariaDB.
     """
     if database.is_postgresql:
-        # The empty database made again as a copy of the template (nothing has connected to it yet).
-        template = request.getfixturevalue("postgres_template")
-        with request.getfixturevalue("postgres_admin").connect() as connection:
-            connection.execute(text(f"DROP DATABASE {database.name}"))
-            connection.execute(text(f"CREATE DATABASE {database.name} TEMPLATE {template}"))
+        if not database.migrated:
+            # Asked for late (getfixturevalue): the empty database made again as a copy of the template
+            # (nothing has connected to it yet).
+            template = request.getfixturevalue("postgres_template")
+            with request.getfixturevalue("postgres_admin").connect() as connection:
+                connection.execute(text(f"DROP DATABASE {database.name}"))
+                connection.execute(text(f"CREATE DATABASE {database.name} TEMPLATE {template}"))
         rt = Runtime(settings, registry=registry)
     elif database.is_mysql:
         rt = Runtime(settings, registry=registry)
