@@ -134,7 +134,8 @@ def payload_reads(runtime, table: str, claimed: str) -> list[str]:
 
     def watch(conn, cursor, statement, parameters, context, executemany):
         verb = statement.lstrip()[:6].upper()
-        if verb == "SELECT" and column.search(statement):
+        # A read is a SELECT, or PostgreSQL's one-statement claim (WITH ... UPDATE ... RETURNING payload).
+        if (verb == "SELECT" or verb.startswith("WITH ")) and column.search(statement):
             reads.append(statement)
         elif verb == "UPDATE" and BALLAST and release.search(statement.lstrip()):
             BALLAST.clear()

@@ -474,3 +474,53 @@ def test_a_pool_child_whose_claim_finds_the_backlog_locked_by_a_sibling_looks_ag
         other.dispose()
     assert sorted(seen) == ([0, 1, 2] if siblings else [])
     assert worker.stats.done == (3 if siblings else 0)
+
+
+def claim_mail(rt, jobs, now, limit: int = 10) -> list:
+    from cronbox.outbox.queue import jobstore
+
+    with rt.sessions.begin() as session:
+        return jobstore.claim_due(session, jobs.jobs, "mail", now=now, limit=limit, mode=rt.claim_mode(), lease_margin=0)
+
+
+def test_a_job_whose_lease_ran_out_is_claimed_alone_before_the_ready_ones(rt, jobs):
+    """Its worker died, perhaps because of it: claimed in a batch it would cost every batch-mate an
+    attempt each time it kills a worker again. A lease still running is left to its holder. The same on
+    every backend and claim path (PostgreSQL's is one statement: the next test)."""
+    @job("mail", name="mail", timeout=30, registry=jobs)
+    def mail(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        ids = [mail.dispatch(session, {"n": n}) for n in range(4)]
+    now = clock.utcnow() + timedelta(seconds=1)
+    [first] = claim_mail(rt, jobs, now, limit=1)
+    [second] = claim_mail(rt, jobs, now, limit=1)
+    assert (first.id, second.id, first.attempts) == (ids[0], ids[1], 1)
+    with rt.sessions.begin() as session:  # the first one's worker died: its lease ran out
+        session.get(Job, ids[0]).available_at = now - timedelta(seconds=1)
+
+    [again] = claim_mail(rt, jobs, now)
+    assert (again.id, again.attempts) == (ids[0], 2) and again.claim_token != first.claim_token
+    assert [(c.id, c.attempts) for c in claim_mail(rt, jobs, now)] == [(ids[2], 1), (ids[3], 1)]
+    assert claim_mail(rt, jobs, now) == []  # the leases run: their holders'
+    later = now + timedelta(seconds=31)  # every lease (30 s) ran out: each job claimed alone, oldest lease first
+    assert [[c.id for c in claim_mail(rt, jobs, later)] for _ in range(5)] == [[i] for i in ids] + [[]]
+
+
+@pytest.mark.backends("postgresql")
+def test_a_claim_on_postgresql_is_one_statement(rt, jobs):
+    """A worker woken by NOTIFY starts its job a claim later: on PostgreSQL that claim is one statement
+    (with its COMMIT), where the other servers' paths need three or more."""
+    from sqlalchemy import event
+
+    @job("mail", name="mail", registry=jobs)
+    def mail(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        ids = [mail.dispatch(session, {"n": n}) for n in range(3)]
+    statements: list[str] = []
+    event.listen(rt.engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: statements.append(statement))
+    claimed = claim_mail(rt, jobs, clock.utcnow() + timedelta(seconds=1))
+    assert [c.id for c in claimed] == ids and len(statements) == 1, statements

@@ -13,11 +13,12 @@ the attempt counted) by the id and token their messages carry, or gives one it d
 """
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import Integer, and_, bindparam, case, delete, exists, func, or_, select, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, exists, func, literal, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
@@ -85,6 +86,8 @@ def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, li
     handlers = [h for h in registry.all() if h.queue == queue]
     if not handlers or limit <= 0:
         return []
+    if mode == SKIP_LOCKED and session.get_bind().dialect.name == "postgresql":
+        return _claim_in_one_statement(session, handlers, queue, limit, now=now, lease_margin=lease_margin)
     for status, size in ((RESERVED, 1), (READY, limit)):
         claimed = _claim(session, handlers, queue, status, size, now=now, mode=mode, lease_margin=lease_margin)
         if claimed:
@@ -108,19 +111,79 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
            lease_margin: float) -> list[ClaimedJob]:
     params = {"claim_queue": queue, "claim_status": status, "claim_now": now,
               "claim_handlers": [h.name for h in handlers], "claim_limit": limit}
-    token = uuid.uuid4().hex
+    ids = claim(session, J, CANDIDATES, CLAIMABLE, _claim_values(handlers, now, lease_margin), mode=mode, params=params)
+    if not ids:
+        return []
+    return _rows(session, J.c.id.in_(ids), ids)
+
+
+def _claim_values(handlers, now: datetime, lease_margin: float) -> dict:
+    """What a claim sets: a new token, reserved, the attempt counted, leased for its handler's timeout."""
     leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in handlers}
-    values = {
-        "claim_token": token,
+    return {
+        "claim_token": uuid.uuid4().hex,
         "status": RESERVED,
         "attempts": J.c.attempts + 1,
         "available_at": case(leases, value=J.c.handler, else_=max(leases.values())),
         "reserved_at": now,
     }
-    ids = claim(session, J, CANDIDATES, CLAIMABLE, values, mode=mode, params=params)
-    if not ids:
-        return []
-    return _rows(session, J.c.id.in_(ids), ids)
+
+
+# PostgreSQL: the same claim as claim_due's two passes and outbox.engine.claim's skip-locked path, in
+# one statement, as procrastinate fetches a job: on a worker woken by NOTIFY the claim is the whole
+# latency to the job's start, and five statements (the expired-lease probe, the candidates, the
+# UPDATE, the read-back, then COMMIT) cost 3-5 ms where one costs under 1 (bench/claim_latency.py).
+# `expired`: a reserved job whose lease ran out, claimed alone, before fresh work (claim_due says why).
+# `fresh`: only when there is none (a one-time filter: its scan does not run otherwise).
+# `picked`: of the locked candidates, in claim order, the prefix whose payloads add up to at most
+# CLAIM_BYTES, the first always (outbox.engine.claim.within_bytes, as a running sum). Both CTEs lock
+# with FOR UPDATE SKIP LOCKED at READ COMMITTED, as the two-statement path does: PostgreSQL re-checks a
+# locked row's WHERE against its newest version, concurrent claimers skip each other's rows, and the
+# UPDATE changes only rows this transaction holds. Candidates past the byte bound stay locked until the
+# claim commits, as a direct lock holds them there too. RETURNING gives the rows as the read-back did.
+_CLAIMING = and_(J.c.queue == bindparam("claim_queue"), J.c.available_at <= bindparam("claim_now"),
+                 J.c.handler.in_(bindparam("claim_handlers", expanding=True)))
+_EXPIRED = (select(J.c.id, J.c.payload_bytes, J.c.available_at).where(_CLAIMING, J.c.status == RESERVED)
+            .order_by(J.c.available_at, J.c.id).limit(1).with_for_update(skip_locked=True).cte("expired"))
+_FRESH = (select(J.c.id, J.c.payload_bytes, J.c.available_at)
+          .where(_CLAIMING, J.c.status == READY, ~exists(select(literal(1)).select_from(_EXPIRED)))
+          .order_by(J.c.available_at, J.c.id).limit(bindparam("claim_limit", type_=Integer))
+          .with_for_update(skip_locked=True).cte("fresh"))
+_LOCKED = union_all(select(_EXPIRED), select(_FRESH)).subquery("locked")
+_IN_ORDER = (_LOCKED.c.available_at, _LOCKED.c.id)
+_PICKED = select(
+    _LOCKED.c.id,
+    func.row_number().over(order_by=_IN_ORDER).label("n"),
+    func.sum(func.coalesce(_LOCKED.c.payload_bytes, 0)).over(order_by=_IN_ORDER).label("total"),
+).cte("picked")
+
+
+@functools.lru_cache(maxsize=64)
+def _one_statement(handler_count: int):
+    """The one-statement claim for a queue of `handler_count` registered handlers, built once: its values
+    (token, time, each handler's lease) are bound parameters, so a claim neither builds the statement nor
+    computes its cache key again (0.4 ms of a 2 ms claim)."""
+    lease = case(*((J.c.handler == bindparam(f"claim_handler_{i}"),
+                    bindparam(f"claim_lease_{i}", type_=J.c.available_at.type)) for i in range(handler_count)),
+                 else_=bindparam("claim_lease_max", type_=J.c.available_at.type))
+    return (update(J)
+            .where(J.c.id == _PICKED.c.id, or_(_PICKED.c.n == 1, _PICKED.c.total <= bindparam("claim_bytes")))
+            .values(claim_token=bindparam("claim_new_token"), status=RESERVED, attempts=J.c.attempts + 1,
+                    available_at=lease, reserved_at=bindparam("claim_reserved_at", type_=J.c.reserved_at.type))
+            .returning(*CLAIMED, _PICKED.c.n))
+
+
+def _claim_in_one_statement(session: Session, handlers, queue: str, limit: int, *, now: datetime,
+                            lease_margin: float) -> list[ClaimedJob]:
+    params = {"claim_queue": queue, "claim_now": now, "claim_limit": limit, "claim_bytes": CLAIM_BYTES,
+              "claim_handlers": [h.name for h in handlers], "claim_new_token": uuid.uuid4().hex,
+              "claim_reserved_at": now}
+    leases = [now + timedelta(seconds=h.timeout + lease_margin) for h in handlers]
+    for i, (handler, lease) in enumerate(zip(handlers, leases)):
+        params[f"claim_handler_{i}"], params[f"claim_lease_{i}"] = handler.name, lease
+    params["claim_lease_max"] = max(leases)
+    rows = session.execute(_one_statement(len(handlers)), params).all()
+    return [_claimed(row) for row in sorted(rows, key=lambda row: row.n)]
 
 
 # ---- jobs served by the broker (outbox.queue.forward_jobs) ------------------------
