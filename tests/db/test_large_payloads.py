@@ -7,7 +7,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from cronbox import outbox
 import cronbox
@@ -101,6 +101,24 @@ def test_a_claim_takes_payloads_up_to_its_byte_bound_and_a_larger_one_alone(runt
         if index + 1 < len(sizes):  # and no smaller than it: the next payload would have passed the bound
             assert sum(batch) + sizes[index + 1][0] > CLAIM_BYTES, sizes
     assert len(batches) == 5, sizes  # [1k 1k 3M] [2M] [6M] [1k 1k 1M 1M 1M 1M] [1M 1k]: five claims, not one
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_payload_of_unknown_size_after_one_larger_than_the_bound_waits_for_the_next_claim(runtime, registry,
+                                                                                          family):
+    """A size is unknown (NULL) for a row written before migration 0013: it counts as nothing, but it
+    does not ride along with a payload larger than the bound, which is claimed alone on every path
+    (PostgreSQL's one-statement claim sums the sizes as it goes, the other paths stop as it does)."""
+    make, claim = FAMILIES[family]
+    make(runtime, registry, [6 * MB, KB, KB])
+    table = "cronbox_deliveries" if family == "deliveries" else "cronbox_jobs"
+    with runtime.engine.begin() as connection:
+        first = connection.execute(text(f"SELECT min(id) FROM {table}")).scalar()
+        assert connection.execute(text(f"UPDATE {table} SET payload_bytes = NULL WHERE id <> :first"),
+                                  {"first": first}).rowcount == 2
+    batches = claims_until_empty(runtime, claim)
+    assert [len(batch) for batch in batches] == [1, 2], batches
+    assert batches[0][0][1] > CLAIM_BYTES
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -504,8 +504,33 @@ def test_a_job_whose_lease_ran_out_is_claimed_alone_before_the_ready_ones(rt, jo
     assert (again.id, again.attempts) == (ids[0], 2) and again.claim_token != first.claim_token
     assert [(c.id, c.attempts) for c in claim_mail(rt, jobs, now)] == [(ids[2], 1), (ids[3], 1)]
     assert claim_mail(rt, jobs, now) == []  # the leases run: their holders'
-    later = now + timedelta(seconds=31)  # every lease (30 s) ran out: each job claimed alone, oldest lease first
-    assert [[c.id for c in claim_mail(rt, jobs, later)] for _ in range(5)] == [[i] for i in ids] + [[]]
+    with rt.sessions.begin() as session:  # every worker died, the leases running out in reverse id order
+        for n, job_id in enumerate(ids):
+            session.get(Job, job_id).available_at = now - timedelta(seconds=n + 1)
+    # Each claimed alone, the oldest lease first (not the lowest id).
+    assert [[c.id for c in claim_mail(rt, jobs, now)] for _ in range(5)] == [[i] for i in reversed(ids)] + [[]]
+
+
+def test_each_handler_of_a_queue_gets_its_own_lease(rt, jobs):
+    """A claim of several handlers' jobs leases each for its own handler's timeout (PostgreSQL binds one
+    lease per handler into its one-statement claim; the other paths write the same CASE)."""
+    @job("mail", name="mail.quick", timeout=10, registry=jobs)
+    def quick(payload, ctx):
+        pass
+
+    @job("mail", name="mail.slow", timeout=300, registry=jobs)
+    def slow(payload, ctx):
+        pass
+
+    with rt.sessions.begin() as session:
+        ids = [quick.dispatch(session, {}), slow.dispatch(session, {}), quick.dispatch(session, {})]
+    now = clock.utcnow() + timedelta(seconds=1)
+    claimed = claim_mail(rt, jobs, now)
+    assert [(c.id, c.handler, c.lease_until) for c in claimed] == [
+        (ids[0], "mail.quick", now + timedelta(seconds=10)), (ids[1], "mail.slow", now + timedelta(seconds=300)),
+        (ids[2], "mail.quick", now + timedelta(seconds=10))]
+    with rt.sessions() as session:
+        assert [session.get(Job, i).available_at for i in ids] == [c.lease_until for c in claimed]
 
 
 @pytest.mark.backends("postgresql")

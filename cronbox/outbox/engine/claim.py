@@ -17,6 +17,9 @@ paths, all at READ COMMITTED on MySQL (set on the engine):
 - sqlite: one writer at a time (BEGIN IMMEDIATE holds the write lock from the
   first statement), so the ids read are still ours to stamp.
 
+On PostgreSQL with SKIP LOCKED the job worker's claim does not come here: queue.jobstore claims in
+one statement (`_claim_in_one_statement`), with the same rows, order, byte bound and locks.
+
 Nothing here uses "id > last seen" cursors: every pass re-reads what is due, so
 a row committed late (an id gap at the time of an earlier pass) is still found.
 
@@ -98,13 +101,14 @@ def claim(session: Session, table: Table, candidates: Select, claimable, values:
 
 def within_bytes(rows, max_bytes: int) -> list[int]:
     """The ids of `rows` ((id, payload bytes) in claim order) up to the first whose payload would take
-    the sum past `max_bytes`; the first row's always."""
+    the sum past `max_bytes`; the first row's always. An unknown size (NULL) counts as nothing, and a
+    row after a first payload larger than the bound is not taken, sized or not: the prefix whose running
+    sum stays within the bound, as PostgreSQL's one-statement claim computes it (queue.jobstore)."""
     ids: list[int] = []
     total = 0
     for row_id, size in rows:
-        if size:
-            total += size
-            if total > max_bytes and ids:
-                break
+        total += size or 0
+        if total > max_bytes and ids:
+            break
         ids.append(row_id)
     return ids

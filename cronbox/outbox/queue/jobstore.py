@@ -129,10 +129,11 @@ def _claim_values(handlers, now: datetime, lease_margin: float) -> dict:
     }
 
 
-# PostgreSQL: the same claim as claim_due's two passes and outbox.engine.claim's skip-locked path, in
-# one statement, as procrastinate fetches a job: on a worker woken by NOTIFY the claim is the whole
-# latency to the job's start, and five statements (the expired-lease probe, the candidates, the
-# UPDATE, the read-back, then COMMIT) cost 3-5 ms where one costs under 1 (bench/claim_latency.py).
+# PostgreSQL (SKIP LOCKED, the default mode there): the same claim as claim_due's two passes and
+# outbox.engine.claim's skip-locked path, in one statement, as procrastinate fetches a job: on a worker
+# woken by NOTIFY the claim is the latency to the job's start, and four statements between BEGIN and
+# COMMIT (the expired-lease probe, the candidates, the UPDATE, the read-back) took 3.4-4.0 ms where
+# this one with its BEGIN and COMMIT takes 1.1-1.2 (one statement in autocommit: 0.6-0.8; bench/claim_latency.py).
 # `expired`: a reserved job whose lease ran out, claimed alone, before fresh work (claim_due says why).
 # `fresh`: only when there is none (a one-time filter: its scan does not run otherwise).
 # `picked`: of the locked candidates, in claim order, the prefix whose payloads add up to at most
