@@ -63,7 +63,11 @@ def slow_bodies(application):
     and the start of the page, not its heading yet. A check that reads the page before it is whole
     fails here every time, not once in a while on a loaded CI machine."""
     def app(environ, start_response):
-        body = b"".join(application(environ, start_response))
+        response = application(environ, start_response)
+        try:
+            body = b"".join(response)
+        finally:
+            getattr(response, "close", lambda: None)()  # a WSGI middleware closes what it iterated
         yield body[:60]
         time.sleep(0.5)
         yield body[60:]

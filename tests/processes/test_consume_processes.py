@@ -78,6 +78,11 @@ def drain(env, queue, rabbit, *args: str) -> list[str]:
         assert time.monotonic() < deadline, f"{messages} messages still in {queue}"
 
 
+def duplicates_in(summaries: list[str]) -> int:
+    """The messages the inbox skipped as already handled, over the runs' summary lines ("... N duplicates")."""
+    return sum(int(out.split(" duplicates")[0].rsplit(" ", 1)[1]) for out in summaries)
+
+
 def declare_and_bind(env, queue: str, binding: str) -> None:
     """What the VPS side does first: `amqp consume --bind` declares its queue and binds it. Run until it
     has (its "connected" log line comes after both), then stopped by SIGTERM; not a run of --max-time 1,
@@ -127,8 +132,7 @@ def test_a_crash_before_a_batched_ack_only_brings_its_messages_again(setup, runt
                    CRONBOX_CRASH_AT="before-broker-ack:1")
     assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
     summaries = drain(env, queue, rabbit, "--prefetch", "20")  # the twelve again, however many runs it takes
-    duplicates = sum(int(out.split(" duplicates")[0].rsplit(" ", 1)[1]) for out in summaries)
-    assert duplicates >= 1  # handled, committed, never acked: delivered again, skipped by the inbox
+    assert duplicates_in(summaries) >= 1  # handled, committed, never acked: delivered again, skipped by the inbox
     exactly_once(runtime, 12)
     assert set(calls(calls_file).values()) == {1}  # no consumer ran twice
     assert rabbit.take(queue) == []
@@ -145,7 +149,7 @@ def test_a_crash_while_a_clean_stop_gives_back_what_it_read_ahead_leaves_a_copy_
                    CRONBOX_CRASH_AT="before-read-ahead-ack:1")
     assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
     summaries = drain(env, queue, rabbit)
-    assert sum(int(out.split(" duplicates")[0].rsplit(" ", 1)[1]) for out in summaries) >= 1  # the two copies
+    assert duplicates_in(summaries) >= 1  # the two copies
     exactly_once(runtime, 6)
     assert set(calls(calls_file).values()) == {1}  # the second copy found its inbox rows
     assert rabbit.take(queue) == [] and rabbit.take(f"{queue}.dead") == []

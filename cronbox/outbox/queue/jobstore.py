@@ -22,6 +22,7 @@ from sqlalchemy import Integer, and_, bindparam, case, delete, exists, func, lit
 from sqlalchemy.orm import Session
 
 from cronbox.outbox.core import paging
+from cronbox.outbox.core.server import is_postgresql
 from cronbox.outbox.core.text import ERROR_MAX, NAME_MAX
 from cronbox.outbox.engine.claim import CLAIM_BYTES, SKIP_LOCKED, claim, within_bytes
 from cronbox.outbox.engine.registry import Jobs
@@ -86,7 +87,7 @@ def claim_due(session: Session, registry: Jobs, queue: str, *, now: datetime, li
     handlers = [h for h in registry.all() if h.queue == queue]
     if not handlers or limit <= 0:
         return []
-    if mode == SKIP_LOCKED and session.get_bind().dialect.name == "postgresql":
+    if mode == SKIP_LOCKED and is_postgresql(session.get_bind()):
         return _claim_in_one_statement(session, handlers, queue, limit, now=now, lease_margin=lease_margin)
     for status, size in ((RESERVED, 1), (READY, limit)):
         claimed = _claim(session, handlers, queue, status, size, now=now, mode=mode, lease_margin=lease_margin)
@@ -111,22 +112,19 @@ def _claim(session: Session, handlers, queue: str, status: str, limit: int, *, n
            lease_margin: float) -> list[ClaimedJob]:
     params = {"claim_queue": queue, "claim_status": status, "claim_now": now,
               "claim_handlers": [h.name for h in handlers], "claim_limit": limit}
-    ids = claim(session, J, CANDIDATES, CLAIMABLE, _claim_values(handlers, now, lease_margin), mode=mode, params=params)
-    if not ids:
-        return []
-    return _rows(session, J.c.id.in_(ids), ids)
-
-
-def _claim_values(handlers, now: datetime, lease_margin: float) -> dict:
-    """What a claim sets: a new token, reserved, the attempt counted, leased for its handler's timeout."""
+    token = uuid.uuid4().hex
     leases = {h.name: now + timedelta(seconds=h.timeout + lease_margin) for h in handlers}
-    return {
-        "claim_token": uuid.uuid4().hex,
+    values = {
+        "claim_token": token,
         "status": RESERVED,
         "attempts": J.c.attempts + 1,
         "available_at": case(leases, value=J.c.handler, else_=max(leases.values())),
         "reserved_at": now,
     }
+    ids = claim(session, J, CANDIDATES, CLAIMABLE, values, mode=mode, params=params)
+    if not ids:
+        return []
+    return _rows(session, J.c.id.in_(ids), ids)
 
 
 # PostgreSQL (SKIP LOCKED, the default mode there): the same claim as claim_due's two passes and
